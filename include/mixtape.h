@@ -1,0 +1,356 @@
+/* mixtape: an eager tensor runtime with autograd and mixed precision, in C11.
+ *
+ * Ownership: arguments are borrowed; every function returning mt_tensor * returns a new
+ * reference (or NULL on error). While a scope is open the result belongs to the innermost
+ * scope and is released by mt_scope_end(); mt_retain() keeps it past the scope.
+ * Errors: NULL in, NULL out (error untouched); the first error of a thread sticks until
+ * mt_clear_error(). int functions return 0 or a negative mt_status. */
+#ifndef MIXTAPE_H
+#define MIXTAPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- dtypes, devices */
+
+typedef enum { MT_F32, MT_F16, MT_BF16, MT_F64, MT_I64, MT_I32, MT_BOOL, MT_DTYPE_COUNT } mt_dtype;
+
+enum { MT_DEVICE_CPU = 0, MT_DEVICE_CUDA = 1, MT_DEVICE_TYPE_COUNT };
+typedef struct {
+    int type;  /* MT_DEVICE_CPU or MT_DEVICE_CUDA */
+    int index; /* CUDA ordinal; 0 for the CPU */
+} mt_device;
+#define MT_CPU     ((mt_device){MT_DEVICE_CPU, 0})
+#define MT_CUDA(i) ((mt_device){MT_DEVICE_CUDA, (i)})
+
+#define MT_MAX_DIMS 8
+/* MT_SHAPE(2, 3) expands to `2, (const int64_t[]){2, 3}`: the (ndim, shape) argument pair. */
+#define MT_SHAPE(...)                                                                              \
+    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) { __VA_ARGS__ }
+/* MT_DIMS(0, 1) expands to `2, (const int[]){0, 1}` for reductions and permute. */
+#define MT_DIMS(...)                                                                               \
+    (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), (const int[]) { __VA_ARGS__ }
+
+const char *mt_dtype_name(mt_dtype dt);
+size_t mt_dtype_size(mt_dtype dt);
+bool mt_dtype_is_floating(mt_dtype dt);
+bool mt_cuda_available(void);
+int mt_cuda_device_count(void);
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    MT_OK = 0,
+    MT_ERR_INVALID = -1,     /* bad argument value (dims out of range, bad option) */
+    MT_ERR_SHAPE = -2,       /* shapes do not fit */
+    MT_ERR_DTYPE = -3,       /* dtype not supported or mismatched */
+    MT_ERR_DEVICE = -4,      /* tensors on different devices, or device unavailable */
+    MT_ERR_OOM = -5,         /* host or device allocation failed */
+    MT_ERR_STATE = -6,       /* call not valid in the current state (autograd, scaler) */
+    MT_ERR_UNSUPPORTED = -7, /* valid request this build cannot serve */
+    MT_ERR_NULL = -8,        /* a required argument was NULL */
+    MT_ERR_INTERNAL = -9
+} mt_status;
+
+mt_status mt_last_status(void);
+const char *mt_last_error(void); /* "" when no error */
+void mt_clear_error(void);
+const char *mt_status_name(mt_status s);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef struct mt_tensor mt_tensor;
+
+mt_tensor *mt_empty(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);
+mt_tensor *mt_zeros(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);
+mt_tensor *mt_ones(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);
+mt_tensor *mt_full(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev, double value);
+mt_tensor *mt_scalar(double value, mt_dtype dt, mt_device dev); /* 0-d tensor */
+mt_tensor *mt_arange(double start, double end, double step, mt_dtype dt, mt_device dev);
+mt_tensor *mt_rand(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);  /* U[0, 1) */
+mt_tensor *mt_randn(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev); /* N(0, 1) */
+void mt_manual_seed(uint64_t seed);
+mt_tensor *mt_from_data(const void *src, mt_dtype dt, int ndim, const int64_t *shape,
+                        mt_device dev); /* copies src (contiguous, dtype dt) */
+mt_tensor *mt_zeros_like(const mt_tensor *t);
+mt_tensor *mt_ones_like(const mt_tensor *t);
+mt_tensor *mt_empty_like(const mt_tensor *t);
+
+int mt_copy_to_host(const mt_tensor *t, void *dst, size_t nbytes); /* any layout -> contiguous */
+double mt_item(const mt_tensor *t); /* one-element tensor; NAN and an error otherwise */
+
+mt_dtype mt_dtype_of(const mt_tensor *t);
+mt_device mt_device_of(const mt_tensor *t);
+int mt_ndim(const mt_tensor *t);
+int64_t mt_dim(const mt_tensor *t, int i); /* negative i counts from the end */
+const int64_t *mt_shape(const mt_tensor *t);
+const int64_t *mt_strides(const mt_tensor *t); /* in elements */
+int64_t mt_numel(const mt_tensor *t);
+bool mt_is_contiguous(const mt_tensor *t);
+/* Pointer to the first element on the host; NULL (with an error) for device tensors. */
+void *mt_data_ptr(const mt_tensor *t);
+
+/* Prints dtype, shape and (up to a limit) the values; returns 0 or a negative status. */
+int mt_print(const mt_tensor *t, FILE *f);
+/* Writes the same text into buf (truncated to cap); returns the length it wanted. */
+int mt_format(const mt_tensor *t, char *buf, size_t cap);
+
+/* ---------------------------------------------------------------- ownership */
+
+mt_tensor *mt_retain(mt_tensor *t); /* returns t */
+void mt_release(mt_tensor *t);      /* NULL is fine */
+void mt_scope_begin(void);
+void mt_scope_end(void);
+int mt_scope_depth(void);
+
+/* Live counters, for leak checks: tensors alive, and bytes of storage held. */
+int64_t mt_live_tensors(void);
+int64_t mt_live_bytes(void);
+int64_t mt_peak_bytes(void);
+void mt_peak_bytes_reset(void); /* peak := live */
+/* Makes every host allocation larger than `bytes` fail, to test out-of-memory paths
+   (0 = no limit). */
+void mt_debug_set_alloc_limit(size_t bytes);
+
+/* Threads used by our kernels and by BLAS (default: all cores). */
+void mt_set_num_threads(int n);
+int mt_get_num_threads(void);
+
+/* ---------------------------------------------------------------- ops */
+/* Floating ops accept F32, F64, F16, BF16; binary ops broadcast like NumPy and promote to
+   the wider floating dtype. Negative dims count from the end. */
+
+mt_tensor *mt_add(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_sub(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_mul(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_div(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_pow(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_maximum(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_minimum(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_add_scalar(mt_tensor *a, double s);
+mt_tensor *mt_mul_scalar(mt_tensor *a, double s);
+mt_tensor *mt_pow_scalar(mt_tensor *a, double s);
+mt_tensor *mt_rsub_scalar(mt_tensor *a, double s); /* s - a */
+mt_tensor *mt_rdiv_scalar(mt_tensor *a, double s); /* s / a */
+
+mt_tensor *mt_neg(mt_tensor *a);
+mt_tensor *mt_exp(mt_tensor *a);
+mt_tensor *mt_log(mt_tensor *a);
+mt_tensor *mt_sqrt(mt_tensor *a);
+mt_tensor *mt_rsqrt(mt_tensor *a);
+mt_tensor *mt_abs(mt_tensor *a);
+mt_tensor *mt_relu(mt_tensor *a);
+mt_tensor *mt_gelu(mt_tensor *a);      /* erf form, as torch's default */
+mt_tensor *mt_gelu_tanh(mt_tensor *a); /* tanh approximation (approximate='tanh') */
+mt_tensor *mt_sigmoid(mt_tensor *a);
+mt_tensor *mt_tanh(mt_tensor *a);
+
+/* Comparisons return MT_BOOL and are not differentiable. */
+mt_tensor *mt_eq(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_ne(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_lt(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_le(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_gt(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_ge(mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_where(mt_tensor *cond, mt_tensor *a, mt_tensor *b); /* cond MT_BOOL */
+
+mt_tensor *mt_sum(mt_tensor *t, int ndims, const int *dims, bool keepdim);
+mt_tensor *mt_mean(mt_tensor *t, int ndims, const int *dims, bool keepdim);
+mt_tensor *mt_max(mt_tensor *t, int ndims, const int *dims, bool keepdim);
+mt_tensor *mt_sum_all(mt_tensor *t);
+mt_tensor *mt_mean_all(mt_tensor *t);
+mt_tensor *mt_max_all(mt_tensor *t);
+mt_tensor *mt_softmax(mt_tensor *t, int dim);
+mt_tensor *mt_log_softmax(mt_tensor *t, int dim);
+
+mt_tensor *mt_matmul(mt_tensor *a, mt_tensor *b); /* like torch.matmul */
+mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b); /* w [out, in]; b may be NULL */
+
+mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
+#define MT_IGNORE_INDEX_NONE INT64_MIN
+/* logits [N, C], labels MT_I64 [N]; mean over labels != ignore_index (torch uses -100). */
+mt_tensor *mt_cross_entropy(mt_tensor *logits, mt_tensor *labels);
+mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ignore_index);
+
+mt_tensor *mt_cat(mt_tensor *const *ts, int n, int dim);
+mt_tensor *mt_stack(mt_tensor *const *ts, int n, int dim);
+
+mt_tensor *mt_cast(mt_tensor *t, mt_dtype dt); /* new reference to t itself when dt matches */
+mt_tensor *mt_to(mt_tensor *t, mt_device dev);
+mt_tensor *mt_clone(mt_tensor *t);
+mt_tensor *mt_contiguous(mt_tensor *t); /* t itself when already contiguous */
+mt_tensor *mt_detach(mt_tensor *t);     /* shares storage, no autograd history */
+
+/* Views: share storage with their input. */
+mt_tensor *mt_reshape(mt_tensor *t, int ndim, const int64_t *shape); /* one -1 allowed; copies
+                                                                        when no view fits */
+mt_tensor *mt_view(mt_tensor *t, int ndim, const int64_t *shape);    /* error when no view fits */
+mt_tensor *mt_flatten(mt_tensor *t);
+mt_tensor *mt_transpose(mt_tensor *t, int d0, int d1);
+mt_tensor *mt_permute(mt_tensor *t, int ndim, const int *order);
+mt_tensor *mt_narrow(mt_tensor *t, int dim, int64_t start, int64_t length);
+mt_tensor *mt_slice(mt_tensor *t, int dim, int64_t start, int64_t end, int64_t step);
+mt_tensor *mt_expand(mt_tensor *t, int ndim, const int64_t *shape); /* -1 keeps a size */
+mt_tensor *mt_squeeze(mt_tensor *t, int dim);
+mt_tensor *mt_unsqueeze(mt_tensor *t, int dim);
+
+/* In-place ops: bump the version counter; refused on tensors that take part in autograd
+   while grad mode is on (like torch's leaf check). */
+int mt_fill(mt_tensor *t, double value);
+int mt_zero(mt_tensor *t);
+int mt_copy(mt_tensor *dst, mt_tensor *src); /* broadcasts src, converts dtype */
+int mt_add_inplace(mt_tensor *a, mt_tensor *b);
+int mt_mul_scalar_inplace(mt_tensor *a, double s);
+
+/* ---------------------------------------------------------------- autograd */
+
+void mt_set_requires_grad(mt_tensor *t, bool on); /* leaves only */
+bool mt_requires_grad(const mt_tensor *t);
+bool mt_is_leaf(const mt_tensor *t);
+/* grad NULL: root must hold one element and the seed is 1. Frees the tape. */
+int mt_backward(mt_tensor *root, mt_tensor *grad);
+int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph);
+mt_tensor *mt_grad(mt_tensor *t); /* new reference, or NULL (no error) when none */
+int mt_set_grad(mt_tensor *t, mt_tensor *grad); /* NULL clears */
+void mt_zero_grad(mt_tensor *t);                /* drops .grad */
+bool mt_set_grad_enabled(bool on);              /* returns the previous mode */
+bool mt_is_grad_enabled(void);
+/* Name of the op that made t ("" for leaves), for debugging. */
+const char *mt_grad_fn_name(const mt_tensor *t);
+
+/* Finite-difference gradient check in FP64. fn maps inputs to one tensor; every input that
+   requires grad is checked by central differences against mt_backward with a random cotangent. */
+typedef mt_tensor *(*mt_gradcheck_fn)(mt_tensor *const *inputs, void *ctx);
+typedef struct {
+    double eps;  /* 0: 1e-6 */
+    double atol; /* 0: 1e-5 */
+    double rtol; /* 0: 1e-3 */
+} mt_gradcheck_opts;
+/* Returns 0 when the gradients match; MT_ERR_STATE with a message naming the input, the
+   element and both values when they do not. */
+int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
+                 const mt_gradcheck_opts *opts);
+
+/* ---------------------------------------------------------------- amp */
+
+typedef enum { MT_AMP_O1, MT_AMP_O2 } mt_amp_level;
+/* low: MT_F16 or MT_BF16, or MT_F32 to open a region with autocast disabled. */
+void mt_autocast_begin(mt_dtype low, mt_amp_level level);
+void mt_autocast_end(void);
+bool mt_autocast_enabled(void);
+mt_dtype mt_autocast_dtype(void);
+/* Per-thread custom lists of op names (NULL-terminated, either may be NULL); replace the
+   previous custom lists. An unknown op, or one in both lists, is an error. */
+int mt_autocast_set_lists(const char *const *white, const char *const *black);
+/* The dtype op `name` would compute in for inputs of dtype `in`, under the current state. */
+mt_dtype mt_autocast_compute_dtype(const char *op_name, mt_dtype in);
+
+/* The calling thread's cast cache: entries held, and hits since the thread started. */
+int mt_amp_cast_cache_size(void);
+int64_t mt_amp_cast_cache_hits(void);
+
+/* Operator statistics (Paddle's collect_operator_stats). */
+void mt_amp_stats_enable(bool on);
+void mt_amp_stats_reset(void);
+int64_t mt_amp_stats_count(const char *op_name, mt_dtype compute);
+int mt_amp_stats_print(FILE *f);
+
+/* Numeric checker (Paddle's TensorChecker): records the first op whose output has inf/nan. */
+void mt_amp_check_numerics(bool on);
+bool mt_amp_numerics_failed(void);
+const char *mt_amp_numerics_report(void); /* "" when none */
+void mt_amp_numerics_reset(void);
+
+typedef struct mt_optimizer mt_optimizer;
+typedef struct mt_grad_scaler mt_grad_scaler;
+typedef struct {
+    double init_scale;     /* 0: 65536 */
+    double growth_factor;  /* 0: 2 */
+    double backoff_factor; /* 0: 0.5 */
+    int growth_interval;   /* 0: 2000 */
+    int backoff_after;     /* 0: 1 consecutive bad step */
+    double min_scale;      /* 0: 1 */
+    double max_scale;      /* 0: 2^24 */
+    bool disabled;         /* scale() returns loss, step() is a plain step */
+} mt_grad_scaler_opts;
+
+typedef struct {
+    double scale;
+    int64_t good_steps, bad_steps, skipped_steps;
+} mt_grad_scaler_state;
+
+mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts);
+mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss);
+int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o);
+int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o);
+int mt_grad_scaler_update(mt_grad_scaler *s);
+int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o); /* step + update */
+float mt_grad_scaler_get_scale(mt_grad_scaler *s);               /* may sync */
+bool mt_grad_scaler_last_step_skipped(mt_grad_scaler *s);        /* may sync */
+int64_t mt_grad_scaler_skipped_steps(mt_grad_scaler *s);         /* may sync */
+int mt_grad_scaler_state_get(mt_grad_scaler *s, mt_grad_scaler_state *out);
+int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in);
+void mt_grad_scaler_free(mt_grad_scaler *s);
+
+/* ---------------------------------------------------------------- optim */
+
+typedef struct {
+    double lr;           /* 0: 1e-3 */
+    double weight_decay; /* L2, added to the gradient */
+    bool multi_precision;
+} mt_sgd_opts;
+typedef struct {
+    double lr;       /* 0: 1e-3 */
+    double momentum; /* 0: 0.9 */
+    double weight_decay;
+    bool nesterov;
+    bool multi_precision;
+} mt_momentum_opts;
+typedef struct {
+    double lr;           /* 0: 1e-3 */
+    double beta1, beta2; /* 0: 0.9, 0.999 */
+    double eps;          /* 0: 1e-8 */
+    double weight_decay; /* Adam: L2 into the gradient; AdamW: decoupled (0 means 0.01) */
+    bool multi_precision;
+} mt_adam_opts;
+
+mt_optimizer *mt_sgd_new(mt_tensor *const *params, int n, const mt_sgd_opts *o);
+mt_optimizer *mt_momentum_new(mt_tensor *const *params, int n, const mt_momentum_opts *o);
+mt_optimizer *mt_adam_new(mt_tensor *const *params, int n, const mt_adam_opts *o);
+mt_optimizer *mt_adamw_new(mt_tensor *const *params, int n, const mt_adam_opts *o);
+int mt_optimizer_step(mt_optimizer *o);
+void mt_optimizer_zero_grad(mt_optimizer *o);
+void mt_optimizer_free(mt_optimizer *o);
+int mt_optimizer_set_lr(mt_optimizer *o, double lr);
+double mt_optimizer_get_lr(const mt_optimizer *o);
+/* The FP32 master copy of parameter i (new reference), or NULL when it has none. */
+mt_tensor *mt_optimizer_master(mt_optimizer *o, int i);
+/* Scales gradients so their global L2 norm is at most max_norm; returns the norm before
+   clipping (NAN and an error on failure). Call after mt_grad_scaler_unscale. */
+double mt_clip_grad_norm(mt_optimizer *o, double max_norm);
+/* O2 (Paddle's decorate): casts the parameters to `low` in place, except those marked as
+   norm parameters (keep_fp32[i] true); an optimizer made afterwards with multi_precision
+   creates their FP32 masters from the low values (O2 master weights). */
+int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *keep_fp32);
+
+/* ---------------------------------------------------------------- nn */
+
+/* y = x W^T + b, W [out, in] initialised like torch.nn.Linear (Kaiming uniform). */
+typedef struct {
+    mt_tensor *weight, *bias;
+} mt_linear_layer;
+int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias, mt_dtype dt,
+                         mt_device dev);
+mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x);
+void mt_linear_layer_free(mt_linear_layer *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MIXTAPE_H */

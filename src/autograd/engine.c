@@ -1,0 +1,254 @@
+/* The backward engine: collects the nodes reachable from the root, counts how many
+   gradients each must wait for, then runs them in reverse topological order (Kahn), summing
+   gradients in place where a buffer is exclusively ours. Leaf gradients accumulate into
+   .grad across calls until zeroed. */
+#include <stdlib.h>
+#include <string.h>
+#include "../tensor/backend.h"
+#include "node.h"
+
+typedef struct {
+    mt_node **items;
+    size_t len, cap;
+} node_list;
+
+static int list_push(node_list *l, mt_node *n) {
+    if (l->len == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        mt_node **items = realloc(l->items, cap * sizeof *items);
+        if (!items) return mt_error_set(MT_ERR_OOM, "mt_backward: out of memory walking the tape");
+        l->items = items;
+        l->cap = cap;
+    }
+    l->items[l->len++] = n;
+    return 0;
+}
+
+/* True when we hold the only reference to t and its memory, so it may be updated in place. */
+static bool exclusively_owned(const mt_tensor *t) {
+    return atomic_load(&t->refcount) == 1 && atomic_load(&t->storage->refcount) == 1 &&
+           !t->grad_fn && mt_is_contiguous(t);
+}
+
+/* acc += g; takes ownership of g. */
+static int accumulate(mt_tensor **acc, mt_tensor *g) {
+    if (!*acc) {
+        *acc = g;
+        return 0;
+    }
+    int rc = 0;
+    if (exclusively_owned(*acc) && (*acc)->dtype == g->dtype && mt_same_shape(*acc, g)) {
+        rc = mt_backend_get((*acc)->device)->binary(MT_OP_ADD, *acc, *acc, g);
+    } else {
+        mt_tensor *sum = mt_add(*acc, g);
+        if (!sum) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+        else {
+            mt_release(*acc);
+            *acc = sum;
+        }
+    }
+    mt_release(g);
+    return rc;
+}
+
+static int accumulate_leaf(mt_tensor *leaf, mt_tensor *g) {
+    int rc = 0;
+    if (g->dtype != leaf->dtype) {
+        mt_tensor *c = mt_cast(g, leaf->dtype);
+        mt_release(g);
+        if (!c) return MT_ERR_OOM;
+        g = c;
+    }
+    if (!leaf->grad) {
+        if (exclusively_owned(g)) {
+            leaf->grad = g; /* adopt: no copy */
+            return 0;
+        }
+        leaf->grad = mt_clone(g);
+        mt_release(g);
+        return leaf->grad ? 0 : MT_ERR_OOM;
+    }
+    rc = mt_backend_get(leaf->device)->binary(MT_OP_ADD, leaf->grad, leaf->grad, g);
+    mt_tensor_bump_version(leaf->grad);
+    mt_release(g);
+    return rc;
+}
+
+static int check_saved(mt_node *n) {
+    if (n->freed && n->has_saved)
+        return mt_error_set(MT_ERR_STATE,
+                            "mt_backward: the tape through mt_%s was already freed by an earlier "
+                            "backward; call mt_backward_ex(..., retain_graph=true) the first time",
+                            mt_op_name(n->op));
+    for (int s = 0; s < MT_NODE_SAVED; s++) {
+        if (n->saved[s] && mt_tensor_version(n->saved[s]) != n->saved_version[s])
+            return mt_error_set(
+                MT_ERR_STATE,
+                "mt_backward: a tensor saved by mt_%s for backward was modified in place "
+                "(version %llu, saved at version %llu)",
+                mt_op_name(n->op), (unsigned long long)mt_tensor_version(n->saved[s]),
+                (unsigned long long)n->saved_version[s]);
+    }
+    return 0;
+}
+
+static void free_saved(mt_node *n) {
+    for (int s = 0; s < MT_NODE_SAVED; s++) {
+        mt_release(n->saved[s]);
+        n->saved[s] = NULL;
+    }
+    n->freed = true;
+}
+
+static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
+    if (!root->grad_fn) return accumulate_leaf(root, mt_retain(seed));
+
+    /* 1. every node reachable from the root, and its number of consumers */
+    static atomic_uint_fast64_t visit_counter;
+    uint64_t mark = atomic_fetch_add(&visit_counter, 1) + 1;
+    node_list all = {0}, ready = {0};
+    int rc = list_push(&all, root->grad_fn);
+    root->grad_fn->deps = 0;
+    root->grad_fn->visit_mark = mark;
+    for (size_t i = 0; rc == 0 && i < all.len; i++) {
+        mt_node *n = all.items[i];
+        for (int e = 0; e < n->n_inputs && rc == 0; e++) {
+            mt_node *m = n->edges[e].fn;
+            if (!m) continue;
+            if (m->visit_mark != mark) {
+                m->visit_mark = mark;
+                m->deps = 0;
+                rc = list_push(&all, m);
+            }
+            m->deps++;
+        }
+    }
+    /* 2. Kahn's order from the root */
+    mt_node *root_fn = root->grad_fn;
+    if (rc == 0) {
+        root_fn->grad_acc = mt_retain(seed);
+        rc = list_push(&ready, root_fn);
+    }
+    while (rc == 0 && ready.len) {
+        mt_node *n = ready.items[--ready.len];
+        mt_tensor *g = n->grad_acc;
+        n->grad_acc = NULL;
+        rc = check_saved(n);
+        mt_tensor *grad_in_small[8] = {0};
+        mt_tensor **grad_in = n->n_inputs <= 8 ? grad_in_small : calloc((size_t)n->n_inputs, sizeof *grad_in);
+        if (!grad_in) rc = mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
+        if (rc == 0 && g) {
+            rc = n->backward(n, g, grad_in);
+            if (rc > 0) rc = MT_ERR_INTERNAL;
+        }
+        mt_release(g);
+        for (int i = 0; i < n->n_inputs; i++) {
+            mt_tensor *gi = grad_in ? grad_in[i] : NULL;
+            if (rc != 0 || !mt_node_needs(n, i)) {
+                mt_release(gi);
+                continue;
+            }
+            if (n->edges[i].leaf) {
+                if (gi) rc = accumulate_leaf(n->edges[i].leaf, gi);
+            } else {
+                mt_node *m = n->edges[i].fn;
+                if (gi) rc = accumulate(&m->grad_acc, gi);
+                if (--m->deps == 0 && rc == 0) rc = list_push(&ready, m);
+            }
+        }
+        if (grad_in && grad_in != grad_in_small) free(grad_in);
+        if (!retain && rc == 0) free_saved(n);
+    }
+    /* on error, drop partial sums */
+    for (size_t i = 0; i < all.len; i++) {
+        mt_release(all.items[i]->grad_acc);
+        all.items[i]->grad_acc = NULL;
+    }
+    free(all.items);
+    free(ready.items);
+    return rc;
+}
+
+int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
+    if (!root) return mt_error_set(MT_ERR_NULL, "mt_backward: arg 1: root is NULL");
+    if (!root->requires_grad)
+        return mt_error_set(MT_ERR_STATE,
+                            "mt_backward: arg 1: tensor does not require grad and has no grad_fn");
+    char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
+    mt_tensor *seed;
+    mt_api_enter();
+    if (grad) {
+        if (!mt_same_shape(grad, root)) {
+            mt_error_set(MT_ERR_SHAPE, "mt_backward: arg 2: grad of shape %s does not match root shape %s",
+                         mt_shape_str(grad, b1, sizeof b1), mt_shape_str(root, b2, sizeof b2));
+            return mt_api_exit_status(MT_ERR_SHAPE);
+        }
+        seed = grad->dtype == root->dtype ? mt_retain(grad) : mt_cast(grad, root->dtype);
+    } else {
+        if (root->numel != 1) {
+            mt_error_set(MT_ERR_SHAPE,
+                         "mt_backward: arg 2: grad can be NULL only for a one-element root, "
+                         "root has shape %s; pass a gradient",
+                         mt_shape_str(root, b1, sizeof b1));
+            return mt_api_exit_status(MT_ERR_SHAPE);
+        }
+        seed = mt_ones_like(root);
+    }
+    if (!seed) return mt_api_exit_status(mt_last_status());
+    bool prev = mt_set_grad_enabled(false);
+    int rc = run_backward(root, seed, retain_graph);
+    mt_set_grad_enabled(prev);
+    mt_release(seed);
+    return mt_api_exit_status(rc);
+}
+
+int mt_backward(mt_tensor *root, mt_tensor *grad) { return mt_backward_ex(root, grad, false); }
+
+void mt_set_requires_grad(mt_tensor *t, bool on) {
+    if (!t) return;
+    if (t->grad_fn) {
+        if (!on)
+            mt_error_set(MT_ERR_STATE, "mt_set_requires_grad: tensor is not a leaf (made by mt_%s); "
+                                       "use mt_detach",
+                         mt_op_name(t->grad_fn->op));
+        return;
+    }
+    if (on && !mt_dtype_is_floating(t->dtype)) {
+        mt_error_set(MT_ERR_DTYPE, "mt_set_requires_grad: only floating tensors can require grad, got %s",
+                     mt_dtype_name(t->dtype));
+        return;
+    }
+    t->requires_grad = on;
+}
+
+bool mt_requires_grad(const mt_tensor *t) { return t && t->requires_grad; }
+bool mt_is_leaf(const mt_tensor *t) { return t && !t->grad_fn; }
+
+mt_tensor *mt_grad(mt_tensor *t) {
+    if (!t || !t->grad) return NULL;
+    mt_api_enter();
+    return mt_api_exit(mt_retain(t->grad));
+}
+
+int mt_set_grad(mt_tensor *t, mt_tensor *grad) {
+    if (!t) return mt_error_set(MT_ERR_NULL, "mt_set_grad: arg 1: tensor is NULL");
+    if (grad && (!mt_same_shape(grad, t) || grad->dtype != t->dtype)) {
+        char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
+        return mt_error_set(MT_ERR_SHAPE, "mt_set_grad: arg 2: grad %s %s does not match tensor %s %s",
+                            mt_dtype_name(grad->dtype), mt_shape_str(grad, b1, sizeof b1),
+                            mt_dtype_name(t->dtype), mt_shape_str(t, b2, sizeof b2));
+    }
+    mt_release(t->grad);
+    t->grad = mt_retain(grad);
+    return 0;
+}
+
+void mt_zero_grad(mt_tensor *t) {
+    if (!t) return;
+    mt_release(t->grad);
+    t->grad = NULL;
+}
+
+const char *mt_grad_fn_name(const mt_tensor *t) {
+    return t && t->grad_fn ? mt_op_name(t->grad_fn->op) : "";
+}

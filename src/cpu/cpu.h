@@ -1,0 +1,64 @@
+/* Internal interface of the CPU backend: the strided iterator, dtype load/store and the
+   kernel entry points that cpu_backend.c puts in the table. */
+#ifndef MT_CPU_H
+#define MT_CPU_H
+#include "../tensor/backend.h"
+
+/* Work below this many elements runs on the calling thread: an OpenMP region costs more
+   than the work. */
+#define MT_CPU_PARALLEL_MIN 32768
+
+/* ---- strided iteration over up to 4 same-shape operands (cpu_iter.c) */
+#define MT_CPU_ITER_MAX 4
+typedef struct {
+    int nops, ndim;
+    int64_t numel;
+    int64_t shape[MT_MAX_DIMS];
+    int64_t strides[MT_CPU_ITER_MAX][MT_MAX_DIMS]; /* bytes */
+    char *data[MT_CPU_ITER_MAX];
+} mt_cpu_iter;
+/* Processes n elements of a row; ptrs[k] is operand k's first element, strides[k] its
+   stride in bytes along the row. */
+typedef void (*mt_cpu_row_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
+/* Operands must have the same shape (broadcast inputs are expanded views). Dims are
+   coalesced where every operand allows. */
+void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts);
+/* Runs fn over every element, in parallel when the work is large. cost_per_elem scales the
+   parallel threshold (1 for a simple add). */
+void mt_cpu_iter_run(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int cost_per_elem);
+
+/* ---- dtype conversion of strided runs (cpu_convert.c). stride in bytes. */
+void mt_cpu_load_f32(const char *src, int64_t stride, mt_dtype dt, int64_t n, float *dst);
+void mt_cpu_store_f32(char *dst, int64_t stride, mt_dtype dt, int64_t n, const float *src);
+void mt_cpu_load_f64(const char *src, int64_t stride, mt_dtype dt, int64_t n, double *dst);
+void mt_cpu_store_f64(char *dst, int64_t stride, mt_dtype dt, int64_t n, const double *src);
+/* Contiguous F16/BF16 <-> F32 (F16C vectorised where the CPU has it). */
+void mt_cpu_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
+void mt_cpu_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
+void mt_cpu_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);
+void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
+/* Elements of a tensor as F32 in a new contiguous host buffer (mt_host_alloc'd, freed with
+   mt_host_free(p, numel * 4)); returns NULL with MT_ERR_OOM. Used by low-precision GEMM. */
+float *mt_cpu_to_f32_buffer(const char *op, const mt_tensor *t);
+
+/* ---- kernels (one file each) */
+int mt_cpu_copy(mt_tensor *dst, const mt_tensor *src);
+int mt_cpu_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p);
+int mt_cpu_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tensor *b);
+int mt_cpu_where(mt_tensor *out, const mt_tensor *cond, const mt_tensor *a, const mt_tensor *b);
+int mt_cpu_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask);
+int mt_cpu_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool log);
+int mt_cpu_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
+                            int dim, bool log);
+int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
+int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logits,
+                         const mt_tensor *labels, int64_t ignore_index, int64_t *valid);
+int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,
+                                  const mt_tensor *labels, const mt_tensor *lse,
+                                  const mt_tensor *scale, int64_t ignore_index);
+int mt_cpu_unscale(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
+                   mt_tensor *found_inf);
+int mt_cpu_scale_update(const mt_scale_update_args *a);
+int mt_cpu_optim_step(const mt_optim_step_args *a);
+int mt_cpu_sq_norm(mt_tensor *const *ts, int n, mt_tensor *out);
+#endif

@@ -1,0 +1,183 @@
+/* The CPU kernel table, memory, fill, transfers, random draws and the thread setting. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include "../math/half.h"
+#include "../math/philox.h"
+#include "cpu.h"
+
+/* ---- threads: one setting for our OpenMP regions and OpenBLAS (the OpenMP build shares
+   the same pool). */
+static int num_threads; /* 0: not set yet, use all cores */
+
+int mt_cpu_num_threads(void) {
+    if (num_threads <= 0) num_threads = omp_get_num_procs();
+    return num_threads;
+}
+
+void mt_set_num_threads(int n) {
+    if (n <= 0) n = omp_get_num_procs();
+    num_threads = n;
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}
+
+int mt_get_num_threads(void) { return mt_cpu_num_threads(); }
+
+static void *cpu_alloc(int index, size_t nbytes) {
+    (void)index;
+    return mt_host_alloc(nbytes);
+}
+
+static void cpu_free(int index, void *p, size_t nbytes) {
+    (void)index;
+    mt_host_free(p, nbytes);
+}
+
+/* A contiguous tensor header over a caller's buffer, for kernels that write host memory. */
+static void header_over(mt_tensor *h, mt_storage *st, const mt_tensor *like, void *buf) {
+    memset(h, 0, sizeof *h);
+    memset(st, 0, sizeof *st);
+    st->data = buf;
+    st->nbytes = (size_t)like->numel * mt_dtype_size(like->dtype);
+    h->storage = st;
+    h->dtype = like->dtype;
+    h->device = MT_CPU;
+    h->ndim = like->ndim;
+    memcpy(h->shape, like->shape, sizeof h->shape);
+    mt_contiguous_strides(like->ndim, like->shape, h->strides);
+    h->numel = like->numel;
+}
+
+static int cpu_upload(mt_tensor *dst, const void *src) {
+    mt_tensor h;
+    mt_storage st;
+    header_over(&h, &st, dst, (void *)src);
+    return mt_cpu_copy(dst, &h);
+}
+
+static int cpu_download(const mt_tensor *src, void *dst) {
+    mt_tensor h;
+    mt_storage st;
+    header_over(&h, &st, src, dst);
+    return mt_cpu_copy(&h, src);
+}
+
+static int cpu_fill(mt_tensor *dst, double value) {
+    /* one element in the target dtype, then replicate it */
+    unsigned char one[8];
+    size_t es = mt_dtype_size(dst->dtype);
+    switch (dst->dtype) {
+    case MT_F32: { float v = (float)value; memcpy(one, &v, 4); break; }
+    case MT_F64: memcpy(one, &value, 8); break;
+    case MT_F16: { uint16_t v = mt_f32_to_f16((float)value); memcpy(one, &v, 2); break; }
+    case MT_BF16: { uint16_t v = mt_f32_to_bf16((float)value); memcpy(one, &v, 2); break; }
+    case MT_I64: { int64_t v = (int64_t)value; memcpy(one, &v, 8); break; }
+    case MT_I32: { int32_t v = (int32_t)value; memcpy(one, &v, 4); break; }
+    case MT_BOOL: one[0] = value != 0.0; break;
+    default: return mt_error_set(MT_ERR_DTYPE, "fill: invalid dtype");
+    }
+    mt_tensor src = {0};
+    mt_storage st = {0};
+    st.data = one;
+    st.nbytes = es;
+    src.storage = &st;
+    src.dtype = dst->dtype;
+    src.device = MT_CPU;
+    src.ndim = dst->ndim;
+    memcpy(src.shape, dst->shape, sizeof src.shape); /* strides stay 0: broadcast */
+    src.numel = dst->numel;
+    if (dst->dtype == MT_F32 && value == 0.0 && mt_is_contiguous(dst)) {
+        memset(mt_tensor_data(dst), 0, (size_t)dst->numel * 4);
+        return 0;
+    }
+    return mt_cpu_copy(dst, &src);
+}
+
+typedef struct {
+    bool normal;
+    uint64_t seed, offset;
+    mt_dtype dt;
+    char *base;
+} rand_ctx;
+
+static int cpu_random(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset) {
+    /* out is freshly allocated and contiguous; element i takes draw i */
+    int64_t n = out->numel;
+    char *base = mt_tensor_data(out);
+    mt_dtype dt = out->dtype;
+    size_t es = mt_dtype_size(dt);
+#pragma omp parallel for if (n > MT_CPU_PARALLEL_MIN / 8) num_threads(mt_cpu_num_threads())
+    for (int64_t b = 0; b < n; b += 256) {
+        float buf[256];
+        int64_t m = n - b < 256 ? n - b : 256;
+        for (int64_t i = 0; i < m; i++)
+            buf[i] = normal ? mt_philox_normal(seed, offset, (uint64_t)(b + i))
+                            : mt_philox_uniform(seed, offset, (uint64_t)(b + i));
+        mt_cpu_store_f32(base + b * (int64_t)es, (int64_t)es, dt, m, buf);
+    }
+    return 0;
+}
+
+typedef struct {
+    mt_dtype dt;
+    int found;
+} finite_ctx;
+
+static void finite_row(char **p, const int64_t *s, int64_t n, void *vctx) {
+    finite_ctx *c = vctx;
+    float buf[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        int64_t m = n - i < 256 ? n - i : 256;
+        int bad = 0;
+        if (c->dt == MT_F64) {
+            for (int64_t j = 0; j < m; j++) bad |= !isfinite(*(double *)(p[0] + (i + j) * s[0]));
+        } else {
+            mt_cpu_load_f32(p[0] + i * s[0], s[0], c->dt, m, buf);
+            for (int64_t j = 0; j < m; j++) bad |= !isfinite(buf[j]);
+        }
+        if (bad) {
+#pragma omp atomic write
+            c->found = 1;
+            return;
+        }
+    }
+}
+
+static int cpu_has_nonfinite(const mt_tensor *t, bool *out) {
+    *out = false;
+    if (!mt_dtype_is_floating(t->dtype)) return 0;
+    const mt_tensor *ops[1] = {t};
+    mt_cpu_iter it;
+    mt_cpu_iter_init(&it, 1, ops);
+    finite_ctx c = {t->dtype, 0};
+    mt_cpu_iter_run(&it, finite_row, &c, 1);
+    *out = c.found != 0;
+    return 0;
+}
+
+const mt_backend mt_cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = mt_cpu_copy,
+    .fill = cpu_fill,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .unary = mt_cpu_unary,
+    .binary = mt_cpu_binary,
+    .where = mt_cpu_where,
+    .reduce = mt_cpu_reduce,
+    .softmax = mt_cpu_softmax,
+    .softmax_backward = mt_cpu_softmax_backward,
+    .gemm = mt_cpu_gemm,
+    .cross_entropy = mt_cpu_cross_entropy,
+    .cross_entropy_backward = mt_cpu_cross_entropy_backward,
+    .random = cpu_random,
+    .has_nonfinite = cpu_has_nonfinite,
+    .unscale = mt_cpu_unscale,
+    .scale_update = mt_cpu_scale_update,
+    .optim_step = mt_cpu_optim_step,
+    .sq_norm = mt_cpu_sq_norm,
+};

@@ -1,0 +1,93 @@
+/* Strided iteration: coalesce dims, then split the flat index range across threads, each
+   thread walking whole or partial rows of the innermost dim. */
+#include <omp.h>
+#include <string.h>
+#include "cpu.h"
+
+void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts) {
+    const mt_tensor *t0 = ts[0];
+    it->nops = nops;
+    it->numel = t0->numel;
+    int nd = 0;
+    /* drop size-1 dims, then merge dim i into the previous kept dim when contiguous for all */
+    for (int d = 0; d < t0->ndim; d++) {
+        if (t0->shape[d] == 1) continue;
+        if (nd > 0) {
+            bool merge = true;
+            for (int k = 0; k < nops; k++) {
+                int64_t es = (int64_t)mt_dtype_size(ts[k]->dtype);
+                if (it->strides[k][nd - 1] != ts[k]->strides[d] * t0->shape[d] * es) {
+                    merge = false;
+                    break;
+                }
+            }
+            if (merge) {
+                it->shape[nd - 1] *= t0->shape[d];
+                for (int k = 0; k < nops; k++)
+                    it->strides[k][nd - 1] = ts[k]->strides[d] * (int64_t)mt_dtype_size(ts[k]->dtype);
+                continue;
+            }
+        }
+        it->shape[nd] = t0->shape[d];
+        for (int k = 0; k < nops; k++)
+            it->strides[k][nd] = ts[k]->strides[d] * (int64_t)mt_dtype_size(ts[k]->dtype);
+        nd++;
+    }
+    if (nd == 0) { /* a single element */
+        it->shape[0] = 1;
+        for (int k = 0; k < nops; k++) it->strides[k][0] = (int64_t)mt_dtype_size(ts[k]->dtype);
+        nd = 1;
+    }
+    it->ndim = nd;
+    for (int k = 0; k < nops; k++) it->data[k] = (char *)mt_tensor_data(ts[k]);
+}
+
+/* Walks flat indices [begin, end). */
+static void run_range(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int64_t begin,
+                      int64_t end) {
+    int nd = it->ndim, last = nd - 1;
+    int64_t idx[MT_MAX_DIMS];
+    int64_t rem = begin;
+    for (int d = last; d >= 0; d--) {
+        idx[d] = rem % it->shape[d];
+        rem /= it->shape[d];
+    }
+    int64_t inner[MT_CPU_ITER_MAX];
+    for (int k = 0; k < it->nops; k++) inner[k] = it->strides[k][last];
+    int64_t pos = begin;
+    while (pos < end) {
+        char *ptrs[MT_CPU_ITER_MAX];
+        for (int k = 0; k < it->nops; k++) {
+            int64_t off = 0;
+            for (int d = 0; d < nd; d++) off += idx[d] * it->strides[k][d];
+            ptrs[k] = it->data[k] + off;
+        }
+        int64_t n = it->shape[last] - idx[last];
+        if (n > end - pos) n = end - pos;
+        fn(ptrs, inner, n, ctx);
+        pos += n;
+        idx[last] += n;
+        for (int d = last; d > 0 && idx[d] == it->shape[d]; d--) {
+            idx[d] = 0;
+            idx[d - 1]++;
+        }
+    }
+}
+
+void mt_cpu_iter_run(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int cost_per_elem) {
+    int64_t total = it->numel;
+    if (total == 0) return;
+    int threads = mt_cpu_num_threads();
+    if (threads <= 1 || total * (cost_per_elem > 0 ? cost_per_elem : 1) < MT_CPU_PARALLEL_MIN) {
+        run_range(it, fn, ctx, 0, total);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        /* chunks aligned to 16 elements keep vector loops and cache lines whole */
+        int64_t per = ((total + nt - 1) / nt + 15) & ~(int64_t)15;
+        int64_t b = (int64_t)id * per, e = b + per < total ? b + per : total;
+        if (b < e) run_range(it, fn, ctx, b, e);
+    }
+}

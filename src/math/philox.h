@@ -1,0 +1,58 @@
+/* Philox-4x32-10 counter-based RNG (Salmon et al., SC'11), as cuRAND and PyTorch use it.
+   Element i of a draw with (seed, offset) is a pure function of (seed, offset + i / 4, i % 4),
+   so every backend and any thread split produce the same numbers. */
+#ifndef MT_MATH_PHILOX_H
+#define MT_MATH_PHILOX_H
+#include <math.h>
+#include <stdint.h>
+#include "hd.h"
+
+typedef struct {
+    uint32_t v[4];
+} mt_philox_block;
+
+MT_HD uint32_t mt_mulhilo32(uint32_t a, uint32_t b, uint32_t *hi) {
+    uint64_t p = (uint64_t)a * (uint64_t)b;
+    *hi = (uint32_t)(p >> 32);
+    return (uint32_t)p;
+}
+
+MT_HD mt_philox_block mt_philox4x32(uint64_t counter, uint64_t seed) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint32_t hi0, hi1;
+        uint32_t lo0 = mt_mulhilo32(0xD2511F53u, c0, &hi0);
+        uint32_t lo1 = mt_mulhilo32(0xCD9E8D57u, c2, &hi1);
+        uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+        c0 = n0;
+        c1 = lo1;
+        c2 = n2;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    mt_philox_block b = {{c0, c1, c2, c3}};
+    return b;
+}
+
+/* Uniform in [0, 1) with 24 random bits (exactly representable in FP32). */
+MT_HD float mt_uint_to_unit_float(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+
+/* Element i of a uniform draw. */
+MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
+    mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
+    return mt_uint_to_unit_float(b.v[i % 4]);
+}
+
+/* Element i of a normal draw: Box-Muller on the block's lanes (0,1) and (2,3). */
+MT_HD float mt_philox_normal(uint64_t seed, uint64_t offset, uint64_t i) {
+    mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
+    unsigned lane = (unsigned)(i % 4), pair = lane & 2u;
+    float u1 = 1.0f - mt_uint_to_unit_float(b.v[pair]); /* (0, 1]: log is finite */
+    float u2 = mt_uint_to_unit_float(b.v[pair + 1]);
+    float r = sqrtf(-2.0f * logf(u1));
+    float th = 6.2831853071795864f * u2;
+    return (lane & 1u) ? r * sinf(th) : r * cosf(th);
+}
+#endif

@@ -1,0 +1,31 @@
+/* The shared path of every op entry point (DESIGN.md section 3): after the op validated its
+   arguments, mt_dispatch_inputs applies type promotion and autocast (casting through the
+   recorded cast op), the op allocates and runs its kernel and records its node, and
+   mt_dispatch_done feeds operator statistics and the numeric checker. */
+#ifndef MT_OPS_DISPATCH_H
+#define MT_OPS_DISPATCH_H
+#include "../amp/autocast.h"
+#include "../autograd/node.h"
+#include "../tensor/backend.h"
+
+/* Casts the floating entries of in[0..n) to op's compute dtype; non-floating entries and
+   NULLs pass through. cast[i] receives a new reference for every non-NULL in[i]. Returns the
+   compute dtype, or -1 with the error set (cast[] then holds nothing). */
+int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cast);
+void mt_dispatch_release(mt_tensor **cast, int n);
+static inline void mt_dispatch_done(mt_op_id op, mt_dtype compute, const mt_tensor *out,
+                                    mt_tensor *const *in, int n) {
+    if (mt_amp_stats_on) mt_amp_stats_record(op, compute);
+    if (mt_amp_check_on && out) mt_amp_check_output(op, out, in, n);
+}
+/* "mt_add" from the op table, for messages. */
+const char *mt_op_fullname(mt_op_id op);
+/* Status to return from a backward formula after an op inside it returned NULL. */
+static inline int mt_backward_failed(void) {
+    return mt_last_status() != MT_OK ? (int)mt_last_status() : MT_ERR_INTERNAL;
+}
+/* Entry paths shared by the public elementwise functions (src/ops/elementwise.c); callable
+   for internal ops such as the fused backward kernels and sign. No NULL checks. */
+mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b);
+mt_tensor *mt_unary_op_internal(mt_op_id op, mt_tensor *a, double p);
+#endif

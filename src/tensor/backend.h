@@ -1,0 +1,98 @@
+/* The per-device kernel table. Op entry points (src/ops) validate, cast and allocate, then
+   call these on already-checked tensors; a backend never calls back up into autograd or amp.
+   Kernels return 0 or a negative mt_status (after mt_error_set) for device failures only.
+   Elementwise families switch on the op id (from ops.def) once, outside their loops. */
+#ifndef MT_TENSOR_BACKEND_H
+#define MT_TENSOR_BACKEND_H
+#include "tensor_impl.h"
+
+typedef enum { MT_OPTIM_SGD, MT_OPTIM_MOMENTUM, MT_OPTIM_ADAM, MT_OPTIM_ADAMW } mt_optim_kind;
+
+/* One fused multi-tensor optimizer pass. For each i: g = grads[i] (* inv_scale when given);
+   the update is computed in FP32 (F64 for F64 params) from masters[i] when non-NULL (FP32
+   master of a low-precision param, which then receives the rounded result), else from
+   params[i]. Does nothing at all when *found_inf != 0. */
+typedef struct {
+    mt_optim_kind kind;
+    int n;
+    mt_tensor *const *params;
+    mt_tensor *const *grads;   /* entries may be NULL: that param is skipped */
+    mt_tensor *const *masters; /* NULL, or entries NULL for params without a master */
+    mt_tensor *const *moment1; /* momentum buffer / Adam m (FP32, or F64 for F64 params) */
+    mt_tensor *const *moment2; /* Adam v */
+    const mt_tensor *found_inf; /* F32 scalar on the device, or NULL */
+    const mt_tensor *inv_scale; /* F32 scalar, or NULL */
+    mt_tensor *step_count;      /* F32 scalar: Adam's step, incremented when not skipped */
+    double lr, momentum, beta1, beta2, eps, weight_decay;
+    bool nesterov;
+} mt_optim_step_args;
+
+/* Dynamic loss scale update, all on the device: reads found_inf, updates scale and the two
+   counters (F32 scalars), and counts skipped steps. */
+typedef struct {
+    mt_tensor *scale, *good_steps, *bad_steps, *skipped_steps;
+    const mt_tensor *found_inf;
+    double growth_factor, backoff_factor, min_scale, max_scale;
+    int growth_interval, backoff_after;
+} mt_scale_update_args;
+
+typedef struct mt_backend {
+    const char *name;
+    void *(*alloc)(int index, size_t nbytes); /* NULL on failure, no error set */
+    void (*free)(int index, void *p, size_t nbytes);
+    /* dst = src, same shape, any strides, converting dtype (F16/BF16 round to nearest even) */
+    int (*copy)(mt_tensor *dst, const mt_tensor *src);
+    int (*fill)(mt_tensor *dst, double value);
+    /* Reads a contiguous host buffer into / out of a tensor of the same dtype. */
+    int (*upload)(mt_tensor *dst, const void *src);
+    int (*download)(const mt_tensor *src, void *dst); /* dst contiguous */
+    /* out = op(a, p): unary and tensor-scalar ops; a has out's shape and dtype */
+    int (*unary)(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p);
+    /* out = op(a, b): a and b expanded to out's shape, same dtype; out BOOL for comparisons */
+    int (*binary)(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tensor *b);
+    /* out = cond ? a : b, all expanded to out's shape */
+    int (*where)(mt_tensor *out, const mt_tensor *cond, const mt_tensor *a, const mt_tensor *b);
+    /* SUM, MEAN or MAX over the dims whose bit is set in mask; out has the keepdim shape
+       (size 1 in reduced dims). Accumulates in FP32 (F64 for F64). */
+    int (*reduce)(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask);
+    /* softmax or log_softmax along dim; out contiguous, a any layout */
+    int (*softmax)(mt_tensor *out, const mt_tensor *a, int dim, bool log);
+    /* grad_in from grad_out and the forward output y */
+    int (*softmax_backward)(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
+                            int dim, bool log);
+    /* c[..., M, N] = alpha * a[..., M, K] @ b[..., K, N] + beta * c. a and b may be
+       transposed in their last two dims (strides) and broadcast in the batch dims (stride 0);
+       c is contiguous. Low precision: FP32 accumulation, output rounded once. */
+    int (*gemm)(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
+    /* Per-row loss of cross entropy: loss[N] (FP32) and the row log-sum-exp lse[N] (FP32),
+       labels I64; rows whose label == ignore_index get loss 0. Returns the count of counted
+       rows in *valid. */
+    int (*cross_entropy)(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logits,
+                         const mt_tensor *labels, int64_t ignore_index, int64_t *valid);
+    /* grad_logits = (softmax(logits) - onehot(label)) * scale, from the saved lse; ignored rows
+       get zeros. scale is a 0-d FP32 tensor (grad_out / valid). */
+    int (*cross_entropy_backward)(mt_tensor *grad_logits, const mt_tensor *logits,
+                                  const mt_tensor *labels, const mt_tensor *lse,
+                                  const mt_tensor *scale, int64_t ignore_index);
+    /* Philox draws: element i uses counter offset + i / 4 (src/math/philox.h) */
+    int (*random)(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset);
+    /* true when any element is inf or nan */
+    int (*has_nonfinite)(const mt_tensor *t, bool *out);
+    /* --- multi-tensor kernels for amp and optim */
+    /* g *= inv_scale for every tensor, in place; found_inf := 1 if any element of any g is
+       inf/nan (it is never cleared here). One pass. */
+    int (*unscale)(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
+                   mt_tensor *found_inf);
+    int (*scale_update)(const mt_scale_update_args *a);
+    int (*optim_step)(const mt_optim_step_args *a);
+    /* out (F32 0-d) = sum over tensors of sum(x^2), FP32 accumulation */
+    int (*sq_norm)(mt_tensor *const *ts, int n, mt_tensor *out);
+} mt_backend;
+
+/* The table for a device type; NULL when the backend is not built. */
+const mt_backend *mt_backend_get(mt_device dev);
+/* The same, with an error naming op when the device is not available. */
+const mt_backend *mt_backend_for(const char *op, mt_device dev);
+
+extern const mt_backend mt_cpu_backend;
+#endif

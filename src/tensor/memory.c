@@ -1,0 +1,94 @@
+/* Host memory with live/peak accounting, and the live-tensor counter. Large blocks are
+   recycled through a small size-keyed cache so that a training loop does not pay page faults
+   for every activation (the CPU analogue of the CUDA caching allocator). */
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+#include "tensor_impl.h"
+
+static atomic_int_fast64_t live_bytes, peak_bytes, live_tensors;
+static atomic_size_t alloc_limit;
+
+void mt_mem_account(int64_t delta) {
+    int64_t now = atomic_fetch_add(&live_bytes, delta) + delta;
+    int64_t peak = atomic_load(&peak_bytes);
+    while (now > peak && !atomic_compare_exchange_weak(&peak_bytes, &peak, now)) {
+    }
+}
+void mt_tensor_count(int delta) { atomic_fetch_add(&live_tensors, delta); }
+
+int64_t mt_live_tensors(void) { return atomic_load(&live_tensors); }
+int64_t mt_live_bytes(void) { return atomic_load(&live_bytes); }
+int64_t mt_peak_bytes(void) { return atomic_load(&peak_bytes); }
+void mt_peak_bytes_reset(void) { atomic_store(&peak_bytes, atomic_load(&live_bytes)); }
+void mt_debug_set_alloc_limit(size_t bytes) { atomic_store(&alloc_limit, bytes); }
+
+/* --- block cache: blocks of at least CACHE_MIN bytes are kept on free, up to CACHE_MAX
+   bytes in all, and handed out again for a request of the same rounded size. */
+#define CACHE_MIN   (64u << 10)
+#define CACHE_MAX   ((size_t)512 << 20)
+#define CACHE_SLOTS 64
+typedef struct {
+    void *p;
+    size_t size;
+} cached_block;
+static cached_block cache[CACHE_SLOTS];
+static size_t cache_bytes;
+static mtx_t cache_lock;
+static once_flag cache_once = ONCE_FLAG_INIT;
+static void cache_init(void) { mtx_init(&cache_lock, mtx_plain); }
+
+/* Under AddressSanitizer every block goes back to the allocator so use-after-free is seen. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CACHE_ENABLED 0
+#else
+#define CACHE_ENABLED 1
+#endif
+
+static size_t round_size(size_t n) {
+    if (n < CACHE_MIN) return (n + 63) & ~(size_t)63;
+    return (n + 4095) & ~(size_t)4095;
+}
+
+void *mt_host_alloc(size_t nbytes) {
+    size_t limit = atomic_load(&alloc_limit);
+    if (limit && nbytes > limit) return NULL;
+    if (nbytes > ((size_t)1 << 46)) return NULL; /* no machine has this; avoid overflow */
+    size_t size = round_size(nbytes ? nbytes : 1);
+    if (CACHE_ENABLED && size >= CACHE_MIN) {
+        call_once(&cache_once, cache_init);
+        mtx_lock(&cache_lock);
+        for (int i = 0; i < CACHE_SLOTS; i++) {
+            if (cache[i].p && cache[i].size == size) {
+                void *p = cache[i].p;
+                cache[i].p = NULL;
+                cache_bytes -= size;
+                mtx_unlock(&cache_lock);
+                return p;
+            }
+        }
+        mtx_unlock(&cache_lock);
+    }
+    return aligned_alloc(64, size);
+}
+
+void mt_host_free(void *p, size_t nbytes) {
+    if (!p) return;
+    size_t size = round_size(nbytes ? nbytes : 1);
+    if (CACHE_ENABLED && size >= CACHE_MIN) {
+        call_once(&cache_once, cache_init);
+        mtx_lock(&cache_lock);
+        if (cache_bytes + size <= CACHE_MAX) {
+            for (int i = 0; i < CACHE_SLOTS; i++) {
+                if (!cache[i].p) {
+                    cache[i] = (cached_block){p, size};
+                    cache_bytes += size;
+                    mtx_unlock(&cache_lock);
+                    return;
+                }
+            }
+        }
+        mtx_unlock(&cache_lock);
+    }
+    free(p);
+}

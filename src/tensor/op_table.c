@@ -1,0 +1,29 @@
+#include "op_table.h"
+#include <string.h>
+
+static const char *const op_names[MT_OP_COUNT] = {
+#define MT_OP(id, name, rule) [MT_OP_##id] = #name,
+#include "ops.def"
+#undef MT_OP
+};
+
+static const mt_amp_rule op_rules[MT_OP_COUNT] = {
+#define MT_OP(id, name, rule) [MT_OP_##id] = MT_RULE_##rule,
+#include "ops.def"
+#undef MT_OP
+};
+
+const char *mt_op_name(mt_op_id op) {
+    return (unsigned)op < MT_OP_COUNT ? op_names[op] : "?";
+}
+
+mt_amp_rule mt_op_rule(mt_op_id op) {
+    return (unsigned)op < MT_OP_COUNT ? op_rules[op] : MT_RULE_NONE;
+}
+
+int mt_op_lookup(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < MT_OP_COUNT; i++)
+        if (strcmp(op_names[i], name) == 0) return i;
+    return -1;
+}

@@ -1,0 +1,245 @@
+/* Tensor headers, storage, reference counts and layout helpers. */
+#include <stdlib.h>
+#include <string.h>
+#include "../autograd/node.h"
+#include "backend.h"
+#include "tensor_impl.h"
+
+static const size_t dtype_sizes[MT_DTYPE_COUNT] = {
+    [MT_F32] = 4, [MT_F16] = 2, [MT_BF16] = 2, [MT_F64] = 8,
+    [MT_I64] = 8, [MT_I32] = 4, [MT_BOOL] = 1,
+};
+static const char *const dtype_names[MT_DTYPE_COUNT] = {
+    [MT_F32] = "f32", [MT_F16] = "f16", [MT_BF16] = "bf16", [MT_F64] = "f64",
+    [MT_I64] = "i64", [MT_I32] = "i32", [MT_BOOL] = "bool",
+};
+
+size_t mt_dtype_size(mt_dtype dt) { return (unsigned)dt < MT_DTYPE_COUNT ? dtype_sizes[dt] : 0; }
+const char *mt_dtype_name(mt_dtype dt) {
+    return (unsigned)dt < MT_DTYPE_COUNT ? dtype_names[dt] : "invalid-dtype";
+}
+bool mt_dtype_is_floating(mt_dtype dt) {
+    return dt == MT_F32 || dt == MT_F16 || dt == MT_BF16 || dt == MT_F64;
+}
+
+void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+int64_t mt_shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+bool mt_same_shape(const mt_tensor *a, const mt_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+static mt_storage *storage_new(const char *op, size_t nbytes, mt_device dev) {
+    const mt_backend *be = mt_backend_for(op, dev);
+    if (!be) return NULL;
+    mt_storage *s = malloc(sizeof *s);
+    if (!s) {
+        mt_error_set(MT_ERR_OOM, "%s: out of memory allocating a storage header", op);
+        return NULL;
+    }
+    s->data = be->alloc(dev.index, nbytes);
+    if (!s->data) {
+        free(s);
+        mt_error_set(MT_ERR_OOM, "%s: out of memory allocating %zu bytes on %s", op, nbytes,
+                     dev.type == MT_DEVICE_CUDA ? "cuda" : "cpu");
+        return NULL;
+    }
+    atomic_init(&s->refcount, 1);
+    atomic_init(&s->version, 0);
+    s->device = dev;
+    s->nbytes = nbytes;
+    mt_mem_account((int64_t)nbytes);
+    return s;
+}
+
+static void storage_release(mt_storage *s) {
+    if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    const mt_backend *be = mt_backend_get(s->device);
+    be->free(s->device.index, s->data, s->nbytes);
+    mt_mem_account(-(int64_t)s->nbytes);
+    free(s);
+}
+
+static mt_tensor *header_new(const char *op) {
+    mt_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        mt_error_set(MT_ERR_OOM, "%s: out of memory allocating a tensor header", op);
+        return NULL;
+    }
+    atomic_init(&t->refcount, 1);
+    mt_tensor_count(1);
+    return t;
+}
+
+mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
+                         mt_device dev) {
+    if (ndim < 0 || ndim > MT_MAX_DIMS) {
+        mt_error_set(MT_ERR_INVALID, "%s: %d dims requested, at most %d are supported", op, ndim,
+                     MT_MAX_DIMS);
+        return NULL;
+    }
+    if ((unsigned)dt >= MT_DTYPE_COUNT) {
+        mt_error_set(MT_ERR_DTYPE, "%s: invalid dtype %d", op, (int)dt);
+        return NULL;
+    }
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            char buf[MT_SHAPE_BUF];
+            mt_error_set(MT_ERR_SHAPE, "%s: negative size in shape %s", op,
+                         mt_dims_str(ndim, shape, buf, sizeof buf));
+            return NULL;
+        }
+        if (shape[i] && numel > INT64_MAX / 16 / shape[i]) {
+            char buf[MT_SHAPE_BUF];
+            mt_error_set(MT_ERR_OOM, "%s: shape %s is too large to allocate", op,
+                         mt_dims_str(ndim, shape, buf, sizeof buf));
+            return NULL;
+        }
+        numel *= shape[i];
+    }
+    mt_tensor *t = header_new(op);
+    if (!t) return NULL;
+    t->storage = storage_new(op, (size_t)numel * mt_dtype_size(dt), dev);
+    if (!t->storage) {
+        free(t);
+        mt_tensor_count(-1);
+        return NULL;
+    }
+    t->dtype = dt;
+    t->device = dev;
+    t->ndim = ndim;
+    if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    mt_contiguous_strides(ndim, shape, t->strides);
+    t->numel = numel;
+    return t;
+}
+
+mt_tensor *mt_tensor_view_of(const mt_tensor *t, int ndim, const int64_t *shape,
+                             const int64_t *strides, int64_t offset) {
+    mt_tensor *v = header_new("view");
+    if (!v) return NULL;
+    v->dtype = t->dtype;
+    v->device = t->device;
+    v->ndim = ndim;
+    if (ndim) {
+        memcpy(v->shape, shape, (size_t)ndim * sizeof *shape);
+        memcpy(v->strides, strides, (size_t)ndim * sizeof *strides);
+    }
+    v->offset = offset;
+    v->numel = mt_shape_numel(ndim, shape);
+    v->storage = t->storage;
+    atomic_fetch_add_explicit(&t->storage->refcount, 1, memory_order_relaxed);
+    return v;
+}
+
+mt_tensor *mt_tensor_alias(const mt_tensor *t) {
+    return mt_tensor_view_of(t, t->ndim, t->shape, t->strides, t->offset);
+}
+
+mt_tensor *mt_retain(mt_tensor *t) {
+    if (t) atomic_fetch_add_explicit(&t->refcount, 1, memory_order_relaxed);
+    return t;
+}
+
+void mt_release(mt_tensor *t) {
+    if (!t) return;
+    if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (t->grad_fn) mt_node_release(t->grad_fn);
+    mt_release(t->grad);
+    storage_release(t->storage);
+    free(t);
+    mt_tensor_count(-1);
+}
+
+/* ---- accessors */
+mt_dtype mt_dtype_of(const mt_tensor *t) { return t ? t->dtype : MT_F32; }
+mt_device mt_device_of(const mt_tensor *t) { return t ? t->device : MT_CPU; }
+int mt_ndim(const mt_tensor *t) { return t ? t->ndim : -1; }
+int64_t mt_numel(const mt_tensor *t) { return t ? t->numel : -1; }
+const int64_t *mt_shape(const mt_tensor *t) { return t ? t->shape : NULL; }
+const int64_t *mt_strides(const mt_tensor *t) { return t ? t->strides : NULL; }
+
+int64_t mt_dim(const mt_tensor *t, int i) {
+    if (!t) return -1;
+    int d;
+    if (mt_dim_normalize("mt_dim", 2, i, t->ndim, &d) < 0) return -1;
+    return t->shape[d];
+}
+
+bool mt_is_contiguous(const mt_tensor *t) {
+    if (!t) return false;
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+void *mt_data_ptr(const mt_tensor *t) {
+    if (!t) return NULL;
+    if (t->device.type != MT_DEVICE_CPU) {
+        mt_error_set(MT_ERR_DEVICE, "mt_data_ptr: tensor is on cuda:%d, not the host",
+                     t->device.index);
+        return NULL;
+    }
+    return mt_tensor_data(t);
+}
+
+int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out) {
+    int lo = ndim ? -ndim : -1, hi = ndim ? ndim - 1 : 0;
+    if (dim < lo || dim > hi)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: arg %d: dim %d is out of range for a %d-d tensor (expected %d..%d)",
+                            op, arg, dim, ndim, lo, hi);
+    *out = dim < 0 ? dim + (ndim ? ndim : 1) : dim;
+    return 0;
+}
+
+int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
+                        int *nout, int64_t *out) {
+    int n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int64_t da = i < n - na ? 1 : sa[i - (n - na)];
+        int64_t db = i < n - nb ? 1 : sb[i - (n - nb)];
+        if (da != db && da != 1 && db != 1) {
+            char ba[MT_SHAPE_BUF], bb[MT_SHAPE_BUF];
+            return mt_error_set(MT_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)",
+                                op, mt_dims_str(na, sa, ba, sizeof ba),
+                                mt_dims_str(nb, sb, bb, sizeof bb), i, (long long)da,
+                                (long long)db);
+        }
+        out[i] = da == 1 ? db : da;
+    }
+    *nout = n;
+    return 0;
+}
+
+mt_tensor *mt_tensor_expand_to(const mt_tensor *t, int ndim, const int64_t *shape) {
+    int64_t strides[MT_MAX_DIMS];
+    int lead = ndim - t->ndim;
+    for (int i = 0; i < ndim; i++) {
+        if (i < lead) {
+            strides[i] = 0;
+        } else {
+            int j = i - lead;
+            strides[i] = (t->shape[j] == 1 && shape[i] != 1) ? 0 : t->strides[j];
+        }
+    }
+    return mt_tensor_view_of(t, ndim, shape, strides, t->offset);
+}

@@ -1,0 +1,103 @@
+/* The tensor and storage structs and the internal tensor API shared by every room. */
+#ifndef MT_TENSOR_IMPL_H
+#define MT_TENSOR_IMPL_H
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "mixtape.h"
+#include "op_table.h"
+
+struct mt_node;
+
+/* Refcounted memory block; views share one. The version counter lives here because every
+   view of the same memory sees an in-place change (as torch's shared version counter). */
+typedef struct mt_storage {
+    atomic_int refcount;
+    mt_device device;
+    size_t nbytes;
+    void *data;
+    atomic_uint_fast64_t version;
+} mt_storage;
+
+struct mt_tensor {
+    atomic_int refcount;
+    mt_dtype dtype;
+    mt_device device;
+    int ndim;
+    int64_t shape[MT_MAX_DIMS];
+    int64_t strides[MT_MAX_DIMS]; /* in elements */
+    int64_t offset;               /* in elements */
+    int64_t numel;
+    mt_storage *storage;
+    /* autograd */
+    bool requires_grad;      /* leaf flag set by the user, or "has grad_fn" for results */
+    struct mt_node *grad_fn; /* strong; NULL for leaves */
+    mt_tensor *grad;         /* accumulated gradient of a leaf */
+};
+
+/* ---- errors (src/tensor/error.c) */
+/* Records the first error of the thread (later ones are dropped) and returns status. */
+int mt_error_set(mt_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Writes "[2, 3]" into buf; returns buf. */
+char *mt_shape_str(const mt_tensor *t, char *buf, size_t cap);
+char *mt_dims_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+#define MT_SHAPE_BUF 96
+
+/* ---- the API boundary (src/tensor/scope.c)
+   Every public function that returns a tensor runs between mt_api_enter() and
+   mt_api_exit(): calls from inside the library (depth > 1) return plain owned references,
+   and only the outermost call hands its result to the innermost open scope. */
+void mt_api_enter(void);
+mt_tensor *mt_api_exit(mt_tensor *result);
+/* Leaves the API without a tensor result (int-returning functions). */
+int mt_api_exit_status(int status);
+
+/* ---- allocation and layout (src/tensor/tensor.c) */
+/* A new contiguous tensor; storage uninitialised. NULL with MT_ERR_OOM on failure. */
+mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
+                         mt_device dev);
+/* A new tensor header over t's storage with the given layout (no autograd history). */
+mt_tensor *mt_tensor_view_of(const mt_tensor *t, int ndim, const int64_t *shape,
+                             const int64_t *strides, int64_t offset);
+/* Same storage and layout as t, no history: used to save outputs without cycles. */
+mt_tensor *mt_tensor_alias(const mt_tensor *t);
+void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+int64_t mt_shape_numel(int ndim, const int64_t *shape);
+bool mt_same_shape(const mt_tensor *a, const mt_tensor *b);
+static inline void *mt_tensor_data(const mt_tensor *t) {
+    return (char *)t->storage->data + t->offset * (int64_t)mt_dtype_size(t->dtype);
+}
+static inline void mt_tensor_bump_version(mt_tensor *t) {
+    atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
+}
+static inline uint64_t mt_tensor_version(const mt_tensor *t) {
+    return atomic_load_explicit(&t->storage->version, memory_order_relaxed);
+}
+/* Normalises a possibly negative dim; error naming op and arg when out of range. */
+int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out);
+/* Broadcast shape of two shapes; error naming op when they do not broadcast. */
+int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
+                        int *nout, int64_t *out);
+/* A view of t expanded (stride 0) to the given shape; t must broadcast to it. */
+mt_tensor *mt_tensor_expand_to(const mt_tensor *t, int ndim, const int64_t *shape);
+
+/* ---- checks used by op entry points (src/tensor/check.c); each sets a message and returns
+   a negative status, or 0 */
+int mt_check_floating(const char *op, int arg, const mt_tensor *t);
+int mt_check_same_device(const char *op, const mt_tensor *a, const mt_tensor *b);
+/* The wider of two floating dtypes (F64 > F32 > BF16/F16; F16 with BF16 gives F32). */
+mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b);
+
+/* ---- host allocation with live/peak accounting (src/tensor/memory.c) */
+void *mt_host_alloc(size_t nbytes); /* 64-byte aligned; NULL on failure, no error set */
+void mt_host_free(void *p, size_t nbytes);
+void mt_mem_account(int64_t delta_bytes);
+void mt_tensor_count(int delta);
+
+/* ---- threads (src/cpu) */
+int mt_cpu_num_threads(void);
+
+/* ---- RNG state (src/tensor/random.c): reserves `n` counters of the global generator */
+void mt_rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset);
+#endif
