@@ -1,0 +1,26 @@
+/* The optimizer struct, shared by src/optim and the GradScaler (src/amp/grad_scaler.c). */
+#ifndef MT_OPTIM_OPTIMIZER_IMPL_H
+#define MT_OPTIM_OPTIMIZER_IMPL_H
+#include "../tensor/backend.h"
+
+struct mt_optimizer {
+    mt_optim_kind kind;
+    int n;
+    mt_tensor **params;  /* strong references, in the order given */
+    mt_tensor **masters; /* FP32 masters for F16/BF16 params with multi_precision, else NULL */
+    mt_tensor **moment1; /* lazily allocated state (FP32, or F64 for F64 params) */
+    mt_tensor **moment2;
+    mt_tensor *step_count; /* F32 0-d on the params' device (Adam bias correction) */
+    mt_device device;
+    double lr, momentum, beta1, beta2, eps, weight_decay;
+    bool nesterov, multi_precision;
+};
+
+/* One fused pass over all parameters. found_inf (F32 0-d, may be NULL): the kernel does
+   nothing when it is non-zero, with no host read. inv_scale (F32 0-d, may be NULL): the
+   gradients are multiplied by it inside the pass (unscale folded into the step). */
+int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale);
+/* The current gradients (borrowed; NULL entries for params without a gradient). Fills
+   grads[0..n) and returns n. */
+int mt_optimizer_grads(mt_optimizer *o, mt_tensor **grads);
+#endif
