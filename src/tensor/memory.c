@@ -1,4 +1,5 @@
-/* Host memory with live/peak accounting, and the live-tensor counter. Large blocks are
+/* Host memory with live/peak accounting, and the live-tensor counter. Every block handed out
+   counts, kernel temporaries included, so the peak is the honest high-water mark. Large blocks are
    recycled through a small size-keyed cache so that a training loop does not pay page faults
    for every activation (the CPU analogue of the CUDA caching allocator). */
 #include <stdlib.h>
@@ -64,16 +65,20 @@ void *mt_host_alloc(size_t nbytes) {
                 cache[i].p = NULL;
                 cache_bytes -= size;
                 mtx_unlock(&cache_lock);
+                mt_mem_account((int64_t)nbytes);
                 return p;
             }
         }
         mtx_unlock(&cache_lock);
     }
-    return aligned_alloc(64, size);
+    void *p = aligned_alloc(64, size);
+    if (p) mt_mem_account((int64_t)nbytes);
+    return p;
 }
 
 void mt_host_free(void *p, size_t nbytes) {
     if (!p) return;
+    mt_mem_account(-(int64_t)nbytes);
     size_t size = round_size(nbytes ? nbytes : 1);
     if (CACHE_ENABLED && size >= CACHE_MIN) {
         call_once(&cache_once, cache_init);

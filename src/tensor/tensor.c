@@ -62,7 +62,6 @@ static mt_storage *storage_new(const char *op, size_t nbytes, mt_device dev) {
     atomic_init(&s->version, 0);
     s->device = dev;
     s->nbytes = nbytes;
-    mt_mem_account((int64_t)nbytes);
     return s;
 }
 
@@ -70,7 +69,6 @@ static void storage_release(mt_storage *s) {
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
     const mt_backend *be = mt_backend_get(s->device);
     be->free(s->device.index, s->data, s->nbytes);
-    mt_mem_account(-(int64_t)s->nbytes);
     free(s);
 }
 

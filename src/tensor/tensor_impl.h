@@ -90,7 +90,9 @@ int mt_check_same_device(const char *op, const mt_tensor *a, const mt_tensor *b)
 mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b);
 
 /* ---- host allocation with live/peak accounting (src/tensor/memory.c) */
-void *mt_host_alloc(size_t nbytes); /* 64-byte aligned; NULL on failure, no error set */
+/* 64-byte aligned; NULL on failure, no error set. Counted in mt_live_bytes/mt_peak_bytes
+   (kernel temporaries too); free with the same nbytes. */
+void *mt_host_alloc(size_t nbytes);
 void mt_host_free(void *p, size_t nbytes);
 void mt_mem_account(int64_t delta_bytes);
 void mt_tensor_count(int delta);
