@@ -1,7 +1,432 @@
-/* PLACEHOLDER: not implemented yet; replaced by its owner before anything lands. */
+/* Reductions (SUM, MEAN, MAX) over a dim mask, any input layout, keepdim output.
+
+   Plan: size-1 dims are dropped; the kept dims (in order) and the reduced dims (sorted by
+   stride) are each coalesced where the layout allows. Two shapes of work follow:
+   - row mode: the innermost reduced dim is walked as a run (contiguous when its stride is
+     one element), each output reducing its runs with blocked vector accumulators;
+   - column mode: when a kept dim is the contiguous one (sum over dim 0 of [N, C]), chunks
+     of that dim are accumulated across the reduced dims, the vector running along the
+     output.
+   Accuracy: F32/F16/BF16 accumulate in FP32 vector lanes over blocks of at most 4096
+   elements (16 lanes: 256 adds per lane), and block totals are added in double; F64 runs in
+   double throughout. Parallelism: over outputs when there are enough of them, else over the
+   reduced range with per-thread partials combined at the end; nothing below
+   MT_CPU_PARALLEL_MIN elements. */
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
 #include "cpu.h"
 
-#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define LANES     16
+#define SUM_BLOCK 4096 /* elements per FP32 lane block before the total goes to double */
+#define CONV      512  /* conversion buffer for strided or low-precision runs */
+#define COLW      256  /* column-mode chunk width */
+#define COL_FLUSH 256  /* column-mode FP32 adds per lane before flushing to double */
 
-int mt_cpu_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_cpu_reduce: not implemented yet"); }
+typedef struct {
+    mt_op_id op;
+    mt_dtype dt, odt;
+    int64_t es; /* input element size */
+    const char *a;
+    char *o;
+    /* kept dims, outermost first; in column mode the last one is the contiguous one */
+    int nk;
+    int64_t kshape[MT_MAX_DIMS], kstride[MT_MAX_DIMS], ostride[MT_MAX_DIMS]; /* bytes */
+    /* reduced dims, outermost first; the last is the run */
+    int nr;
+    int64_t rshape[MT_MAX_DIMS], rstride[MT_MAX_DIMS]; /* bytes */
+    int64_t K, R;
+    bool column;
+} plan;
+
+/* ---------------------------------------------------------------- run kernels */
+
+static inline double maxd(double m, double x) {
+    return (x > m || x != x) ? x : m;
+}
+static inline float maxf(float m, float x) {
+    return (x > m || x != x) ? x : m;
+}
+
+/* Sum of a contiguous float run: 16 FP32 lanes per block, block totals in double. */
+static double sum_run_f(const float *restrict x, int64_t n) {
+    double total = 0;
+    for (int64_t b = 0; b < n; b += SUM_BLOCK) {
+        int64_t m = n - b < SUM_BLOCK ? n - b : SUM_BLOCK;
+        const float *restrict p = x + b;
+        float acc[LANES] = {0};
+        int64_t i = 0;
+        for (; i + LANES <= m; i += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
+        float tail = 0;
+        for (; i < m; i++) tail += p[i];
+        for (int w = LANES / 2; w > 0; w /= 2) /* pairwise over the lanes */
+            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+        total += (double)acc[0] + (double)tail;
+    }
+    return total;
+}
+
+static double sum_run_d(const double *restrict x, int64_t n) {
+    double acc[LANES / 2] = {0}, tail = 0;
+    int64_t i = 0;
+    for (; i + LANES / 2 <= n; i += LANES / 2)
+        for (int j = 0; j < LANES / 2; j++) acc[j] += x[i + j];
+    for (; i < n; i++) tail += x[i];
+    for (int w = LANES / 4; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0] + tail;
+}
+
+static float max_run_f(const float *restrict x, int64_t n, float m0) {
+    float acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = m0;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] = maxf(acc[j], x[i + j]);
+    float m = m0;
+    for (; i < n; i++) m = maxf(m, x[i]);
+    for (int j = 0; j < LANES; j++) m = maxf(m, acc[j]);
+    return m;
+}
+
+static double max_run_d(const double *restrict x, int64_t n, double m0) {
+    double acc[LANES / 2];
+    for (int j = 0; j < LANES / 2; j++) acc[j] = m0;
+    int64_t i = 0;
+    for (; i + LANES / 2 <= n; i += LANES / 2)
+        for (int j = 0; j < LANES / 2; j++) acc[j] = maxd(acc[j], x[i + j]);
+    double m = m0;
+    for (; i < n; i++) m = maxd(m, x[i]);
+    for (int j = 0; j < LANES / 2; j++) m = maxd(m, acc[j]);
+    return m;
+}
+
+/* Folds n elements at p (stride s bytes) into acc (a sum, or a max for MAX). */
+static double reduce_run(const plan *P, const char *p, int64_t s, int64_t n, double acc) {
+    bool is_max = P->op == MT_OP_MAX;
+    if (P->dt == MT_F32 && s == 4) {
+        return is_max ? (double)max_run_f((const float *)p, n, (float)acc)
+                      : acc + sum_run_f((const float *)p, n);
+    }
+    if (P->dt == MT_F64 && s == 8)
+        return is_max ? max_run_d((const double *)p, n, acc)
+                      : acc + sum_run_d((const double *)p, n);
+    for (int64_t i = 0; i < n; i += CONV) {
+        int64_t m = n - i < CONV ? n - i : CONV;
+        if (P->dt == MT_F64) {
+            double buf[CONV];
+            mt_cpu_load_f64(p + i * s, s, P->dt, m, buf);
+            acc = is_max ? max_run_d(buf, m, acc) : acc + sum_run_d(buf, m);
+        } else {
+            float buf[CONV];
+            mt_cpu_load_f32(p + i * s, s, P->dt, m, buf);
+            acc = is_max ? (double)max_run_f(buf, m, (float)acc) : acc + sum_run_f(buf, m);
+        }
+    }
+    return acc;
+}
+
+static inline double identity(const plan *P) {
+    return P->op == MT_OP_MAX ? -INFINITY : 0.0;
+}
+static inline double combine(const plan *P, double a, double b) {
+    return P->op == MT_OP_MAX ? maxd(a, b) : a + b;
+}
+
+/* Byte offset of reduced flat index r, and its multi-index in idx. */
+static int64_t reduced_offset(const plan *P, int64_t r, int64_t *idx) {
+    int64_t off = 0;
+    for (int d = P->nr - 1; d >= 0; d--) {
+        idx[d] = r % P->rshape[d];
+        r /= P->rshape[d];
+        off += idx[d] * P->rstride[d];
+    }
+    return off;
+}
+
+/* Advances idx (and off) by one step of the dims above `last`; the run dim is handled by
+   the caller. */
+static int64_t advance(const plan *P, int last, int64_t *idx, int64_t off) {
+    for (int d = last; d >= 0; d--) {
+        idx[d]++;
+        off += P->rstride[d];
+        if (idx[d] < P->rshape[d] || d == 0) break;
+        off -= idx[d] * P->rstride[d];
+        idx[d] = 0;
+    }
+    return off;
+}
+
+/* Row mode: output whose input base is `base`, reduced flat range [rb, re). */
+static double row_partial(const plan *P, const char *base, int64_t rb, int64_t re) {
+    double acc = identity(P);
+    int last = P->nr - 1;
+    int64_t L = P->rshape[last], s = P->rstride[last];
+    int64_t idx[MT_MAX_DIMS];
+    int64_t off = reduced_offset(P, rb, idx);
+    int64_t pos = rb;
+    while (pos < re) {
+        int64_t n = L - idx[last];
+        if (n > re - pos) n = re - pos;
+        acc = reduce_run(P, base + off, s, n, acc);
+        pos += n;
+        if (pos >= re) break;
+        off -= idx[last] * s; /* back to the start of the run, then the next run */
+        idx[last] = 0;
+        off = last > 0 ? advance(P, last - 1, idx, off) : off;
+    }
+    return acc;
+}
+
+/* Column mode: cw consecutive outputs along the contiguous kept dim starting at base, over
+   reduced flat range [rb, re); results into res[0..cw). */
+static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int64_t re,
+                        double *res) {
+    bool is_max = P->op == MT_OP_MAX;
+    int64_t idx[MT_MAX_DIMS];
+    int64_t off = reduced_offset(P, rb, idx);
+    int last = P->nr - 1;
+    for (int j = 0; j < cw; j++) res[j] = identity(P);
+    if (P->dt == MT_F64) {
+        for (int64_t r = rb; r < re; r++) {
+            const double *x = (const double *)(base + off);
+            if (is_max)
+                for (int j = 0; j < cw; j++) res[j] = maxd(res[j], x[j]);
+            else
+                for (int j = 0; j < cw; j++) res[j] += x[j];
+            off = advance(P, last, idx, off);
+        }
+        return;
+    }
+    float acc[COLW], buf[COLW];
+    float init = is_max ? -INFINITY : 0.0f;
+    for (int j = 0; j < cw; j++) acc[j] = init;
+    int cnt = 0;
+    for (int64_t r = rb; r < re; r++) {
+        const float *x;
+        if (P->dt == MT_F32) {
+            x = (const float *)(base + off);
+        } else {
+            mt_cpu_load_f32(base + off, P->es, P->dt, cw, buf);
+            x = buf;
+        }
+        if (is_max) {
+            for (int j = 0; j < cw; j++) acc[j] = maxf(acc[j], x[j]);
+        } else {
+            for (int j = 0; j < cw; j++) acc[j] += x[j];
+            if (++cnt == COL_FLUSH) {
+                for (int j = 0; j < cw; j++) {
+                    res[j] += acc[j];
+                    acc[j] = 0;
+                }
+                cnt = 0;
+            }
+        }
+        off = advance(P, last, idx, off);
+    }
+    for (int j = 0; j < cw; j++) res[j] = is_max ? maxd(res[j], acc[j]) : res[j] + acc[j];
+}
+
+/* ---------------------------------------------------------------- output indexing */
+
+/* Input and output byte offsets of output k (kept flat index). */
+static void kept_offsets(const plan *P, int64_t k, int64_t *ia, int64_t *io) {
+    int64_t a = 0, o = 0;
+    for (int d = P->nk - 1; d >= 0; d--) {
+        int64_t i = k % P->kshape[d];
+        k /= P->kshape[d];
+        a += i * P->kstride[d];
+        o += i * P->ostride[d];
+    }
+    *ia = a;
+    *io = o;
+}
+
+static void store(const plan *P, int64_t io, double v) {
+    if (P->op == MT_OP_MEAN) v /= (double)P->R;
+    mt_cpu_store_f64(P->o + io, 0, P->odt, 1, &v);
+}
+
+/* Column-mode tasks: (outer kept index, chunk of the contiguous dim). */
+static int64_t col_tasks(const plan *P, int64_t *chunks) {
+    int64_t Lv = P->kshape[P->nk - 1];
+    *chunks = (Lv + COLW - 1) / COLW;
+    return P->K / Lv * *chunks;
+}
+
+/* Runs task t (column mode) or output t (row mode) over [rb, re); writes the values of the
+   outputs it covers into vals (at their kept flat index) or, when vals is NULL, stores them. */
+static void run_task(const plan *P, int64_t t, int64_t rb, int64_t re, double *vals) {
+    if (!P->column) {
+        int64_t ia, io;
+        kept_offsets(P, t, &ia, &io);
+        double v = row_partial(P, P->a + ia, rb, re);
+        if (vals)
+            vals[t] = v;
+        else
+            store(P, io, v);
+        return;
+    }
+    int64_t chunks;
+    col_tasks(P, &chunks);
+    int64_t Lv = P->kshape[P->nk - 1];
+    int64_t outer = t / chunks, c0 = (t % chunks) * COLW;
+    int cw = (int)(Lv - c0 < COLW ? Lv - c0 : COLW);
+    int64_t k0 = outer * Lv + c0, ia, io;
+    kept_offsets(P, k0, &ia, &io);
+    double res[COLW];
+    col_partial(P, P->a + ia, cw, rb, re, res);
+    int64_t os = P->ostride[P->nk - 1];
+    for (int j = 0; j < cw; j++) {
+        if (vals)
+            vals[k0 + j] = res[j];
+        else
+            store(P, io + j * os, res[j]);
+    }
+}
+
+/* ---------------------------------------------------------------- planning */
+
+static void make_plan(plan *P, mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask) {
+    memset(P, 0, sizeof *P);
+    P->op = op;
+    P->dt = a->dtype;
+    P->odt = out->dtype;
+    P->es = (int64_t)mt_dtype_size(a->dtype);
+    int64_t oes = (int64_t)mt_dtype_size(out->dtype);
+    P->a = (const char *)mt_tensor_data(a);
+    P->o = (char *)mt_tensor_data(out);
+    int64_t rs[MT_MAX_DIMS], rsh[MT_MAX_DIMS];
+    int nr = 0;
+    P->K = P->R = 1;
+    for (int d = 0; d < a->ndim; d++) {
+        int64_t n = a->shape[d];
+        if (mask & (1u << d)) {
+            P->R *= n;
+            if (n == 1) continue;
+            rsh[nr] = n;
+            rs[nr++] = a->strides[d] * P->es;
+            continue;
+        }
+        P->K *= n;
+        if (n == 1) continue;
+        int k = P->nk;
+        if (k > 0 && P->kstride[k - 1] == a->strides[d] * n * P->es &&
+            P->ostride[k - 1] == out->strides[d] * n * oes) {
+            P->kshape[k - 1] *= n; /* merge into the previous kept dim */
+            P->kstride[k - 1] = a->strides[d] * P->es;
+            P->ostride[k - 1] = out->strides[d] * oes;
+            continue;
+        }
+        P->kshape[k] = n;
+        P->kstride[k] = a->strides[d] * P->es;
+        P->ostride[k] = out->strides[d] * oes;
+        P->nk++;
+    }
+    /* reduced dims: sort by stride (largest first), then merge nested ones */
+    for (int i = 1; i < nr; i++)
+        for (int j = i; j > 0 && llabs(rs[j]) > llabs(rs[j - 1]); j--) {
+            int64_t t = rs[j];
+            rs[j] = rs[j - 1];
+            rs[j - 1] = t;
+            t = rsh[j];
+            rsh[j] = rsh[j - 1];
+            rsh[j - 1] = t;
+        }
+    for (int i = 0; i < nr; i++) {
+        if (P->nr > 0 && P->rstride[P->nr - 1] == rs[i] * rsh[i]) {
+            P->rshape[P->nr - 1] *= rsh[i];
+            P->rstride[P->nr - 1] = rs[i];
+            continue;
+        }
+        P->rshape[P->nr] = rsh[i];
+        P->rstride[P->nr++] = rs[i];
+    }
+    if (P->nr == 0) { /* nothing to reduce: one run of one element */
+        P->rshape[0] = 1;
+        P->rstride[0] = P->es;
+        P->nr = 1;
+    }
+    /* column mode: a kept dim is the contiguous one and the run is not */
+    int vec = -1;
+    for (int k = 0; k < P->nk; k++)
+        if (P->kstride[k] == P->es && P->kshape[k] >= 4) vec = k;
+    if (vec >= 0 && P->rstride[P->nr - 1] != P->es && P->R > 1) {
+        /* move the contiguous kept dim last; kept flat order follows the new order */
+        int64_t s0 = P->kshape[vec], s1 = P->kstride[vec], s2 = P->ostride[vec];
+        for (int k = vec; k < P->nk - 1; k++) {
+            P->kshape[k] = P->kshape[k + 1];
+            P->kstride[k] = P->kstride[k + 1];
+            P->ostride[k] = P->ostride[k + 1];
+        }
+        P->kshape[P->nk - 1] = s0;
+        P->kstride[P->nk - 1] = s1;
+        P->ostride[P->nk - 1] = s2;
+        P->column = true;
+    }
+    if (P->nk == 0) { /* one output */
+        P->kshape[0] = 1;
+        P->kstride[0] = P->ostride[0] = 0;
+        P->nk = 1;
+    }
+}
+
+int mt_cpu_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask) {
+    plan P;
+    make_plan(&P, op, out, a, mask);
+    if (P.K == 0) return 0;
+    if (P.R == 0) { /* empty reduction: sum 0, mean nan (MAX is refused by the op) */
+        double v = op == MT_OP_SUM ? 0.0 : op == MT_OP_MEAN ? NAN : -INFINITY;
+        for (int64_t k = 0; k < P.K; k++) {
+            int64_t ia, io;
+            kept_offsets(&P, k, &ia, &io);
+            mt_cpu_store_f64(P.o + io, 0, P.odt, 1, &v);
+        }
+        return 0;
+    }
+    int64_t chunks = 1;
+    int64_t tasks = P.column ? col_tasks(&P, &chunks) : P.K;
+    int threads = mt_cpu_num_threads();
+    bool parallel = threads > 1 && P.K * P.R >= MT_CPU_PARALLEL_MIN;
+    if (!parallel) {
+        for (int64_t t = 0; t < tasks; t++) run_task(&P, t, 0, P.R, NULL);
+        return 0;
+    }
+    if (tasks >= 4 * (int64_t)threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t t = 0; t < tasks; t++) run_task(&P, t, 0, P.R, NULL);
+        return 0;
+    }
+    /* few outputs: split the reduced range, one partial per thread and output */
+    double *part = mt_host_alloc((size_t)threads * (size_t)P.K * sizeof(double));
+    if (!part)
+        return mt_error_set(MT_ERR_OOM, "mt_cpu_reduce: out of memory for %d x %lld partials",
+                            threads, (long long)P.K);
+    int used = threads;
+#pragma omp parallel num_threads(threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+#pragma omp single
+        used = nt;
+        /* chunks aligned to 64 elements keep vector loops whole */
+        int64_t per = ((P.R + nt - 1) / nt + 63) & ~(int64_t)63;
+        int64_t rb = (int64_t)id * per, re = rb + per < P.R ? rb + per : P.R;
+        double *mine = part + (size_t)id * (size_t)P.K;
+        if (rb < re) {
+            for (int64_t t = 0; t < tasks; t++) run_task(&P, t, rb, re, mine);
+        } else {
+            for (int64_t k = 0; k < P.K; k++) mine[k] = identity(&P);
+        }
+    }
+    for (int64_t k = 0; k < P.K; k++) {
+        double v = part[k];
+        for (int t = 1; t < used; t++) v = combine(&P, v, part[(size_t)t * (size_t)P.K + k]);
+        int64_t ia, io;
+        kept_offsets(&P, k, &ia, &io);
+        store(&P, io, v);
+    }
+    mt_host_free(part, (size_t)threads * (size_t)P.K * sizeof(double));
+    return 0;
+}
