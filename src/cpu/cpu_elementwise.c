@@ -51,7 +51,7 @@
         case MT_OP_MINIMUM: for (int64_t i = 0; i < n; i++) o[i] = mt_min2_##S(a[i], b[i]); break; \
         /* backward kernels: a = incoming gradient, b = saved input (x) or output (y) */          \
         case MT_OP_RELU_BACKWARD:                                                                  \
-            for (int64_t i = 0; i < n; i++) o[i] = b[i] > (T)0 ? a[i] : (T)0;                      \
+            for (int64_t i = 0; i < n; i++) o[i] = b[i] <= (T)0 ? (T)0 : a[i];                      \
             break;                                                                                 \
         case MT_OP_GELU_BACKWARD:                                                                  \
             for (int64_t i = 0; i < n; i++) o[i] = a[i] * mt_gelu_grad_##S(b[i]);                  \

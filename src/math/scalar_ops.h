@@ -7,7 +7,7 @@
 #include "hd.h"
 
 #define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERF, TANH, FABS, POW)                             \
-    MT_HD T mt_relu_##S(T x) { return x > (T)0 ? x : (T)0; }                                       \
+    MT_HD T mt_relu_##S(T x) { return x < (T)0 ? (T)0 : x; } /* NaN propagates */                  \
     MT_HD T mt_sigmoid_##S(T x) { return (T)1 / ((T)1 + EXP(-x)); }                                \
     MT_HD T mt_tanh_##S(T x) { return TANH(x); }                                                   \
     MT_HD T mt_sign_##S(T x) { return (T)((x > (T)0) - (x < (T)0)); }                              \
