@@ -1,0 +1,272 @@
+/* SimpleNet side by side: mixtape (samples/simplenet_amp) and PyTorch (bench/simplenet.py),
+ * the same network, sizes and loop, on the CPU, in the same run.
+ *
+ * Every (implementation, mode, thread count) runs in its own child process, so that each
+ * resident-set figure is its own; for each mode the fastest thread count is reported.
+ * Output: a Markdown table of ms/step and memory, then the ratios
+ *   mixtape FP32 / torch FP32, mixtape O1-FP16 / mixtape FP32, mixtape O2-FP16 / mixtape FP32,
+ *   torch BF16 autocast / mixtape O1-BF16.
+ * Memory: "lib peak" is mixtape's own counter (mt_peak_bytes during the mode minus the data
+ * set); "RSS growth" is ru_maxrss after training minus ru_maxrss after the data were made, for
+ * both implementations (it also counts allocator caching and library pages first touched).
+ *
+ * Usage: simplenet [--hidden N] [--batch N] [--steps N] [--epochs N] [--threads 1,2]
+ *                  [--python PATH] [--no-torch] */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "mixtape.h"
+
+#ifndef MT_BENCH_DIR
+#define MT_BENCH_DIR "bench"
+#endif
+#ifndef MT_TORCH_PYTHON
+#define MT_TORCH_PYTHON "/usr/bin/python3"
+#endif
+#ifndef MT_SIMPLENET_AMP
+#define MT_SIMPLENET_AMP "samples/simplenet_amp"
+#endif
+
+enum { MAX_ROWS = 64, MAX_LINE = 4096 };
+
+typedef struct {
+    char impl[112], mode[32], reason[256];
+    bool supported;
+    int threads;
+    double ms, loss;
+    double lib_peak, rss; /* bytes; NAN when not measured */
+} row;
+
+typedef struct {
+    row rows[MAX_ROWS];
+    int n;
+} table;
+
+/* Finds "key": in a flat JSON object written by our own scripts and copies its value
+   (without quotes) into out. */
+static bool json_get(const char *line, const char *key, char *out, size_t cap) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p) return false;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    const char *end;
+    if (*p == '"') {
+        end = strchr(++p, '"');
+        if (!end) return false;
+    } else {
+        end = p + strcspn(p, ",}");
+    }
+    size_t n = (size_t)(end - p) < cap - 1 ? (size_t)(end - p) : cap - 1;
+    memcpy(out, p, n);
+    out[n] = 0;
+    return true;
+}
+
+static double json_num(const char *line, const char *key) {
+    char buf[64];
+    if (!json_get(line, key, buf, sizeof buf) || strcmp(buf, "null") == 0) return NAN;
+    return strtod(buf, NULL);
+}
+
+/* Runs cmd (stderr joined to stdout) and adds a row per JSON line; when the command fails
+   without any, adds one row for `mode` that carries its last message. Returns rows added. */
+static int run_json(const char *cmd, const char *impl, const char *mode, table *t) {
+    char full[2200];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *f = popen(full, "r");
+    if (!f) {
+        fprintf(stderr, "simplenet bench: cannot run: %s\n", cmd);
+        return 0;
+    }
+    char line[MAX_LINE], last_msg[256] = "no output";
+    int added = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] != '{') {
+            line[strcspn(line, "\r\n")] = 0;
+            if (line[0]) snprintf(last_msg, sizeof last_msg, "%.250s", line);
+            continue;
+        }
+        if (t->n == MAX_ROWS) continue;
+        row *r = &t->rows[t->n];
+        *r = (row){.supported = true, .lib_peak = NAN, .rss = NAN};
+        snprintf(r->impl, sizeof r->impl, "%s", impl);
+        char buf[64];
+        if (!json_get(line, "mode", r->mode, sizeof r->mode)) continue;
+        if (json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
+            r->supported = false;
+            json_get(line, "reason", r->reason, sizeof r->reason);
+        }
+        if (json_get(line, "version", buf, sizeof buf))
+            snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
+        r->threads = (int)json_num(line, "threads");
+        r->ms = json_num(line, "ms_per_step");
+        r->loss = json_num(line, "loss");
+        r->rss = json_num(line, "rss_delta_bytes");
+        double peak = json_num(line, "peak_bytes"), data = json_num(line, "data_bytes");
+        if (isfinite(peak) && isfinite(data)) r->lib_peak = peak - data;
+        t->n++;
+        added++;
+    }
+    int status = pclose(f);
+    if (status != 0 && added == 0 && mode && t->n < MAX_ROWS) {
+        row *r = &t->rows[t->n++];
+        *r = (row){.supported = false, .lib_peak = NAN, .rss = NAN};
+        snprintf(r->impl, sizeof r->impl, "%s", impl);
+        snprintf(r->mode, sizeof r->mode, "%s", mode);
+        snprintf(r->reason, sizeof r->reason, "failed: %s", last_msg);
+        added++;
+    }
+    if (status != 0)
+        fprintf(stderr, "simplenet bench: %s %s: exit status %d: %s\n", impl, mode ? mode : "",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1, last_msg);
+    return added;
+}
+
+/* The fastest supported row of impl/mode, or an unsupported one to explain why, or NULL. */
+static const row *best(const table *t, const char *impl, const char *mode) {
+    const row *b = NULL, *why = NULL;
+    for (int i = 0; i < t->n; i++) {
+        const row *r = &t->rows[i];
+        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0) continue;
+        if (!r->supported) {
+            why = r;
+        } else if (isfinite(r->ms) && (!b || r->ms < b->ms)) {
+            b = r;
+        }
+    }
+    return b ? b : why;
+}
+
+static void print_mib(double bytes) {
+    if (isfinite(bytes))
+        printf(" %.1f |", bytes / (1 << 20));
+    else
+        printf(" - |");
+}
+
+static void print_ratio(const char *what, const row *num, const row *den, const char *meaning) {
+    printf("| %s |", what);
+    if (num && den && num->supported && den->supported && den->ms > 0)
+        printf(" %.2f | %s |\n", num->ms / den->ms, meaning);
+    else
+        printf(" - | not measured |\n");
+}
+
+static bool safe_for_shell(const char *s) {
+    return !strchr(s, '\'');
+}
+
+int main(int argc, char **argv) {
+    long hidden = 1024, batch = 256, steps = 10, epochs = 2;
+    const char *threads = "1,2", *python = MT_TORCH_PYTHON, *sample = MT_SIMPLENET_AMP;
+    bool torch = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--no-torch") == 0) {
+            torch = false;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "usage: simplenet [--hidden N] [--batch N] [--steps N] [--epochs N] "
+                            "[--threads 1,2] [--python PATH] [--no-torch]\n");
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--hidden") == 0)
+            hidden = strtol(v, NULL, 10);
+        else if (strcmp(a, "--batch") == 0)
+            batch = strtol(v, NULL, 10);
+        else if (strcmp(a, "--steps") == 0)
+            steps = strtol(v, NULL, 10);
+        else if (strcmp(a, "--epochs") == 0)
+            epochs = strtol(v, NULL, 10);
+        else if (strcmp(a, "--threads") == 0)
+            threads = v;
+        else if (strcmp(a, "--python") == 0)
+            python = v;
+        else {
+            fprintf(stderr, "simplenet bench: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (hidden <= 0 || batch <= 0 || steps <= 0 || epochs <= 0 ||
+        strspn(threads, "0123456789,") != strlen(threads)) {
+        fprintf(stderr, "simplenet bench: sizes must be positive, --threads a comma list\n");
+        return 2;
+    }
+    if (!safe_for_shell(python) || !safe_for_shell(sample)) {
+        fprintf(stderr, "simplenet bench: paths with quotes are not supported\n");
+        return 2;
+    }
+    if (access(sample, X_OK) != 0) {
+        fprintf(stderr, "simplenet bench: %s not found; build it first (ninja -C <build dir>)\n",
+                sample);
+        return 1;
+    }
+
+    static table t;
+    char sizes[128], cmd[2048];
+    snprintf(sizes, sizeof sizes, "--hidden %ld --batch %ld --steps %ld --epochs %ld", hidden,
+             batch, steps, epochs);
+    printf("SimpleNet on the CPU: 3 x Linear(%ld, %ld), ReLU, MSE, SGD; batch %ld; %ld batches x "
+           "%ld epochs; first step untimed; threads tried: %s; %ld cores online\n\n",
+           hidden, hidden, batch, steps, epochs, threads, sysconf(_SC_NPROCESSORS_ONLN));
+    fflush(stdout);
+
+    const char *modes[] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
+    char tl[64];
+    snprintf(tl, sizeof tl, "%s", threads);
+    for (char *save = NULL, *th = strtok_r(tl, ",", &save); th; th = strtok_r(NULL, ",", &save)) {
+        for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+            snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s", sample,
+                     th, modes[m], sizes);
+            fprintf(stderr, "mixtape %s, %s thread(s)...\n", modes[m], th);
+            run_json(cmd, "mixtape", modes[m], &t);
+        }
+    }
+    if (torch) {
+        snprintf(cmd, sizeof cmd,
+                 "'%s' '%s/simplenet.py' --threads %s --modes fp32,o1-fp16,o1-bf16 %s", python,
+                 MT_BENCH_DIR, threads, sizes);
+        fprintf(stderr, "torch fp32, o1-fp16, o1-bf16 for thread counts %s...\n", threads);
+        if (run_json(cmd, "torch", NULL, &t) == 0)
+            fprintf(stderr, "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
+                    python);
+    }
+
+    printf("| implementation | mode | threads | ms/step | final loss | lib peak MiB | RSS growth "
+           "MiB |\n|---|---|---|---|---|---|---|\n");
+    const char *impls[] = {"mixtape", "torch"};
+    const char *torch_modes[] = {"fp32", "o1-fp16", "o1-bf16"};
+    for (int k = 0; k < 2; k++) {
+        const char *const *ms = k == 0 ? modes : torch_modes;
+        int nm = k == 0 ? 4 : 3;
+        for (int m = 0; m < nm; m++) {
+            const row *r = best(&t, impls[k], ms[m]);
+            if (!r) continue;
+            if (!r->supported) {
+                printf("| %s | %s | - | %s | | | |\n", r->impl, r->mode, r->reason);
+                continue;
+            }
+            printf("| %s | %s | %d | %.2f | %.5g |", r->impl, r->mode, r->threads, r->ms, r->loss);
+            print_mib(r->lib_peak);
+            print_mib(r->rss);
+            printf("\n");
+        }
+    }
+    const row *mf = best(&t, "mixtape", "fp32"), *m1 = best(&t, "mixtape", "o1-fp16");
+    const row *m2 = best(&t, "mixtape", "o2-fp16"), *mb = best(&t, "mixtape", "o1-bf16");
+    const row *tf = best(&t, "torch", "fp32"), *tb = best(&t, "torch", "o1-bf16");
+    printf("\n| ratio of ms/step | value | meaning |\n|---|---|---|\n");
+    print_ratio("mixtape FP32 / torch FP32", mf, tf, "< 1: mixtape faster");
+    print_ratio("mixtape AMP-O1 FP16 / mixtape FP32", m1, mf, "< 1: AMP faster than FP32");
+    print_ratio("mixtape AMP-O2 FP16 / mixtape FP32", m2, mf, "< 1: AMP faster than FP32");
+    print_ratio("torch BF16 autocast / mixtape AMP-O1 BF16", tb, mb, "> 1: mixtape faster");
+    return 0;
+}

@@ -1,0 +1,420 @@
+/* SimpleNet AMP sample: the network of the PaddlePaddle AMP guide (three Linear layers with
+ * ReLU after the first two, MSE loss, SGD lr 1e-4, GradScaler with init scale 1024), trained
+ * once per mode on the same data from the same initial weights, and timed:
+ *
+ *   fp32     plain FP32 training
+ *   o1-fp16  autocast O1 to FP16 (GEMMs in FP16, loss in FP32) + GradScaler
+ *   o2-fp16  parameters cast to FP16 once (mt_amp_decorate), autocast O2, GradScaler, SGD with
+ *            FP32 master weights (multi_precision)
+ *   o1-bf16  autocast O1 to BF16; BF16 has FP32's exponent range, so no loss scaling
+ *
+ * Each training step is one scope; errors are checked once per step.
+ * Run with --help for the options. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+#include "mixtape.h"
+
+typedef struct {
+    const char *name;    /* as given to --modes and printed in JSON */
+    const char *label;   /* for the table */
+    mt_dtype low;        /* MT_F32: no autocast */
+    mt_amp_level level;  /* autocast level */
+    bool scaler;         /* FP16 needs loss scaling */
+    bool master_weights; /* O2: low-precision parameters with FP32 masters in the optimizer */
+} mode_spec;
+
+static const mode_spec MODES[] = {
+    {"fp32", "FP32", MT_F32, MT_AMP_O1, false, false},
+    {"o1-fp16", "AMP-O1 FP16", MT_F16, MT_AMP_O1, true, false},
+    {"o2-fp16", "AMP-O2 FP16 master weights", MT_F16, MT_AMP_O2, true, true},
+    {"o1-bf16", "AMP-O1 BF16", MT_BF16, MT_AMP_O1, false, false},
+};
+enum { N_MODES = sizeof MODES / sizeof MODES[0], N_LAYERS = 3 };
+
+typedef struct {
+    int64_t hidden, batch;
+    int steps, epochs; /* batches per epoch, epochs */
+    int threads;       /* 0: library default */
+    mt_device dev;
+    bool json;
+    bool run[N_MODES];
+    uint64_t seed;
+} config;
+
+typedef struct {
+    double ms_per_step, loss;
+    int timed_steps;
+    int64_t peak_bytes, data_bytes, rss_delta_bytes, skipped;
+} result;
+
+static const char *device_name(mt_device d) {
+    return d.type == MT_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int64_t maxrss_bytes(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss * 1024 : 0;
+}
+
+/* The library never prints or exits; the sample does both when something went wrong. */
+static void check(const char *what) {
+    if (mt_last_status() == MT_OK) return;
+    if (isatty(STDERR_FILENO)) fputc('\n', stderr); /* end a progress line */
+    fprintf(stderr, "simplenet_amp: %s failed: %s (%s)\n", what, mt_last_error(),
+            mt_status_name(mt_last_status()));
+    exit(1);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: simplenet_amp [options]\n"
+               "  --modes LIST    comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
+               "  --device DEV    cpu or cuda[:N] (default: cuda when available, else cpu)\n"
+               "  --hidden N      input = hidden = output size (GPU default 4096, CPU 1024)\n"
+               "  --batch N       batch size (GPU default 512, CPU 256)\n"
+               "  --steps N       batches per epoch (GPU default 50, CPU 10)\n"
+               "  --epochs N      epochs (GPU default 5, CPU 2)\n"
+               "  --threads N     CPU threads for kernels and BLAS (default: all cores)\n"
+               "  --seed N        seed for data and weights (default 2023)\n"
+               "  --json          one JSON object per mode and line on stdout, nothing else\n");
+}
+
+static long parse_long(const char *opt, const char *s, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "simplenet_amp: %s: expected an integer in [%ld, %ld], got \"%s\"\n", opt,
+                lo, hi, s);
+        exit(2);
+    }
+    return v;
+}
+
+static void parse_modes(const char *list, bool *run) {
+    memset(run, 0, N_MODES * sizeof *run);
+    char *copy = strdup(list);
+    if (!copy) exit(1);
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < N_MODES && strcmp(MODES[k].name, tok) != 0) k++;
+        if (k == N_MODES) {
+            fprintf(stderr,
+                    "simplenet_amp: --modes: unknown mode \"%s\" (known: fp32, o1-fp16, "
+                    "o2-fp16, o1-bf16)\n",
+                    tok);
+            exit(2);
+        }
+        run[k] = true;
+    }
+    free(copy);
+}
+
+static void parse_args(int argc, char **argv, config *c) {
+    enum {
+        O_HIDDEN = 256,
+        O_BATCH,
+        O_STEPS,
+        O_EPOCHS,
+        O_MODES,
+        O_DEVICE,
+        O_THREADS,
+        O_SEED,
+        O_JSON,
+        O_HELP
+    };
+    static const struct option opts[] = {{"hidden", required_argument, 0, O_HIDDEN},
+                                         {"batch", required_argument, 0, O_BATCH},
+                                         {"steps", required_argument, 0, O_STEPS},
+                                         {"epochs", required_argument, 0, O_EPOCHS},
+                                         {"modes", required_argument, 0, O_MODES},
+                                         {"device", required_argument, 0, O_DEVICE},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"help", no_argument, 0, O_HELP},
+                                         {0, 0, 0, 0}};
+    long hidden = 0, batch = 0, steps = 0, epochs = 0;
+    bool dev_given = false;
+    *c = (config){.seed = 2023, .dev = MT_CPU};
+    for (int k = 0; k < N_MODES; k++) c->run[k] = true;
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case O_HIDDEN:
+            hidden = parse_long("--hidden", optarg, 1, 1 << 16);
+            break;
+        case O_BATCH:
+            batch = parse_long("--batch", optarg, 1, 1 << 20);
+            break;
+        case O_STEPS:
+            steps = parse_long("--steps", optarg, 1, 1 << 20);
+            break;
+        case O_EPOCHS:
+            epochs = parse_long("--epochs", optarg, 1, 1 << 20);
+            break;
+        case O_MODES:
+            parse_modes(optarg, c->run);
+            break;
+        case O_THREADS:
+            c->threads = (int)parse_long("--threads", optarg, 1, 4096);
+            break;
+        case O_SEED:
+            c->seed = (uint64_t)parse_long("--seed", optarg, 0, LONG_MAX);
+            break;
+        case O_JSON:
+            c->json = true;
+            break;
+        case O_DEVICE:
+            dev_given = true;
+            if (strcmp(optarg, "cpu") == 0) {
+                c->dev = MT_CPU;
+            } else if (strncmp(optarg, "cuda", 4) == 0 && (optarg[4] == 0 || optarg[4] == ':')) {
+                int idx = optarg[4] ? (int)parse_long("--device cuda:N", optarg + 5, 0, 63) : 0;
+                c->dev = MT_CUDA(idx);
+            } else {
+                fprintf(stderr, "simplenet_amp: --device: expected cpu or cuda[:N], got \"%s\"\n",
+                        optarg);
+                exit(2);
+            }
+            break;
+        case 'h':
+        case O_HELP:
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            exit(2);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "simplenet_amp: unexpected argument \"%s\"\n", argv[optind]);
+        usage(stderr);
+        exit(2);
+    }
+    if (!dev_given && mt_cuda_available()) c->dev = MT_CUDA(0);
+    if (c->dev.type == MT_DEVICE_CUDA && c->dev.index >= mt_cuda_device_count()) {
+        fprintf(stderr, "simplenet_amp: --device cuda:%d: %d CUDA device(s) available\n",
+                c->dev.index, mt_cuda_device_count());
+        exit(1);
+    }
+    /* The guide's sizes on a GPU; on a CPU a scaled-down run that takes seconds, not minutes. */
+    bool gpu = c->dev.type == MT_DEVICE_CUDA;
+    c->hidden = hidden ? hidden : (gpu ? 4096 : 1024);
+    c->batch = batch ? batch : (gpu ? 512 : 256);
+    c->steps = steps ? (int)steps : (gpu ? 50 : 10);
+    c->epochs = epochs ? (int)epochs : (gpu ? 5 : 2);
+    if (!gpu && !(hidden || batch || steps || epochs)) {
+        fprintf(
+            c->json ? stderr : stdout,
+            "cpu: scaled-down defaults (hidden 1024, batch 256, 10 batches x 2 epochs); the AMP "
+            "guide's sizes are --hidden 4096 --batch 512 --steps 50 --epochs 5\n");
+    }
+}
+
+/* A "\r" progress line on stderr: on a terminal, or every 10% when the run is long. */
+static void progress(const mode_spec *m, int step, int total, double *last) {
+    bool tty = isatty(STDERR_FILENO);
+    if (tty) {
+        double t = now_s();
+        if (step < total && t - *last < 0.1) return;
+        *last = t;
+        if (step < total)
+            fprintf(stderr, "\r  %-8s step %d/%d", m->name, step, total);
+        else
+            fprintf(stderr, "\r%40s\r", "");
+    } else if (total >= 200 && step < total && step % (total / 10) == 0) {
+        fprintf(stderr, "  %-8s step %d/%d\n", m->name, step, total);
+    }
+}
+
+/* One training step: forward under autocast, (scaled) backward, optimizer step. The returned
+   loss belongs to the caller's scope. */
+static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_optimizer *opt,
+                             mt_grad_scaler *scaler, mt_tensor *x, mt_tensor *y) {
+    if (m->low != MT_F32) mt_autocast_begin(m->low, m->level);
+    mt_tensor *h = mt_relu(mt_linear_layer_forward(&layers[0], x));
+    h = mt_relu(mt_linear_layer_forward(&layers[1], h));
+    mt_tensor *pred = mt_linear_layer_forward(&layers[2], h);
+    mt_tensor *loss = mt_mse_loss(pred, y);
+    if (m->low != MT_F32) mt_autocast_end();
+    if (scaler) {
+        mt_backward(mt_grad_scaler_scale(scaler, loss), NULL);
+        mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
+    } else {
+        mt_backward(loss, NULL);
+        mt_optimizer_step(opt);
+    }
+    mt_optimizer_zero_grad(opt);
+    return loss;
+}
+
+static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor **ys, result *r) {
+    int64_t tensors_before = mt_live_tensors();
+    mt_peak_bytes_reset();
+    r->data_bytes = mt_live_bytes();
+    int64_t rss0 = maxrss_bytes();
+
+    mt_manual_seed(c->seed + 1); /* the same initial weights in every mode */
+    mt_linear_layer layers[N_LAYERS] = {0};
+    mt_tensor *params[2 * N_LAYERS];
+    for (int i = 0; i < N_LAYERS; i++) {
+        mt_linear_layer_init(&layers[i], c->hidden, c->hidden, true, MT_F32, c->dev);
+        check("mt_linear_layer_init");
+        params[2 * i] = layers[i].weight;
+        params[2 * i + 1] = layers[i].bias;
+    }
+    if (m->master_weights) {
+        mt_amp_decorate(params, 2 * N_LAYERS, m->low, NULL);
+        check("mt_amp_decorate");
+    }
+    mt_optimizer *opt = mt_sgd_new(
+        params, 2 * N_LAYERS, &(mt_sgd_opts){.lr = 1e-4, .multi_precision = m->master_weights});
+    check("mt_sgd_new");
+    mt_grad_scaler *scaler = NULL;
+    if (m->scaler) {
+        scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
+        check("mt_grad_scaler_new");
+    }
+
+    int total = c->steps * c->epochs;
+    double t0 = now_s(), last = 0;
+    for (int s = 0; s < total; s++) {
+        if (s == 1) t0 = now_s(); /* the first step warms up caches and allocators */
+        mt_scope_begin();
+        mt_tensor *loss = train_step(m, layers, opt, scaler, xs[s % c->steps], ys[s % c->steps]);
+        if (!loss && mt_last_status() == MT_OK) {
+            fprintf(stderr,
+                    "simplenet_amp: %s step %d: the forward pass returned no loss and "
+                    "no error (a library function is not implemented yet?)\n",
+                    m->name, s);
+            exit(1);
+        }
+        /* mt_item waits for the device, so the clock reads finished work. */
+        if (s == 0 || s == total - 1) r->loss = mt_item(loss);
+        mt_scope_end();
+        check(m->name);
+        progress(m, s + 1, total, &last);
+    }
+    double t1 = now_s();
+    r->timed_steps = total > 1 ? total - 1 : 1;
+    r->ms_per_step = 1e3 * (t1 - t0) / r->timed_steps;
+    r->skipped = scaler ? mt_grad_scaler_skipped_steps(scaler) : 0;
+    check("mt_grad_scaler_skipped_steps");
+    r->peak_bytes = mt_peak_bytes();
+    r->rss_delta_bytes = maxrss_bytes() - rss0;
+
+    mt_grad_scaler_free(scaler);
+    mt_optimizer_free(opt);
+    for (int i = 0; i < N_LAYERS; i++) mt_linear_layer_free(&layers[i]);
+    if (mt_live_tensors() != tensors_before)
+        fprintf(stderr, "simplenet_amp: warning: %s left %lld tensor(s) alive\n", m->name,
+                (long long)(mt_live_tensors() - tensors_before));
+}
+
+static void print_json_number(double v) {
+    if (isfinite(v))
+        printf("%.6g", v);
+    else
+        printf("null"); /* JSON has no inf/nan */
+}
+
+static void print_json(const config *c, const mode_spec *m, const result *r) {
+    printf("{\"mode\": \"%s\", \"device\": \"%s\", \"hidden\": %lld, \"batch\": %lld, "
+           "\"steps\": %d, \"batches\": %d, \"epochs\": %d, \"threads\": %d, \"ms_per_step\": ",
+           m->name, device_name(c->dev), (long long)c->hidden, (long long)c->batch,
+           c->steps * c->epochs, c->steps, c->epochs, mt_get_num_threads());
+    print_json_number(r->ms_per_step);
+    printf(", \"loss\": ");
+    print_json_number(r->loss);
+    printf(", \"peak_bytes\": %lld, \"data_bytes\": %lld, \"rss_delta_bytes\": %lld, "
+           "\"skipped\": %lld}\n",
+           (long long)r->peak_bytes, (long long)r->data_bytes, (long long)r->rss_delta_bytes,
+           (long long)r->skipped);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    config c;
+    parse_args(argc, argv, &c);
+    if (c.threads > 0) mt_set_num_threads(c.threads);
+
+    /* Random inputs and targets, made once: every mode trains on the same data. They are made
+       on the CPU so that every device sees the same numbers. */
+    mt_manual_seed(c.seed);
+    mt_tensor **xs = calloc((size_t)c.steps, sizeof *xs);
+    mt_tensor **ys = calloc((size_t)c.steps, sizeof *ys);
+    if (!xs || !ys) {
+        fprintf(stderr, "simplenet_amp: out of memory\n");
+        return 1;
+    }
+    for (int b = 0; b < c.steps; b++) {
+        mt_tensor *x = mt_randn(MT_SHAPE(c.batch, c.hidden), MT_F32, MT_CPU);
+        mt_tensor *y = mt_randn(MT_SHAPE(c.batch, c.hidden), MT_F32, MT_CPU);
+        xs[b] = mt_to(x, c.dev);
+        ys[b] = mt_to(y, c.dev);
+        mt_release(x);
+        mt_release(y);
+        check("making the data");
+    }
+
+    if (!c.json) {
+        printf("SimpleNet: 3 x Linear(%lld, %lld), ReLU, MSE loss; SGD lr 1e-4; batch %lld; "
+               "%d batches x %d epochs on %s (%d threads)\n",
+               (long long)c.hidden, (long long)c.hidden, (long long)c.batch, c.steps, c.epochs,
+               device_name(c.dev), mt_get_num_threads());
+        printf("%-28s %10s %12s %9s %10s %8s\n", "mode", "ms/step", "final loss", "speedup",
+               "peak MiB", "skipped");
+        fflush(stdout);
+    }
+    double fp32_ms = NAN;
+    int64_t data_bytes = 0;
+    for (int k = 0; k < N_MODES; k++) {
+        if (!c.run[k]) continue;
+        result r = {0};
+        train(&c, &MODES[k], xs, ys, &r);
+        if (k == 0) fp32_ms = r.ms_per_step;
+        data_bytes = r.data_bytes;
+        if (c.json) {
+            print_json(&c, &MODES[k], &r);
+            continue;
+        }
+        char speedup[32] = "-";
+        if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r.ms_per_step);
+        printf("%-28s %10.2f %12.6g %9s %10.1f %8lld\n", MODES[k].label, r.ms_per_step, r.loss,
+               speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped);
+        fflush(stdout);
+    }
+    if (!c.json) {
+        printf("ms/step excludes the first (warm-up) step; peak MiB is mt_peak_bytes during the "
+               "mode, including the %.1f MiB data set.\n",
+               (double)data_bytes / (1 << 20));
+        if (c.dev.type == MT_DEVICE_CPU)
+            printf("On a CPU, FP16/BF16 are storage formats computed in FP32 registers: expect "
+                   "less memory traffic, not tensor-core speedups.\n");
+    }
+
+    for (int b = 0; b < c.steps; b++) {
+        mt_release(xs[b]);
+        mt_release(ys[b]);
+    }
+    free(xs);
+    free(ys);
+    return 0;
+}

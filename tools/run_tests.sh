@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Builds mixtape twice with warnings as errors -- a normal (release) build and an
+# AddressSanitizer + UndefinedBehaviorSanitizer build -- runs `meson test` in both, and ends
+# with one line: "N passed, N failed, N skipped", summed over both runs.
+#
+# Counting: meson 1.0.1 writes one JSON object per test program to meson-logs/testlog.json
+# (no separate entries for TAP subtests), but keeps the program's TAP output in "stdout".
+# Each TAP test case counts once ("ok" passed, "not ok" failed, "# SKIP" skipped, planned but
+# never reported: failed); a program that failed although none of its cases did (a crash at
+# exit, a sanitizer or leak report, a timeout) adds one failure; a program without TAP output
+# counts once. A build that fails counts as one failure.
+#
+# Usage: tools/run_tests.sh [extra `meson test` arguments, e.g. a test name]
+# Environment: MT_BUILD_DIR (default build), MT_ASAN_BUILD_DIR (default build-asan),
+#              MT_SKIP_ASAN=1 to run the normal build only.
+# Exit status: 0 when nothing failed.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$root/tools/setup.sh" || exit 1
+cd "$root" || exit 1
+
+build=${MT_BUILD_DIR:-build}
+asan_build=${MT_ASAN_BUILD_DIR:-build-asan}
+
+# LeakSanitizer is on by default with ASan on Linux; say so explicitly, and make UBSan
+# findings fail the test instead of only printing.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:print_summary=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:print_summary=1}
+
+# Sets up `dir` with the given options, or applies them to an existing build directory.
+configure() {
+    local dir=$1
+    shift
+    if [[ -f "$dir/build.ninja" ]]; then
+        meson configure "$dir" "$@" || meson setup --wipe "$dir" "$@"
+    else
+        meson setup "$dir" "$@"
+    fi
+}
+
+python=$(command -v python3 || echo /usr/bin/python3)
+
+# Prints "passed failed skipped" for one testlog.json.
+count_log() {
+    "$python" - "$1" <<'EOF'
+import json, re, sys
+
+TAP_RESULT = re.compile(r'^(not ok|ok)\b(.*)$')
+TAP_PLAN = re.compile(r'^1\.\.(\d+)')
+passed = failed = skipped = 0
+with open(sys.argv[1], encoding='utf-8', errors='replace') as f:
+    for line in f:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            test = json.loads(line)
+        except ValueError:
+            continue
+        result = test.get('result', 'ERROR')
+        program_ok = result in ('OK', 'EXPECTEDFAIL', 'SKIP')
+        p = fl = s = 0
+        planned = None
+        seen = 0
+        bailed = False
+        for out in (test.get('stdout') or '').splitlines():
+            out = out.strip()
+            m = TAP_PLAN.match(out)
+            if m and planned is None:
+                planned = int(m.group(1))
+                continue
+            if out.startswith('Bail out!'):
+                bailed = True
+                continue
+            m = TAP_RESULT.match(out)
+            if not m:
+                continue
+            seen += 1
+            directive = m.group(2).split('#', 1)[1].strip().upper() if '#' in m.group(2) else ''
+            if directive.startswith('SKIP'):
+                s += 1
+            elif directive.startswith('TODO'):
+                # expected failure passes; an unexpected pass fails, as meson counts them
+                if m.group(1) == 'ok':
+                    fl += 1
+                else:
+                    p += 1
+            elif m.group(1) == 'ok':
+                p += 1
+            else:
+                fl += 1
+        if seen or planned:
+            if planned is not None and planned > seen:
+                fl += planned - seen
+            if bailed and fl == 0:
+                fl += 1
+            if not program_ok and fl == 0:
+                fl += 1
+        elif result == 'SKIP':
+            s += 1
+        elif program_ok:
+            p += 1
+        else:
+            fl += 1
+        passed, failed, skipped = passed + p, failed + fl, skipped + s
+print(passed, failed, skipped)
+EOF
+}
+
+total_passed=0
+total_failed=0
+total_skipped=0
+
+# run_suite NAME DIR setup-options...
+run_suite() {
+    local name=$1 dir=$2 log counts p f s
+    shift 2
+    local multiplier=1
+    [[ "$name" == asan ]] && multiplier=4
+    echo "==== $name build ($dir) ===="
+    log="$dir/meson-logs/testlog.json"
+    rm -f "$log"
+    if ! configure "$dir" "$@" || ! ninja -C "$dir"; then
+        echo "$name: build failed"
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    meson test -C "$dir" --print-errorlogs --timeout-multiplier "$multiplier" \
+        "${test_args[@]}"
+    if [[ ! -f "$log" ]]; then
+        echo "$name: no test log (no tests defined?)"
+        return
+    fi
+    if ! counts=$(count_log "$log"); then
+        echo "$name: could not read $log"
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    read -r p f s <<<"$counts"
+    echo "$name: $p passed, $f failed, $s skipped"
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+    total_skipped=$((total_skipped + s))
+}
+
+test_args=("$@")
+run_suite release "$build" -Dwerror=true
+if [[ "${MT_SKIP_ASAN:-0}" != 1 ]]; then
+    run_suite asan "$asan_build" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false
+fi
+
+echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
+[[ $total_failed -eq 0 ]]
