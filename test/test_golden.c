@@ -396,14 +396,51 @@ static mt_tensor *build(const golden_tensor *g) {
 }
 
 /* Runs one case; true when everything matched. */
+static bool is_transposed(const golden_case *c, int i) {
+    const golden_param *p = golden_param_get(c, "transposed");
+    for (int k = 0; p && k < p->n; k++)
+        if ((int)p->v[k] == i) return true;
+    return false;
+}
+
+/* Input i as the op sees it, and the leaf its gradient accumulates in: for a transposed input,
+   a non-contiguous view (transpose of the last two dims) of a contiguous leaf. */
+static bool build_input(golden_report *r, const golden_case *c, int i, mt_tensor **in,
+                        mt_tensor **leaf) {
+    const golden_tensor *g = &c->in[i];
+    if (!is_transposed(c, i)) {
+        *in = build(g);
+        *leaf = *in ? mt_retain(*in) : NULL;
+    } else if (g->ndim < 2) {
+        report(r, "%s: golden data: input %d is %d-d and cannot be transposed", c->name, i,
+               g->ndim);
+        return false;
+    } else {
+        golden_tensor plain = *g;
+        plain.requires_grad = false;
+        mt_tensor *x = build(&plain), *xt = mt_transpose(x, -1, -2);
+        *leaf = mt_contiguous(xt);
+        mt_release(x);
+        mt_release(xt);
+        if (*leaf && g->requires_grad) mt_set_requires_grad(*leaf, true);
+        *in = mt_transpose(*leaf, -1, -2);
+        if (*in && mt_is_contiguous(*in) && g->shape[g->ndim - 1] > 1 &&
+            g->shape[g->ndim - 2] > 1) {
+            report(r, "%s: input %d should be a non-contiguous view", c->name, i);
+            return false;
+        }
+    }
+    if (!*in) report(r, "%s: cannot build input %d (%s)", c->name, i, mt_last_error());
+    return *in != NULL;
+}
+
+/* Runs one case; true when everything matched. */
 static bool run_case(golden_report *r, const golden_op *op, const golden_case *c) {
-    mt_tensor *in[GOLDEN_MAX_INPUTS] = {0}, *out = NULL, *cot = NULL;
+    mt_tensor *in[GOLDEN_MAX_INPUTS] = {0}, *leaf[GOLDEN_MAX_INPUTS] = {0}, *out = NULL,
+              *cot = NULL;
     bool ok = false;
     for (int i = 0; i < c->nin; i++)
-        if (!(in[i] = build(&c->in[i]))) {
-            report(r, "%s: cannot build input %d (%s)", c->name, i, mt_last_error());
-            goto done;
-        }
+        if (!build_input(r, c, i, &in[i], &leaf[i])) goto done;
     adapter_err[0] = '\0';
     if (c->autocast != MT_DTYPE_COUNT) mt_autocast_begin(c->autocast, MT_AMP_O1);
     out = op->fn(in, c->nin, c);
@@ -430,10 +467,18 @@ static bool run_case(golden_report *r, const golden_op *op, const golden_case *c
             int i = c->grad_input[k];
             char what[32];
             snprintf(what, sizeof what, "grad of input %d", i);
-            mt_tensor *g = i < c->nin ? mt_grad(in[i]) : NULL;
+            mt_tensor *g = i < c->nin ? mt_grad(leaf[i]) : NULL;
             if (!g) {
                 report(r, "%s: input %d has no gradient after mt_backward", c->name, i);
                 goto done;
+            }
+            if (is_transposed(c, i)) { /* the leaf holds the transposed layout */
+                mt_tensor *gt = mt_transpose(g, -1, -2);
+                mt_release(g);
+                if (!(g = gt)) {
+                    report(r, "%s: cannot transpose grad %d: %s", c->name, i, mt_last_error());
+                    goto done;
+                }
             }
             bool same = compare(r, c->name, what, g, &c->grad[k], false);
             mt_release(g);
@@ -444,7 +489,10 @@ static bool run_case(golden_report *r, const golden_op *op, const golden_case *c
 done:
     mt_release(cot);
     mt_release(out);
-    for (int i = 0; i < c->nin; i++) mt_release(in[i]);
+    for (int i = 0; i < c->nin; i++) {
+        mt_release(in[i]);
+        mt_release(leaf[i]);
+    }
     mt_clear_error();
     return ok;
 }

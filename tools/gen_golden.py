@@ -17,6 +17,9 @@ The format is a whitespace-separated token stream, read by test/golden_reader.h:
                                    (it rounds intermediates: BF16 bmm accumulates in BF16)
     autocast <dtype>               the op runs inside an autocast region (O1) of that dtype
     param <key> <count> <v...>     op arguments (dims, scalars, shapes, ...), decimal/hex
+    param transposed <n> <i...>    inputs i are fed to the op as non-contiguous views: the
+                                   transpose (last two dims) of a contiguous leaf holding the
+                                   transposed values; their gradients are read through it
     target <dtype>                 destination dtype of cast
     input <dtype> <rg> <ndim> <dims...> <values...>     rg 1: requires grad
     output <dtype> <ndim> <dims...> <values...>
@@ -253,6 +256,13 @@ def binary_ops(files):
                 if op in ("maximum", "minimum") and sname == "same":
                     b.view(-1)[::3] = a.view(-1)[::3]  # ties split the gradient
                 fo.case("%s_%s" % (sname, NAMES[dt]), lambda x, f=f: f(x[0], x[1]), [a, b])
+        for dt in (F32, BF16):  # non-contiguous operands
+            g = gen_for("%s_transposed_%s" % (op, NAMES[dt]))
+            a, b = make(g, (3, 4), dt, ka), make(g, (3, 4), dt, kb)
+            if op == "pow":
+                b = (4.0 * make(g, (3, 4), F64, "unit") - 2.0).to(dt)
+            fo.case("transposed_" + NAMES[dt], lambda x, f=f: f(x[0], x[1]), [a, b],
+                    params={"transposed": [0, 1]})
         if op in ("add", "mul", "div", "maximum"):  # type promotion F16 x F32 -> F32
             g = gen_for(op + "_promote")
             a, b = make(g, (3, 4), F16), make(g, (4,), F32, kb)
@@ -305,6 +315,11 @@ def unary_ops(files):
             g = gen_for("%s_%s" % (op, NAMES[dt]))
             a = make(g, (3, 5), dt, kind)
             fo.case(NAMES[dt], lambda x, f=f: f(x[0]), [a])
+        for dt in (F32, F16):
+            g = gen_for("%s_transposed_%s" % (op, NAMES[dt]))
+            a = make(g, (2, 3, 4), dt, kind)
+            fo.case("transposed_" + NAMES[dt], lambda x, f=f: f(x[0]), [a],
+                    params={"transposed": [0]})
         if op in ("exp", "sigmoid", "tanh", "gelu"):  # range edges: overflow, saturation
             a = torch.tensor([-100.0, -20.0, -5.0, 0.0, 5.0, 20.0, 88.0, 100.0])
             for dt in (F32, F16):
@@ -366,6 +381,13 @@ def reduce_ops(files):
             a = make(g, (2, 200), dt, "unit")
             fo.case("long_" + NAMES[dt], lambda x, f=f: f(x[0], dim=(1,), keepdim=False), [a],
                     params={"dims": [1], "keepdim": 0})
+        for dt in (F32, F16):
+            for dims in ((1,), (2,)):
+                g = gen_for("%s_transposed_%d_%s" % (op, dims[0], NAMES[dt]))
+                a = make(g, (2, 4, 3), dt)
+                fo.case("transposed_d%d_%s" % (dims[0], NAMES[dt]),
+                        lambda x, dims=dims, f=f: f(x[0], dim=dims), [a],
+                        params={"dims": list(dims), "keepdim": 0, "transposed": [0]})
         if op == "max":  # ties: torch's amax splits the gradient evenly among the maxima
             a = torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, -1.0, 2.0, 2.0]], dtype=F64)
             fo.case("ties_f64", lambda x: torch.amax(x[0], dim=(1,)), [a],
@@ -377,6 +399,9 @@ def reduce_ops(files):
             g = gen_for("%s_all_%s" % (op, NAMES[dt]))
             a = make(g, (3, 4, 5) if dt in HIGH else (2, 150), dt, "normal" if dt in HIGH else "unit")
             fa.case(NAMES[dt], lambda x, f=fall: f(x[0]), [a])
+        g = gen_for("%s_all_transposed" % op)
+        fa.case("transposed_f32", lambda x, f=fall: f(x[0]), [make(g, (3, 5), F32)],
+                params={"transposed": [0]})
         if op == "max":
             a = torch.tensor([[1.0, 3.0], [3.0, 0.5]], dtype=F64)
             fa.case("ties_f64", lambda x: torch.max(x[0]), [a])
@@ -394,6 +419,13 @@ def softmax_ops(files):
                 a = make(g, (2, 3, 4), dt)
                 fo.case("dim%s_%s" % (str(dim).replace("-", "m"), NAMES[dt]),
                         lambda x, dim=dim, f=f: f(x[0], dim), [a], params={"dim": dim})
+        for dt in (F32, BF16):
+            for dim in (-1, -2):
+                g = gen_for("%s_transposed_%d_%s" % (op, dim, NAMES[dt]))
+                a = make(g, (2, 4, 3), dt)
+                fo.case("transposed_dim%s_%s" % (str(dim).replace("-", "m"), NAMES[dt]),
+                        lambda x, dim=dim, f=f: f(x[0], dim), [a],
+                        params={"dim": dim, "transposed": [0]})
         for dt in (F32, F16):  # large logits: needs the max subtraction
             g = gen_for("%s_large_%s" % (op, NAMES[dt]))
             a = (make(g, (3, 5), F64) * 40.0).to(dt)
@@ -428,6 +460,24 @@ def matmul_op(files):
         g = gen_for("matmul_long_" + NAMES[dt])
         a, b = make(g, (2, 96), dt, "unit"), make(g, (96, 2), dt, "unit")
         fo.case("long_" + NAMES[dt], lambda x: torch.matmul(x[0], x[1]), [a, b])
+    tcases = {"mm_ta": ((4, 3), (4, 5), [0]), "mm_tb": ((3, 4), (5, 4), [1]),
+              "mm_tab": ((4, 3), (5, 4), [0, 1]), "bmm_tab": ((2, 4, 3), (2, 5, 4), [0, 1]),
+              "matvec_ta": ((4, 3), (4,), [0]), "batch_mat_tb": ((2, 3, 4), (5, 4), [1])}
+    for dt in (F32, F64, BF16):  # non-contiguous operands (GEMM transpose flags)
+        for sname, (sa, sb, tr) in tcases.items():
+            if dt != F32 and sname not in ("mm_tab", "bmm_tab"):
+                continue
+            g = gen_for("matmul_%s_%s" % (sname, NAMES[dt]))
+            a, b = make(g, sa, dt), make(g, sb, dt)
+            # the stored values are the transposed operands the op sees
+            a = a.transpose(-1, -2).contiguous() if 0 in tr else a
+            b = b.transpose(-1, -2).contiguous() if 1 in tr else b
+            fo.case("%s_%s" % (sname, NAMES[dt]), lambda x: torch.matmul(x[0], x[1]), [a, b],
+                    params={"transposed": tr})
+    g = gen_for("matmul_autocast_tab")
+    a, b = make(g, (3, 4), F32), make(g, (4, 5), F32)
+    fo.case("autocast_bf16_mm_tab", lambda x: torch.matmul(x[0], x[1]), [a, b], autocast=BF16,
+            params={"transposed": [0, 1]})
     for sname in ("mm", "bmm", "bcast"):  # autocast: F32 inputs, BF16 compute and result
         sa, sb = shapes[sname]
         g = gen_for("matmul_autocast_" + sname)
@@ -450,6 +500,11 @@ def linear_op(files):
                 x, w = make(g, xs, dt), make(g, (5, 4), dt)
                 ins = [x, w] + ([make(g, (5,), dt)] if bias else [])
                 fo.case(name, lambda t: F.linear(*t), ins)
+    for dt in (F32, BF16):  # W stored as [in, out] and transposed; x non-contiguous
+        g = gen_for("linear_transposed_" + NAMES[dt])
+        x, w, b = make(g, (3, 4), dt), make(g, (5, 4), dt), make(g, (5,), dt)
+        fo.case("transposed_" + NAMES[dt], lambda t: F.linear(*t), [x, w, b],
+                params={"transposed": [0, 1]})
     for bias in (True, False):
         g = gen_for("linear_autocast_%d" % bias)
         x, w = make(g, (2, 3, 4), F32), make(g, (5, 4), F32)
@@ -467,6 +522,9 @@ def loss_ops(files):
         fo.case(NAMES[dt], lambda x: F.mse_loss(x[0], x[1]), [p, t])
         p, t = make(g, (2, 3, 4), dt), make(g, (2, 3, 4), dt)
         fo.case("3d_" + NAMES[dt], lambda x: F.mse_loss(x[0], x[1]), [p, t])
+        if dt in (F32, BF16):
+            fo.case("transposed_" + NAMES[dt], lambda x: F.mse_loss(x[0], x[1]), [p, t],
+                    params={"transposed": [0]})
     files.append(fo)
 
     fo = OpFile("cross_entropy")
@@ -478,6 +536,9 @@ def loss_ops(files):
         lab2 = torch.tensor([0, -100, 2, 4, -100, 3])
         fo.case("ignore_default_" + NAMES[dt], lambda x: F.cross_entropy(x[0], x[1]),
                 [logits, lab2])
+        if dt in (F32, BF16):
+            fo.case("transposed_" + NAMES[dt], lambda x: F.cross_entropy(x[0], x[1]),
+                    [logits, labels], params={"transposed": [0]})
         lab3 = torch.tensor([1, 4, 1, 2, 0, 1])
         fo.case("ignore_1_" + NAMES[dt], lambda x: F.cross_entropy(x[0], x[1], ignore_index=1),
                 [logits, lab3], params={"ignore_index": 1})
@@ -497,6 +558,11 @@ def join_ops(files):
             ins = [make(g, s, dt) for s in shapes]
             fo.case("%s_%s" % (sname, NAMES[dt]), lambda x, dim=dim: torch.cat(x, dim), ins,
                     params={"dim": dim})
+    for dt in (F32, F16):
+        g = gen_for("cat_transposed_" + NAMES[dt])
+        ins = [make(g, (2, 3), dt), make(g, (2, 2), dt)]
+        fo.case("transposed_" + NAMES[dt], lambda x: torch.cat(x, 1), ins,
+                params={"dim": 1, "transposed": [0, 1]})
     g = gen_for("cat_promote")
     fo.case("promote_f16_f32", lambda x: torch.cat(x, 0), [make(g, (1, 3), F16),
                                                            make(g, (2, 3), F32)],
