@@ -145,7 +145,7 @@ run_suite() {
 }
 
 test_args=("$@")
-run_suite release "$build" -Dwerror=true
+run_suite release "$build" -Dwerror=true -Db_sanitize=none
 if [[ "${MT_SKIP_ASAN:-0}" != 1 ]]; then
     run_suite asan "$asan_build" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false
 fi
