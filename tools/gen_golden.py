@@ -664,6 +664,65 @@ def view_ops(files):
         files.append(fo)
 
 
+def edge_cases(files):
+    """Special values (inf, nan, -0, zero divisors, empty masks): forward values only, except
+    where the gradient is well defined (cross entropy with every label ignored)."""
+    by = {fo.op: fo for fo in files}
+    inf, nan = float("inf"), float("nan")
+
+    def t(v, dt=F32):
+        return torch.tensor(v, dtype=F64).to(dt)
+
+    def add(op, name, fn, inputs, **kw):
+        by[op].case("edge_" + name, fn, inputs, grads=kw.pop("grads", False), **kw)
+
+    bin2 = lambda f: (lambda x: f(x[0], x[1]))
+    add("div", "f32", bin2(torch.div), [t([1.0, -1.0, 0.0, inf, nan, 1.0, 3.0]),
+                                        t([0.0, 0.0, 0.0, 2.0, 1.0, -0.0, inf])])
+    add("pow", "f32", bin2(torch.pow), [t([0.0, -2.0, -2.0, 0.0, inf, 2.0, 1.0, nan]),
+                                        t([0.0, 0.5, 3.0, -1.0, -1.0, inf, nan, 0.0])])
+    for op, f in (("maximum", torch.maximum), ("minimum", torch.minimum)):
+        for dt in (F32, F16):
+            add(op, NAMES[dt], bin2(f), [t([nan, 1.0, -inf, 2.0, -0.0], dt),
+                                         t([1.0, nan, 3.0, inf, 0.0], dt)])
+    for op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        f = getattr(torch, op)
+        add(op, "nan_inf_f32", bin2(f), [t([nan, nan, 1.0, inf, -inf, -0.0]),
+                                         t([nan, 1.0, nan, inf, inf, 0.0])])
+    special = [0.0, -0.0, -1.0, inf, -inf, nan, 1e-30, 3.0]
+    for op, f in (("neg", torch.neg), ("exp", torch.exp), ("log", torch.log),
+                  ("sqrt", torch.sqrt), ("rsqrt", torch.rsqrt), ("abs", torch.abs),
+                  ("relu", torch.relu), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh),
+                  ("gelu", F.gelu), ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))):
+        for dt in (F32, F16):
+            add(op, "special_" + NAMES[dt], lambda x, f=f: f(x[0]), [t(special, dt)])
+    for op, f in (("rdiv_scalar", lambda x: 2.0 / x), ("pow_scalar", lambda x: torch.pow(x, -1.5))):
+        s = 2.0 if op == "rdiv_scalar" else -1.5
+        add(op, "special_f32", lambda x, f=f: f(x[0]), [t(special)], params={"s": s})
+    rows = [[1.0, inf, 2.0], [-inf, 0.0, 1.0], [nan, 0.0, 1.0], [inf, -inf, 0.0]]
+    for op, f in (("sum", torch.sum), ("mean", torch.mean), ("max", torch.amax)):
+        add(op, "special_f32", lambda x, f=f: f(x[0], dim=(1,)), [t(rows)],
+            params={"dims": [1], "keepdim": 0})
+    add("max_all", "nan_f32", lambda x: torch.max(x[0]), [t([[1.0, nan], [inf, 2.0]])])
+    add("sum_all", "inf_f32", lambda x: torch.sum(x[0]), [t([[1.0, inf], [2.0, 3.0]])])
+    add("sum", "overflow_f16", lambda x: torch.sum(x[0], dim=(1,)),
+        [t([[60000.0, 60000.0], [65504.0, -65504.0]], F16)], params={"dims": [1], "keepdim": 0})
+    add("mean", "no_overflow_f16", lambda x: torch.mean(x[0], dim=(1,)),
+        [t([[60000.0, 60000.0, 30000.0], [65504.0, 65504.0, 65504.0]], F16)],
+        params={"dims": [1], "keepdim": 0})
+    masked = [[-inf, 0.0, 1.0, -inf], [-inf, -inf, -inf, -inf], [5.0, -inf, 5.0, 0.0]]
+    for op, f in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
+        add(op, "masked_f32", lambda x, f=f: f(x[0], -1), [t(masked)], params={"dim": -1})
+    for dt in (F32, F64):
+        g = gen_for("ce_all_ignored_" + NAMES[dt])
+        add("cross_entropy", "all_ignored_" + NAMES[dt], lambda x: F.cross_entropy(x[0], x[1]),
+            [make(g, (3, 4), dt), torch.tensor([-100, -100, -100])], grads=True)
+    add("mse_loss", "inf_f32", bin2(F.mse_loss), [t([1.0, inf, 2.0]), t([0.0, 1.0, 2.0])])
+    for dst in (F16, BF16):
+        add("cast", "special_f32_" + NAMES[dst], lambda x, d=dst: x[0].to(d),
+            [t([nan, inf, -inf, -0.0, 1e-45, 3.4e38])], target=dst)
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "test", "golden")
@@ -673,6 +732,7 @@ def main():
     for gen in (binary_ops, scalar_ops, unary_ops, compare_ops, where_op, reduce_ops,
                 softmax_ops, matmul_op, linear_op, loss_ops, join_ops, cast_op, view_ops):
         gen(files)
+    edge_cases(files)
     total = 0
     for fo in files:
         fo.write(outdir)
