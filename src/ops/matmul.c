@@ -1,8 +1,449 @@
-/* PLACEHOLDER: not implemented yet; replaced by its owner before anything lands. */
-#include <math.h>
-#include "../tensor/backend.h"
-#include "../tensor/backend.h"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
+/* matmul (torch.matmul semantics) and linear, on the backend's gemm kernel. Forward and
+   backward hand the kernel strided views: transposes and batch broadcasting are strides,
+   never copies. Gradients are written by the GEMM straight into fresh tensors, and the sum
+   over broadcast batch dims is folded into the GEMM (a longer contraction, or beta = 1)
+   instead of a product followed by a reduction. */
+#include <string.h>
+#include "dispatch.h"
 
-mt_tensor *mt_matmul(mt_tensor *a, mt_tensor *b) { return 0; }
-mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b) { return 0; }
+/* ------------------------------------------------------------------ views */
+
+/* Fills a history-free header over src's storage with the given layout. For kernel calls
+   only: it holds no references and must not outlive src. */
+static void header_over(mt_tensor *h, const mt_tensor *src, int nd, const int64_t *shape,
+                        const int64_t *strides, int64_t offset) {
+    memset(h, 0, sizeof *h);
+    h->dtype = src->dtype;
+    h->device = src->device;
+    h->ndim = nd;
+    if (nd) {
+        memcpy(h->shape, shape, (size_t)nd * sizeof *shape);
+        memcpy(h->strides, strides, (size_t)nd * sizeof *strides);
+    }
+    h->offset = offset;
+    h->numel = mt_shape_numel(nd, shape);
+    h->storage = src->storage;
+}
+
+/* t as the left operand of a matrix product: a 1-D [K] becomes the row [1, K]. */
+static void left_matrix(mt_tensor *h, const mt_tensor *t) {
+    if (t->ndim == 1)
+        header_over(h, t, 2, (int64_t[]){1, t->shape[0]}, (int64_t[]){0, t->strides[0]}, t->offset);
+    else
+        header_over(h, t, t->ndim, t->shape, t->strides, t->offset);
+}
+
+/* t as the right operand: a 1-D [K] becomes the column [K, 1]. */
+static void right_matrix(mt_tensor *h, const mt_tensor *t) {
+    if (t->ndim == 1)
+        header_over(h, t, 2, (int64_t[]){t->shape[0], 1}, (int64_t[]){t->strides[0], 0}, t->offset);
+    else
+        header_over(h, t, t->ndim, t->shape, t->strides, t->offset);
+}
+
+/* Swaps the last two dims of a header in place (a transposed view). */
+static void transpose_last(mt_tensor *h) {
+    int d = h->ndim;
+    int64_t s = h->shape[d - 1], st = h->strides[d - 1];
+    h->shape[d - 1] = h->shape[d - 2];
+    h->strides[d - 1] = h->strides[d - 2];
+    h->shape[d - 2] = s;
+    h->strides[d - 2] = st;
+}
+
+/* A header over the contiguous tensor t seen with another shape of the same numel. */
+static void reshaped(mt_tensor *h, const mt_tensor *t, int nd, const int64_t *shape) {
+    int64_t strides[MT_MAX_DIMS];
+    mt_contiguous_strides(nd, shape, strides);
+    header_over(h, t, nd, shape, strides, t->offset);
+}
+
+/* True when the batch dims (sizes batch[], strides str[]) followed by an inner dim of size n
+   and stride s merge into one dim; its stride goes to *stride. Size-1 dims are skipped. */
+static bool merges(int nb, const int64_t *batch, const int64_t *str, int64_t n, int64_t s,
+                   int64_t *stride) {
+    int64_t size = n, inner = s;
+    bool have = n != 1;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (batch[i] == 1) continue;
+        if (have && str[i] != size * inner) return false;
+        if (!have) inner = str[i];
+        size = have ? size * batch[i] : batch[i];
+        have = true;
+    }
+    *stride = inner;
+    return true;
+}
+
+/* Strides of t's batch dims aligned (from the right) to a batch of nb dims; 0 where t
+   broadcasts. */
+static void aligned_batch_strides(const mt_tensor *t, int nb, const int64_t *batch, int64_t *str) {
+    int tb = t->ndim - 2, off = nb - tb;
+    for (int i = 0; i < nb; i++)
+        str[i] = i < off || (t->shape[i - off] == 1 && batch[i] != 1) ? 0 : t->strides[i - off];
+}
+
+/* out = l @ r, summed over the batch dims in which out has size 1 but the batch does not
+   (the gradient of an operand that was broadcast). out [batch.., P, Q] is contiguous with 1
+   in the summed dims; l [.., P, R] and r [.., R, Q] broadcast to the batch (nb dims). When
+   every batch dim is summed and the contraction dim R merges with them in both operands,
+   this is one GEMM with a contraction of batch * R; otherwise one GEMM per batch entry, the
+   first into each output entry with beta = 0 and the rest accumulating with beta = 1. */
+static int gemm_reduce(const mt_backend *be, mt_tensor *out, const mt_tensor *l, const mt_tensor *r,
+                       int nb, const int64_t *batch) {
+    bool reduced[MT_MAX_DIMS] = {0}, any = false, all = true;
+    int64_t count = 1;
+    for (int i = 0; i < nb; i++) {
+        reduced[i] = out->shape[i] == 1 && batch[i] != 1;
+        any |= reduced[i];
+        all &= reduced[i] || batch[i] == 1;
+        count *= batch[i];
+    }
+    if (!any) return be->gemm(out, l, r, 1.0, 0.0);
+    int64_t lstr[MT_MAX_DIMS], rstr[MT_MAX_DIMS];
+    aligned_batch_strides(l, nb, batch, lstr);
+    aligned_batch_strides(r, nb, batch, rstr);
+    int64_t P = out->shape[nb], Q = out->shape[nb + 1], R = l->shape[l->ndim - 1];
+    int64_t ls_p = l->strides[l->ndim - 2], ls_r = l->strides[l->ndim - 1];
+    int64_t rs_r = r->strides[r->ndim - 2], rs_q = r->strides[r->ndim - 1];
+    mt_tensor lh, rh, oh;
+    int64_t lr, rr;
+    if (all && merges(nb, batch, lstr, R, ls_r, &lr) && merges(nb, batch, rstr, R, rs_r, &rr)) {
+        header_over(&lh, l, 2, (int64_t[]){P, count * R}, (int64_t[]){ls_p, lr}, l->offset);
+        header_over(&rh, r, 2, (int64_t[]){count * R, Q}, (int64_t[]){rr, rs_q}, r->offset);
+        reshaped(&oh, out, 2, (int64_t[]){P, Q});
+        return be->gemm(&oh, &lh, &rh, 1.0, 0.0);
+    }
+    for (int64_t bi = 0; bi < count; bi++) {
+        int64_t rem = bi, lo = l->offset, ro = r->offset, oo = out->offset;
+        bool first = true;
+        for (int i = nb - 1; i >= 0; i--) {
+            int64_t idx = rem % batch[i];
+            rem /= batch[i];
+            lo += idx * lstr[i];
+            ro += idx * rstr[i];
+            if (reduced[i])
+                first &= idx == 0;
+            else
+                oo += idx * out->strides[i];
+        }
+        header_over(&lh, l, 2, (int64_t[]){P, R}, (int64_t[]){ls_p, ls_r}, lo);
+        header_over(&rh, r, 2, (int64_t[]){R, Q}, (int64_t[]){rs_r, rs_q}, ro);
+        header_over(&oh, out, 2, (int64_t[]){P, Q}, (int64_t[]){Q, 1}, oo);
+        int rc = be->gemm(&oh, &lh, &rh, 1.0, first ? 0.0 : 1.0);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* A header over the fresh contiguous gradient t (shape of an operand with `ond` dims) seen as
+   [batch with 1 in the operand's missing or size-1 dims.., P, Q]. */
+static void grad_target(mt_tensor *h, const mt_tensor *t, int nb, int ond, const int64_t *oshape,
+                        int64_t P, int64_t Q) {
+    int64_t shape[MT_MAX_DIMS];
+    int tb = ond > 2 ? ond - 2 : 0, off = nb - tb;
+    for (int i = 0; i < nb; i++) shape[i] = i < off ? 1 : oshape[i - off];
+    shape[nb] = P;
+    shape[nb + 1] = Q;
+    reshaped(h, t, nb + 2, shape);
+}
+
+/* g in dtype dt (a new reference). */
+static mt_tensor *grad_as(mt_tensor *g, mt_dtype dt) {
+    return g->dtype == dt ? mt_retain(g) : mt_cast(g, dt);
+}
+
+/* ------------------------------------------------------------------ matmul */
+
+static int matmul_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
+    const mt_input_meta *ma = &n->inputs[0], *mb = &n->inputs[1];
+    const char *name = "mt_matmul";
+    const mt_backend *be = mt_backend_get(g->device);
+    mt_tensor *gc = grad_as(g, ma->dtype);
+    if (!gc) return mt_backward_failed();
+    bool a1 = ma->ndim == 1, b1 = mb->ndim == 1;
+    int nb = n->out_ndim - (a1 ? 0 : 1) - (b1 ? 0 : 1);
+    const int64_t *batch = n->out_shape;
+    int64_t M = a1 ? 1 : ma->shape[ma->ndim - 2], K = ma->shape[ma->ndim - 1];
+    int64_t N = b1 ? 1 : mb->shape[mb->ndim - 1];
+    /* the gradient as [batch.., M, N], with stride 0 in a dim a 1-D operand dropped */
+    int64_t gshape[MT_MAX_DIMS], gstr[MT_MAX_DIMS];
+    for (int i = 0; i < nb; i++) {
+        gshape[i] = batch[i];
+        gstr[i] = gc->strides[i];
+    }
+    gshape[nb] = M;
+    gshape[nb + 1] = N;
+    gstr[nb] = a1 ? 0 : gc->strides[nb];
+    gstr[nb + 1] = b1 ? 0 : gc->strides[gc->ndim - 1];
+    mt_tensor gh, oh, xh;
+    header_over(&gh, gc, nb + 2, gshape, gstr, gc->offset);
+    int rc = 0;
+    if (mt_node_needs(n, 0)) { /* dA = dC @ B^T */
+        mt_tensor *ga = mt_tensor_new(name, ma->ndim, ma->shape, ma->dtype, g->device);
+        if (!ga)
+            rc = mt_backward_failed();
+        else {
+            right_matrix(&xh, n->saved[1]);
+            transpose_last(&xh);
+            grad_target(&oh, ga, nb, ma->ndim, ma->shape, M, K);
+            rc = gemm_reduce(be, &oh, &gh, &xh, nb, batch);
+            if (rc)
+                mt_release(ga);
+            else
+                gi[0] = ga;
+        }
+    }
+    if (rc == 0 && mt_node_needs(n, 1)) { /* dB = A^T @ dC */
+        mt_tensor *gb = mt_tensor_new(name, mb->ndim, mb->shape, mb->dtype, g->device);
+        if (!gb)
+            rc = mt_backward_failed();
+        else {
+            left_matrix(&xh, n->saved[0]);
+            transpose_last(&xh);
+            grad_target(&oh, gb, nb, mb->ndim, mb->shape, K, N);
+            rc = gemm_reduce(be, &oh, &xh, &gh, nb, batch);
+            if (rc)
+                mt_release(gb);
+            else
+                gi[1] = gb;
+        }
+    }
+    mt_release(gc);
+    return rc;
+}
+
+/* Output shape and batch of a @ b with torch.matmul's rules, or an error. */
+typedef struct {
+    int nb, out_nd;
+    int64_t batch[MT_MAX_DIMS], out_shape[MT_MAX_DIMS];
+} mm_shape;
+
+static int matmul_shape(const mt_tensor *a, const mt_tensor *b, mm_shape *s) {
+    char ba[MT_SHAPE_BUF], bb[MT_SHAPE_BUF];
+    for (int i = 0; i < 2; i++) {
+        const mt_tensor *t = i ? b : a;
+        if (t->ndim == 0)
+            return mt_error_set(MT_ERR_SHAPE,
+                                "mt_matmul: arg %d: expected a tensor with at least 1 dim, got a "
+                                "0-d tensor (use mt_mul for scalars)",
+                                i + 1);
+    }
+    int64_t ka = a->shape[a->ndim - 1], kb = b->shape[b->ndim == 1 ? 0 : b->ndim - 2];
+    if (ka != kb)
+        return mt_error_set(MT_ERR_SHAPE, "mt_matmul: arg 2: shape %s cannot multiply %s",
+                            mt_shape_str(b, bb, sizeof bb), mt_shape_str(a, ba, sizeof ba));
+    int na = a->ndim > 2 ? a->ndim - 2 : 0, nbb = b->ndim > 2 ? b->ndim - 2 : 0;
+    s->nb = na > nbb ? na : nbb;
+    for (int i = 0; i < s->nb; i++) {
+        int ia = i - (s->nb - na), ib = i - (s->nb - nbb);
+        int64_t da = ia < 0 ? 1 : a->shape[ia], db = ib < 0 ? 1 : b->shape[ib];
+        if (da != db && da != 1 && db != 1)
+            return mt_error_set(MT_ERR_SHAPE,
+                                "mt_matmul: batch dims of %s and %s do not broadcast (%lld vs "
+                                "%lld)",
+                                mt_shape_str(a, ba, sizeof ba), mt_shape_str(b, bb, sizeof bb),
+                                (long long)da, (long long)db);
+        s->batch[i] = da == 1 ? db : da;
+    }
+    s->out_nd = s->nb;
+    memcpy(s->out_shape, s->batch, (size_t)s->nb * sizeof *s->batch);
+    if (a->ndim > 1) s->out_shape[s->out_nd++] = a->shape[a->ndim - 2];
+    if (b->ndim > 1) s->out_shape[s->out_nd++] = b->shape[b->ndim - 1];
+    return 0;
+}
+
+static mt_tensor *matmul_impl(mt_tensor *a, mt_tensor *b) {
+    const char *name = "mt_matmul";
+    if (mt_check_floating(name, 1, a) < 0 || mt_check_floating(name, 2, b) < 0 ||
+        mt_check_same_device(name, a, b) < 0)
+        return NULL;
+    mm_shape s;
+    if (matmul_shape(a, b, &s) < 0) return NULL;
+    mt_tensor *in[2] = {a, b}, *c[2];
+    int compute = mt_dispatch_inputs(MT_OP_MATMUL, in, 2, c);
+    if (compute < 0) return NULL;
+    mt_tensor *out = mt_tensor_new(name, s.out_nd, s.out_shape, (mt_dtype)compute, a->device);
+    int rc = out ? 0 : mt_backward_failed();
+    if (rc == 0) {
+        mt_tensor ah, bh, oh;
+        left_matrix(&ah, c[0]);
+        right_matrix(&bh, c[1]);
+        int64_t cshape[MT_MAX_DIMS];
+        memcpy(cshape, s.batch, (size_t)s.nb * sizeof *cshape);
+        cshape[s.nb] = a->ndim > 1 ? a->shape[a->ndim - 2] : 1;
+        cshape[s.nb + 1] = b->ndim > 1 ? b->shape[b->ndim - 1] : 1;
+        reshaped(&oh, out, s.nb + 2, cshape);
+        rc = mt_backend_get(a->device)->gemm(&oh, &ah, &bh, 1.0, 0.0);
+    }
+    if (rc == 0) {
+        mt_node *node = mt_record(MT_OP_MATMUL, matmul_backward, c, 2, out, &rc);
+        /* dA needs B and dB needs A: save only what a needed gradient uses */
+        if (node && mt_node_needs(node, 1)) rc = mt_node_save(node, 0, c[0]);
+        if (node && rc == 0 && mt_node_needs(node, 0)) rc = mt_node_save(node, 1, c[1]);
+    }
+    if (rc) {
+        mt_release(out);
+        out = NULL;
+    }
+    mt_dispatch_done(MT_OP_MATMUL, (mt_dtype)compute, out, in, 2);
+    mt_dispatch_release(c, 2);
+    return out;
+}
+
+mt_tensor *mt_matmul(mt_tensor *a, mt_tensor *b) {
+    if (!a || !b) return NULL;
+    mt_api_enter();
+    return mt_api_exit(matmul_impl(a, b));
+}
+
+/* ------------------------------------------------------------------ linear */
+
+/* x [.., in] (1-D: [in]) as a matrix operand [.., M, in]. */
+static void rows_matrix(mt_tensor *h, const mt_tensor *t) {
+    left_matrix(h, t);
+}
+
+static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
+    const mt_input_meta *mx = &n->inputs[0], *mw = &n->inputs[1];
+    const char *name = "mt_linear";
+    const mt_backend *be = mt_backend_get(g->device);
+    mt_tensor *gc = grad_as(g, mx->dtype);
+    if (!gc) return mt_backward_failed();
+    int64_t out_f = mw->shape[0], in_f = mw->shape[1];
+    mt_tensor gh, oh, xh;
+    rows_matrix(&gh, gc); /* [.., M, out] */
+    int rc = 0;
+    if (mt_node_needs(n, 0)) { /* dx = dy @ W */
+        mt_tensor *gx = mt_tensor_new(name, mx->ndim, mx->shape, mx->dtype, g->device);
+        if (!gx)
+            rc = mt_backward_failed();
+        else {
+            rows_matrix(&oh, gx);
+            rc = be->gemm(&oh, &gh, n->saved[1], 1.0, 0.0);
+            if (rc)
+                mt_release(gx);
+            else
+                gi[0] = gx;
+        }
+    }
+    if (rc == 0 && mt_node_needs(n, 1)) { /* dW = dy^T @ x over all leading dims */
+        mt_tensor *gw = mt_tensor_new(name, 2, mw->shape, mw->dtype, g->device);
+        if (!gw)
+            rc = mt_backward_failed();
+        else {
+            mt_tensor gt;
+            rows_matrix(&gt, gc);
+            transpose_last(&gt); /* [.., out, M] */
+            rows_matrix(&xh, n->saved[0]);
+            int nb = gt.ndim - 2;
+            grad_target(&oh, gw, nb, 2, mw->shape, out_f, in_f);
+            rc = gemm_reduce(be, &oh, &gt, &xh, nb, gt.shape);
+            if (rc)
+                mt_release(gw);
+            else
+                gi[1] = gw;
+        }
+    }
+    if (rc == 0 && mt_node_needs(n, 2)) { /* db = dy summed over the leading dims */
+        mt_tensor *gb = mt_tensor_new(name, 1, (int64_t[]){out_f}, n->inputs[2].dtype, g->device);
+        if (!gb)
+            rc = mt_backward_failed();
+        else {
+            if (gc->ndim == 1) {
+                rc = be->copy(gb, gc);
+            } else {
+                int64_t kshape[MT_MAX_DIMS];
+                for (int i = 0; i < gc->ndim - 1; i++) kshape[i] = 1;
+                kshape[gc->ndim - 1] = out_f;
+                reshaped(&oh, gb, gc->ndim, kshape);
+                rc = be->reduce(MT_OP_SUM, &oh, gc, (1u << (gc->ndim - 1)) - 1u);
+            }
+            if (rc)
+                mt_release(gb);
+            else
+                gi[2] = gb;
+        }
+    }
+    mt_release(gc);
+    return rc;
+}
+
+static int linear_check(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
+    const char *name = "mt_linear";
+    char bx[MT_SHAPE_BUF], bw[MT_SHAPE_BUF], bb[MT_SHAPE_BUF];
+    if (mt_check_floating(name, 1, x) < 0 || mt_check_floating(name, 2, w) < 0 ||
+        (b && mt_check_floating(name, 3, b) < 0) || mt_check_same_device(name, x, w) < 0 ||
+        (b && mt_check_same_device(name, x, b) < 0))
+        return -1;
+    if (x->ndim == 0)
+        return mt_error_set(MT_ERR_SHAPE,
+                            "mt_linear: arg 1: input must have at least 1 dim [.., in_features], "
+                            "got a 0-d tensor");
+    if (w->ndim != 2)
+        return mt_error_set(MT_ERR_SHAPE,
+                            "mt_linear: arg 2: weight must be 2-D [out_features, in_features], "
+                            "got shape %s",
+                            mt_shape_str(w, bw, sizeof bw));
+    if (x->shape[x->ndim - 1] != w->shape[1])
+        return mt_error_set(MT_ERR_SHAPE,
+                            "mt_linear: arg 2: weight %s cannot multiply input %s (in_features "
+                            "%lld vs %lld)",
+                            mt_shape_str(w, bw, sizeof bw), mt_shape_str(x, bx, sizeof bx),
+                            (long long)w->shape[1], (long long)x->shape[x->ndim - 1]);
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return mt_error_set(MT_ERR_SHAPE,
+                            "mt_linear: arg 3: bias of shape %s does not fit weight %s "
+                            "(expected [%lld])",
+                            mt_shape_str(b, bb, sizeof bb), mt_shape_str(w, bw, sizeof bw),
+                            (long long)w->shape[0]);
+    return 0;
+}
+
+static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
+    if (linear_check(x, w, b) < 0) return NULL;
+    mt_tensor *in[3] = {x, w, b}, *c[3];
+    int compute = mt_dispatch_inputs(MT_OP_LINEAR, in, 3, c);
+    if (compute < 0) return NULL;
+    const mt_backend *be = mt_backend_get(x->device);
+    int nd = x->ndim;
+    int64_t shape[MT_MAX_DIMS];
+    memcpy(shape, x->shape, (size_t)nd * sizeof *shape);
+    shape[nd - 1] = w->shape[0];
+    mt_tensor *out = mt_tensor_new("mt_linear", nd, shape, (mt_dtype)compute, x->device);
+    int rc = out ? 0 : mt_backward_failed();
+    double beta = 0.0;
+    if (rc == 0 && c[2]) { /* the bias goes into the output first; the GEMM adds onto it */
+        mt_tensor *eb = mt_tensor_expand_to(c[2], nd, shape);
+        rc = eb ? be->copy(out, eb) : mt_backward_failed();
+        mt_release(eb);
+        beta = 1.0;
+    }
+    if (rc == 0) { /* y = x @ W^T, W^T being W's strides swapped */
+        mt_tensor xh, wt, oh;
+        rows_matrix(&xh, c[0]);
+        header_over(&wt, c[1], 2, (int64_t[]){w->shape[1], w->shape[0]},
+                    (int64_t[]){c[1]->strides[1], c[1]->strides[0]}, c[1]->offset);
+        rows_matrix(&oh, out);
+        rc = be->gemm(&oh, &xh, &wt, 1.0, beta);
+    }
+    if (rc == 0) {
+        mt_node *node = mt_record(MT_OP_LINEAR, linear_backward, c, 3, out, &rc);
+        /* dx needs W and dW needs x: save only what a needed gradient uses */
+        if (node && mt_node_needs(node, 1)) rc = mt_node_save(node, 0, c[0]);
+        if (node && rc == 0 && mt_node_needs(node, 0)) rc = mt_node_save(node, 1, c[1]);
+    }
+    if (rc) {
+        mt_release(out);
+        out = NULL;
+    }
+    mt_dispatch_done(MT_OP_LINEAR, (mt_dtype)compute, out, in, 3);
+    mt_dispatch_release(c, 3);
+    return out;
+}
+
+mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
+    if (!x || !w) return NULL;
+    mt_api_enter();
+    return mt_api_exit(linear_impl(x, w, b));
+}
