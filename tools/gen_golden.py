@@ -129,7 +129,8 @@ class OpFile:
         want_grad = grads and any(rg) and (lowdt is None or autocast is not None or promote)
         y, gr, cot = run_native(fn, inputs, rg, want_grad, autocast, g)
         source = "torch"
-        if lowdt is not None and not promote:
+        fp32_under_autocast = autocast is not None and y.dtype not in LOW
+        if lowdt is not None and not promote and not fp32_under_autocast:
             ye, gre = run_contract(fn, inputs, rg, want_grad, autocast, lowdt, cot)
             if y is None:  # torch has no CPU kernel for this low dtype
                 source = "emulated"
@@ -263,6 +264,10 @@ def binary_ops(files):
                 b = (4.0 * make(g, (3, 4), F64, "unit") - 2.0).to(dt)
             fo.case("transposed_" + NAMES[dt], lambda x, f=f: f(x[0], x[1]), [a, b],
                     params={"transposed": [0, 1]})
+        if op in ("add", "mul"):  # autocast: promotion of BF16 x F32 to F32, as outside
+            g = gen_for(op + "_autocast")
+            fo.case("autocast_bf16", lambda x, f=f: f(x[0], x[1]),
+                    [make(g, (3, 4), BF16), make(g, (3, 4), F32)], autocast=BF16)
         if op in ("add", "mul", "div", "maximum"):  # type promotion F16 x F32 -> F32
             g = gen_for(op + "_promote")
             a, b = make(g, (3, 4), F16), make(g, (4,), F32, kb)
@@ -527,9 +532,16 @@ def loss_ops(files):
         if dt in (F32, BF16):
             fo.case("transposed_" + NAMES[dt], lambda x: F.mse_loss(x[0], x[1]), [p, t],
                     params={"transposed": [0]})
+
+    g = gen_for("mse_autocast")  # FP32 op under autocast: low inputs, F32 result
+    fo.case("autocast_bf16", lambda x: F.mse_loss(x[0], x[1]),
+            [make(g, (3, 4), BF16), make(g, (3, 4), BF16)], autocast=BF16)
     files.append(fo)
 
     fo = OpFile("cross_entropy")
+    g = gen_for("ce_autocast")
+    fo.case("autocast_bf16", lambda x: F.cross_entropy(x[0], x[1]),
+            [make(g, (4, 5), BF16), torch.tensor([1, 0, 4, 2])], autocast=BF16)
     for dt in (F32, F64, F16, BF16):
         g = gen_for("ce_" + NAMES[dt])
         logits = make(g, (6, 5), dt) * 2
