@@ -14,6 +14,7 @@ struct mt_optimizer {
     mt_device device;
     double lr, momentum, beta1, beta2, eps, weight_decay;
     bool nesterov, multi_precision;
+    mt_tensor **grad_buf; /* scratch (n entries): the borrowed gradients of one step */
 };
 
 /* One fused pass over all parameters. found_inf (F32 0-d, may be NULL): the kernel does
@@ -23,4 +24,7 @@ int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_t
 /* The current gradients (borrowed; NULL entries for params without a gradient). Fills
    grads[0..n) and returns n. */
 int mt_optimizer_grads(mt_optimizer *o, mt_tensor **grads);
+/* True when two elements of t share memory (an expanded view): such a tensor cannot be
+   updated in place element by element. */
+bool mt_optim_overlaps(const mt_tensor *t);
 #endif
