@@ -1,0 +1,411 @@
+/* The backward engine: order, accumulation, grad mode, detach, tape lifetime, version
+   counters, errors, long chains, scopes and reference cycles. */
+#include "test_util.h"
+
+static mt_tensor *leaf_from(const double *v, int ndim, const int64_t *shape) {
+    mt_tensor *t = mt_from_data(v, MT_F64, ndim, shape, MT_CPU);
+    mt_set_requires_grad(t, true);
+    return t;
+}
+
+/* Outside scopes only (the value helpers release what they create). */
+static void assert_grad(mt_tensor *t, const double *expect, int64_t n, double tol) {
+    mt_tensor *g = mt_grad(t);
+    if (!g) fail_msg("no gradient (%s)", mt_last_error());
+    assert_tensor_close(g, expect, n, tol, tol);
+    mt_release(g);
+}
+
+/* A diamond whose two paths have very different lengths: x feeds a long chain and a short
+   one that meet at z. x's node may run only after both paths delivered their gradient;
+   running it earlier would send a partial gradient to the leaf. */
+static void test_diamond_order(void **state) {
+    (void)state;
+    double v[3] = {0.5, -1.0, 2.0};
+    mt_tensor *w = leaf_from(v, MT_SHAPE(3));
+    mt_scope_begin();
+    mt_tensor *x = mt_mul_scalar(w, 3.0); /* non-leaf: its node waits for both consumers */
+    mt_tensor *longp = x;
+    for (int i = 0; i < 20; i++) longp = mt_add_scalar(longp, 0.1);
+    longp = mt_mul(longp, x); /* (x + 2) * x */
+    mt_tensor *shortp = mt_exp(x);
+    mt_tensor *z = mt_add(longp, shortp);
+    assert_string_equal(mt_grad_fn_name(z), "add");
+    assert_string_equal(mt_grad_fn_name(x), "mul_scalar");
+    assert_string_equal(mt_grad_fn_name(w), "");
+    assert_int_equal(mt_backward(mt_sum_all(z), NULL), 0);
+    mt_scope_end();
+    assert_no_error();
+    /* dz/dw = 3 * (2x + 2 + exp(x)), x = 3w */
+    double e[3];
+    for (int i = 0; i < 3; i++) {
+        double xi = 3 * v[i];
+        e[i] = 3 * (2 * xi + 2 + exp(xi));
+    }
+    assert_grad(w, e, 3, 1e-12);
+    mt_release(w);
+}
+
+/* A tensor used several times gets the sum of the gradients of every use. */
+static void test_multiple_uses(void **state) {
+    (void)state;
+    double v[4] = {1, 2, -3, 0.5};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(4));
+    mt_scope_begin();
+    mt_tensor *y = mt_add(mt_mul(x, x), x);  /* x^2 + x */
+    mt_tensor *y2 = mt_add(y, mt_add(x, x)); /* + 2x */
+    assert_int_equal(mt_backward(mt_sum_all(y2), NULL), 0);
+    mt_scope_end();
+    double e[4];
+    for (int i = 0; i < 4; i++) e[i] = 2 * v[i] + 3;
+    assert_grad(x, e, 4, 1e-12);
+    mt_release(x);
+}
+
+static void test_leaf_grad_accumulates(void **state) {
+    (void)state;
+    double v[2] = {1.5, -2};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(2));
+    double e1[2] = {3, -4}, e2[2] = {6, -8}, e3[2] = {1, 1};
+    for (int step = 0; step < 2; step++) {
+        mt_scope_begin();
+        assert_int_equal(mt_backward(mt_sum_all(mt_mul(x, x)), NULL), 0);
+        mt_scope_end();
+        assert_grad(x, step == 0 ? e1 : e2, 2, 1e-12);
+    }
+    mt_zero_grad(x);
+    assert_null(mt_grad(x));
+    mt_scope_begin();
+    assert_int_equal(mt_backward(mt_sum_all(x), NULL), 0);
+    mt_scope_end();
+    assert_grad(x, e3, 2, 0);
+    mt_release(x);
+    assert_no_error();
+}
+
+static void test_grad_disabled(void **state) {
+    (void)state;
+    double v[2] = {1, 2};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(2));
+    assert_true(mt_is_grad_enabled());
+    assert_true(mt_set_grad_enabled(false));
+    assert_false(mt_is_grad_enabled());
+    mt_tensor *y = mt_exp(x), *z = mt_sum_all(y);
+    assert_false(mt_requires_grad(y));
+    assert_false(mt_requires_grad(z));
+    assert_true(mt_is_leaf(y));
+    assert_string_equal(mt_grad_fn_name(y), "");
+    assert_false(mt_set_grad_enabled(true)); /* returns the previous mode */
+    assert_true(mt_is_grad_enabled());
+    assert_int_equal(mt_backward(z, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "does not require grad");
+    assert_null(mt_grad(x));
+    mt_release(y);
+    mt_release(z);
+    mt_release(x);
+}
+
+static void test_detach(void **state) {
+    (void)state;
+    double v[3] = {1, 2, 3};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(3));
+    mt_scope_begin();
+    mt_tensor *y = mt_mul_scalar(x, 2), *d = mt_detach(y);
+    assert_true(mt_requires_grad(y));
+    assert_false(mt_requires_grad(d));
+    assert_true(mt_is_leaf(d));
+    assert_ptr_equal(mt_data_ptr(d), mt_data_ptr(y)); /* shares storage */
+    /* x * detach(2x): the detached factor is a constant */
+    assert_int_equal(mt_backward(mt_sum_all(mt_mul(x, d)), NULL), 0);
+    mt_scope_end();
+    double e[3] = {2, 4, 6};
+    assert_grad(x, e, 3, 0);
+    mt_release(x);
+}
+
+static void test_tape_freed_after_backward(void **state) {
+    (void)state;
+    double v[2] = {1, 3};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(2));
+    mt_scope_begin();
+    mt_tensor *l = mt_sum_all(mt_mul(x, x));
+    assert_int_equal(mt_backward(l, NULL), 0);
+    assert_int_equal(mt_backward(l, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "already freed");
+    mt_scope_end();
+    double e[2] = {2, 6}, e2[2] = {4, 12};
+    assert_grad(x, e, 2, 0); /* the failed second call added nothing */
+    mt_zero_grad(x);
+    /* retain_graph keeps it for another pass (no scope: the grad is checked in between) */
+    mt_tensor *y = mt_mul(x, x);
+    l = mt_sum_all(y);
+    assert_int_equal(mt_backward_ex(l, NULL, true), 0);
+    assert_int_equal(mt_backward_ex(l, NULL, true), 0);
+    assert_grad(x, e2, 2, 0);
+    assert_int_equal(mt_backward(l, NULL), 0); /* the last one may free it */
+    assert_int_equal(mt_backward(l, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "retain_graph");
+    mt_release(y);
+    mt_release(l);
+    mt_release(x);
+}
+
+static void test_version_counter(void **state) {
+    (void)state;
+    double v[3] = {1, 2, 3};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(3)), *w = leaf_from(v, MT_SHAPE(3));
+    mt_tensor *one = mt_ones(MT_SHAPE(3), MT_F64, MT_CPU);
+    /* mul saves both inputs; w changes in place (an optimizer-like update) before backward */
+    mt_scope_begin();
+    mt_tensor *l = mt_sum_all(mt_mul(x, w));
+    bool prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_add_inplace(w, one), 0);
+    mt_set_grad_enabled(prev);
+    assert_int_equal(mt_backward(l, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "modified in place");
+    mt_scope_end();
+    /* exp saves its output; fill it under no-grad, then backward through it */
+    mt_scope_begin();
+    mt_tensor *y = mt_exp(x);
+    l = mt_sum_all(mt_mul_scalar(y, 2.0));
+    prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_fill(y, 0.0), 0);
+    mt_set_grad_enabled(prev);
+    assert_int_equal(mt_backward(l, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_exp");
+    mt_scope_end();
+    /* a change made to a tensor that was not saved is fine */
+    mt_scope_begin();
+    mt_tensor *c = mt_clone(x);
+    l = mt_sum_all(mt_add(c, w)); /* add saves nothing */
+    prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_fill(w, 5.0), 0);
+    mt_set_grad_enabled(prev);
+    assert_int_equal(mt_backward(l, NULL), 0);
+    mt_scope_end();
+    double e[3] = {1, 1, 1};
+    assert_grad(x, e, 3, 0);
+    mt_release(one);
+    mt_release(x);
+    mt_release(w);
+}
+
+static void test_backward_errors(void **state) {
+    (void)state;
+    double v[4] = {1, 2, 3, 4};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(2, 2));
+    mt_scope_begin();
+    mt_tensor *y = mt_mul_scalar(x, 2);
+    assert_int_equal(mt_backward(y, NULL), MT_ERR_SHAPE);
+    assert_error(MT_ERR_SHAPE, "[2, 2]");
+    mt_tensor *bad = mt_ones(MT_SHAPE(4), MT_F64, MT_CPU);
+    assert_int_equal(mt_backward(y, bad), MT_ERR_SHAPE);
+    const char *m = mt_last_error();
+    assert_non_null(strstr(m, "[4]"));
+    assert_non_null(strstr(m, "[2, 2]"));
+    mt_clear_error();
+    assert_int_equal(mt_backward(NULL, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_backward: arg 1");
+    /* a non-scalar root with an explicit gradient works, also in another dtype */
+    mt_tensor *g = mt_full(MT_SHAPE(2, 2), MT_F32, MT_CPU, 0.5);
+    assert_int_equal(mt_backward(y, g), 0);
+    mt_scope_end();
+    double e[4] = {1, 1, 1, 1};
+    assert_grad(x, e, 4, 0);
+    /* requires_grad rules */
+    mt_scope_begin();
+    y = mt_exp(x);
+    mt_set_requires_grad(y, false);
+    assert_error(MT_ERR_STATE, "not a leaf");
+    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
+    mt_set_requires_grad(i, true);
+    assert_error(MT_ERR_DTYPE, "floating");
+    assert_false(mt_requires_grad(i));
+    /* a leaf that needs no grad */
+    mt_tensor *c = mt_ones(MT_SHAPE(1), MT_F64, MT_CPU);
+    assert_int_equal(mt_backward(c, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "does not require grad");
+    mt_scope_end();
+    /* backward on a leaf itself accumulates the seed */
+    mt_tensor *s = mt_ones(MT_SHAPE(1), MT_F64, MT_CPU);
+    mt_set_requires_grad(s, true);
+    assert_int_equal(mt_backward(s, NULL), 0);
+    double one = 1;
+    assert_grad(s, &one, 1, 0);
+    mt_release(s);
+    mt_release(x);
+}
+
+/* Non-leaf tensors keep no .grad; only leaves that require grad receive one. */
+static void test_only_leaves_get_grads(void **state) {
+    (void)state;
+    double v[2] = {1, 2};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(2));
+    mt_tensor *k = mt_from_data(v, MT_F64, MT_SHAPE(2), MT_CPU); /* constant */
+    mt_scope_begin();
+    mt_tensor *y = mt_mul(x, k);
+    assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    assert_null(mt_grad(y));
+    assert_null(mt_grad(k));
+    mt_scope_end();
+    assert_grad(x, v, 2, 0);
+    mt_release(x);
+    mt_release(k);
+}
+
+#define CHAIN 100000
+
+static void test_long_chain(void **state) {
+    (void)state;
+    double v = 0.0;
+    mt_tensor *x = leaf_from(&v, MT_SHAPE(1));
+    /* backward over the chain, then freeing it */
+    mt_tensor *y = mt_retain(x);
+    for (int i = 0; i < CHAIN; i++) {
+        mt_tensor *n = mt_add_scalar(y, 1e-3);
+        mt_release(y);
+        y = n;
+    }
+    assert_no_error();
+    assert_int_equal(mt_backward(y, NULL), 0);
+    double one = 1;
+    assert_grad(x, &one, 1, 0);
+    mt_release(y);
+    /* freeing an unused chain (no backward) must not recurse either */
+    y = mt_retain(x);
+    for (int i = 0; i < CHAIN; i++) {
+        mt_tensor *n = i % 2 ? mt_mul_scalar(y, 1.0) : mt_exp(y); /* exp saves its output */
+        mt_release(y);
+        y = n;
+    }
+    assert_no_error();
+    mt_release(y);
+    mt_release(x);
+}
+
+/* Ending the scope that owns the forward results does not break a pending backward: the
+   tape holds what it needs. */
+static void test_scope_end_before_backward(void **state) {
+    (void)state;
+    double v[3] = {0.1, 0.2, 0.3};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(3));
+    mt_scope_begin();
+    mt_tensor *l = mt_sum_all(mt_mul(mt_sigmoid(x), mt_exp(x)));
+    mt_retain(l);
+    mt_scope_end();
+    assert_int_equal(mt_backward(l, NULL), 0);
+    mt_release(l);
+    double e[3];
+    for (int i = 0; i < 3; i++) {
+        double s = 1 / (1 + exp(-v[i])), ex = exp(v[i]);
+        e[i] = s * (1 - s) * ex + s * ex;
+    }
+    assert_grad(x, e, 3, 1e-12);
+    mt_release(x);
+}
+
+/* Saved outputs must not keep their own node alive: everything is freed when the user's
+   references go, with or without a backward. */
+static void test_no_reference_cycles(void **state) {
+    (void)state;
+    int64_t t0 = mt_live_tensors(), b0 = mt_live_bytes();
+    double v[4] = {0.1, 0.2, 0.3, 0.4};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(4));
+    for (int pass = 0; pass < 3; pass++) {
+        mt_scope_begin();
+        /* ops that save their output (exp, sigmoid, tanh, sqrt, div) and their input */
+        mt_tensor *a = mt_exp(x), *b = mt_sigmoid(a), *c = mt_tanh(b), *d = mt_sqrt(a);
+        mt_tensor *e = mt_div(c, d), *l = mt_sum_all(mt_mul(e, x));
+        if (pass == 1) assert_int_equal(mt_backward(l, NULL), 0);
+        if (pass == 2) assert_int_equal(mt_backward_ex(l, NULL, true), 0);
+        mt_scope_end();
+    }
+    assert_no_error();
+    mt_zero_grad(x);
+    mt_release(x);
+    assert_int_equal(mt_live_tensors(), t0);
+    assert_int_equal(mt_live_bytes(), b0);
+}
+
+/* Gradients reaching a leaf in another dtype are cast to the leaf's dtype. */
+static void test_grad_dtype(void **state) {
+    (void)state;
+    mt_tensor *h = mt_full(MT_SHAPE(3), MT_F16, MT_CPU, 2.0),
+              *f = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 3.0);
+    mt_set_requires_grad(h, true);
+    mt_set_requires_grad(f, true);
+    mt_scope_begin();
+    mt_tensor *y = mt_mul(h, f); /* f32 */
+    assert_int_equal(mt_dtype_of(y), MT_F32);
+    assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    mt_scope_end();
+    mt_tensor *gh = mt_grad(h), *gf = mt_grad(f);
+    assert_int_equal(mt_dtype_of(gh), MT_F16);
+    assert_int_equal(mt_dtype_of(gf), MT_F32);
+    double eh[3] = {3, 3, 3}, ef[3] = {2, 2, 2};
+    assert_tensor_close(gh, eh, 3, 0, 0);
+    assert_tensor_close(gf, ef, 3, 0, 0);
+    mt_release(gh);
+    mt_release(gf);
+    mt_release(h);
+    mt_release(f);
+}
+
+/* mt_set_grad: a user-provided gradient accumulates like one from backward. */
+static void test_set_grad(void **state) {
+    (void)state;
+    double v[2] = {1, 2};
+    mt_tensor *x = leaf_from(v, MT_SHAPE(2));
+    mt_tensor *g = mt_full(MT_SHAPE(2), MT_F64, MT_CPU, 10);
+    assert_int_equal(mt_set_grad(x, g), 0);
+    mt_scope_begin();
+    assert_int_equal(mt_backward(mt_sum_all(x), NULL), 0);
+    mt_scope_end();
+    double e[2] = {11, 11};
+    assert_grad(x, e, 2, 0);
+    mt_tensor *bad = mt_ones(MT_SHAPE(3), MT_F64, MT_CPU);
+    assert_int_equal(mt_set_grad(x, bad), MT_ERR_SHAPE);
+    assert_error(MT_ERR_SHAPE, "mt_set_grad: arg 2");
+    assert_int_equal(mt_set_grad(x, NULL), 0);
+    assert_null(mt_grad(x));
+    mt_release(bad);
+    mt_release(g);
+    mt_release(x);
+}
+
+/* A backward that fails half-way (out of memory) reports it and leaks nothing. */
+static void test_backward_oom(void **state) {
+    (void)state;
+    mt_tensor *x = mt_ones(MT_SHAPE(1000), MT_F32, MT_CPU);
+    mt_set_requires_grad(x, true);
+    mt_scope_begin();
+    mt_tensor *l = mt_sum_all(mt_mul(mt_exp(x), x));
+    mt_debug_set_alloc_limit(1000); /* gradients of 4000 bytes cannot be made */
+    int rc = mt_backward(l, NULL);
+    mt_debug_set_alloc_limit(0);
+    assert_int_equal(rc, MT_ERR_OOM);
+    assert_error(MT_ERR_OOM, "out of memory");
+    mt_scope_end();
+    mt_release(x);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST(test_diamond_order),
+        MT_TEST(test_multiple_uses),
+        MT_TEST(test_leaf_grad_accumulates),
+        MT_TEST(test_grad_disabled),
+        MT_TEST(test_detach),
+        MT_TEST(test_tape_freed_after_backward),
+        MT_TEST(test_version_counter),
+        MT_TEST(test_backward_errors),
+        MT_TEST(test_only_leaves_get_grads),
+        MT_TEST(test_long_chain),
+        MT_TEST(test_scope_end_before_backward),
+        MT_TEST(test_no_reference_cycles),
+        MT_TEST(test_grad_dtype),
+        MT_TEST(test_set_grad),
+        MT_TEST(test_backward_oom),
+    };
+    return MT_RUN_TESTS(tests);
+}
