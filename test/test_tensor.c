@@ -1,0 +1,694 @@
+/* The tensor core: creation, random draws, host transfer, accessors, ownership (refcounts,
+   scopes, live counters), printing, in-place ops and their interplay with autograd, and
+   out-of-memory paths. */
+#include "test_util.h"
+
+static mt_tensor *from_doubles(const double *v, mt_dtype dt, int ndim, const int64_t *shape) {
+    return mt_test_tensor(v, dt, ndim, shape);
+}
+
+/* ------------------------------------------------------------------ creation */
+
+static void test_filled_creation(void **state) {
+    (void)state;
+    const mt_dtype dts[] = {MT_F32, MT_F16, MT_BF16, MT_F64, MT_I64, MT_I32, MT_BOOL};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        mt_dtype dt = dts[k];
+        mt_tensor *z = mt_zeros(MT_SHAPE(2, 3), dt, MT_CPU),
+                  *o = mt_ones(MT_SHAPE(2, 3), dt, MT_CPU);
+        mt_tensor *f = mt_full(MT_SHAPE(2, 3), dt, MT_CPU, 5.0),
+                  *e = mt_empty(MT_SHAPE(2, 3), dt, MT_CPU);
+        assert_no_error();
+        assert_shape(z, 2, 3);
+        assert_shape(e, 2, 3);
+        assert_int_equal(mt_dtype_of(f), dt);
+        assert_true(mt_is_contiguous(e));
+        assert_int_equal(mt_numel(o), 6);
+        double zero[6] = {0}, one[6] = {1, 1, 1, 1, 1, 1}, five[6] = {5, 5, 5, 5, 5, 5};
+        assert_tensor_close(z, zero, 6, 0, 0);
+        assert_tensor_close(o, one, 6, 0, 0);
+        assert_tensor_close(f, dt == MT_BOOL ? one : five, 6, 0, 0);
+        mt_tensor *zl = mt_zeros_like(f), *ol = mt_ones_like(f), *el = mt_empty_like(f);
+        assert_shape(zl, 2, 3);
+        assert_int_equal(mt_dtype_of(ol), dt);
+        assert_int_equal(mt_dtype_of(el), dt);
+        assert_tensor_close(zl, zero, 6, 0, 0);
+        assert_tensor_close(ol, one, 6, 0, 0);
+        mt_release(z);
+        mt_release(o);
+        mt_release(f);
+        mt_release(e);
+        mt_release(zl);
+        mt_release(ol);
+        mt_release(el);
+    }
+    mt_tensor *s = mt_scalar(-2.5, MT_F32, MT_CPU);
+    assert_int_equal(mt_ndim(s), 0);
+    assert_int_equal(mt_numel(s), 1);
+    assert_true(mt_item(s) == -2.5);
+    mt_release(s);
+    /* bf16 rounds to 8 significant bits: 1 + 2^-9 becomes 1 */
+    mt_tensor *b = mt_full(MT_SHAPE(1), MT_BF16, MT_CPU, 1.0 + 1.0 / 512);
+    assert_true(mt_item(b) == 1.0);
+    mt_release(b);
+}
+
+static void test_arange(void **state) {
+    (void)state;
+    mt_tensor *a = mt_arange(0, 5, 1, MT_F32, MT_CPU);
+    assert_shape(a, 5);
+    double e[5] = {0, 1, 2, 3, 4};
+    assert_tensor_close(a, e, 5, 0, 0);
+    mt_tensor *b = mt_arange(1, 2, 0.25, MT_F64, MT_CPU);
+    double eb[4] = {1, 1.25, 1.5, 1.75};
+    assert_tensor_close(b, eb, 4, 0, 0);
+    mt_tensor *c = mt_arange(3, -3, -2, MT_I64, MT_CPU);
+    double ec[3] = {3, 1, -1};
+    assert_int_equal(mt_dtype_of(c), MT_I64);
+    assert_tensor_close(c, ec, 3, 0, 0);
+    mt_tensor *empty = mt_arange(2, 2, 1, MT_F32, MT_CPU);
+    assert_shape(empty, 0);
+    assert_no_error();
+    assert_null(mt_arange(0, 1, 0, MT_F32, MT_CPU));
+    assert_error(MT_ERR_INVALID, "mt_arange: start 0, end 1, step 0");
+    assert_null(mt_arange(0, 5, -1, MT_F32, MT_CPU));
+    assert_error(MT_ERR_INVALID, "finite range");
+    mt_release(a);
+    mt_release(b);
+    mt_release(c);
+    mt_release(empty);
+}
+
+static void stats(const mt_tensor *t, double *mean, double *var, double *lo, double *hi) {
+    int64_t n = mt_numel(t);
+    double *v = mt_test_values(t), s = 0, s2 = 0;
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        s += v[i];
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+    *mean = s / n;
+    for (int64_t i = 0; i < n; i++) s2 += (v[i] - *mean) * (v[i] - *mean);
+    *var = s2 / (n - 1);
+    free(v);
+}
+
+static void test_random_statistics(void **state) {
+    (void)state;
+    mt_manual_seed(1234);
+    const mt_dtype dts[] = {MT_F32, MT_F64, MT_F16, MT_BF16};
+    for (size_t k = 0; k < 4; k++) {
+        double mean, var, lo, hi;
+        mt_tensor *u = mt_rand(MT_SHAPE(200, 500), dts[k], MT_CPU);
+        assert_int_equal(mt_dtype_of(u), dts[k]);
+        stats(u, &mean, &var, &lo, &hi);
+        /* 1e5 draws: the standard error of the mean is 0.0009 */
+        assert_true(fabs(mean - 0.5) < 0.005);
+        assert_true(fabs(var - 1.0 / 12) < 0.003);
+        assert_true(lo >= 0.0);
+        assert_true(hi <= 1.0); /* < 1 in f32; low precision may round up to 1 */
+        if (dts[k] == MT_F32 || dts[k] == MT_F64) assert_true(hi < 1.0);
+        mt_tensor *g = mt_randn(MT_SHAPE(100000), dts[k], MT_CPU);
+        stats(g, &mean, &var, &lo, &hi);
+        assert_true(fabs(mean) < 0.015);
+        assert_true(fabs(var - 1.0) < 0.02);
+        assert_true(lo < -3.5 && hi > 3.5); /* tails are present */
+        mt_release(u);
+        mt_release(g);
+    }
+    assert_null(mt_randn(MT_SHAPE(2), MT_I64, MT_CPU));
+    assert_error(MT_ERR_DTYPE, "mt_randn: dtype i64 is not a floating dtype");
+}
+
+static void test_random_determinism(void **state) {
+    (void)state;
+    mt_manual_seed(42);
+    mt_tensor *a = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    mt_tensor *a2 = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    mt_manual_seed(42);
+    mt_tensor *b = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    mt_tensor *b2 = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    mt_manual_seed(43);
+    mt_tensor *c = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    float *pa = mt_data_ptr(a), *pa2 = mt_data_ptr(a2), *pb = mt_data_ptr(b),
+          *pb2 = mt_data_ptr(b2);
+    float *pc = mt_data_ptr(c);
+    assert_memory_equal(pa, pb, 21 * sizeof(float));
+    assert_memory_equal(pa2, pb2, 21 * sizeof(float));
+    int same_next = 0, same_seed = 0;
+    for (int i = 0; i < 21; i++) {
+        same_next += pa[i] == pa2[i];
+        same_seed += pa[i] == pc[i];
+    }
+    assert_true(same_next < 2);
+    assert_true(same_seed < 2);
+    /* the same draw in another dtype is the same numbers, rounded */
+    mt_manual_seed(42);
+    mt_tensor *d = mt_randn(MT_SHAPE(3, 7), MT_F64, MT_CPU);
+    double *vd = mt_test_values(d);
+    for (int i = 0; i < 21; i++) assert_true(fabs(vd[i] - pa[i]) <= 1e-6 * (1 + fabs(pa[i])));
+    free(vd);
+    mt_release(a);
+    mt_release(a2);
+    mt_release(b);
+    mt_release(b2);
+    mt_release(c);
+    mt_release(d);
+}
+
+/* ------------------------------------------------------------------ host transfer */
+
+static void test_from_data_round_trip(void **state) {
+    (void)state;
+    const float f[6] = {1.5f, -2.0f, 3.25f, 0.0f, 1e-3f, 65504.0f};
+    mt_tensor *t = mt_from_data(f, MT_F32, MT_SHAPE(2, 3), MT_CPU);
+    float back[6];
+    assert_int_equal(mt_copy_to_host(t, back, sizeof back), 0);
+    assert_memory_equal(f, back, sizeof f);
+    assert_ptr_not_equal(mt_data_ptr(t), (void *)f); /* copied */
+    /* a transposed view comes back contiguous in logical order */
+    mt_tensor *tt = mt_transpose(t, 0, 1);
+    float tb[6];
+    assert_int_equal(mt_copy_to_host(tt, tb, sizeof tb), 0);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) assert_true(tb[i * 2 + j] == f[j * 3 + i]);
+    const int64_t big[3] = {INT64_MAX, -7, (int64_t)1 << 60};
+    mt_tensor *ti = mt_from_data(big, MT_I64, MT_SHAPE(3), MT_CPU);
+    int64_t bi[3];
+    assert_int_equal(mt_copy_to_host(ti, bi, sizeof bi), 0);
+    assert_memory_equal(big, bi, sizeof big);
+    const uint8_t bools[2] = {1, 0};
+    mt_tensor *tb2 = mt_from_data(bools, MT_BOOL, MT_SHAPE(2), MT_CPU);
+    mt_tensor *one = mt_narrow(tb2, 0, 0, 1);
+    assert_true(mt_item(one) == 1.0);
+    mt_tensor *el = mt_slice(t, 1, 2, 3, 1), *el2 = mt_narrow(el, 0, 1, 1); /* t[1][2] */
+    assert_true(mt_item(el2) == (double)65504.0f);
+    assert_no_error();
+
+    assert_true(mt_copy_to_host(t, back, sizeof back - 1) == MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "buffer of 23 bytes is smaller than the tensor's 24 bytes");
+    assert_true(isnan(mt_item(t)));
+    assert_error(MT_ERR_SHAPE, "mt_item: tensor of shape [2, 3] has 6 elements, expected 1");
+    assert_null(mt_from_data(NULL, MT_F32, MT_SHAPE(2), MT_CPU));
+    assert_error(MT_ERR_NULL, "mt_from_data: arg 1: src is NULL");
+    assert_null(mt_from_data(f, MT_F32, MT_SHAPE(2, -3), MT_CPU));
+    assert_error(MT_ERR_SHAPE, "negative size in shape [2, -3]");
+    mt_release(t);
+    mt_release(tt);
+    mt_release(ti);
+    mt_release(tb2);
+    mt_release(one);
+    mt_release(el);
+    mt_release(el2);
+}
+
+static void test_accessors(void **state) {
+    (void)state;
+    mt_tensor *t = mt_zeros(MT_SHAPE(2, 3, 4), MT_BF16, MT_CPU);
+    assert_int_equal(mt_ndim(t), 3);
+    assert_int_equal(mt_dim(t, 0), 2);
+    assert_int_equal(mt_dim(t, -1), 4);
+    assert_int_equal(mt_dim(t, -3), 2);
+    assert_int_equal(mt_strides(t)[0], 12);
+    assert_int_equal(mt_shape(t)[1], 3);
+    assert_int_equal(mt_numel(t), 24);
+    assert_true(mt_is_contiguous(t));
+    assert_int_equal(mt_device_of(t).type, MT_DEVICE_CPU);
+    assert_int_equal(mt_dtype_size(MT_BF16), 2);
+    assert_string_equal(mt_dtype_name(MT_BF16), "bf16");
+    assert_true(mt_dtype_is_floating(MT_F16));
+    assert_false(mt_dtype_is_floating(MT_I32));
+    assert_no_error();
+    assert_int_equal(mt_dim(t, 3), -1);
+    assert_error(MT_ERR_INVALID, "mt_dim: arg 2: dim 3 is out of range for a 3-d tensor");
+    /* NULL accessors answer without an error */
+    assert_int_equal(mt_ndim(NULL), -1);
+    assert_int_equal(mt_numel(NULL), -1);
+    assert_null(mt_shape(NULL));
+    assert_null(mt_data_ptr(NULL));
+    assert_false(mt_is_contiguous(NULL));
+    assert_int_equal(mt_last_status(), MT_OK);
+    mt_release(t);
+}
+
+/* ------------------------------------------------------------------ ownership */
+
+static void test_refcounts_and_live_counters(void **state) {
+    (void)state;
+    int64_t t0 = mt_live_tensors(), b0 = mt_live_bytes();
+    mt_tensor *a = mt_zeros(MT_SHAPE(10, 10), MT_F64, MT_CPU);
+    assert_int_equal(mt_live_tensors(), t0 + 1);
+    assert_true(mt_live_bytes() >= b0 + 800);
+    int64_t b1 = mt_live_bytes();
+    assert_ptr_equal(mt_retain(a), a);
+    mt_release(a);
+    assert_int_equal(mt_live_tensors(), t0 + 1); /* one reference left */
+    mt_tensor *v = mt_reshape(a, MT_SHAPE(100)); /* a view: header, no new bytes */
+    assert_int_equal(mt_live_tensors(), t0 + 2);
+    assert_int_equal(mt_live_bytes(), b1);
+    mt_release(a);
+    assert_int_equal(mt_live_bytes(), b1); /* the view keeps the storage */
+    mt_release(v);
+    assert_int_equal(mt_live_tensors(), t0);
+    assert_int_equal(mt_live_bytes(), b0);
+    mt_peak_bytes_reset();
+    mt_tensor *big = mt_empty(MT_SHAPE(1000), MT_F32, MT_CPU);
+    assert_true(mt_peak_bytes() >= b0 + 4000);
+    mt_release(big);
+    mt_release(NULL); /* fine */
+    assert_null(mt_retain(NULL));
+}
+
+static void test_scopes(void **state) {
+    (void)state;
+    int64_t t0 = mt_live_tensors();
+    assert_int_equal(mt_scope_depth(), 0);
+    mt_scope_begin();
+    mt_tensor *a = mt_ones(MT_SHAPE(4), MT_F32, MT_CPU);
+    mt_tensor *b = mt_add(a, a);
+    mt_tensor *kept = mt_retain(mt_mul(b, b));
+    assert_int_equal(mt_live_tensors(), t0 + 3);
+    mt_scope_begin(); /* nested: inner results die first */
+    assert_int_equal(mt_scope_depth(), 2);
+    mt_tensor *c = mt_add(b, kept);
+    assert_non_null(c);
+    assert_int_equal(mt_live_tensors(), t0 + 4);
+    mt_scope_end();
+    assert_int_equal(mt_live_tensors(), t0 + 3);
+    /* library-internal results are not tracked: mean_all runs a sum and a scale inside,
+       mt_cast of an f16 goes through the copy path; only the returned tensor counts (with
+       grad mode off nothing is saved for backward either) */
+    bool prev = mt_set_grad_enabled(false);
+    mt_tensor *h = mt_cast(a, MT_F16);
+    mt_tensor *mh = mt_mean_all(h);
+    assert_int_equal(mt_live_tensors(), t0 + 5);
+    assert_true(mt_item(mh) == 1.0);
+    mt_set_grad_enabled(prev);
+    /* a backward creates many temporaries; none lands in the scope but the gradient */
+    mt_set_requires_grad(a, true);
+    mt_tensor *m = mt_mean_all(mt_mul(a, a));
+    assert_int_equal(mt_backward(m, NULL), 0);
+    mt_tensor *g = mt_grad(a); /* tracked by the scope too */
+    float gv[4]; /* (test_util's value helpers release their temporaries: not inside a scope) */
+    assert_int_equal(mt_copy_to_host(g, gv, sizeof gv), 0);
+    for (int i = 0; i < 4; i++) assert_true(gv[i] == 0.5f);
+    mt_scope_end();
+    assert_int_equal(mt_scope_depth(), 0);
+    /* `kept` outlives its scope; everything else is gone (a's gradient went with a) */
+    assert_int_equal(mt_live_tensors(), t0 + 1);
+    double e2[4] = {4, 4, 4, 4};
+    assert_tensor_close(kept, e2, 4, 0, 0);
+    mt_release(kept);
+    assert_int_equal(mt_live_tensors(), t0);
+    mt_scope_end(); /* unbalanced end is harmless */
+    assert_int_equal(mt_scope_depth(), 0);
+}
+
+static void test_scope_keeps_backward_working(void **state) {
+    (void)state;
+    mt_tensor *x = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 2.0);
+    mt_set_requires_grad(x, true);
+    mt_scope_begin();
+    mt_tensor *y = mt_retain(mt_sum_all(mt_mul(mt_exp(x), x)));
+    mt_scope_end(); /* intermediates released; the tape holds what backward needs */
+    assert_int_equal(mt_backward(y, NULL), 0);
+    mt_tensor *g = mt_grad(x);
+    double v = exp(2.0) * 3.0, e[3] = {v, v, v}; /* d(x e^x) = e^x (1 + x) */
+    assert_tensor_close(g, e, 3, 1e-5, 1e-6);
+    mt_release(g);
+    mt_release(y);
+    mt_release(x);
+}
+
+/* ------------------------------------------------------------------ printing */
+
+static void assert_format(const mt_tensor *t, const char *want) {
+    char buf[1024];
+    int n = mt_format(t, buf, sizeof buf);
+    assert_no_error();
+    if (strcmp(buf, want) != 0) fail_msg("got  \"%s\"\nwant \"%s\"", buf, want);
+    assert_int_equal(n, (int)strlen(want));
+}
+
+static void test_format_basic(void **state) {
+    (void)state;
+    const double v[4] = {1, 2, 3, 4};
+    const mt_dtype dts[] = {MT_F32, MT_F16, MT_BF16, MT_F64};
+    for (int k = 0; k < 4; k++) {
+        mt_tensor *t = from_doubles(v, dts[k], MT_SHAPE(2, 2));
+        char want[128];
+        snprintf(want, sizeof want,
+                 "tensor([[1.0000, 2.0000], [3.0000, 4.0000]], dtype=%s, shape=[2, 2])",
+                 mt_dtype_name(dts[k]));
+        assert_format(t, want);
+        mt_release(t);
+    }
+    mt_tensor *t = from_doubles(v, MT_F32, MT_SHAPE(2, 2)), *tt = mt_transpose(t, 0, 1);
+    assert_format(tt, "tensor([[1.0000, 3.0000], [2.0000, 4.0000]], dtype=f32, shape=[2, 2])");
+    const double iv[3] = {-3, 0, 12};
+    mt_tensor *ti = from_doubles(iv, MT_I32, MT_SHAPE(3));
+    assert_format(ti, "tensor([-3, 0, 12], dtype=i32, shape=[3])");
+    const int64_t big[2] = {((int64_t)1 << 60) + 1, -1};
+    mt_tensor *tl = mt_from_data(big, MT_I64, MT_SHAPE(2), MT_CPU);
+    assert_format(tl, "tensor([1152921504606846977, -1], dtype=i64, shape=[2])");
+    const double bv[3] = {1, 0, 1};
+    mt_tensor *tb = from_doubles(bv, MT_BOOL, MT_SHAPE(3, 1));
+    assert_format(tb, "tensor([[true], [false], [true]], dtype=bool, shape=[3, 1])");
+    mt_tensor *s = mt_scalar(-0.5, MT_F32, MT_CPU);
+    assert_format(s, "tensor(-0.5000, dtype=f32, shape=[])");
+    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F16, MT_CPU);
+    assert_format(e, "tensor([], dtype=f16, shape=[0, 3])");
+    const double sv[3] = {1e-5, 1, NAN};
+    mt_tensor *sci = from_doubles(sv, MT_F64, MT_SHAPE(3));
+    assert_format(sci, "tensor([1.0000e-05, 1.0000e+00, nan], dtype=f64, shape=[3])");
+    const double inf[2] = {INFINITY, -INFINITY};
+    mt_tensor *ti2 = from_doubles(inf, MT_F32, MT_SHAPE(2));
+    assert_format(ti2, "tensor([inf, -inf], dtype=f32, shape=[2])");
+    mt_release(t);
+    mt_release(tt);
+    mt_release(ti);
+    mt_release(tl);
+    mt_release(tb);
+    mt_release(s);
+    mt_release(e);
+    mt_release(sci);
+    mt_release(ti2);
+}
+
+static void test_format_summary_and_autograd(void **state) {
+    (void)state;
+    mt_tensor *a = mt_arange(0, 10, 1, MT_I64, MT_CPU);
+    assert_format(a, "tensor([0, 1, 2, ..., 7, 8, 9], dtype=i64, shape=[10])");
+    mt_tensor *b = mt_arange(0, 64, 1, MT_F32, MT_CPU), *m = mt_reshape(b, MT_SHAPE(8, 8));
+    mt_tensor *mt = mt_transpose(m, 0, 1);
+    char buf[1024];
+    mt_format(mt, buf, sizeof buf);
+    assert_true(strncmp(buf,
+                        "tensor([[0.0000, 8.0000, 16.0000, ..., 40.0000, 48.0000, 56.0000], "
+                        "[1.0000, 9.0000, 17.0000, ..., 41.0000, 49.0000, 57.0000], "
+                        "[2.0000, ",
+                        strlen("tensor([[0.0000, 8.0000, 16.0000, ..., 40.0000, 48.0000, 56.0000], "
+                               "[1.0000, 9.0000, 17.0000, ..., 41.0000, 49.0000, 57.0000], "
+                               "[2.0000, ")) == 0);
+    assert_non_null(strstr(buf, "], ..., [5.0000, 13.0000"));
+    assert_non_null(strstr(buf, "63.0000]], dtype=f32, shape=[8, 8])"));
+    /* a big tensor prints quickly and briefly */
+    mt_tensor *big = mt_zeros(MT_SHAPE(1000, 1000, 10), MT_BF16, MT_CPU);
+    char bigbuf[4096];
+    int n = mt_format(big, bigbuf, sizeof bigbuf);
+    assert_true(n > 0 && n < (int)sizeof bigbuf); /* 6 x 6 x 6 values shown */
+    assert_non_null(strstr(bigbuf, "[[[0.0000, 0.0000, 0.0000, ..., 0.0000, 0.0000, 0.0000], "));
+    assert_non_null(strstr(bigbuf, "dtype=bf16, shape=[1000, 1000, 10])"));
+
+    const double v[2] = {1, 2};
+    mt_tensor *x = from_doubles(v, MT_F32, MT_SHAPE(2));
+    mt_set_requires_grad(x, true);
+    assert_format(x, "tensor([1.0000, 2.0000], dtype=f32, shape=[2], requires_grad=true)");
+    mt_tensor *y = mt_mul(x, x);
+    assert_format(y, "tensor([1.0000, 4.0000], dtype=f32, shape=[2], grad_fn=mul)");
+    mt_release(a);
+    mt_release(b);
+    mt_release(m);
+    mt_release(mt);
+    mt_release(big);
+    mt_release(x);
+    mt_release(y);
+}
+
+static void test_format_truncation_and_print(void **state) {
+    (void)state;
+    const double v[3] = {1, 2, 3};
+    mt_tensor *t = from_doubles(v, MT_F32, MT_SHAPE(3));
+    const char *full = "tensor([1.0000, 2.0000, 3.0000], dtype=f32, shape=[3])";
+    assert_int_equal(mt_format(t, NULL, 0), (int)strlen(full));
+    char small[10];
+    memset(small, 'x', sizeof small);
+    assert_int_equal(mt_format(t, small, sizeof small), (int)strlen(full));
+    assert_string_equal(small, "tensor([1"); /* truncated and terminated */
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    assert_int_equal(mt_print(t, f), 0);
+    rewind(f);
+    char line[256] = {0};
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    char want[256];
+    snprintf(want, sizeof want, "%s\n", full);
+    assert_string_equal(line, want);
+
+    assert_true(mt_format(NULL, small, sizeof small) < 0);
+    assert_string_equal(small, "");
+    assert_error(MT_ERR_NULL, "mt_format: arg 1");
+    assert_true(mt_print(NULL, stdout) < 0);
+    assert_error(MT_ERR_NULL, "mt_print: arg 1");
+    assert_true(mt_print(t, NULL) < 0);
+    assert_error(MT_ERR_NULL, "mt_print: arg 2");
+    assert_true(mt_format(t, NULL, 5) < 0);
+    assert_error(MT_ERR_NULL, "buf is NULL");
+    mt_release(t);
+}
+
+/* ------------------------------------------------------------------ in-place ops */
+
+static void test_inplace_values(void **state) {
+    (void)state;
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU);
+    assert_int_equal(mt_fill(a, 2.5), 0);
+    double e1[6] = {2.5, 2.5, 2.5, 2.5, 2.5, 2.5};
+    assert_tensor_close(a, e1, 6, 0, 0);
+    const double rv[3] = {1, 2, 3};
+    mt_tensor *row = from_doubles(rv, MT_F64, MT_SHAPE(3));
+    assert_int_equal(mt_add_inplace(a, row), 0); /* broadcast, f64 into f32 */
+    double e2[6] = {3.5, 4.5, 5.5, 3.5, 4.5, 5.5};
+    assert_tensor_close(a, e2, 6, 0, 0);
+    assert_int_equal(mt_mul_scalar_inplace(a, -2), 0);
+    double e3[6] = {-7, -9, -11, -7, -9, -11};
+    assert_tensor_close(a, e3, 6, 0, 0);
+    /* copy: broadcast and convert into an f16 column view */
+    mt_tensor *h = mt_zeros(MT_SHAPE(3, 2), MT_F16, MT_CPU);
+    mt_tensor *col = mt_narrow(h, 1, 1, 1); /* [3, 1], strided */
+    mt_tensor *c0 = mt_scalar(1.0 + 1.0 / 4096, MT_F64, MT_CPU);
+    assert_int_equal(mt_copy(col, c0), 0);
+    double e4[6] = {0, 1, 0, 1, 0, 1}; /* rounded to f16 */
+    assert_tensor_close(h, e4, 6, 0, 0);
+    assert_int_equal(mt_zero(h), 0);
+    double zero[6] = {0};
+    assert_tensor_close(h, zero, 6, 0, 0);
+    /* copying a tensor onto its own transpose reads the old values */
+    const double sq[4] = {1, 2, 3, 4};
+    mt_tensor *s = from_doubles(sq, MT_F32, MT_SHAPE(2, 2)), *st = mt_transpose(s, 0, 1);
+    assert_int_equal(mt_copy(s, st), 0);
+    double e5[4] = {1, 3, 2, 4};
+    assert_tensor_close(s, e5, 4, 0, 0);
+    assert_int_equal(mt_add_inplace(s, st), 0); /* s += s^T, both the same memory */
+    double e6[4] = {2, 5, 5, 8};
+    assert_tensor_close(s, e6, 4, 0, 0);
+    /* an int destination */
+    mt_tensor *iv = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
+    mt_tensor *src = mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 7.0);
+    assert_int_equal(mt_copy(iv, src), 0);
+    double e7[2] = {7, 7};
+    assert_tensor_close(iv, e7, 2, 0, 0);
+    assert_no_error();
+    mt_release(a);
+    mt_release(row);
+    mt_release(h);
+    mt_release(col);
+    mt_release(c0);
+    mt_release(s);
+    mt_release(st);
+    mt_release(iv);
+    mt_release(src);
+}
+
+static void test_inplace_errors(void **state) {
+    (void)state;
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU),
+              *b = mt_zeros(MT_SHAPE(4), MT_F32, MT_CPU);
+    assert_true(mt_add_inplace(a, b) == MT_ERR_SHAPE);
+    assert_error(MT_ERR_SHAPE, "mt_add_inplace: shapes [2, 3] and [4] do not broadcast");
+    mt_tensor *wide = mt_zeros(MT_SHAPE(4, 2, 3), MT_F32, MT_CPU);
+    assert_true(mt_copy(a, wide) == MT_ERR_SHAPE);
+    assert_error(
+        MT_ERR_SHAPE,
+        "mt_copy: arg 2: shape [4, 2, 3] does not broadcast to the destination shape [2, 3]");
+    mt_tensor *r = mt_zeros(MT_SHAPE(1, 3), MT_F32, MT_CPU), *ex = mt_expand(r, MT_SHAPE(2, 3));
+    assert_true(mt_add_inplace(ex, a) == MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "elements that share memory");
+    assert_true(mt_copy(ex, a) == MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "mt_copy: arg 1");
+    mt_tensor *i = mt_zeros(MT_SHAPE(2, 3), MT_I32, MT_CPU);
+    assert_true(mt_mul_scalar_inplace(i, 2) == MT_ERR_DTYPE);
+    assert_error(MT_ERR_DTYPE, "mt_mul_scalar_inplace: arg 1: dtype i32 is not a floating dtype");
+    assert_true(mt_add_inplace(a, i) == MT_ERR_DTYPE);
+    assert_error(MT_ERR_DTYPE, "mt_add_inplace: arg 2");
+    assert_true(mt_fill(NULL, 1) == MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_fill: arg 1");
+    assert_true(mt_copy(a, NULL) == MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_copy: arg 2");
+    assert_true(mt_zero(NULL) < 0);
+    assert_true(mt_add_inplace(NULL, a) < 0);
+    assert_true(mt_mul_scalar_inplace(NULL, 1) < 0);
+    mt_clear_error();
+    double zero[6] = {0};
+    assert_tensor_close(a, zero, 6, 0, 0); /* failed calls changed nothing */
+    mt_release(a);
+    mt_release(b);
+    mt_release(wide);
+    mt_release(r);
+    mt_release(ex);
+    mt_release(i);
+}
+
+static void test_inplace_autograd_refusal(void **state) {
+    (void)state;
+    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_set_requires_grad(w, true);
+    assert_true(mt_mul_scalar_inplace(w, 2) == MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_mul_scalar_inplace: arg 1: a leaf tensor that requires grad "
+                               "cannot be modified in place");
+    assert_true(mt_fill(w, 0) == MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_fill");
+    mt_tensor *y = mt_mul(w, w);
+    assert_true(mt_add_inplace(y, w) == MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "a tensor made by mt_mul that requires grad");
+    mt_tensor *v = mt_narrow(w, 0, 0, 2); /* a view of a parameter has history too */
+    assert_true(mt_zero(v) == MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "made by mt_slice");
+    double one[3] = {1, 1, 1};
+    assert_tensor_close(w, one, 3, 0, 0);
+    /* an optimizer-style update under no_grad is allowed */
+    bool prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_mul_scalar_inplace(w, 3), 0);
+    mt_set_grad_enabled(prev);
+    double three[3] = {3, 3, 3};
+    assert_tensor_close(w, three, 3, 0, 0);
+    mt_release(v);
+    mt_release(y);
+    mt_release(w);
+}
+
+static void test_inplace_version_counter(void **state) {
+    (void)state;
+    const double v[3] = {1, 2, 3};
+    mt_tensor *x = from_doubles(v, MT_F32, MT_SHAPE(3));
+    mt_set_requires_grad(x, true);
+    mt_tensor *c = from_doubles(v, MT_F32, MT_SHAPE(3)); /* a constant, saved by mul */
+    mt_tensor *y = mt_mul(x, c);
+    mt_tensor *l = mt_sum_all(y);
+    assert_int_equal(mt_add_inplace(c, c), 0); /* c needs no grad: allowed, but bumps */
+    assert_true(mt_backward(l, NULL) == MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "a tensor saved by mt_mul for backward was modified in place");
+    assert_null(mt_grad(x));
+    mt_release(l);
+    mt_release(y);
+    /* recomputing after the change works */
+    y = mt_mul(x, c);
+    l = mt_sum_all(y);
+    assert_int_equal(mt_backward(l, NULL), 0);
+    mt_tensor *g = mt_grad(x);
+    double e[3] = {2, 4, 6};
+    assert_tensor_close(g, e, 3, 0, 0);
+    /* changing a tensor the tape did not save is fine */
+    mt_tensor *y2 = mt_add(x, c), *l2 = mt_sum_all(y2);
+    assert_int_equal(mt_fill(c, 0), 0);
+    assert_int_equal(mt_backward(l2, NULL), 0);
+    mt_release(g);
+    g = mt_grad(x);
+    double e2[3] = {3, 5, 7};
+    assert_tensor_close(g, e2, 3, 0, 0);
+    mt_release(g);
+    mt_release(l);
+    mt_release(y);
+    mt_release(l2);
+    mt_release(y2);
+    mt_release(c);
+    mt_release(x);
+}
+
+/* ------------------------------------------------------------------ out of memory */
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    int64_t t0 = mt_live_tensors(), b0 = mt_live_bytes();
+    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 45), MT_F32, MT_CPU)); /* 128 TiB */
+    assert_error(MT_ERR_OOM, "mt_empty: out of memory allocating");
+#ifndef __SANITIZE_ADDRESS__ /* ASan aborts on requests over its own 1 TiB ceiling */
+    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 40), MT_F32, MT_CPU)); /* 4 TiB */
+    assert_error(MT_ERR_OOM, "out of memory");
+#endif
+    assert_null(mt_zeros(MT_SHAPE((int64_t)1 << 40, (int64_t)1 << 40), MT_F32, MT_CPU));
+    assert_error(MT_ERR_OOM, "is too large to allocate");
+    mt_debug_set_alloc_limit(1 << 20);
+    assert_null(mt_zeros(MT_SHAPE(1 << 20), MT_F32, MT_CPU));
+    assert_error(MT_ERR_OOM, "mt_zeros: out of memory allocating 4194304 bytes");
+    mt_tensor *ok = mt_ones(MT_SHAPE(1 << 17), MT_F32, MT_CPU); /* 512 KiB: under the limit */
+    assert_non_null(ok);
+    /* an op whose output cannot be allocated fails cleanly, recording nothing */
+    mt_set_requires_grad(ok, true);
+    mt_tensor *w2 = mt_expand(ok, MT_SHAPE(4, 1 << 17));
+    assert_null(mt_mul_scalar(w2, 2.0));
+    assert_error(MT_ERR_OOM, "out of memory");
+    assert_null(mt_reshape(w2, MT_SHAPE(-1))); /* needs a copy */
+    assert_error(MT_ERR_OOM, "mt_reshape");
+    mt_tensor *four[4] = {ok, ok, ok, ok};
+    assert_null(mt_cat(four, 4, 0));
+    assert_error(MT_ERR_OOM, "mt_cat");
+    mt_debug_set_alloc_limit(0);
+    mt_release(w2);
+    mt_release(ok);
+    assert_int_equal(mt_live_tensors(), t0);
+    assert_int_equal(mt_live_bytes(), b0);
+}
+
+static void test_null_inputs(void **state) {
+    (void)state;
+    mt_tensor *a = mt_ones(MT_SHAPE(2), MT_F32, MT_CPU);
+    assert_null(mt_add(NULL, a));
+    assert_null(mt_mul(a, NULL));
+    assert_null(mt_exp(NULL));
+    assert_null(mt_sum_all(NULL));
+    assert_null(mt_cast(NULL, MT_F16));
+    assert_null(mt_clone(NULL));
+    assert_null(mt_contiguous(NULL));
+    assert_null(mt_detach(NULL));
+    assert_null(mt_zeros_like(NULL));
+    assert_null(mt_reshape(NULL, MT_SHAPE(2)));
+    assert_null(mt_transpose(NULL, 0, 1));
+    assert_null(mt_grad(NULL));
+    assert_true(isnan(mt_item(NULL)));
+    mt_set_requires_grad(NULL, true);
+    assert_int_equal(mt_last_status(), MT_OK);
+    /* the first error sticks through a chain of NULLs */
+    mt_tensor *bad = mt_reshape(a, MT_SHAPE(3));
+    mt_tensor *r = mt_exp(mt_add(bad, a));
+    assert_null(r);
+    assert_error(MT_ERR_SHAPE, "mt_reshape");
+    mt_release(a);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST(test_filled_creation),
+        MT_TEST(test_arange),
+        MT_TEST(test_random_statistics),
+        MT_TEST(test_random_determinism),
+        MT_TEST(test_from_data_round_trip),
+        MT_TEST(test_accessors),
+        MT_TEST(test_refcounts_and_live_counters),
+        MT_TEST(test_scopes),
+        MT_TEST(test_scope_keeps_backward_working),
+        MT_TEST(test_format_basic),
+        MT_TEST(test_format_summary_and_autograd),
+        MT_TEST(test_format_truncation_and_print),
+        MT_TEST(test_inplace_values),
+        MT_TEST(test_inplace_errors),
+        MT_TEST(test_inplace_autograd_refusal),
+        MT_TEST(test_inplace_version_counter),
+        MT_TEST(test_out_of_memory),
+        MT_TEST(test_null_inputs),
+    };
+    return MT_RUN_TESTS(tests);
+}
