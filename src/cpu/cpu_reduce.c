@@ -18,6 +18,12 @@
 #include <string.h>
 #include "cpu.h"
 
+/* Comparisons that may see NaN keep GCC from if-converting (and so vectorising) the max
+   selects unless FP exceptions are declared unobserved; we never read them. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #define LANES     16
 #define SUM_BLOCK 4096 /* elements per FP32 lane block before the total goes to double */
 #define CONV      512  /* conversion buffer for strided or low-precision runs */
@@ -79,27 +85,30 @@ static double sum_run_d(const double *restrict x, int64_t n) {
     return acc[0] + tail;
 }
 
+/* Max over a run: MAXW lanes held in an array so the loop vectoriser (not SLP) takes the
+   select with its NaN test; NaN propagates. */
+#define MAXW 64
 static float max_run_f(const float *restrict x, int64_t n, float m0) {
-    float acc[LANES];
-    for (int j = 0; j < LANES; j++) acc[j] = m0;
+    float acc[MAXW];
+    for (int j = 0; j < MAXW; j++) acc[j] = m0;
     int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] = maxf(acc[j], x[i + j]);
+    for (; i + MAXW <= n; i += MAXW)
+        for (int j = 0; j < MAXW; j++) acc[j] = maxf(acc[j], x[i + j]);
     float m = m0;
     for (; i < n; i++) m = maxf(m, x[i]);
-    for (int j = 0; j < LANES; j++) m = maxf(m, acc[j]);
+    for (int j = 0; j < MAXW; j++) m = maxf(m, acc[j]);
     return m;
 }
 
 static double max_run_d(const double *restrict x, int64_t n, double m0) {
-    double acc[LANES / 2];
-    for (int j = 0; j < LANES / 2; j++) acc[j] = m0;
+    double acc[MAXW / 2];
+    for (int j = 0; j < MAXW / 2; j++) acc[j] = m0;
     int64_t i = 0;
-    for (; i + LANES / 2 <= n; i += LANES / 2)
-        for (int j = 0; j < LANES / 2; j++) acc[j] = maxd(acc[j], x[i + j]);
+    for (; i + MAXW / 2 <= n; i += MAXW / 2)
+        for (int j = 0; j < MAXW / 2; j++) acc[j] = maxd(acc[j], x[i + j]);
     double m = m0;
     for (; i < n; i++) m = maxd(m, x[i]);
-    for (int j = 0; j < LANES / 2; j++) m = maxd(m, acc[j]);
+    for (int j = 0; j < MAXW / 2; j++) m = maxd(m, acc[j]);
     return m;
 }
 
