@@ -1,18 +1,447 @@
-/* PLACEHOLDER: not implemented yet; replaced by its owner before anything lands. */
+/* The GradScaler (DESIGN.md section 4): dynamic loss scaling with the scale, the counters and
+   the found-inf flag kept as F32 0-d tensors on the parameters' device, so a training step
+   (scale, backward, unscale, step, update) never reads the device from the host:
+   - scale(loss) multiplies by the scale tensor (a recorded op: backward carries the scale);
+   - unscale is one fused pass over the optimizer's gradients that multiplies them by
+     1/scale (computed on the device) and raises found_inf on any inf/nan;
+   - step hands found_inf to the optimizer kernel, which does nothing when it is set;
+   - update runs the update_loss_scaling logic on the device.
+   As in PyTorch, each optimizer of a step has its own found-inf flag (its step is skipped
+   only for an inf/nan in its own gradients) and update backs off when any of them is set. */
+#include <float.h>
 #include <math.h>
-#include "../amp/autocast.h"
-#include "../tensor/backend.h"
-#pragma GCC diagnostic ignored "-Wunused-parameter"
+#include <stdlib.h>
+#include <string.h>
+#include "../optim/optimizer_impl.h"
+#include "autocast.h"
 
-mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) { return 0; }
-mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) { return 0; }
-int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_unscale: not implemented yet"); }
-int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_step: not implemented yet"); }
-int mt_grad_scaler_update(mt_grad_scaler *s) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_update: not implemented yet"); }
-int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_minimize: not implemented yet"); }
-float mt_grad_scaler_get_scale(mt_grad_scaler *s) { mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_get_scale: not implemented yet"); return NAN; }
-bool mt_grad_scaler_last_step_skipped(mt_grad_scaler *s) { return false; }
-int64_t mt_grad_scaler_skipped_steps(mt_grad_scaler *s) { return 0; }
-int mt_grad_scaler_state_get(mt_grad_scaler *s, mt_grad_scaler_state *out) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_state_get: not implemented yet"); }
-int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) { return mt_error_set(MT_ERR_UNSUPPORTED, "mt_grad_scaler_state_set: not implemented yet"); }
-void mt_grad_scaler_free(mt_grad_scaler *s) {  }
+#define MAX_OPTIMIZERS 16 /* optimizers one scaler can serve within one step */
+
+typedef struct {
+    mt_optimizer *o;
+    mt_tensor *found; /* F32 0-d on the state's device: inf/nan in this optimizer's grads */
+    bool unscaled, stepped;
+} opt_state;
+
+/* The device state: F32 0-d tensors. FOUND_INF is the flag of the last update (any
+   optimizer of that step found inf/nan). */
+enum { SCALE, GOOD, BAD, SKIPPED, FOUND_INF, N_STATE };
+
+struct mt_grad_scaler {
+    double growth_factor, backoff_factor, min_scale, max_scale;
+    int growth_interval, backoff_after;
+    bool disabled;
+    mt_tensor *t[N_STATE]; /* on `device`, made on first use; until then `host` holds it */
+    mt_device device;
+    mt_grad_scaler_state host;
+    /* per-step state machine, cleared by update */
+    opt_state opts[MAX_OPTIMIZERS];
+    int n_opts;
+};
+
+static const char *dev_name(mt_device d) {
+    return d.type == MT_DEVICE_CUDA ? "cuda" : "cpu";
+}
+static bool same_device(mt_device a, mt_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
+static void clear_step(mt_grad_scaler *s) {
+    for (int i = 0; i < s->n_opts; i++) mt_release(s->opts[i].found);
+    s->n_opts = 0;
+}
+
+static void release_state(mt_grad_scaler *s) {
+    clear_step(s);
+    for (int i = 0; i < N_STATE; i++) {
+        mt_release(s->t[i]);
+        s->t[i] = NULL;
+    }
+}
+
+/* Makes the device tensors (from the host values) on dev, or moves them there. */
+static int ensure_state(mt_grad_scaler *s, const char *fn, mt_device dev) {
+    if (s->t[SCALE]) {
+        if (same_device(s->device, dev)) return 0;
+        if (s->n_opts > 0)
+            return mt_error_set(
+                MT_ERR_DEVICE,
+                "%s: the optimizers of one step must be on one device (%s:%d and %s:%d)", fn,
+                dev_name(s->device), s->device.index, dev_name(dev), dev.index);
+        /* the state follows the parameters (e.g. the loss was scaled on another device) */
+        mt_tensor *moved[N_STATE] = {0};
+        for (int i = 0; i < N_STATE; i++) {
+            moved[i] = mt_to(s->t[i], dev);
+            if (!moved[i]) {
+                for (int k = 0; k < i; k++) mt_release(moved[k]);
+                return mt_error_set(mt_last_status() ? mt_last_status() : MT_ERR_DEVICE,
+                                    "%s: cannot move the scaler state to %s:%d", fn, dev_name(dev),
+                                    dev.index);
+            }
+        }
+        for (int i = 0; i < N_STATE; i++) {
+            mt_release(s->t[i]);
+            s->t[i] = moved[i];
+        }
+        s->device = dev;
+        return 0;
+    }
+    const double init[N_STATE] = {s->host.scale, (double)s->host.good_steps,
+                                  (double)s->host.bad_steps, (double)s->host.skipped_steps, 0.0};
+    for (int i = 0; i < N_STATE; i++) {
+        s->t[i] = mt_scalar(init[i], MT_F32, dev);
+        if (!s->t[i]) {
+            release_state(s);
+            return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+        }
+    }
+    s->device = dev;
+    return 0;
+}
+
+static int check_scaler(const mt_grad_scaler *s, const char *fn) {
+    return s ? 0 : mt_error_set(MT_ERR_NULL, "%s: arg 1: scaler is NULL", fn);
+}
+
+/* ------------------------------------------------------------------ construction */
+
+mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) {
+    const char *fn = "mt_grad_scaler_new";
+    mt_grad_scaler_opts o = opts ? *opts : (mt_grad_scaler_opts){0};
+    double init = o.init_scale != 0 ? o.init_scale : 65536.0;
+    double growth = o.growth_factor != 0 ? o.growth_factor : 2.0;
+    double backoff = o.backoff_factor != 0 ? o.backoff_factor : 0.5;
+    int interval = o.growth_interval != 0 ? o.growth_interval : 2000;
+    int after = o.backoff_after != 0 ? o.backoff_after : 1;
+    double lo = o.min_scale != 0 ? o.min_scale : 1.0;
+    double hi = o.max_scale != 0 ? o.max_scale : 16777216.0;
+    /* the scale is an F32 tensor: the bounds must be representable */
+    if (!(lo > 0 && hi >= lo && hi <= FLT_MAX)) {
+        mt_error_set(MT_ERR_INVALID,
+                     "%s: min_scale %g and max_scale %g must satisfy 0 < min_scale <= max_scale <= "
+                     "FLT_MAX",
+                     fn, lo, hi);
+        return NULL;
+    }
+    if (!(init >= lo && init <= hi)) {
+        mt_error_set(MT_ERR_INVALID, "%s: init_scale %g is outside [min_scale %g, max_scale %g]",
+                     fn, init, lo, hi);
+        return NULL;
+    }
+    if (!(isfinite(growth) && growth >= 1.0)) {
+        mt_error_set(MT_ERR_INVALID, "%s: growth_factor %g must be finite and >= 1", fn, growth);
+        return NULL;
+    }
+    if (!(backoff > 0.0 && backoff <= 1.0)) {
+        mt_error_set(MT_ERR_INVALID, "%s: backoff_factor %g must be in (0, 1]", fn, backoff);
+        return NULL;
+    }
+    if (interval < 1 || after < 1) {
+        mt_error_set(MT_ERR_INVALID, "%s: growth_interval %d and backoff_after %d must be >= 1", fn,
+                     interval, after);
+        return NULL;
+    }
+    mt_grad_scaler *s = calloc(1, sizeof *s);
+    if (!s) {
+        mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+        return NULL;
+    }
+    s->growth_factor = growth;
+    s->backoff_factor = backoff;
+    s->growth_interval = interval;
+    s->backoff_after = after;
+    s->min_scale = lo;
+    s->max_scale = hi;
+    s->disabled = o.disabled;
+    s->host.scale = init;
+    return s;
+}
+
+void mt_grad_scaler_free(mt_grad_scaler *s) {
+    if (!s) return;
+    release_state(s);
+    free(s);
+}
+
+/* ------------------------------------------------------------------ scale */
+
+mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
+    const char *fn = "mt_grad_scaler_scale";
+    if (check_scaler(s, fn) < 0) return NULL;
+    if (!loss) return NULL; /* NULL in, NULL out: the error of whatever made it stays */
+    mt_api_enter();
+    if (s->disabled) return mt_api_exit(mt_retain(loss));
+    if (!mt_dtype_is_floating(loss->dtype)) {
+        mt_error_set(MT_ERR_DTYPE, "%s: arg 2: loss must be a floating tensor, got %s", fn,
+                     mt_dtype_name(loss->dtype));
+        return mt_api_exit(NULL);
+    }
+    if (!s->t[SCALE] && ensure_state(s, fn, loss->device) < 0) return mt_api_exit(NULL);
+    /* The multiply runs on the device (no host read of the scale) in the loss's dtype, with
+       autocast off so an enclosing O2 region cannot lower an FP32 loss. */
+    mt_tensor *sc = same_device(s->device, loss->device) ? mt_retain(s->t[SCALE])
+                                                         : mt_to(s->t[SCALE], loss->device);
+    mt_tensor *sd = sc ? mt_cast(sc, loss->dtype) : NULL;
+    mt_release(sc);
+    mt_autocast_begin(MT_F32, MT_AMP_O1);
+    mt_tensor *out = sd ? mt_mul(loss, sd) : NULL;
+    mt_autocast_end();
+    mt_release(sd);
+    return mt_api_exit(out);
+}
+
+/* ------------------------------------------------------------------ unscale, step, update */
+
+static opt_state *find_opt(mt_grad_scaler *s, mt_optimizer *o, const char *fn) {
+    for (int i = 0; i < s->n_opts; i++)
+        if (s->opts[i].o == o) return &s->opts[i];
+    if (s->n_opts == MAX_OPTIMIZERS) {
+        mt_error_set(MT_ERR_STATE, "%s: one scaler serves at most %d optimizers per step", fn,
+                     MAX_OPTIMIZERS);
+        return NULL;
+    }
+    s->opts[s->n_opts] = (opt_state){o, NULL, false, false};
+    return &s->opts[s->n_opts++];
+}
+
+static int cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (mt_tensor *const *)a, y = (uintptr_t) * (mt_tensor *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One gradient tensor set on two parameters (mt_set_grad) must be unscaled once: later
+   occurrences are dropped from the list. */
+static int drop_duplicates(mt_tensor **grads, int n, const char *fn) {
+    mt_tensor *small[16];
+    mt_tensor **sorted = n <= 16 ? small : malloc((size_t)n * sizeof *sorted);
+    if (!sorted) return mt_error_set(MT_ERR_OOM, "%s: out of memory for %d gradients", fn, n);
+    memcpy(sorted, grads, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_ptr);
+    bool dup = false;
+    for (int i = 1; i < n; i++) dup |= sorted[i] && sorted[i] == sorted[i - 1];
+    if (sorted != small) free(sorted);
+    for (int i = 0; dup && i < n; i++) /* rare: quadratic is fine */
+        for (int k = 0; k < i && grads[i]; k++)
+            if (grads[k] == grads[i]) grads[i] = NULL;
+    return 0;
+}
+
+/* The fused unscale pass over o's gradients: g *= 1/scale, found_inf |= any inf/nan. */
+static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn) {
+    mt_optimizer *o = st->o;
+    if (ensure_state(s, fn, o->device) < 0) return mt_last_status();
+    if (!st->found) {
+        st->found = mt_scalar(0.0, MT_F32, s->device);
+        if (!st->found) return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    }
+    const mt_backend *be = mt_backend_for(fn, s->device);
+    if (!be) return mt_last_status();
+    mt_tensor *small[16];
+    mt_tensor **grads = o->n <= 16 ? small : malloc((size_t)o->n * sizeof *grads);
+    if (!grads) return mt_error_set(MT_ERR_OOM, "%s: out of memory for %d gradients", fn, o->n);
+    int n = mt_optimizer_grads(o, grads);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        mt_tensor *g = grads[i];
+        if (!g) continue;
+        if (!same_device(g->device, s->device))
+            rc = mt_error_set(MT_ERR_DEVICE,
+                              "%s: gradient of parameter %d is on %s:%d, the scaler state on %s:%d",
+                              fn, i, dev_name(g->device), g->device.index, dev_name(s->device),
+                              s->device.index);
+        else if (!mt_dtype_is_floating(g->dtype))
+            rc = mt_error_set(MT_ERR_DTYPE, "%s: gradient of parameter %d has dtype %s", fn, i,
+                              mt_dtype_name(g->dtype));
+        else if (mt_optim_overlaps(g)) {
+            /* elements sharing memory (an expanded view) cannot be scaled in place one at a
+               time: the parameter gets a dense copy first */
+            mt_tensor *dense = mt_clone(g);
+            mt_tensor *plain = dense ? mt_detach(dense) : NULL; /* no history on a .grad */
+            mt_release(dense);
+            rc = plain ? mt_set_grad(o->params[i], plain) : mt_last_status();
+            mt_release(plain);
+            if (rc == 0) n = mt_optimizer_grads(o, grads); /* borrowed pointers changed */
+        }
+    }
+    if (rc == 0) rc = drop_duplicates(grads, n, fn);
+    mt_tensor *inv = NULL;
+    if (rc == 0) {
+        /* 1/scale on the device, in FP32 whatever the autocast state and lists say */
+        mt_autocast_begin(MT_F32, MT_AMP_O1);
+        bool prev = mt_set_grad_enabled(false);
+        inv = mt_rdiv_scalar(s->t[SCALE], 1.0);
+        mt_set_grad_enabled(prev);
+        mt_autocast_end();
+        if (!inv) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    }
+    if (rc == 0) rc = be->unscale(grads, n, inv, st->found);
+    if (rc == 0)
+        for (int i = 0; i < n; i++)
+            if (grads[i]) mt_tensor_bump_version(grads[i]);
+    mt_release(inv);
+    if (grads != small) free(grads);
+    return rc;
+}
+
+int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
+    const char *fn = "mt_grad_scaler_unscale";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
+    if (s->disabled) return 0;
+    mt_api_enter();
+    opt_state *st = find_opt(s, o, fn);
+    if (!st) return mt_api_exit_status(MT_ERR_STATE);
+    if (st->stepped)
+        return mt_api_exit_status(mt_error_set(
+            MT_ERR_STATE, "%s: called after mt_grad_scaler_step; call mt_grad_scaler_update first",
+            fn));
+    if (st->unscaled)
+        return mt_api_exit_status(
+            mt_error_set(MT_ERR_STATE,
+                         "%s: already called for this optimizer since the last update; call it "
+                         "once per step, before step and update",
+                         fn));
+    int rc = unscale_pass(s, st, fn);
+    if (rc == 0) st->unscaled = true;
+    return mt_api_exit_status(rc);
+}
+
+int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
+    const char *fn = "mt_grad_scaler_step";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
+    if (s->disabled) return mt_optimizer_step(o);
+    mt_api_enter();
+    opt_state *st = find_opt(s, o, fn);
+    if (!st) return mt_api_exit_status(MT_ERR_STATE);
+    if (st->stepped)
+        return mt_api_exit_status(
+            mt_error_set(MT_ERR_STATE,
+                         "%s: already called for this optimizer since the last update; call "
+                         "mt_grad_scaler_update after each step",
+                         fn));
+    int rc = 0;
+    /* Not unscaled yet: the same fused pass detects inf/nan and unscales, and the optimizer
+       reads found_inf on the device (an unscale folded into the optimizer kernel could not
+       know about an inf in a gradient it has not reached yet). */
+    if (!st->unscaled) {
+        rc = unscale_pass(s, st, fn);
+        if (rc == 0) st->unscaled = true;
+    }
+    if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, NULL);
+    if (rc == 0) st->stepped = true;
+    return mt_api_exit_status(rc);
+}
+
+int mt_grad_scaler_update(mt_grad_scaler *s) {
+    const char *fn = "mt_grad_scaler_update";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (s->disabled) return 0;
+    bool any = false;
+    for (int i = 0; i < s->n_opts; i++) any |= s->opts[i].stepped;
+    if (!any)
+        return mt_error_set(
+            MT_ERR_STATE, "%s: no mt_grad_scaler_step since the last update; call step first", fn);
+    mt_api_enter();
+    const mt_backend *be = mt_backend_for(fn, s->device);
+    if (!be) return mt_api_exit_status(mt_last_status());
+    mt_scale_update_args a = {
+        .scale = s->t[SCALE],
+        .good_steps = s->t[GOOD],
+        .bad_steps = s->t[BAD],
+        .skipped_steps = s->t[SKIPPED],
+        .found_inf = s->t[FOUND_INF],
+        .growth_factor = s->growth_factor,
+        .backoff_factor = s->backoff_factor,
+        .min_scale = s->min_scale,
+        .max_scale = s->max_scale,
+        .growth_interval = s->growth_interval,
+        .backoff_after = s->backoff_after,
+    };
+    /* found_inf := max over the optimizers' flags, on the device */
+    int rc = be->fill(s->t[FOUND_INF], 0.0);
+    for (int i = 0; i < s->n_opts && rc == 0; i++)
+        if (s->opts[i].found)
+            rc = be->binary(MT_OP_MAXIMUM, s->t[FOUND_INF], s->t[FOUND_INF], s->opts[i].found);
+    if (rc == 0) rc = be->scale_update(&a);
+    if (rc == 0) clear_step(s);
+    return mt_api_exit_status(rc);
+}
+
+int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o) {
+    int rc = mt_grad_scaler_step(s, o);
+    return rc < 0 ? rc : mt_grad_scaler_update(s);
+}
+
+/* ------------------------------------------------------------------ reading the state */
+
+/* The value of a state tensor on the host (a sync on a GPU); NAN on failure. */
+static double read_state(const mt_tensor *t) {
+    return mt_item(t);
+}
+
+float mt_grad_scaler_get_scale(mt_grad_scaler *s) {
+    if (check_scaler(s, "mt_grad_scaler_get_scale") < 0) return NAN;
+    if (s->disabled) return 1.0f; /* the factor the loss is multiplied by */
+    return (float)(s->t[SCALE] ? read_state(s->t[SCALE]) : s->host.scale);
+}
+
+bool mt_grad_scaler_last_step_skipped(mt_grad_scaler *s) {
+    if (check_scaler(s, "mt_grad_scaler_last_step_skipped") < 0 || s->disabled || !s->t[SCALE])
+        return false;
+    /* between step and update: this step's optimizers; afterwards: the step update saw */
+    bool stepped = false, found = false;
+    for (int i = 0; i < s->n_opts; i++)
+        if (s->opts[i].stepped) {
+            stepped = true;
+            found |= read_state(s->opts[i].found) != 0.0;
+        }
+    return stepped ? found : read_state(s->t[FOUND_INF]) != 0.0;
+}
+
+int64_t mt_grad_scaler_skipped_steps(mt_grad_scaler *s) {
+    if (check_scaler(s, "mt_grad_scaler_skipped_steps") < 0) return -1;
+    return s->t[SCALE] ? (int64_t)read_state(s->t[SKIPPED]) : s->host.skipped_steps;
+}
+
+int mt_grad_scaler_state_get(mt_grad_scaler *s, mt_grad_scaler_state *out) {
+    const char *fn = "mt_grad_scaler_state_get";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!out) return mt_error_set(MT_ERR_NULL, "%s: arg 2: output struct is NULL", fn);
+    if (!s->t[SCALE]) {
+        *out = s->host;
+        return 0;
+    }
+    double v[4] = {read_state(s->t[SCALE]), read_state(s->t[GOOD]), read_state(s->t[BAD]),
+                   read_state(s->t[SKIPPED])};
+    for (int i = 0; i < 4; i++)
+        if (isnan(v[i])) return mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    *out = (mt_grad_scaler_state){v[0], (int64_t)v[1], (int64_t)v[2], (int64_t)v[3]};
+    return 0;
+}
+
+int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) {
+    const char *fn = "mt_grad_scaler_state_set";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!in) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    if (!(in->scale >= s->min_scale && in->scale <= s->max_scale))
+        return mt_error_set(MT_ERR_INVALID, "%s: scale %g is outside [min_scale %g, max_scale %g]",
+                            fn, in->scale, s->min_scale, s->max_scale);
+    if (in->good_steps < 0 || in->bad_steps < 0 || in->skipped_steps < 0)
+        return mt_error_set(
+            MT_ERR_INVALID, "%s: counters must be >= 0 (good %lld, bad %lld, skipped %lld)", fn,
+            (long long)in->good_steps, (long long)in->bad_steps, (long long)in->skipped_steps);
+    /* the counters live in F32: integers are exact up to 2^24 */
+    const int64_t exact = (int64_t)1 << 24;
+    if (in->good_steps > exact || in->bad_steps > exact || in->skipped_steps > exact)
+        return mt_error_set(MT_ERR_INVALID, "%s: counters above 2^24 cannot be stored exactly", fn);
+    s->host = *in;
+    if (!s->t[SCALE]) return 0;
+    const mt_backend *be = mt_backend_for(fn, s->device);
+    if (!be) return mt_last_status();
+    int rc = be->fill(s->t[SCALE], in->scale);
+    if (rc == 0) rc = be->fill(s->t[GOOD], (double)in->good_steps);
+    if (rc == 0) rc = be->fill(s->t[BAD], (double)in->bad_steps);
+    if (rc == 0) rc = be->fill(s->t[SKIPPED], (double)in->skipped_steps);
+    return rc;
+}
