@@ -67,16 +67,16 @@ static inline double *mt_test_values(const mt_tensor *t) {
     mt_tensor *tmp = mt_cast((mt_tensor *)t, MT_F64);
     double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     if (tmp && v) mt_copy_to_host(tmp, v, (size_t)n * sizeof *v);
-    mt_release(tmp);
+    if (mt_scope_depth() == 0) mt_release(tmp); /* inside a scope, the scope owns it */
     return v;
 }
 
-/* A tensor of dtype dt from doubles. */
+/* A tensor of dtype dt from doubles; owned like any op result (by the open scope, if any). */
 static inline mt_tensor *mt_test_tensor(const double *v, mt_dtype dt, int ndim,
                                         const int64_t *shape) {
     mt_tensor *d = mt_from_data(v, MT_F64, ndim, shape, MT_CPU);
     mt_tensor *t = mt_cast(d, dt);
-    mt_release(d);
+    if (mt_scope_depth() == 0) mt_release(d); /* inside a scope, the scope owns it */
     return t;
 }
 
