@@ -1,0 +1,846 @@
+/* GradScaler: skipped steps leave parameters, masters and optimizer moments untouched (SGD,
+   Momentum, Adam with multi_precision), the dynamic scale (backoff, growth, bounds,
+   backoff_after), the state machine and its errors, unscale/clip/step, checkpoints, the
+   disabled scaler, counters, and short FP16/BF16 training runs. */
+#include "test_util.h"
+
+/* Results belong to the innermost scope when one is open: temporaries are released only
+   when none is. */
+static void drop(mt_tensor *t) {
+    if (mt_scope_depth() == 0) mt_release(t);
+}
+
+static double *values(mt_tensor *t) {
+    int64_t n = mt_numel(t);
+    double *v = calloc((size_t)(n ? n : 1), sizeof *v);
+    mt_tensor *d = mt_cast(t, MT_F64);
+    if (d && v) mt_copy_to_host(d, v, (size_t)n * sizeof *v);
+    drop(d);
+    return v;
+}
+
+static void close_to(mt_tensor *t, const double *want, int64_t n, double atol, double rtol,
+                     int line) {
+    if (!t) fail_msg("line %d: tensor is NULL (%s)", line, mt_last_error());
+    if (mt_numel(t) != n)
+        fail_msg("line %d: %lld elements, expected %lld", line, (long long)mt_numel(t),
+                 (long long)n);
+    double *v = values(t);
+    for (int64_t i = 0; i < n; i++) {
+        bool ok = (isnan(want[i]) && isnan(v[i])) || (isinf(want[i]) && v[i] == want[i]) ||
+                  fabs(v[i] - want[i]) <= atol + rtol * fabs(want[i]);
+        if (!ok) {
+            double got = v[i];
+            free(v);
+            fail_msg("line %d: element %lld is %.9g, expected %.9g", line, (long long)i, got,
+                     want[i]);
+        }
+    }
+    free(v);
+}
+#define assert_close(t, want, n, atol, rtol) close_to((t), (want), (n), (atol), (rtol), __LINE__)
+#define assert_same(t, want, n)              close_to((t), (want), (n), 0, 0, __LINE__)
+
+/* A leaf parameter of dtype dt holding v[0..n). */
+static mt_tensor *param(const double *v, int64_t n, mt_dtype dt) {
+    mt_tensor *d = mt_from_data(v, MT_F64, 1, (const int64_t[]){n}, MT_CPU);
+    mt_tensor *p = mt_cast(d, dt);
+    if (p == d) { /* F64: a private copy, so the parameter is its own leaf */
+        drop(p);
+        p = mt_clone(d);
+    }
+    drop(d);
+    mt_set_requires_grad(p, true);
+    return p;
+}
+
+/* Sets p.grad = g * scale (what backward of a scaled loss gives), in p's dtype; `poison`
+   (inf or nan) replaces element 0 when non-zero. */
+static void set_grad(mt_tensor *p, const double *g, double scale, double poison) {
+    int64_t n = mt_numel(p);
+    double v[16];
+    assert_true(n <= 16);
+    for (int64_t i = 0; i < n; i++) v[i] = g[i] * scale;
+    if (poison != 0) v[0] = poison;
+    mt_tensor *d = mt_from_data(v, MT_F64, 1, (const int64_t[]){n}, MT_CPU);
+    mt_tensor *c = mt_cast(d, mt_dtype_of(p));
+    assert_int_equal(mt_set_grad(p, c), 0);
+    drop(c);
+    drop(d);
+}
+
+/* ------------------------------------------------------------------ defaults and options */
+
+static void test_defaults(void **state) {
+    (void)state;
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    assert_non_null(s);
+    assert_true(mt_grad_scaler_get_scale(s) == 65536.0f);
+    mt_grad_scaler_state st;
+    assert_int_equal(mt_grad_scaler_state_get(s, &st), 0);
+    assert_true(st.scale == 65536.0);
+    assert_int_equal(st.good_steps, 0);
+    assert_int_equal(st.bad_steps, 0);
+    assert_int_equal(st.skipped_steps, 0);
+    assert_int_equal(mt_grad_scaler_skipped_steps(s), 0);
+    assert_false(mt_grad_scaler_last_step_skipped(s));
+    mt_grad_scaler_free(s);
+    /* zero fields mean defaults; others are taken */
+    s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 128, .growth_interval = 3});
+    assert_true(mt_grad_scaler_get_scale(s) == 128.0f);
+    mt_grad_scaler_free(s);
+    mt_grad_scaler_free(NULL);
+    assert_no_error();
+}
+
+static void test_bad_options(void **state) {
+    (void)state;
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.min_scale = 8, .max_scale = 4}));
+    assert_error(MT_ERR_INVALID, "min_scale 8 and max_scale 4");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.max_scale = 1e39}));
+    assert_error(MT_ERR_INVALID, "FLT_MAX");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.min_scale = -1}));
+    assert_error(MT_ERR_INVALID, "min_scale -1");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 0.5}));
+    assert_error(MT_ERR_INVALID, "init_scale 0.5 is outside [min_scale 1, max_scale 1.67772e+07]");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = NAN}));
+    assert_error(MT_ERR_INVALID, "init_scale nan");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.growth_factor = 0.5}));
+    assert_error(MT_ERR_INVALID, "growth_factor 0.5");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.backoff_factor = 1.5}));
+    assert_error(MT_ERR_INVALID, "backoff_factor 1.5 must be in (0, 1]");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.growth_interval = -3}));
+    assert_error(MT_ERR_INVALID, "growth_interval -3");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.backoff_after = -1}));
+    assert_error(MT_ERR_INVALID, "backoff_after -1");
+}
+
+static void test_null_arguments(void **state) {
+    (void)state;
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    mt_tensor *loss = mt_scalar(1.0, MT_F32, MT_CPU);
+    assert_null(mt_grad_scaler_scale(NULL, loss));
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_scale: arg 1: scaler is NULL");
+    assert_null(mt_grad_scaler_scale(s, NULL)); /* NULL in, NULL out, error untouched */
+    assert_no_error();
+    assert_int_equal(mt_grad_scaler_unscale(s, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_unscale: arg 2: optimizer is NULL");
+    assert_int_equal(mt_grad_scaler_step(s, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_step: arg 2: optimizer is NULL");
+    assert_int_equal(mt_grad_scaler_minimize(s, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "arg 2: optimizer is NULL");
+    assert_int_equal(mt_grad_scaler_unscale(NULL, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "arg 1: scaler is NULL");
+    assert_int_equal(mt_grad_scaler_update(NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_update: arg 1: scaler is NULL");
+    assert_true(isnan(mt_grad_scaler_get_scale(NULL)));
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_get_scale");
+    assert_false(mt_grad_scaler_last_step_skipped(NULL));
+    assert_error(MT_ERR_NULL, "scaler is NULL");
+    assert_int_equal(mt_grad_scaler_skipped_steps(NULL), -1);
+    assert_error(MT_ERR_NULL, "scaler is NULL");
+    assert_int_equal(mt_grad_scaler_state_get(s, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_state_get: arg 2");
+    assert_int_equal(mt_grad_scaler_state_set(s, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_grad_scaler_state_set: arg 2");
+    mt_release(loss);
+    mt_grad_scaler_free(s);
+}
+
+/* ------------------------------------------------------------------ scale */
+
+static void test_scale_loss(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    mt_tensor *p = param((const double[]){1, -2, 3}, 3, MT_F32);
+    mt_tensor *loss = mt_sum_all(mt_mul(p, p)); /* 14, grad 2p */
+    mt_tensor *scaled = mt_grad_scaler_scale(s, loss);
+    assert_int_equal(mt_dtype_of(scaled), MT_F32);
+    assert_same(scaled, ((const double[]){14.0 * 65536}), 1);
+    assert_int_equal(mt_backward(scaled, NULL), 0);
+    assert_same(mt_grad(p), ((const double[]){2 * 65536.0, -4 * 65536.0, 6 * 65536.0}), 3);
+
+    /* the result keeps the loss's dtype, also inside an O2 region */
+    mt_grad_scaler *s2 = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
+    mt_tensor *l16 = mt_scalar(2.5, MT_F16, MT_CPU), *lbf = mt_scalar(2.5, MT_BF16, MT_CPU);
+    mt_tensor *l64 = mt_scalar(2.5, MT_F64, MT_CPU), *l32 = mt_scalar(2.5, MT_F32, MT_CPU);
+    mt_tensor *r16 = mt_grad_scaler_scale(s2, l16), *rbf = mt_grad_scaler_scale(s2, lbf);
+    mt_tensor *r64 = mt_grad_scaler_scale(s2, l64);
+    mt_autocast_begin(MT_F16, MT_AMP_O2);
+    mt_tensor *r32 = mt_grad_scaler_scale(s2, l32);
+    mt_autocast_end();
+    assert_int_equal(mt_dtype_of(r16), MT_F16);
+    assert_int_equal(mt_dtype_of(rbf), MT_BF16);
+    assert_int_equal(mt_dtype_of(r64), MT_F64);
+    assert_int_equal(mt_dtype_of(r32), MT_F32);
+    assert_same(r16, ((const double[]){2560}), 1);
+    assert_same(rbf, ((const double[]){2560}), 1);
+    assert_same(r64, ((const double[]){2560}), 1);
+    assert_same(r32, ((const double[]){2560}), 1);
+
+    mt_tensor *labels = mt_from_data((const int64_t[]){1}, MT_I64, MT_SHAPE(1), MT_CPU);
+    assert_null(mt_grad_scaler_scale(s2, labels));
+    assert_error(MT_ERR_DTYPE,
+                 "mt_grad_scaler_scale: arg 2: loss must be a floating tensor, got i64");
+    mt_grad_scaler_free(s);
+    mt_grad_scaler_free(s2);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* ------------------------------------------------------------------ skipping */
+
+typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
+
+static mt_optimizer *make_opt(opt_kind k, mt_tensor **p, int n) {
+    switch (k) {
+    case OPT_SGD:
+        return mt_sgd_new(p, n,
+                          &(mt_sgd_opts){.lr = 0.1, .weight_decay = 0.01, .multi_precision = true});
+    case OPT_MOMENTUM:
+        return mt_momentum_new(
+            p, n, &(mt_momentum_opts){.lr = 0.1, .momentum = 0.9, .multi_precision = true});
+    case OPT_ADAM:
+        return mt_adam_new(p, n, &(mt_adam_opts){.lr = 0.01, .multi_precision = true});
+    }
+    return NULL;
+}
+
+#define NP 4
+static const mt_dtype pdt[NP] = {MT_F32, MT_F16, MT_BF16, MT_F64};
+static const double p0[NP][3] = {{0.5, -1, 2}, {1, 0.25, -0.5}, {-1, 2, 0.75}, {0.1, 0.2, 0.3}};
+static const double g1[NP][3] = {
+    {0.25, -0.5, 0.125}, {0.5, 0.25, -0.25}, {-0.125, 0.5, 0.25}, {0.5, -0.25, 0.75}};
+static const double g2[NP][3] = {
+    {-0.5, 0.25, 0.375}, {0.125, -0.5, 0.5}, {0.25, 0.25, -0.5}, {-0.25, 0.5, 0.125}};
+
+static void set_all(mt_tensor **p, const double g[NP][3], double scale, int poison_at,
+                    double poison) {
+    for (int i = 0; i < NP; i++) set_grad(p[i], g[i], scale, i == poison_at ? poison : 0);
+}
+
+/* Scaler A sees clean, poisoned, clean steps; scaler B the same without the poisoned one.
+   The poisoned step must change nothing, so both end bit-identical: parameters, masters, and
+   the moments and Adam step count (which the following step reads). */
+static void check_skip(opt_kind k, int poison_at, double poison) {
+    mt_scope_begin();
+    mt_tensor *pa[NP], *pb[NP];
+    for (int i = 0; i < NP; i++) {
+        pa[i] = param(p0[i], 3, pdt[i]);
+        pb[i] = param(p0[i], 3, pdt[i]);
+    }
+    mt_optimizer *oa = make_opt(k, pa, NP), *ob = make_opt(k, pb, NP);
+    assert_non_null(oa);
+    assert_non_null(ob);
+    mt_grad_scaler *sa = mt_grad_scaler_new(NULL), *sb = mt_grad_scaler_new(NULL);
+
+    set_all(pa, g1, 65536, -1, 0);
+    set_all(pb, g1, 65536, -1, 0);
+    assert_int_equal(mt_grad_scaler_minimize(sa, oa), 0);
+    assert_int_equal(mt_grad_scaler_minimize(sb, ob), 0);
+    assert_false(mt_grad_scaler_last_step_skipped(sa));
+
+    /* snapshot, then the poisoned step */
+    double *before[NP], *master_before[NP] = {0};
+    for (int i = 0; i < NP; i++) {
+        before[i] = values(pa[i]);
+        mt_tensor *m = mt_optimizer_master(oa, i);
+        if (pdt[i] == MT_F16 || pdt[i] == MT_BF16) assert_non_null(m);
+        if (m) master_before[i] = values(m);
+    }
+    set_all(pa, g2, 65536, poison_at, poison);
+    assert_int_equal(mt_grad_scaler_step(sa, oa), 0);
+    assert_true(mt_grad_scaler_last_step_skipped(sa));
+    assert_int_equal(mt_grad_scaler_update(sa), 0);
+    assert_true(mt_grad_scaler_last_step_skipped(sa));
+    assert_true(mt_grad_scaler_get_scale(sa) == 32768.0f);
+    assert_int_equal(mt_grad_scaler_skipped_steps(sa), 1);
+    for (int i = 0; i < NP; i++) {
+        assert_same(pa[i], before[i], 3);
+        if (master_before[i]) assert_same(mt_optimizer_master(oa, i), master_before[i], 3);
+        free(before[i]);
+        free(master_before[i]);
+    }
+
+    /* the next clean step: A at scale 32768, B at 65536, same unscaled gradients */
+    set_all(pa, g2, 32768, -1, 0);
+    set_all(pb, g2, 65536, -1, 0);
+    assert_int_equal(mt_grad_scaler_minimize(sa, oa), 0);
+    assert_int_equal(mt_grad_scaler_minimize(sb, ob), 0);
+    assert_false(mt_grad_scaler_last_step_skipped(sa));
+    for (int i = 0; i < NP; i++) {
+        double *vb = values(pb[i]);
+        assert_same(pa[i], vb, 3);
+        free(vb);
+        mt_tensor *mb = mt_optimizer_master(ob, i);
+        if (mb) {
+            double *v = values(mb);
+            assert_same(mt_optimizer_master(oa, i), v, 3);
+            free(v);
+        }
+        /* the updates really happened */
+        double *va = values(pa[i]);
+        bool moved = false;
+        for (int j = 0; j < 3; j++) moved |= va[j] != p0[i][j];
+        free(va);
+        assert_true(moved);
+    }
+    mt_optimizer_free(oa);
+    mt_optimizer_free(ob);
+    mt_grad_scaler_free(sa);
+    mt_grad_scaler_free(sb);
+    assert_no_error();
+    mt_scope_end();
+}
+
+static void test_skip_inf_sgd(void **state) {
+    (void)state;
+    check_skip(OPT_SGD, 0, INFINITY);
+}
+static void test_skip_nan_sgd(void **state) {
+    (void)state;
+    check_skip(OPT_SGD, 1, NAN);
+}
+static void test_skip_inf_momentum(void **state) {
+    (void)state;
+    check_skip(OPT_MOMENTUM, 2, -INFINITY);
+}
+static void test_skip_nan_momentum(void **state) {
+    (void)state;
+    check_skip(OPT_MOMENTUM, 3, NAN);
+}
+static void test_skip_inf_adam(void **state) {
+    (void)state;
+    check_skip(OPT_ADAM, 1, INFINITY);
+}
+static void test_skip_nan_adam(void **state) {
+    (void)state;
+    check_skip(OPT_ADAM, 0, NAN);
+}
+
+/* A gradient that overflows f16 only after scaling (a finite value times the scale) is
+   caught the same way. */
+static void test_skip_overflow_after_scaling(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *p = param((const double[]){1, 2, 3}, 3, MT_F16);
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.1, .multi_precision = true});
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    set_grad(p, (const double[]){2, 0, 0}, 65536, 0); /* 131072 is inf in f16 */
+    assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+    assert_true(mt_grad_scaler_last_step_skipped(s));
+    assert_same(p, ((const double[]){1, 2, 3}), 3);
+    set_grad(p, (const double[]){1, 0, 0}, 32768, 0);
+    assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+    assert_false(mt_grad_scaler_last_step_skipped(s));
+    assert_same(p, ((const double[]){0.89990234375, 2, 3}), 3); /* 0.9 rounded to f16 */
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* ------------------------------------------------------------------ dynamic scale */
+
+typedef struct {
+    mt_grad_scaler *s;
+    mt_optimizer *o;
+    mt_tensor *p;
+} rig;
+
+static rig rig_new(const mt_grad_scaler_opts *opts) {
+    rig r;
+    r.p = param((const double[]){1, 2}, 2, MT_F32);
+    r.o = mt_sgd_new(&r.p, 1, &(mt_sgd_opts){.lr = 0.01});
+    r.s = mt_grad_scaler_new(opts);
+    assert_non_null(r.o);
+    assert_non_null(r.s);
+    return r;
+}
+
+static void rig_free(rig *r) {
+    mt_optimizer_free(r->o);
+    mt_grad_scaler_free(r->s);
+    drop(r->p);
+}
+
+/* One step with a clean (bad = false) or an inf gradient. */
+static void rig_step(rig *r, bool bad) {
+    set_grad(r->p, (const double[]){0.5, 0.25}, mt_grad_scaler_get_scale(r->s), bad ? INFINITY : 0);
+    assert_int_equal(mt_grad_scaler_minimize(r->s, r->o), 0);
+    assert_int_equal(mt_grad_scaler_last_step_skipped(r->s), bad);
+}
+
+static void expect_state(rig *r, double scale, int64_t good, int64_t bad, int64_t skipped) {
+    mt_grad_scaler_state st;
+    assert_int_equal(mt_grad_scaler_state_get(r->s, &st), 0);
+    if (st.scale != scale || st.good_steps != good || st.bad_steps != bad ||
+        st.skipped_steps != skipped)
+        fail_msg("state {%g, %lld, %lld, %lld}, expected {%g, %lld, %lld, %lld}", st.scale,
+                 (long long)st.good_steps, (long long)st.bad_steps, (long long)st.skipped_steps,
+                 scale, (long long)good, (long long)bad, (long long)skipped);
+}
+
+static void test_growth(void **state) {
+    (void)state;
+    rig r = rig_new(&(mt_grad_scaler_opts){.init_scale = 1024, .growth_interval = 3});
+    rig_step(&r, false);
+    rig_step(&r, false);
+    expect_state(&r, 1024, 2, 0, 0);
+    rig_step(&r, false);
+    expect_state(&r, 2048, 0, 0, 0);
+    rig_step(&r, false);
+    rig_step(&r, false);
+    expect_state(&r, 2048, 2, 0, 0);
+    rig_step(&r, true); /* an inf resets the run */
+    expect_state(&r, 1024, 0, 0, 1);
+    rig_step(&r, false);
+    rig_step(&r, false);
+    expect_state(&r, 1024, 2, 0, 1);
+    rig_step(&r, false);
+    expect_state(&r, 2048, 0, 0, 1);
+    rig_free(&r);
+    assert_no_error();
+}
+
+static void test_backoff_default(void **state) {
+    (void)state;
+    rig r = rig_new(NULL);
+    rig_step(&r, true);
+    assert_true(mt_grad_scaler_get_scale(r.s) == 32768.0f);
+    rig_step(&r, true);
+    expect_state(&r, 16384, 0, 0, 2);
+    rig_free(&r);
+    assert_no_error();
+}
+
+static void test_bounds(void **state) {
+    (void)state;
+    /* never under min_scale */
+    rig r = rig_new(&(mt_grad_scaler_opts){.init_scale = 4, .min_scale = 2});
+    rig_step(&r, true);
+    expect_state(&r, 2, 0, 0, 1);
+    rig_step(&r, true);
+    expect_state(&r, 2, 0, 0, 2);
+    rig_free(&r);
+    /* never over max_scale: a growth past it stops at it */
+    r = rig_new(&(mt_grad_scaler_opts){
+        .init_scale = 8, .max_scale = 20, .growth_factor = 2, .growth_interval = 1});
+    rig_step(&r, false);
+    expect_state(&r, 16, 0, 0, 0);
+    rig_step(&r, false);
+    expect_state(&r, 20, 0, 0, 0);
+    rig_step(&r, false);
+    expect_state(&r, 20, 0, 0, 0);
+    rig_free(&r);
+    /* defaults: 2^24 is the ceiling, and a growth that is not finite in f32 clamps too */
+    r = rig_new(&(mt_grad_scaler_opts){.init_scale = 16777216, .growth_interval = 1});
+    rig_step(&r, false);
+    expect_state(&r, 16777216, 0, 0, 0);
+    rig_free(&r);
+    r = rig_new(&(mt_grad_scaler_opts){
+        .init_scale = 1e38, .max_scale = 3e38, .growth_factor = 1e10, .growth_interval = 1});
+    set_grad(r.p, (const double[]){0, 0}, 1, 0); /* grad * 1e38 would overflow: use zeros */
+    assert_int_equal(mt_grad_scaler_minimize(r.s, r.o), 0);
+    assert_true(mt_grad_scaler_get_scale(r.s) == 3e38f);
+    rig_free(&r);
+    assert_no_error();
+}
+
+static void test_backoff_after_two(void **state) {
+    (void)state;
+    rig r = rig_new(&(mt_grad_scaler_opts){.init_scale = 1024, .backoff_after = 2});
+    rig_step(&r, true);
+    expect_state(&r, 1024, 0, 1, 1); /* one bad step: no backoff yet */
+    rig_step(&r, false);
+    expect_state(&r, 1024, 1, 0, 1); /* a clean step breaks the run */
+    rig_step(&r, true);
+    expect_state(&r, 1024, 0, 1, 2);
+    rig_step(&r, true);
+    expect_state(&r, 512, 0, 0, 3);
+    rig_free(&r);
+    assert_no_error();
+}
+
+static void test_skipped_counters(void **state) {
+    (void)state;
+    rig r = rig_new(NULL);
+    assert_false(mt_grad_scaler_last_step_skipped(r.s));
+    rig_step(&r, true);
+    rig_step(&r, false);
+    assert_int_equal(mt_grad_scaler_skipped_steps(r.s), 1);
+    /* nan counts too */
+    set_grad(r.p, (const double[]){0.5, 0.25}, mt_grad_scaler_get_scale(r.s), NAN);
+    assert_int_equal(mt_grad_scaler_minimize(r.s, r.o), 0);
+    assert_true(mt_grad_scaler_last_step_skipped(r.s));
+    rig_step(&r, false);
+    assert_int_equal(mt_grad_scaler_skipped_steps(r.s), 2);
+    assert_true(mt_grad_scaler_get_scale(r.s) == 16384.0f);
+    rig_free(&r);
+    assert_no_error();
+}
+
+/* ------------------------------------------------------------------ state machine */
+
+static void test_state_errors(void **state) {
+    (void)state;
+    rig r = rig_new(NULL);
+    /* update before any step */
+    assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE,
+                 "mt_grad_scaler_update: no mt_grad_scaler_step since the last update");
+
+    set_grad(r.p, (const double[]){0.5, 0.25}, 65536, 0);
+    assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), 0);
+    assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_grad_scaler_unscale: already called for this optimizer");
+    mt_tensor *g = mt_grad(r.p); /* unscaled once, not twice */
+    assert_same(g, ((const double[]){0.5, 0.25}), 2);
+    mt_release(g);
+    assert_int_equal(mt_grad_scaler_step(r.s, r.o), 0);
+    assert_int_equal(mt_grad_scaler_step(r.s, r.o), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE,
+                 "mt_grad_scaler_step: already called for this optimizer since the last update");
+    assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_grad_scaler_unscale: called after mt_grad_scaler_step");
+    assert_int_equal(mt_grad_scaler_update(r.s), 0);
+    assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "no mt_grad_scaler_step since the last update");
+    /* the parameter moved once, by the unscaled gradient */
+    assert_close(r.p, ((const double[]){1 - 0.01 * 0.5, 2 - 0.01 * 0.25}), 2, 1e-7, 0);
+    /* after update a new step starts cleanly */
+    rig_step(&r, false);
+    rig_free(&r);
+    assert_no_error();
+}
+
+static void test_unscale_values(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *p[NP];
+    for (int i = 0; i < NP; i++) p[i] = param(p0[i], 3, pdt[i]);
+    mt_optimizer *o = mt_sgd_new(p, NP, &(mt_sgd_opts){.lr = 0.1, .multi_precision = true});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 4096});
+    set_all(p, g1, 4096, -1, 0);
+    assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
+    for (int i = 0; i < NP; i++) {
+        mt_tensor *g = mt_grad(p[i]);
+        assert_int_equal(mt_dtype_of(g), pdt[i]);
+        assert_same(g, g1[i], 3); /* power-of-two scale: exact in every dtype */
+    }
+    assert_int_equal(mt_grad_scaler_step(s, o), 0);
+    assert_int_equal(mt_grad_scaler_update(s), 0);
+    assert_close(p[0], ((const double[]){0.5 - 0.025, -1 + 0.05, 2 - 0.0125}), 3, 1e-7, 0);
+    assert_close(p[3], ((const double[]){0.1 - 0.05, 0.2 + 0.025, 0.3 - 0.075}), 3, 1e-15, 0);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* Big gradients take the parallel path; an inf anywhere in any of them is found. */
+static void test_unscale_large(void **state) {
+    (void)state;
+    mt_scope_begin();
+    int64_t n = 200000;
+    mt_tensor *a = mt_zeros(MT_SHAPE(n), MT_F32, MT_CPU),
+              *b = mt_zeros(MT_SHAPE(n), MT_F16, MT_CPU);
+    mt_tensor *c = mt_zeros(MT_SHAPE(7), MT_F32, MT_CPU);
+    mt_tensor *ps[3] = {a, b, c};
+    for (int i = 0; i < 3; i++) mt_set_requires_grad(ps[i], true);
+    mt_optimizer *o = mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 8});
+    for (int64_t pos = 0; pos < 3; pos++) {
+        mt_tensor *ga = mt_full(MT_SHAPE(n), MT_F32, MT_CPU, 8.0);
+        mt_tensor *gb = mt_full(MT_SHAPE(n), MT_F16, MT_CPU, 16.0);
+        mt_tensor *gc = mt_full(MT_SHAPE(7), MT_F32, MT_CPU, 8.0);
+        /* pos 0: inf near the end of b; pos 1: nan in the middle of a; pos 2: clean */
+        mt_tensor *hole = pos == 0   ? mt_narrow(gb, 0, n - 3, 1)
+                          : pos == 1 ? mt_narrow(ga, 0, n / 2, 1)
+                                     : NULL;
+        if (hole) assert_int_equal(mt_fill(hole, pos == 0 ? INFINITY : NAN), 0);
+        assert_int_equal(mt_set_grad(a, ga), 0);
+        assert_int_equal(mt_set_grad(b, gb), 0);
+        assert_int_equal(mt_set_grad(c, gc), 0);
+        assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
+        if (pos == 2) {
+            double *va = values(mt_grad(a)), *vb = values(mt_grad(b));
+            for (int64_t i = 0; i < n; i++)
+                if (va[i] != 1.0 || vb[i] != 2.0)
+                    fail_msg("element %lld not unscaled", (long long)i);
+            free(va);
+            free(vb);
+        }
+        assert_int_equal(mt_grad_scaler_step(s, o), 0);
+        assert_int_equal(mt_grad_scaler_last_step_skipped(s), pos < 2);
+        assert_int_equal(mt_grad_scaler_update(s), 0);
+        if (pos < 2) mt_grad_scaler_state_set(s, &(mt_grad_scaler_state){.scale = 8});
+    }
+    double *va = values(a);
+    assert_true(va[0] == -1.0 && va[n - 1] == -1.0);
+    free(va);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* Gradients set by hand: one tensor shared by two parameters is unscaled once, and an
+   expanded (stride 0) gradient is replaced by a dense unscaled copy, its source untouched. */
+static void test_unscale_shared_and_expanded(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *a = param((const double[]){1, 1, 1}, 3, MT_F32),
+              *b = param((const double[]){1, 1, 1}, 3, MT_F32);
+    mt_tensor *c = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU);
+    mt_set_requires_grad(c, true);
+    mt_tensor *shared = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 8.0);
+    mt_tensor *row = mt_from_data((const float[]){4, 8, 12}, MT_F32, MT_SHAPE(1, 3), MT_CPU);
+    mt_tensor *expanded = mt_expand(row, MT_SHAPE(2, 3));
+    assert_int_equal(mt_set_grad(a, shared), 0);
+    assert_int_equal(mt_set_grad(b, shared), 0);
+    assert_int_equal(mt_set_grad(c, expanded), 0);
+    mt_optimizer *o = mt_sgd_new((mt_tensor *[]){a, b, c}, 3, &(mt_sgd_opts){.lr = 1});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 4});
+    assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
+    assert_same(shared, ((const double[]){2, 2, 2}), 3);
+    assert_same(mt_grad(c), ((const double[]){1, 2, 3, 1, 2, 3}), 6);
+    assert_same(row, ((const double[]){4, 8, 12}), 3);
+    assert_true(mt_is_contiguous(mt_grad(c)));
+    assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+    assert_same(a, ((const double[]){-1, -1, -1}), 3);
+    assert_same(c, ((const double[]){-1, -2, -3, -1, -2, -3}), 6);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* The documented order for clipping: unscale, clip the true gradients, step. */
+static void test_unscale_clip_step(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *p = param((const double[]){1, 1}, 2, MT_F32);
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.5});
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    set_grad(p, (const double[]){3, 4}, 65536, 0);
+    assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
+    assert_same(mt_grad(p), ((const double[]){3, 4}), 2);
+    double norm = mt_clip_grad_norm(o, 1.0);
+    assert_no_error();
+    assert_true(fabs(norm - 5.0) < 1e-6);
+    assert_close(mt_grad(p), ((const double[]){0.6, 0.8}), 2, 1e-6, 0);
+    assert_int_equal(mt_grad_scaler_step(s, o), 0); /* no second unscale */
+    assert_int_equal(mt_grad_scaler_update(s), 0);
+    assert_close(p, ((const double[]){0.7, 0.6}), 2, 1e-6, 0);
+    assert_true(mt_grad_scaler_get_scale(s) == 65536.0f);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* Two optimizers in one step: each skips only for its own gradients (as PyTorch), and update
+   backs off when either saw inf/nan. */
+static void test_two_optimizers(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *a = param((const double[]){1, 1}, 2, MT_F32),
+              *b = param((const double[]){1, 1}, 2, MT_F32);
+    mt_optimizer *oa = mt_sgd_new(&a, 1, &(mt_sgd_opts){.lr = 1});
+    mt_optimizer *ob = mt_sgd_new(&b, 1, &(mt_sgd_opts){.lr = 1});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 2});
+    set_grad(a, (const double[]){0.5, 0.5}, 2, INFINITY);
+    set_grad(b, (const double[]){0.5, 0.5}, 2, 0);
+    assert_int_equal(mt_grad_scaler_step(s, oa), 0);
+    assert_int_equal(mt_grad_scaler_step(s, ob), 0);
+    assert_int_equal(mt_grad_scaler_update(s), 0);
+    assert_same(a, ((const double[]){1, 1}), 2);
+    assert_same(b, ((const double[]){0.5, 0.5}), 2);
+    assert_true(mt_grad_scaler_last_step_skipped(s));
+    assert_true(mt_grad_scaler_get_scale(s) == 1.0f);
+    assert_int_equal(mt_grad_scaler_skipped_steps(s), 1);
+    mt_optimizer_free(oa);
+    mt_optimizer_free(ob);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
+/* ------------------------------------------------------------------ checkpoints */
+
+static void test_state_export_import(void **state) {
+    (void)state;
+    mt_grad_scaler_opts opts = {.growth_interval = 3};
+    rig r = rig_new(&opts);
+    rig_step(&r, false);
+    rig_step(&r, false);
+    rig_step(&r, true);
+    rig_step(&r, false);
+    mt_grad_scaler_state st;
+    assert_int_equal(mt_grad_scaler_state_get(r.s, &st), 0);
+    assert_true(st.scale == 32768);
+    assert_int_equal(st.good_steps, 1);
+    assert_int_equal(st.skipped_steps, 1);
+
+    /* import before the new scaler made its device state */
+    rig q = rig_new(&opts);
+    assert_int_equal(mt_grad_scaler_state_set(q.s, &st), 0);
+    expect_state(&q, 32768, 1, 0, 1);
+    assert_true(mt_grad_scaler_get_scale(q.s) == 32768.0f);
+    rig_step(&q, false);
+    rig_step(&q, false); /* 1 + 2 clean steps: grows */
+    expect_state(&q, 65536, 0, 0, 1);
+
+    /* import into a scaler already in use */
+    assert_int_equal(mt_grad_scaler_state_set(r.s, &(mt_grad_scaler_state){1024, 2, 0, 5}), 0);
+    expect_state(&r, 1024, 2, 0, 5);
+    assert_int_equal(mt_grad_scaler_skipped_steps(r.s), 5);
+    rig_step(&r, false);
+    expect_state(&r, 2048, 0, 0, 5);
+
+    assert_true(mt_grad_scaler_state_set(r.s, &(mt_grad_scaler_state){0, 0, 0, 0}) < 0);
+    assert_error(MT_ERR_INVALID, "scale 0 is outside [min_scale 1, max_scale 1.67772e+07]");
+    assert_true(mt_grad_scaler_state_set(r.s, &(mt_grad_scaler_state){INFINITY, 0, 0, 0}) < 0);
+    assert_error(MT_ERR_INVALID, "scale inf");
+    assert_true(mt_grad_scaler_state_set(r.s, &(mt_grad_scaler_state){8, -1, 0, 0}) < 0);
+    assert_error(MT_ERR_INVALID, "counters must be >= 0");
+    assert_true(mt_grad_scaler_state_set(r.s, &(mt_grad_scaler_state){8, 0, 0, (int64_t)1 << 40}) <
+                0);
+    assert_error(MT_ERR_INVALID, "2^24");
+    expect_state(&r, 2048, 0, 0, 5); /* unchanged by refused imports */
+    rig_free(&r);
+    rig_free(&q);
+    assert_no_error();
+}
+
+/* ------------------------------------------------------------------ disabled */
+
+static void test_disabled(void **state) {
+    (void)state;
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.disabled = true});
+    mt_tensor *p = param((const double[]){1, 2}, 2, MT_F32);
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.5});
+    mt_tensor *loss = mt_sum_all(p);
+    mt_tensor *scaled = mt_grad_scaler_scale(s, loss);
+    assert_ptr_equal(scaled, loss); /* a new reference to the loss itself */
+    mt_release(scaled);
+    assert_true(mt_grad_scaler_get_scale(s) == 1.0f);
+    assert_int_equal(mt_backward(loss, NULL), 0);
+    mt_release(loss);
+    assert_int_equal(mt_grad_scaler_unscale(s, o), 0); /* nothing to undo */
+    mt_tensor *g = mt_grad(p);
+    assert_same(g, ((const double[]){1, 1}), 2);
+    mt_release(g);
+    assert_int_equal(mt_grad_scaler_step(s, o), 0);
+    assert_int_equal(mt_grad_scaler_update(s), 0);
+    assert_same(p, ((const double[]){0.5, 1.5}), 2);
+    /* a plain step: an inf gradient is applied, nothing is skipped or counted */
+    set_grad(p, (const double[]){1, 1}, 1, INFINITY);
+    assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+    assert_false(mt_grad_scaler_last_step_skipped(s));
+    assert_int_equal(mt_grad_scaler_skipped_steps(s), 0);
+    assert_same(p, ((const double[]){-INFINITY, 1.0}), 2);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    mt_release(p);
+    assert_no_error();
+}
+
+/* ------------------------------------------------------------------ training */
+
+/* Fits y = x w_true^T with autocast, the scaler enabled or disabled; the loss must fall. */
+static void check_training(mt_dtype low, mt_amp_level level, bool scaler_on) {
+    mt_manual_seed(3);
+    mt_scope_begin();
+    mt_tensor *x = mt_randn(MT_SHAPE(32, 4), MT_F32, MT_CPU);
+    mt_tensor *wt =
+        mt_from_data((const float[]){0.5f, -1.0f, 2.0f, 0.25f}, MT_F32, MT_SHAPE(1, 4), MT_CPU);
+    mt_tensor *t = mt_matmul(x, mt_transpose(wt, 0, 1));
+    mt_tensor *w = mt_zeros(MT_SHAPE(1, 4), MT_F32, MT_CPU);
+    mt_tensor *b = mt_zeros(MT_SHAPE(1), MT_F32, MT_CPU);
+    mt_set_requires_grad(w, true);
+    mt_set_requires_grad(b, true);
+    mt_tensor *params[2] = {w, b};
+    if (level == MT_AMP_O2) assert_int_equal(mt_amp_decorate(params, 2, low, NULL), 0);
+    mt_optimizer *o = mt_sgd_new(params, 2, &(mt_sgd_opts){.lr = 0.1, .multi_precision = true});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.disabled = !scaler_on});
+    double first = 0, last = 0;
+    for (int it = 0; it < 40; it++) {
+        mt_scope_begin();
+        mt_autocast_begin(low, level);
+        mt_tensor *y = mt_linear(x, w, b);
+        mt_tensor *loss = mt_mse_loss(y, t);
+        mt_autocast_end();
+        assert_int_equal(mt_backward(mt_grad_scaler_scale(s, loss), NULL), 0);
+        assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+        mt_optimizer_zero_grad(o);
+        double l = mt_item(loss);
+        if (it == 0) first = l;
+        last = l;
+        mt_scope_end();
+    }
+    assert_no_error();
+    if (!(last < 0.02 * first)) fail_msg("loss %g -> %g did not fall", first, last);
+    if (!scaler_on) assert_true(mt_grad_scaler_get_scale(s) == 1.0f);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    mt_scope_end();
+}
+
+static void test_train_bf16_scaler(void **state) {
+    (void)state;
+    check_training(MT_BF16, MT_AMP_O1, true);
+}
+static void test_train_bf16_no_scaler(void **state) {
+    (void)state;
+    check_training(MT_BF16, MT_AMP_O1, false);
+}
+static void test_train_f16_scaler(void **state) {
+    (void)state;
+    check_training(MT_F16, MT_AMP_O1, true);
+}
+static void test_train_o2_bf16(void **state) {
+    (void)state;
+    check_training(MT_BF16, MT_AMP_O2, true);
+}
+static void test_train_o2_f16(void **state) {
+    (void)state;
+    check_training(MT_F16, MT_AMP_O2, true);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST(test_defaults),
+        MT_TEST(test_bad_options),
+        MT_TEST(test_null_arguments),
+        MT_TEST(test_scale_loss),
+        MT_TEST(test_skip_inf_sgd),
+        MT_TEST(test_skip_nan_sgd),
+        MT_TEST(test_skip_inf_momentum),
+        MT_TEST(test_skip_nan_momentum),
+        MT_TEST(test_skip_inf_adam),
+        MT_TEST(test_skip_nan_adam),
+        MT_TEST(test_skip_overflow_after_scaling),
+        MT_TEST(test_growth),
+        MT_TEST(test_backoff_default),
+        MT_TEST(test_bounds),
+        MT_TEST(test_backoff_after_two),
+        MT_TEST(test_skipped_counters),
+        MT_TEST(test_state_errors),
+        MT_TEST(test_unscale_values),
+        MT_TEST(test_unscale_large),
+        MT_TEST(test_unscale_shared_and_expanded),
+        MT_TEST(test_unscale_clip_step),
+        MT_TEST(test_two_optimizers),
+        MT_TEST(test_state_export_import),
+        MT_TEST(test_disabled),
+        MT_TEST(test_train_bf16_scaler),
+        MT_TEST(test_train_bf16_no_scaler),
+        MT_TEST(test_train_f16_scaler),
+        MT_TEST(test_train_o2_bf16),
+        MT_TEST(test_train_o2_f16),
+    };
+    return MT_RUN_TESTS(tests);
+}
