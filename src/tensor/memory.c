@@ -4,6 +4,7 @@
    for every activation (the CPU analogue of the CUDA caching allocator). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <threads.h>
 #include "tensor_impl.h"
 
@@ -51,10 +52,28 @@ static size_t round_size(size_t n) {
     return (n + 4095) & ~(size_t)4095;
 }
 
+/* RAM + swap: a block larger than that can never be backed, so it fails here, the same way
+   under any overcommit policy or sanitizer allocator (which may abort instead of returning
+   NULL). Computed once; a benign race writes the same value. */
+static atomic_size_t host_capacity;
+static size_t capacity(void) {
+    size_t cap = atomic_load_explicit(&host_capacity, memory_order_relaxed);
+    if (!cap) {
+        struct sysinfo si;
+        cap = (size_t)1 << 46; /* no machine has this; also avoids size overflow */
+        if (sysinfo(&si) == 0 && si.mem_unit > 0) {
+            size_t total = ((size_t)si.totalram + (size_t)si.totalswap) * si.mem_unit;
+            if (total > 0 && total < cap) cap = total;
+        }
+        atomic_store_explicit(&host_capacity, cap, memory_order_relaxed);
+    }
+    return cap;
+}
+
 void *mt_host_alloc(size_t nbytes) {
-    size_t limit = atomic_load(&alloc_limit);
+    size_t limit = atomic_load_explicit(&alloc_limit, memory_order_relaxed);
     if (limit && nbytes > limit) return NULL;
-    if (nbytes > ((size_t)1 << 46)) return NULL; /* no machine has this; avoid overflow */
+    if (nbytes > capacity()) return NULL;
     size_t size = round_size(nbytes ? nbytes : 1);
     if (CACHE_ENABLED && size >= CACHE_MIN) {
         call_once(&cache_once, cache_init);
