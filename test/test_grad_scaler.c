@@ -341,6 +341,29 @@ static void test_skip_overflow_after_scaling(void **state) {
     mt_scope_end();
 }
 
+/* step without unscale folds 1/scale into the optimizer kernel: an FP16 gradient whose true
+   value is subnormal in FP16 reaches the FP32 master without being rounded to FP16 again. */
+static void test_step_folds_unscale(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *p = param((const double[]){0.001}, 1, MT_F16);
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    set_grad(p, (const double[]){1e-7}, 65536, 0);
+    double *g16 = values(mt_grad(p)); /* 1e-7 * 65536 rounded to f16 */
+    double *m0 = values(mt_optimizer_master(o, 0));
+    assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+    /* FP16 unscaling would give 2^-23 (1.19e-7) here; the folded FP32 one keeps 1e-7 */
+    double want = (double)(float)(m0[0] - (double)(float)(g16[0] / 65536.0));
+    assert_close(mt_optimizer_master(o, 0), &want, 1, 1e-11, 0);
+    free(g16);
+    free(m0);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
 /* ------------------------------------------------------------------ dynamic scale */
 
 typedef struct {
@@ -617,6 +640,46 @@ static void test_unscale_shared_and_expanded(void **state) {
     mt_scope_end();
 }
 
+/* The kernels on every dtype and on strided (transposed) gradients, and the sum of squares
+   behind clipping on a tensor big enough for the parallel path. */
+static void test_kernels_dtypes_layouts(void **state) {
+    (void)state;
+    mt_scope_begin();
+    const mt_dtype dts[4] = {MT_F32, MT_F16, MT_BF16, MT_F64};
+    mt_tensor *ps[5];
+    for (int i = 0; i < 4; i++) {
+        ps[i] = mt_zeros(MT_SHAPE(3, 2), dts[i], MT_CPU);
+        mt_set_requires_grad(ps[i], true);
+        /* grad = transpose of a [2, 3] tensor holding 16 * (1..6): non-contiguous */
+        mt_tensor *src =
+            mt_from_data((const double[]){16, 32, 48, 64, 80, 96}, MT_F64, MT_SHAPE(2, 3), MT_CPU);
+        mt_tensor *g = mt_transpose(mt_cast(src, dts[i]), 0, 1);
+        assert_false(mt_is_contiguous(g));
+        assert_int_equal(mt_set_grad(ps[i], g), 0);
+    }
+    int64_t n = 100000;
+    ps[4] = mt_zeros(MT_SHAPE(n), MT_F32, MT_CPU);
+    mt_set_requires_grad(ps[4], true);
+    assert_int_equal(mt_set_grad(ps[4], mt_full(MT_SHAPE(n), MT_F32, MT_CPU, 8.0)), 0);
+    mt_optimizer *o = mt_sgd_new(ps, 5, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 16});
+    assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
+    for (int i = 0; i < 4; i++)
+        assert_same(mt_grad(ps[i]), ((const double[]){1, 4, 2, 5, 3, 6}), 6);
+    /* 4 * (1 + 4 + ... + 36) + n * 0.25 */
+    double want = 4 * 91.0 + 0.25 * (double)n;
+    double norm = mt_clip_grad_norm(o, 1e9);
+    assert_no_error();
+    assert_true(fabs(norm - sqrt(want)) < 1e-4 * sqrt(want));
+    assert_int_equal(mt_grad_scaler_step(s, o), 0);
+    assert_int_equal(mt_grad_scaler_update(s), 0);
+    for (int i = 0; i < 4; i++) assert_same(ps[i], ((const double[]){-1, -4, -2, -5, -3, -6}), 6);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
 /* The documented order for clipping: unscale, clip the true gradients, step. */
 static void test_unscale_clip_step(void **state) {
     (void)state;
@@ -823,6 +886,7 @@ int main(void) {
         MT_TEST(test_skip_inf_adam),
         MT_TEST(test_skip_nan_adam),
         MT_TEST(test_skip_overflow_after_scaling),
+        MT_TEST(test_step_folds_unscale),
         MT_TEST(test_growth),
         MT_TEST(test_backoff_default),
         MT_TEST(test_bounds),
@@ -832,6 +896,7 @@ int main(void) {
         MT_TEST(test_unscale_values),
         MT_TEST(test_unscale_large),
         MT_TEST(test_unscale_shared_and_expanded),
+        MT_TEST(test_kernels_dtypes_layouts),
         MT_TEST(test_unscale_clip_step),
         MT_TEST(test_two_optimizers),
         MT_TEST(test_state_export_import),

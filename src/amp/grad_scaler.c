@@ -4,7 +4,8 @@
    - scale(loss) multiplies by the scale tensor (a recorded op: backward carries the scale);
    - unscale is one fused pass over the optimizer's gradients that multiplies them by
      1/scale (computed on the device) and raises found_inf on any inf/nan;
-   - step hands found_inf to the optimizer kernel, which does nothing when it is set;
+   - step hands found_inf to the optimizer kernel, which does nothing when it is set (and,
+     when unscale was not called, multiplies by 1/scale itself, in FP32 registers);
    - update runs the update_loss_scaling logic on the device.
    As in PyTorch, each optimizer of a step has its own found-inf flag (its step is skipped
    only for an inf/nan in its own gradients) and update backs off when any of them is set. */
@@ -51,8 +52,7 @@ static void clear_step(mt_grad_scaler *s) {
     s->n_opts = 0;
 }
 
-static void release_state(mt_grad_scaler *s) {
-    clear_step(s);
+static void release_tensors(mt_grad_scaler *s) {
     for (int i = 0; i < N_STATE; i++) {
         mt_release(s->t[i]);
         s->t[i] = NULL;
@@ -63,7 +63,9 @@ static void release_state(mt_grad_scaler *s) {
 static int ensure_state(mt_grad_scaler *s, const char *fn, mt_device dev) {
     if (s->t[SCALE]) {
         if (same_device(s->device, dev)) return 0;
-        if (s->n_opts > 0)
+        bool mid_step = false; /* flags already made on the old device */
+        for (int i = 0; i < s->n_opts; i++) mid_step |= s->opts[i].found != NULL;
+        if (mid_step)
             return mt_error_set(
                 MT_ERR_DEVICE,
                 "%s: the optimizers of one step must be on one device (%s:%d and %s:%d)", fn,
@@ -91,7 +93,7 @@ static int ensure_state(mt_grad_scaler *s, const char *fn, mt_device dev) {
     for (int i = 0; i < N_STATE; i++) {
         s->t[i] = mt_scalar(init[i], MT_F32, dev);
         if (!s->t[i]) {
-            release_state(s);
+            release_tensors(s);
             return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
         }
     }
@@ -159,7 +161,8 @@ mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) {
 
 void mt_grad_scaler_free(mt_grad_scaler *s) {
     if (!s) return;
-    release_state(s);
+    clear_step(s);
+    release_tensors(s);
     free(s);
 }
 
@@ -226,8 +229,12 @@ static int drop_duplicates(mt_tensor **grads, int n, const char *fn) {
     return 0;
 }
 
-/* The fused unscale pass over o's gradients: g *= 1/scale, found_inf |= any inf/nan. */
-static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn) {
+/* The fused pass over o's gradients: found |= any inf/nan, and g *= 1/scale when `apply`.
+   Without `apply` the gradients are only checked (a multiply by one, which the kernels skip)
+   and 1/scale is handed back in *inv_out for the optimizer kernel to fold in, so FP16
+   gradients are unscaled in FP32 registers instead of being rounded to FP16 again. */
+static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn, bool apply,
+                        mt_tensor **inv_out) {
     mt_optimizer *o = st->o;
     if (ensure_state(s, fn, o->device) < 0) return mt_last_status();
     if (!st->found) {
@@ -274,10 +281,14 @@ static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn) {
         mt_autocast_end();
         if (!inv) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
     }
-    if (rc == 0) rc = be->unscale(grads, n, inv, st->found);
-    if (rc == 0)
+    mt_tensor *one = rc == 0 && !apply ? mt_scalar(1.0, MT_F32, s->device) : NULL;
+    if (rc == 0 && !apply && !one) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    if (rc == 0) rc = be->unscale(grads, n, apply ? inv : one, st->found);
+    if (rc == 0 && apply)
         for (int i = 0; i < n; i++)
             if (grads[i]) mt_tensor_bump_version(grads[i]);
+    mt_release(one);
+    if (rc == 0 && inv_out) *inv_out = mt_retain(inv);
     mt_release(inv);
     if (grads != small) free(grads);
     return rc;
@@ -301,7 +312,7 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
                          "%s: already called for this optimizer since the last update; call it "
                          "once per step, before step and update",
                          fn));
-    int rc = unscale_pass(s, st, fn);
+    int rc = unscale_pass(s, st, fn, true, NULL);
     if (rc == 0) st->unscaled = true;
     return mt_api_exit_status(rc);
 }
@@ -320,16 +331,13 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
                          "%s: already called for this optimizer since the last update; call "
                          "mt_grad_scaler_update after each step",
                          fn));
-    int rc = 0;
-    /* Not unscaled yet: the same fused pass detects inf/nan and unscales, and the optimizer
-       reads found_inf on the device (an unscale folded into the optimizer kernel could not
-       know about an inf in a gradient it has not reached yet). */
-    if (!st->unscaled) {
-        rc = unscale_pass(s, st, fn);
-        if (rc == 0) st->unscaled = true;
-    }
-    if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, NULL);
-    if (rc == 0) st->stepped = true;
+    /* Not unscaled yet: a check-only pass sets found (the optimizer kernel could not know of
+       an inf in a gradient it has not reached yet) and the unscale folds into the step. */
+    mt_tensor *inv = NULL;
+    int rc = st->unscaled ? 0 : unscale_pass(s, st, fn, false, &inv);
+    if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, inv);
+    mt_release(inv);
+    if (rc == 0) st->unscaled = st->stepped = true;
     return mt_api_exit_status(rc);
 }
 

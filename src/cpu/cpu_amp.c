@@ -6,6 +6,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#include "../math/optim_math.h"
 #include "cpu.h"
 
 #define BLOCK 256
@@ -90,8 +91,37 @@ typedef struct {
     double inv_d;
 } unscale_ctx;
 
+/* inv == 1: only the check (read-only), for a step that folds the unscale into the
+   optimizer kernel. */
+static double check_span(char *p, int64_t s, mt_dtype dt, int64_t n) {
+    int bad = 0;
+    if (dt == MT_F32 && s == 4) {
+        const uint32_t *u = (const uint32_t *)p;
+        for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+        return bad;
+    }
+    if ((dt == MT_F16 || dt == MT_BF16) && s == 2) {
+        const uint16_t *u = (const uint16_t *)p;
+        uint16_t m = dt == MT_F16 ? 0x7c00u : 0x7f80u;
+        for (int64_t i = 0; i < n; i++) bad |= (u[i] & m) == m;
+        return bad;
+    }
+    float buf[BLOCK];
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int64_t m = n - i < BLOCK ? n - i : BLOCK;
+        if (dt == MT_F64) {
+            for (int64_t j = 0; j < m; j++) bad |= !isfinite(*(const double *)(p + (i + j) * s));
+        } else {
+            mt_cpu_load_f32(p + i * s, s, dt, m, buf);
+            for (int64_t j = 0; j < m; j++) bad |= !isfinite(buf[j]);
+        }
+    }
+    return bad;
+}
+
 static double unscale_span(char *p, int64_t s, mt_dtype dt, int64_t n, const void *vctx) {
     const unscale_ctx *c = vctx;
+    if (c->inv_d == 1.0) return check_span(p, s, dt, n);
     int bad = 0;
     if (dt == MT_F32 && s == 4) { /* the common case: a loop the compiler vectorises */
         float *x = (float *)p;
@@ -161,24 +191,9 @@ int mt_cpu_scale_update(const mt_scale_update_args *a) {
     double scale = read_scalar(a->scale);
     double good = read_scalar(a->good_steps), bad = read_scalar(a->bad_steps);
     double skipped = read_scalar(a->skipped_steps);
-    if (read_scalar(a->found_inf) != 0.0) {
-        bad += 1;
-        good = 0;
-        skipped += 1;
-        if (bad >= a->backoff_after) {
-            scale = fmax(scale * a->backoff_factor, a->min_scale);
-            bad = 0;
-        }
-    } else {
-        good += 1;
-        bad = 0;
-        if (good >= a->growth_interval) {
-            double grown = scale * a->growth_factor;
-            /* only to a finite value, and never over the bound */
-            scale = isfinite(grown) && grown <= a->max_scale ? grown : a->max_scale;
-            good = 0;
-        }
-    }
+    mt_loss_scale_update(read_scalar(a->found_inf) != 0.0, &scale, &good, &bad, &skipped,
+                         a->growth_factor, a->backoff_factor, a->growth_interval, a->backoff_after,
+                         a->min_scale, a->max_scale);
     write_scalar(a->scale, scale);
     write_scalar(a->good_steps, good);
     write_scalar(a->bad_steps, bad);
