@@ -49,7 +49,7 @@ static const mt_dtype columns[] = {MT_F32, MT_F16, MT_BF16, MT_F64};
 int mt_amp_stats_print(FILE *f) {
     if (!f) return mt_error_set(MT_ERR_NULL, "mt_amp_stats_print: arg 1: FILE is NULL");
     /* one snapshot, so the table is consistent while other threads keep recording */
-    static _Thread_local long long snap[MT_OP_COUNT][N_COLUMNS + 1];
+    long long snap[MT_OP_COUNT][N_COLUMNS + 1];
     int name_w = 2, rows = 0;
     for (int op = 0; op < MT_OP_COUNT; op++) {
         long long total = 0;
