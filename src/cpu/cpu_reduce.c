@@ -115,6 +115,16 @@ static double max_run_d(const double *restrict x, int64_t n, double m0) {
 /* Folds n elements at p (stride s bytes) into acc (a sum, or a max for MAX). */
 static double reduce_run(const plan *P, const char *p, int64_t s, int64_t n, double acc) {
     bool is_max = P->op == MT_OP_MAX;
+    if (n <= 16 && P->dt == MT_F32) { /* short runs: no lane set-up */
+        if (is_max) {
+            for (int64_t i = 0; i < n; i++) acc = maxd(acc, *(const float *)(p + i * s));
+        } else {
+            float t = 0;
+            for (int64_t i = 0; i < n; i++) t += *(const float *)(p + i * s);
+            acc += t;
+        }
+        return acc;
+    }
     if (P->dt == MT_F32 && s == 4) {
         return is_max ? (double)max_run_f((const float *)p, n, (float)acc)
                       : acc + sum_run_f((const float *)p, n);
@@ -190,52 +200,59 @@ static double row_partial(const plan *P, const char *base, int64_t rb, int64_t r
 }
 
 /* Column mode: cw consecutive outputs along the contiguous kept dim starting at base, over
-   reduced flat range [rb, re); results into res[0..cw). */
+   reduced flat range [rb, re); results into res[0..cw). The innermost reduced dim is walked
+   with a pointer step; FP32 lanes are flushed to double every COL_FLUSH rows. */
 static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int64_t re,
                         double *res) {
-    bool is_max = P->op == MT_OP_MAX;
+    bool is_max = P->op == MT_OP_MAX, f64 = P->dt == MT_F64, f32 = P->dt == MT_F32;
     int64_t idx[MT_MAX_DIMS];
     int64_t off = reduced_offset(P, rb, idx);
     int last = P->nr - 1;
+    int64_t L = P->rshape[last], s = P->rstride[last];
     for (int j = 0; j < cw; j++) res[j] = identity(P);
-    if (P->dt == MT_F64) {
-        for (int64_t r = rb; r < re; r++) {
-            const double *x = (const double *)(base + off);
-            if (is_max)
-                for (int j = 0; j < cw; j++) res[j] = maxd(res[j], x[j]);
-            else
-                for (int j = 0; j < cw; j++) res[j] += x[j];
-            off = advance(P, last, idx, off);
-        }
-        return;
-    }
     float acc[COLW], buf[COLW];
-    float init = is_max ? -INFINITY : 0.0f;
-    for (int j = 0; j < cw; j++) acc[j] = init;
+    for (int j = 0; j < cw; j++) acc[j] = is_max ? -INFINITY : 0.0f;
     int cnt = 0;
-    for (int64_t r = rb; r < re; r++) {
-        const float *x;
-        if (P->dt == MT_F32) {
-            x = (const float *)(base + off);
-        } else {
-            mt_cpu_load_f32(base + off, P->es, P->dt, cw, buf);
-            x = buf;
-        }
-        if (is_max) {
-            for (int j = 0; j < cw; j++) acc[j] = maxf(acc[j], x[j]);
-        } else {
-            for (int j = 0; j < cw; j++) acc[j] += x[j];
-            if (++cnt == COL_FLUSH) {
-                for (int j = 0; j < cw; j++) {
-                    res[j] += acc[j];
-                    acc[j] = 0;
+    int64_t pos = rb;
+    while (pos < re) {
+        int64_t n = L - idx[last];
+        if (n > re - pos) n = re - pos;
+        const char *p = base + off;
+        for (int64_t i = 0; i < n; i++, p += s) {
+            if (f64) {
+                const double *x = (const double *)p;
+                if (is_max)
+                    for (int j = 0; j < cw; j++) res[j] = maxd(res[j], x[j]);
+                else
+                    for (int j = 0; j < cw; j++) res[j] += x[j];
+                continue;
+            }
+            const float *x = (const float *)p;
+            if (!f32) {
+                mt_cpu_load_f32(p, P->es, P->dt, cw, buf);
+                x = buf;
+            }
+            if (is_max) {
+                for (int j = 0; j < cw; j++) acc[j] = maxf(acc[j], x[j]);
+            } else {
+                for (int j = 0; j < cw; j++) acc[j] += x[j];
+                if (++cnt == COL_FLUSH) {
+                    for (int j = 0; j < cw; j++) {
+                        res[j] += acc[j];
+                        acc[j] = 0;
+                    }
+                    cnt = 0;
                 }
-                cnt = 0;
             }
         }
-        off = advance(P, last, idx, off);
+        pos += n;
+        if (pos >= re) break;
+        off -= idx[last] * s;
+        idx[last] = 0;
+        off = last > 0 ? advance(P, last - 1, idx, off) : off;
     }
-    for (int j = 0; j < cw; j++) res[j] = is_max ? maxd(res[j], acc[j]) : res[j] + acc[j];
+    if (!f64)
+        for (int j = 0; j < cw; j++) res[j] = is_max ? maxd(res[j], acc[j]) : res[j] + acc[j];
 }
 
 /* ---------------------------------------------------------------- output indexing */
@@ -253,9 +270,65 @@ static void kept_offsets(const plan *P, int64_t k, int64_t *ia, int64_t *io) {
     *io = o;
 }
 
-static void store(const plan *P, int64_t io, double v) {
+static inline void store(const plan *P, int64_t io, double v) {
     if (P->op == MT_OP_MEAN) v /= (double)P->R;
-    mt_cpu_store_f64(P->o + io, 0, P->odt, 1, &v);
+    if (P->odt == MT_F32)
+        *(float *)(P->o + io) = (float)v;
+    else if (P->odt == MT_F64)
+        *(double *)(P->o + io) = v;
+    else
+        mt_cpu_store_f64(P->o + io, 0, P->odt, 1, &v);
+}
+
+/* Row mode over the whole reduced range for outputs [kb, ke) (at most ROWB). When the
+   reduced dims outside the run are strided more than the kept dims (sum over dims 0 and 2
+   of [B, C, HW]), the reduced index goes outermost so memory is read in order; otherwise
+   each output reduces its runs in turn. */
+#define ROWB 256
+static void rows_block(const plan *P, int64_t kb, int64_t ke) {
+    int64_t ia[ROWB], io[ROWB];
+    double acc[ROWB];
+    int nb = (int)(ke - kb);
+    /* offsets: one division for the first output, then an incremented index */
+    int64_t kidx[MT_MAX_DIMS], rem = kb, a = 0, o = 0;
+    for (int d = P->nk - 1; d >= 0; d--) {
+        kidx[d] = rem % P->kshape[d];
+        rem /= P->kshape[d];
+        a += kidx[d] * P->kstride[d];
+        o += kidx[d] * P->ostride[d];
+    }
+    for (int j = 0; j < nb; j++) {
+        ia[j] = a;
+        io[j] = o;
+        for (int d = P->nk - 1; d >= 0; d--) {
+            kidx[d]++;
+            a += P->kstride[d];
+            o += P->ostride[d];
+            if (kidx[d] < P->kshape[d]) break;
+            a -= kidx[d] * P->kstride[d];
+            o -= kidx[d] * P->ostride[d];
+            kidx[d] = 0;
+        }
+    }
+    int last = P->nr - 1;
+    int64_t L = P->rshape[last], s = P->rstride[last];
+    int64_t kmin = INT64_MAX;
+    for (int d = 0; d < P->nk; d++)
+        if (P->kshape[d] > 1 && llabs(P->kstride[d]) < kmin) kmin = llabs(P->kstride[d]);
+    if (last == 0) { /* one run per output */
+        for (int j = 0; j < nb; j++) acc[j] = reduce_run(P, P->a + ia[j], s, L, identity(P));
+    } else if (kmin >= llabs(P->rstride[last - 1])) {
+        for (int j = 0; j < nb; j++) acc[j] = row_partial(P, P->a + ia[j], 0, P->R);
+    } else {
+        int64_t outer = P->R / L;
+        int64_t idx[MT_MAX_DIMS] = {0}, off = 0;
+        for (int j = 0; j < nb; j++) acc[j] = identity(P);
+        for (int64_t q = 0; q < outer; q++) {
+            for (int j = 0; j < nb; j++) acc[j] = reduce_run(P, P->a + ia[j] + off, s, L, acc[j]);
+            off = advance(P, last - 1, idx, off);
+        }
+    }
+    for (int j = 0; j < nb; j++) store(P, io[j], acc[j]);
 }
 
 /* Column-mode tasks: (outer kept index, chunk of the contiguous dim). */
@@ -399,13 +472,29 @@ int mt_cpu_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask
     int64_t tasks = P.column ? col_tasks(&P, &chunks) : P.K;
     int threads = mt_cpu_num_threads();
     bool parallel = threads > 1 && P.K * P.R >= MT_CPU_PARALLEL_MIN;
-    if (!parallel) {
-        for (int64_t t = 0; t < tasks; t++) run_task(&P, t, 0, P.R, NULL);
+    if (!parallel) { /* no OpenMP construct at all: tiny reductions stay cheap */
+        if (P.column)
+            for (int64_t t = 0; t < tasks; t++) run_task(&P, t, 0, P.R, NULL);
+        else
+            for (int64_t kb = 0; kb < P.K; kb += ROWB)
+                rows_block(&P, kb, kb + ROWB < P.K ? kb + ROWB : P.K);
         return 0;
     }
     if (tasks >= 4 * (int64_t)threads) {
+        if (P.column) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t t = 0; t < tasks; t++) run_task(&P, t, 0, P.R, NULL);
+            for (int64_t t = 0; t < tasks; t++) run_task(&P, t, 0, P.R, NULL);
+            return 0;
+        }
+        /* row mode: blocks of outputs, at least 4 per thread */
+        int64_t per = P.K / (4 * (int64_t)threads);
+        per = per < 1 ? 1 : per > ROWB ? ROWB : per;
+        int64_t blocks = (P.K + per - 1) / per;
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t kb = b * per, ke = kb + per < P.K ? kb + per : P.K;
+            rows_block(&P, kb, ke);
+        }
         return 0;
     }
     /* few outputs: split the reduced range, one partial per thread and output */

@@ -25,23 +25,29 @@
 
 /* exp(x) for float, Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, times
    2^n built from the exponent bits. Below -87.3 it returns 0, above 88.7 inf, NaN stays. */
+#if defined(__FMA__)
+#define FMA(a, b, c) __builtin_fmaf((a), (b), (c))
+#else
+#define FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
 static inline float exp_vf(float x) {
     float xc = x > -87.3f ? x : -87.3f;
     xc = xc < 88.7f ? xc : 88.7f;
     /* n = round(x / ln2) by the 1.5 * 2^23 trick: its low mantissa bits are n itself */
-    float t = xc * 1.44269504088896341f + 12582912.0f;
+    float t = FMA(xc, 1.44269504088896341f, 12582912.0f);
     float n = t - 12582912.0f;
     int32_t ti;
     memcpy(&ti, &t, sizeof ti);
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+    float r = FMA(n, -0.693359375f, xc);
+    r = FMA(n, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    p = FMA(p, r, 1.3981999507e-3f);
+    p = FMA(p, r, 8.3334519073e-3f);
+    p = FMA(p, r, 4.1665795894e-2f);
+    p = FMA(p, r, 1.6666665459e-1f);
+    p = FMA(p, r, 5.0000001201e-1f);
+    p = FMA(p * r, r, r + 1.0f);
     int32_t bits = (int32_t)((uint32_t)(ti - 0x4B400000 + 127) << 23);
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -146,7 +152,7 @@ static inline int64_t row_offset(const row_map *m, int64_t r) {
     return off;
 }
 
-/* Per-thread scratch of `n` elements per buffer, `k` buffers: the stack when small. */
+/* Scratch for one range of rows: the stack when small. */
 typedef struct {
     void *heap;
     size_t bytes;
@@ -164,13 +170,55 @@ static void scratch_put(scratch *s) {
     if (s->heap) mt_host_free(s->heap, s->bytes);
 }
 
-static bool run_parallel(int64_t work) {
-    return mt_cpu_num_threads() > 1 && work >= MT_CPU_PARALLEL_MIN;
+/* Runs fn over [0, n) split in one static range per thread when the work is large enough,
+   else on the calling thread with no OpenMP construct at all (tiny ops stay cheap). fn
+   returns nonzero when it could not get its scratch. */
+typedef int (*range_fn)(void *ctx, int64_t b, int64_t e);
+
+static int for_ranges(range_fn fn, void *ctx, int64_t n, int64_t work) {
+    int threads = mt_cpu_num_threads();
+    if (threads <= 1 || n < 2 || work < MT_CPU_PARALLEL_MIN) return fn(ctx, 0, n);
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int64_t per = (n + nt - 1) / nt, b = (int64_t)id * per, e = b + per < n ? b + per : n;
+        if (b < e && fn(ctx, b, e)) {
+#pragma omp atomic write
+            failed = 1;
+        }
+    }
+    return failed;
 }
 
 static int oom(const char *op, int64_t n) {
     return mt_error_set(MT_ERR_OOM, "%s: out of memory for a row buffer of %lld elements", op,
                         (long long)n);
+}
+
+/* Everything a softmax-family kernel needs about its operands: up to 3 tensors, their row
+   maps, their byte strides along the dim. */
+typedef struct {
+    int64_t L, rows;
+    bool is_log;
+    const mt_tensor *t[3];
+    row_map m[3];
+    int64_t s[3]; /* byte stride along the dim */
+    char *base[3];
+} sm_args;
+
+static void sm_args_init(sm_args *A, int n, const mt_tensor *const *ts, int dim, bool is_log) {
+    const mt_tensor *t0 = ts[0];
+    A->L = t0->ndim ? t0->shape[dim] : 1;
+    A->rows = A->L ? t0->numel / A->L : 0;
+    A->is_log = is_log;
+    for (int i = 0; i < n; i++) {
+        int64_t es = (int64_t)mt_dtype_size(ts[i]->dtype);
+        A->t[i] = ts[i];
+        row_map_init(&A->m[i], ts[i], dim);
+        A->s[i] = ts[i]->ndim ? ts[i]->strides[dim] * es : es;
+        A->base[i] = (char *)mt_tensor_data(ts[i]);
+    }
 }
 
 /* ---------------------------------------------------------------- tiles
@@ -187,50 +235,41 @@ static inline const float *tile_load(const char *p, mt_dtype dt, int w, float *t
     return tmp;
 }
 
-/* True when the innermost other dim of every map is contiguous (and so tiles apply). */
-static bool tiles_apply(const row_map *const *maps, const mt_tensor *const *ts, int n, int64_t L) {
-    if (L < 2 || maps[0]->nd == 0) return false;
+/* True when the innermost other dim of every operand is contiguous (tiles apply). */
+static bool tiles_apply(const sm_args *A, int n) {
+    if (A->L < 2 || A->m[0].nd == 0) return false;
     for (int i = 0; i < n; i++) {
-        const row_map *m = maps[i];
-        if (ts[i]->dtype == MT_F64 || m->nd != maps[0]->nd ||
-            m->stride[m->nd - 1] != (int64_t)mt_dtype_size(ts[i]->dtype))
+        const row_map *m = &A->m[i];
+        if (A->t[i]->dtype == MT_F64 || m->nd != A->m[0].nd ||
+            m->stride[m->nd - 1] != (int64_t)mt_dtype_size(A->t[i]->dtype))
             return false;
     }
-    return maps[0]->shape[maps[0]->nd - 1] >= 4;
+    return A->m[0].shape[A->m[0].nd - 1] >= 4;
 }
 
-typedef struct {
-    int64_t V, chunks, tasks;
-} tile_plan;
-
-static tile_plan tile_plan_of(const row_map *m, int64_t rows) {
-    tile_plan t;
-    t.V = m->shape[m->nd - 1];
-    t.chunks = (t.V + TILE - 1) / TILE;
-    t.tasks = rows / t.V * t.chunks;
-    return t;
+static int64_t tile_tasks(const sm_args *A) {
+    int64_t V = A->m[0].shape[A->m[0].nd - 1];
+    return A->rows / V * ((V + TILE - 1) / TILE);
 }
 
 /* first row and width of tile task k */
-static inline int64_t tile_row(const tile_plan *t, int64_t k, int *w) {
-    int64_t line = k / t->chunks, c0 = (k % t->chunks) * TILE;
-    *w = (int)(t->V - c0 < TILE ? t->V - c0 : TILE);
-    return line * t->V + c0;
+static inline int64_t tile_row(const sm_args *A, int64_t k, int *w) {
+    int64_t V = A->m[0].shape[A->m[0].nd - 1], chunks = (V + TILE - 1) / TILE;
+    int64_t line = k / chunks, c0 = (k % chunks) * TILE;
+    *w = (int)(V - c0 < TILE ? V - c0 : TILE);
+    return line * V + c0;
 }
 
-static void softmax_tiles(mt_tensor *out, const mt_tensor *a, int64_t L, int64_t as, int64_t os,
-                          const row_map *am, const row_map *om, int64_t rows, bool is_log) {
-    tile_plan tp = tile_plan_of(am, rows);
-    const char *ab = mt_tensor_data(a);
-    char *ob = mt_tensor_data(out);
-    mt_dtype dt = a->dtype, odt = out->dtype;
-#pragma omp parallel for schedule(static)                                                          \
-    num_threads(mt_cpu_num_threads()) if (run_parallel(a->numel * 4))
-    for (int64_t k = 0; k < tp.tasks; k++) {
+/* operands: 0 = input, 1 = output */
+static int softmax_tiles(void *ctx, int64_t kb, int64_t ke) {
+    const sm_args *A = ctx;
+    mt_dtype dt = A->t[0]->dtype, odt = A->t[1]->dtype;
+    int64_t L = A->L, as = A->s[0], os = A->s[1], oes = (int64_t)mt_dtype_size(odt);
+    for (int64_t k = kb; k < ke; k++) {
         int w;
-        int64_t r0 = tile_row(&tp, k, &w);
-        const char *src = ab + row_offset(am, r0);
-        char *dst = ob + row_offset(om, r0);
+        int64_t r0 = tile_row(A, k, &w);
+        const char *src = A->base[0] + row_offset(&A->m[0], r0);
+        char *dst = A->base[1] + row_offset(&A->m[1], r0);
         float m[TILE], tmp[TILE], y[TILE], sub[TILE];
         double s[TILE];
         for (int j = 0; j < w; j++) {
@@ -248,351 +287,343 @@ static void softmax_tiles(mt_tensor *out, const mt_tensor *a, int64_t L, int64_t
             for (int j = 0; j < w; j++) s[j] += y[j];
         }
         /* softmax: exp(x - m) / s; log_softmax: (x - m) - log(s) */
-        for (int j = 0; j < w; j++) sub[j] = is_log ? (float)log(s[j]) : (float)(1.0 / s[j]);
+        for (int j = 0; j < w; j++) sub[j] = A->is_log ? (float)log(s[j]) : (float)(1.0 / s[j]);
         for (int64_t l = 0; l < L; l++) {
             const float *x = tile_load(src + l * as, dt, w, tmp);
             float *o = odt == MT_F32 ? (float *)(dst + l * os) : y;
-            if (is_log)
+            if (A->is_log)
                 for (int j = 0; j < w; j++) o[j] = (x[j] - m[j]) - sub[j];
             else
                 for (int j = 0; j < w; j++) o[j] = exp_vf(x[j] - m[j]) * sub[j];
-            if (odt != MT_F32)
-                mt_cpu_store_f32(dst + l * os, (int64_t)mt_dtype_size(odt), odt, w, o);
+            if (odt != MT_F32) mt_cpu_store_f32(dst + l * os, oes, odt, w, o);
         }
     }
+    return 0;
 }
 
-/* softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
-static void softmax_backward_tiles(mt_tensor *gi, const mt_tensor *go, const mt_tensor *y,
-                                   int64_t L, int64_t xs, int64_t gs, int64_t ys, const row_map *xm,
-                                   const row_map *gm, const row_map *ym, int64_t rows,
-                                   bool is_log) {
-    tile_plan tp = tile_plan_of(ym, rows);
-    const char *gb = mt_tensor_data(go), *yb = mt_tensor_data(y);
-    char *xb = mt_tensor_data(gi);
-#pragma omp parallel for schedule(static)                                                          \
-    num_threads(mt_cpu_num_threads()) if (run_parallel(y->numel * 2))
-    for (int64_t k = 0; k < tp.tasks; k++) {
+/* operands: 0 = y, 1 = grad_out, 2 = grad_in.
+   softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
+static int softmax_backward_tiles(void *ctx, int64_t kb, int64_t ke) {
+    const sm_args *A = ctx;
+    mt_dtype ydt = A->t[0]->dtype, gdt = A->t[1]->dtype, xdt = A->t[2]->dtype;
+    int64_t L = A->L, ys = A->s[0], gs = A->s[1], xs = A->s[2];
+    for (int64_t k = kb; k < ke; k++) {
         int w;
-        int64_t r0 = tile_row(&tp, k, &w);
-        const char *gp = gb + row_offset(gm, r0), *yp = yb + row_offset(ym, r0);
-        char *xp = xb + row_offset(xm, r0);
+        int64_t r0 = tile_row(A, k, &w);
+        const char *yp = A->base[0] + row_offset(&A->m[0], r0);
+        const char *gp = A->base[1] + row_offset(&A->m[1], r0);
+        char *xp = A->base[2] + row_offset(&A->m[2], r0);
         float t1[TILE], t2[TILE], o[TILE], sf[TILE];
         double s[TILE];
         for (int j = 0; j < w; j++) s[j] = 0;
         for (int64_t l = 0; l < L; l++) {
-            const float *g = tile_load(gp + l * gs, go->dtype, w, t1);
-            if (is_log) {
+            const float *g = tile_load(gp + l * gs, gdt, w, t1);
+            if (A->is_log) {
                 for (int j = 0; j < w; j++) s[j] += g[j];
             } else {
-                const float *v = tile_load(yp + l * ys, y->dtype, w, t2);
+                const float *v = tile_load(yp + l * ys, ydt, w, t2);
                 for (int j = 0; j < w; j++) s[j] += g[j] * v[j];
             }
         }
         for (int j = 0; j < w; j++) sf[j] = (float)s[j];
         for (int64_t l = 0; l < L; l++) {
-            const float *g = tile_load(gp + l * gs, go->dtype, w, t1);
-            const float *v = tile_load(yp + l * ys, y->dtype, w, t2);
-            float *dst = gi->dtype == MT_F32 ? (float *)(xp + l * xs) : o;
-            if (is_log)
+            const float *g = tile_load(gp + l * gs, gdt, w, t1);
+            const float *v = tile_load(yp + l * ys, ydt, w, t2);
+            float *dst = xdt == MT_F32 ? (float *)(xp + l * xs) : o;
+            if (A->is_log)
                 for (int j = 0; j < w; j++) dst[j] = g[j] - exp_vf(v[j]) * sf[j];
             else
                 for (int j = 0; j < w; j++) dst[j] = v[j] * (g[j] - sf[j]);
-            if (gi->dtype != MT_F32)
-                mt_cpu_store_f32(xp + l * xs, (int64_t)mt_dtype_size(gi->dtype), gi->dtype, w, dst);
+            if (xdt != MT_F32)
+                mt_cpu_store_f32(xp + l * xs, (int64_t)mt_dtype_size(xdt), xdt, w, dst);
         }
     }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- softmax forward */
 
+/* rows [rb, re); operands: 0 = input, 1 = output */
+static int softmax_rows(void *ctx, int64_t rb, int64_t re) {
+    const sm_args *A = ctx;
+    const mt_tensor *a = A->t[0], *out = A->t[1];
+    int64_t L = A->L, as = A->s[0], os = A->s[1];
+    bool wide = out->dtype == MT_F64;
+    scratch sc;
+    double stack[ROW_STACK];
+    char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)L * 2 * (wide ? 8 : 4));
+    if (!buf) return 1;
+    for (int64_t r = rb; r < re; r++) {
+        const char *src = A->base[0] + row_offset(&A->m[0], r);
+        char *dst = A->base[1] + row_offset(&A->m[1], r);
+        if (wide) {
+            double *x = (double *)buf, *e = x + L;
+            mt_cpu_load_f64(src, as, a->dtype, L, x);
+            double m = max_d(x, L), s = 0;
+            if (m == -INFINITY) m = 0; /* a row of -inf: exp gives 0, the sum 0, nan */
+            for (int64_t i = 0; i < L; i++) s += (e[i] = exp(x[i] - m));
+            if (A->is_log) {
+                double lg = log(s);
+                for (int64_t i = 0; i < L; i++) e[i] = (x[i] - m) - lg;
+            } else {
+                double inv = 1.0 / s;
+                for (int64_t i = 0; i < L; i++) e[i] *= inv;
+            }
+            mt_cpu_store_f64(dst, os, out->dtype, L, e);
+            continue;
+        }
+        float *x = (float *)buf, *e = x + L;
+        const float *xs = x;
+        if (a->dtype == MT_F32 && as == 4)
+            xs = (const float *)src;
+        else
+            mt_cpu_load_f32(src, as, a->dtype, L, x);
+        float m = max_f(xs, L);
+        if (m == -INFINITY) m = 0;
+        bool direct = out->dtype == MT_F32 && os == 4;
+        float *y = direct ? (float *)dst : e;
+        float s = exp_sub_f(xs, m, y, L);
+        if (A->is_log) {
+            float lg = logf(s);
+            for (int64_t i = 0; i < L; i++) y[i] = (xs[i] - m) - lg;
+        } else {
+            float inv = 1.0f / s;
+            for (int64_t i = 0; i < L; i++) y[i] *= inv;
+        }
+        if (!direct) mt_cpu_store_f32(dst, os, out->dtype, L, y);
+    }
+    scratch_put(&sc);
+    return 0;
+}
+
 int mt_cpu_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool is_log) {
-    int64_t L = a->ndim ? a->shape[dim] : 1;
     if (a->numel == 0) return 0;
-    int64_t rows = a->numel / L;
-    row_map am, om;
-    row_map_init(&am, a, dim);
-    row_map_init(&om, out, dim);
-    int64_t ies = (int64_t)mt_dtype_size(a->dtype), oes = (int64_t)mt_dtype_size(out->dtype);
-    int64_t as = a->ndim ? a->strides[dim] * ies : ies,
-            os = out->ndim ? out->strides[dim] * oes : oes;
-    const char *ab = mt_tensor_data(a);
-    char *ob = mt_tensor_data(out);
-    const row_map *maps[2] = {&am, &om};
+    sm_args A;
     const mt_tensor *ts[2] = {a, out};
-    if (tiles_apply(maps, ts, 2, L)) {
-        softmax_tiles(out, a, L, as, os, &am, &om, rows, is_log);
+    sm_args_init(&A, 2, ts, dim, is_log);
+    if (tiles_apply(&A, 2)) {
+        for_ranges(softmax_tiles, &A, tile_tasks(&A), a->numel * 4);
         return 0;
     }
-    bool wide = out->dtype == MT_F64;
-    int failed = 0;
-#pragma omp parallel num_threads(mt_cpu_num_threads()) if (run_parallel(a->numel * 4))
-    {
-        scratch sc;
-        double stack[ROW_STACK];
-        size_t es = wide ? 8 : 4;
-        char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)L * 2 * es);
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (!buf) continue;
-            const char *src = ab + row_offset(&am, r);
-            char *dst = ob + row_offset(&om, r);
-            if (wide) {
-                double *x = (double *)buf, *e = x + L;
-                mt_cpu_load_f64(src, as, a->dtype, L, x);
-                double m = max_d(x, L), s = 0;
-                if (m == -INFINITY) m = 0; /* a row of -inf: exp(-inf) = 0, sum 0, nan */
-                for (int64_t i = 0; i < L; i++) s += (e[i] = exp(x[i] - m));
-                if (is_log) {
-                    double lg = log(s);
-                    for (int64_t i = 0; i < L; i++) e[i] = (x[i] - m) - lg;
-                } else {
-                    double inv = 1.0 / s;
-                    for (int64_t i = 0; i < L; i++) e[i] *= inv;
-                }
-                mt_cpu_store_f64(dst, os, out->dtype, L, e);
-                continue;
-            }
-            float *x = (float *)buf, *e = x + L;
-            const float *xs = x;
-            if (a->dtype == MT_F32 && as == 4)
-                xs = (const float *)src;
-            else
-                mt_cpu_load_f32(src, as, a->dtype, L, x);
-            float m = max_f(xs, L);
-            if (m == -INFINITY) m = 0;
-            bool direct = out->dtype == MT_F32 && os == 4;
-            float *y = direct ? (float *)dst : e;
-            float s = exp_sub_f(xs, m, y, L);
-            if (is_log) {
-                float lg = logf(s);
-                for (int64_t i = 0; i < L; i++) y[i] = (xs[i] - m) - lg;
-            } else {
-                float inv = 1.0f / s;
-                for (int64_t i = 0; i < L; i++) y[i] *= inv;
-            }
-            if (!direct) mt_cpu_store_f32(dst, os, out->dtype, L, y);
-        }
-        scratch_put(&sc);
-    }
-    return failed ? oom("mt_softmax", L) : 0;
+    return for_ranges(softmax_rows, &A, A.rows, a->numel * 4) ? oom("mt_softmax", A.L) : 0;
 }
 
 /* ---------------------------------------------------------------- softmax backward */
 
-/* softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
+/* rows [rb, re); operands: 0 = y, 1 = grad_out, 2 = grad_in.
+   softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
+static int softmax_backward_rows(void *ctx, int64_t rb, int64_t re) {
+    const sm_args *A = ctx;
+    const mt_tensor *y = A->t[0], *go = A->t[1], *gi = A->t[2];
+    int64_t L = A->L, ys = A->s[0], gs = A->s[1], xs = A->s[2];
+    bool wide = y->dtype == MT_F64 || gi->dtype == MT_F64;
+    scratch sc;
+    double stack[ROW_STACK];
+    char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)L * 2 * (wide ? 8 : 4));
+    if (!buf) return 1;
+    for (int64_t r = rb; r < re; r++) {
+        const char *yp = A->base[0] + row_offset(&A->m[0], r);
+        const char *gp = A->base[1] + row_offset(&A->m[1], r);
+        char *xp = A->base[2] + row_offset(&A->m[2], r);
+        if (wide) {
+            double *g = (double *)buf, *v = g + L;
+            mt_cpu_load_f64(gp, gs, go->dtype, L, g);
+            mt_cpu_load_f64(yp, ys, y->dtype, L, v);
+            double s = 0;
+            if (A->is_log) {
+                for (int64_t i = 0; i < L; i++) s += g[i];
+                for (int64_t i = 0; i < L; i++) g[i] -= exp(v[i]) * s;
+            } else {
+                for (int64_t i = 0; i < L; i++) s += g[i] * v[i];
+                for (int64_t i = 0; i < L; i++) g[i] = v[i] * (g[i] - s);
+            }
+            mt_cpu_store_f64(xp, xs, gi->dtype, L, g);
+            continue;
+        }
+        float *g = (float *)buf, *v = g + L;
+        mt_cpu_load_f32(gp, gs, go->dtype, L, g);
+        const float *yv = v;
+        if (y->dtype == MT_F32 && ys == 4)
+            yv = (const float *)yp;
+        else
+            mt_cpu_load_f32(yp, ys, y->dtype, L, v);
+        bool direct = gi->dtype == MT_F32 && xs == 4;
+        float *o = direct ? (float *)xp : g;
+        if (A->is_log) {
+            float s = sum_f(g, L);
+            for (int64_t i = 0; i < L; i++) o[i] = g[i] - exp_vf(yv[i]) * s;
+        } else {
+            float s = dot_f(g, yv, L);
+            for (int64_t i = 0; i < L; i++) o[i] = yv[i] * (g[i] - s);
+        }
+        if (!direct) mt_cpu_store_f32(xp, xs, gi->dtype, L, o);
+    }
+    scratch_put(&sc);
+    return 0;
+}
+
 int mt_cpu_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
                             int dim, bool is_log) {
-    int64_t L = y->ndim ? y->shape[dim] : 1;
     if (y->numel == 0) return 0;
-    int64_t rows = y->numel / L;
-    row_map gm, ym, xm;
-    row_map_init(&gm, grad_out, dim);
-    row_map_init(&ym, y, dim);
-    row_map_init(&xm, grad_in, dim);
-    int64_t ges = (int64_t)mt_dtype_size(grad_out->dtype), yes = (int64_t)mt_dtype_size(y->dtype),
-            xes = (int64_t)mt_dtype_size(grad_in->dtype);
-    int64_t gs = y->ndim ? grad_out->strides[dim] * ges : ges;
-    int64_t ys = y->ndim ? y->strides[dim] * yes : yes;
-    int64_t xs = y->ndim ? grad_in->strides[dim] * xes : xes;
-    const char *gb = mt_tensor_data(grad_out), *yb = mt_tensor_data(y);
-    char *xb = mt_tensor_data(grad_in);
-    const row_map *maps[3] = {&ym, &gm, &xm};
+    sm_args A;
     const mt_tensor *ts[3] = {y, grad_out, grad_in};
-    if (tiles_apply(maps, ts, 3, L)) {
-        softmax_backward_tiles(grad_in, grad_out, y, L, xs, gs, ys, &xm, &gm, &ym, rows, is_log);
+    sm_args_init(&A, 3, ts, dim, is_log);
+    if (tiles_apply(&A, 3)) {
+        for_ranges(softmax_backward_tiles, &A, tile_tasks(&A), y->numel * 2);
         return 0;
     }
-    bool wide = y->dtype == MT_F64 || grad_in->dtype == MT_F64;
-    int failed = 0;
-#pragma omp parallel num_threads(mt_cpu_num_threads()) if (run_parallel(y->numel * 2))
-    {
-        scratch sc;
-        double stack[ROW_STACK];
-        size_t es = wide ? 8 : 4;
-        char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)L * 2 * es);
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (!buf) continue;
-            const char *gp = gb + row_offset(&gm, r), *yp = yb + row_offset(&ym, r);
-            char *xp = xb + row_offset(&xm, r);
-            if (wide) {
-                double *g = (double *)buf, *v = g + L;
-                mt_cpu_load_f64(gp, gs, grad_out->dtype, L, g);
-                mt_cpu_load_f64(yp, ys, y->dtype, L, v);
-                double s = 0;
-                if (is_log) {
-                    for (int64_t i = 0; i < L; i++) s += g[i];
-                    for (int64_t i = 0; i < L; i++) g[i] -= exp(v[i]) * s;
-                } else {
-                    for (int64_t i = 0; i < L; i++) s += g[i] * v[i];
-                    for (int64_t i = 0; i < L; i++) g[i] = v[i] * (g[i] - s);
-                }
-                mt_cpu_store_f64(xp, xs, grad_in->dtype, L, g);
-                continue;
-            }
-            float *g = (float *)buf, *v = g + L;
-            mt_cpu_load_f32(gp, gs, grad_out->dtype, L, g);
-            const float *yv = v;
-            if (y->dtype == MT_F32 && ys == 4)
-                yv = (const float *)yp;
-            else
-                mt_cpu_load_f32(yp, ys, y->dtype, L, v);
-            bool direct = grad_in->dtype == MT_F32 && xs == 4;
-            float *o = direct ? (float *)xp : g;
-            if (is_log) {
-                float s = sum_f(g, L);
-                for (int64_t i = 0; i < L; i++) o[i] = g[i] - exp_vf(yv[i]) * s;
-            } else {
-                float s = dot_f(g, yv, L);
-                for (int64_t i = 0; i < L; i++) o[i] = yv[i] * (g[i] - s);
-            }
-            if (!direct) mt_cpu_store_f32(xp, xs, grad_in->dtype, L, o);
-        }
-        scratch_put(&sc);
-    }
-    return failed ? oom("mt_softmax_backward", L) : 0;
+    return for_ranges(softmax_backward_rows, &A, A.rows, y->numel * 2)
+               ? oom("mt_softmax_backward", A.L)
+               : 0;
 }
 
 /* ---------------------------------------------------------------- cross entropy */
+
+typedef struct {
+    const mt_tensor *logits, *labels, *lse, *scale;
+    mt_tensor *loss, *grad;
+    int64_t N, C, ignore;
+    double k; /* backward scale */
+    int64_t count;
+} ce_args;
 
 static inline int64_t label_at(const mt_tensor *labels, int64_t r) {
     const int64_t *p = (const int64_t *)mt_tensor_data(labels);
     return p[r * (labels->ndim ? labels->strides[0] : 0)];
 }
 
-/* loss[r] = lse_r - x[r, label_r]; lse and loss are written in their dtype (F32, or F64 for
-   F64 logits). Labels were range-checked by the op. */
+static inline char *elem(const mt_tensor *t, int64_t r, int64_t c) {
+    int64_t es = (int64_t)mt_dtype_size(t->dtype);
+    return (char *)mt_tensor_data(t) +
+           (r * t->strides[0] + c * (t->ndim > 1 ? t->strides[1] : 0)) * es;
+}
+
+/* loss[r] = lse_r - x[r, label_r]; lse and loss in their dtype (F32, or F64 for F64 logits).
+   Labels were range-checked by the op. */
+static int ce_rows(void *ctx, int64_t rb, int64_t re) {
+    ce_args *A = ctx;
+    const mt_tensor *x = A->logits;
+    int64_t C = A->C, es = (int64_t)mt_dtype_size(x->dtype), cs = x->strides[1] * es;
+    bool wide = x->dtype == MT_F64;
+    scratch sc;
+    double stack[ROW_STACK];
+    char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)C * 2 * (wide ? 8 : 4));
+    if (!buf) return 1;
+    int64_t count = 0;
+    for (int64_t r = rb; r < re; r++) {
+        int64_t lab = label_at(A->labels, r);
+        const char *row = elem(x, r, 0);
+        double l = 0, s = 0;
+        if (lab != A->ignore && wide) {
+            double *v = (double *)buf;
+            mt_cpu_load_f64(row, cs, x->dtype, C, v);
+            double m = max_d(v, C), acc = 0;
+            if (m == -INFINITY) m = 0;
+            for (int64_t i = 0; i < C; i++) acc += exp(v[i] - m);
+            s = m + log(acc);
+            l = s - v[lab];
+            count++;
+        } else if (lab != A->ignore) {
+            float *v = (float *)buf, *e = v + C;
+            const float *xs = v;
+            if (x->dtype == MT_F32 && cs == 4)
+                xs = (const float *)row;
+            else
+                mt_cpu_load_f32(row, cs, x->dtype, C, v);
+            float m = max_f(xs, C);
+            if (m == -INFINITY) m = 0;
+            float acc = exp_sub_f(xs, m, e, C);
+            s = (double)(m + logf(acc));
+            l = s - (double)xs[lab];
+            count++;
+        }
+        mt_cpu_store_f64(elem(A->loss, r, 0), 0, A->loss->dtype, 1, &l);
+        mt_cpu_store_f64(elem(A->lse, r, 0), 0, A->lse->dtype, 1, &s);
+    }
+    scratch_put(&sc);
+#pragma omp atomic
+    A->count += count;
+    return 0;
+}
+
 int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logits,
                          const mt_tensor *labels, int64_t ignore_index, int64_t *valid) {
-    int64_t N = logits->shape[0], C = logits->shape[1];
-    int64_t es = (int64_t)mt_dtype_size(logits->dtype);
-    int64_t rs = logits->strides[0] * es, cs = logits->strides[1] * es;
-    int64_t les = (int64_t)mt_dtype_size(loss->dtype), ses = (int64_t)mt_dtype_size(lse->dtype);
-    const char *xb = mt_tensor_data(logits);
-    char *lb = mt_tensor_data(loss), *sb = mt_tensor_data(lse);
-    int64_t lstride = loss->strides[0] * les, sstride = lse->strides[0] * ses;
-    bool wide = logits->dtype == MT_F64;
-    int64_t count = 0;
-    int failed = 0;
-#pragma omp parallel num_threads(mt_cpu_num_threads()) if (run_parallel(N * C * 4))
-    {
-        scratch sc;
-        double stack[ROW_STACK];
-        char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)C * 2 * (wide ? 8 : 4));
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static) reduction(+ : count)
-        for (int64_t r = 0; r < N; r++) {
-            if (!buf) continue;
-            int64_t lab = label_at(labels, r);
-            double l = 0, s;
-            if (lab == ignore_index) {
-                s = 0;
-            } else if (wide) {
-                double *x = (double *)buf;
-                mt_cpu_load_f64(xb + r * rs, cs, logits->dtype, C, x);
-                double m = max_d(x, C), acc = 0;
-                if (m == -INFINITY) m = 0;
-                for (int64_t i = 0; i < C; i++) acc += exp(x[i] - m);
-                s = m + log(acc);
-                l = s - x[lab];
-                count++;
-            } else {
-                float *x = (float *)buf, *e = x + C;
-                const float *xs = x;
-                if (logits->dtype == MT_F32 && cs == 4)
-                    xs = (const float *)(xb + r * rs);
-                else
-                    mt_cpu_load_f32(xb + r * rs, cs, logits->dtype, C, x);
-                float m = max_f(xs, C);
-                if (m == -INFINITY) m = 0;
-                float acc = exp_sub_f(xs, m, e, C);
-                s = (double)(m + logf(acc));
-                l = s - (double)xs[lab];
-                count++;
-            }
-            mt_cpu_store_f64(lb + r * lstride, 0, loss->dtype, 1, &l);
-            mt_cpu_store_f64(sb + r * sstride, 0, lse->dtype, 1, &s);
-        }
-        scratch_put(&sc);
-    }
-    *valid = count;
-    return failed ? oom("mt_cross_entropy", C) : 0;
+    ce_args A = {.logits = logits,
+                 .labels = labels,
+                 .lse = lse,
+                 .loss = loss,
+                 .N = logits->shape[0],
+                 .C = logits->shape[1],
+                 .ignore = ignore_index};
+    int failed = for_ranges(ce_rows, &A, A.N, A.N * A.C * 4);
+    *valid = A.count;
+    return failed ? oom("mt_cross_entropy", A.C) : 0;
 }
 
 /* grad[r, c] = (exp(x[r, c] - lse[r]) - (c == label_r)) * scale; ignored rows get zeros. */
+static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
+    ce_args *A = ctx;
+    const mt_tensor *x = A->logits;
+    mt_tensor *gr = A->grad;
+    int64_t C = A->C, es = (int64_t)mt_dtype_size(x->dtype), cs = x->strides[1] * es;
+    int64_t gcs = gr->strides[1] * (int64_t)mt_dtype_size(gr->dtype);
+    bool wide = x->dtype == MT_F64 || gr->dtype == MT_F64;
+    scratch sc;
+    double stack[ROW_STACK];
+    char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)C * (wide ? 8 : 4));
+    if (!buf) return 1;
+    double k = A->k;
+    for (int64_t r = rb; r < re; r++) {
+        int64_t lab = label_at(A->labels, r);
+        double s;
+        mt_cpu_load_f64(elem(A->lse, r, 0), 0, A->lse->dtype, 1, &s);
+        const char *row = elem(x, r, 0);
+        char *gp = elem(gr, r, 0);
+        if (wide) {
+            double *v = (double *)buf;
+            if (lab == A->ignore) {
+                memset(v, 0, (size_t)C * sizeof *v);
+            } else {
+                mt_cpu_load_f64(row, cs, x->dtype, C, v);
+                for (int64_t i = 0; i < C; i++) v[i] = exp(v[i] - s) * k;
+                v[lab] -= k;
+            }
+            mt_cpu_store_f64(gp, gcs, gr->dtype, C, v);
+            continue;
+        }
+        float *v = (float *)buf;
+        bool direct = gr->dtype == MT_F32 && gcs == 4;
+        float *o = direct ? (float *)gp : v;
+        if (lab == A->ignore) {
+            memset(o, 0, (size_t)C * sizeof *o);
+        } else {
+            const float *xs = v;
+            if (x->dtype == MT_F32 && cs == 4)
+                xs = (const float *)row;
+            else
+                mt_cpu_load_f32(row, cs, x->dtype, C, v);
+            float fs = (float)s, fk = (float)k;
+            for (int64_t i = 0; i < C; i++) o[i] = exp_vf(xs[i] - fs) * fk;
+            o[lab] -= fk;
+        }
+        if (!direct) mt_cpu_store_f32(gp, gcs, gr->dtype, C, o);
+    }
+    scratch_put(&sc);
+    return 0;
+}
+
 int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,
                                   const mt_tensor *labels, const mt_tensor *lse,
                                   const mt_tensor *scale, int64_t ignore_index) {
-    int64_t N = logits->shape[0], C = logits->shape[1];
-    int64_t es = (int64_t)mt_dtype_size(logits->dtype),
-            ges = (int64_t)mt_dtype_size(grad_logits->dtype);
-    int64_t rs = logits->strides[0] * es, cs = logits->strides[1] * es;
-    int64_t grs = grad_logits->strides[0] * ges, gcs = grad_logits->strides[1] * ges;
-    int64_t ses = (int64_t)mt_dtype_size(lse->dtype), sstride = lse->strides[0] * ses;
-    const char *xb = mt_tensor_data(logits), *sb = mt_tensor_data(lse);
-    char *gb = mt_tensor_data(grad_logits);
-    double k;
-    mt_cpu_load_f64(mt_tensor_data(scale), 0, scale->dtype, 1, &k);
-    bool wide = logits->dtype == MT_F64 || grad_logits->dtype == MT_F64;
-    int failed = 0;
-#pragma omp parallel num_threads(mt_cpu_num_threads()) if (run_parallel(N * C * 2))
-    {
-        scratch sc;
-        double stack[ROW_STACK];
-        char *buf = scratch_get(&sc, stack, sizeof stack, (size_t)C * (wide ? 8 : 4));
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < N; r++) {
-            if (!buf) continue;
-            int64_t lab = label_at(labels, r);
-            double s;
-            mt_cpu_load_f64(sb + r * sstride, 0, lse->dtype, 1, &s);
-            char *gp = gb + r * grs;
-            if (wide) {
-                double *x = (double *)buf;
-                if (lab == ignore_index) {
-                    memset(x, 0, (size_t)C * sizeof *x);
-                } else {
-                    mt_cpu_load_f64(xb + r * rs, cs, logits->dtype, C, x);
-                    for (int64_t i = 0; i < C; i++) x[i] = exp(x[i] - s) * k;
-                    x[lab] -= k;
-                }
-                mt_cpu_store_f64(gp, gcs, grad_logits->dtype, C, x);
-                continue;
-            }
-            float *x = (float *)buf;
-            bool direct = grad_logits->dtype == MT_F32 && gcs == 4;
-            float *o = direct ? (float *)gp : x;
-            if (lab == ignore_index) {
-                memset(o, 0, (size_t)C * sizeof *o);
-            } else {
-                const float *xs = x;
-                if (logits->dtype == MT_F32 && cs == 4)
-                    xs = (const float *)(xb + r * rs);
-                else
-                    mt_cpu_load_f32(xb + r * rs, cs, logits->dtype, C, x);
-                float fs = (float)s, fk = (float)k;
-                for (int64_t i = 0; i < C; i++) o[i] = exp_vf(xs[i] - fs) * fk;
-                o[lab] -= fk;
-            }
-            if (!direct) mt_cpu_store_f32(gp, gcs, grad_logits->dtype, C, o);
-        }
-        scratch_put(&sc);
-    }
-    return failed ? oom("mt_cross_entropy_backward", C) : 0;
+    ce_args A = {.logits = logits,
+                 .labels = labels,
+                 .lse = lse,
+                 .grad = grad_logits,
+                 .N = logits->shape[0],
+                 .C = logits->shape[1],
+                 .ignore = ignore_index};
+    mt_cpu_load_f64(mt_tensor_data(scale), 0, scale->dtype, 1, &A.k);
+    return for_ranges(ce_backward_rows, &A, A.N, A.N * A.C * 2)
+               ? oom("mt_cross_entropy_backward", A.C)
+               : 0;
 }
