@@ -5,6 +5,7 @@
    updated where it lies, anything else goes through a stack buffer. */
 #include <math.h>
 #include <stdlib.h>
+#include "../math/optim_math.h"
 #include "cpu.h"
 
 #define BLOCK 256
@@ -14,67 +15,44 @@
 typedef struct {
     mt_optim_kind kind;
     bool nesterov;
-    double lr, momentum, beta1, beta2, eps;
-    double l2;        /* weight decay added to the gradient (SGD, Momentum, Adam) */
-    double decay;     /* AdamW's decoupled factor 1 - lr * wd; 1 otherwise */
-    double scale;     /* inv_scale, or 1 */
-    double step_size; /* Adam: lr / (1 - beta1^t) */
-    double bc2_sqrt;  /* Adam: sqrt(1 - beta2^t) */
+    mt_optim_hyper h;
 } optim_consts;
 
-/* The update rules over arrays, stamped for float and double; the kind switch sits outside
-   the loops so each loop vectorises. Formulas follow torch (SGD, SGD momentum with
-   dampening 0, Adam, AdamW). */
-#define DEFINE_UPDATE(T, S, SQRT)                                                                  \
-    static void update_##S(const optim_consts *c, T *restrict p, const T *restrict g,              \
+/* The update rules (src/math/optim_math.h) over arrays, stamped for float and double; the
+   kind switch sits outside the loops, and nesterov is passed as a constant, so each loop
+   vectorises. */
+#define DEFINE_UPDATE(T, S)                                                                        \
+    static void update_##S(const optim_consts *oc, T *restrict p, const T *restrict g,             \
                            T *restrict m1, T *restrict m2, int64_t n) {                            \
-        const T lr = (T)c->lr, l2 = (T)c->l2, s = (T)c->scale;                                     \
-        switch (c->kind) {                                                                         \
+        const mt_optim_consts_##S c = mt_optim_narrow_##S(&oc->h);                                 \
+        switch (oc->kind) {                                                                        \
         case MT_OPTIM_SGD:                                                                         \
-            for (int64_t i = 0; i < n; i++) {                                                      \
-                T gi = g[i] * s + l2 * p[i];                                                       \
-                p[i] -= lr * gi;                                                                   \
-            }                                                                                      \
+            for (int64_t i = 0; i < n; i++) p[i] = mt_sgd_update_##S(p[i], g[i], c);               \
             break;                                                                                 \
-        case MT_OPTIM_MOMENTUM: {                                                                  \
-            const T mu = (T)c->momentum;                                                           \
-            if (c->nesterov) {                                                                     \
-                for (int64_t i = 0; i < n; i++) {                                                  \
-                    T gi = g[i] * s + l2 * p[i];                                                   \
-                    T b = mu * m1[i] + gi;                                                         \
-                    m1[i] = b;                                                                     \
-                    p[i] -= lr * (gi + mu * b);                                                    \
-                }                                                                                  \
-            } else {                                                                               \
-                for (int64_t i = 0; i < n; i++) {                                                  \
-                    T gi = g[i] * s + l2 * p[i];                                                   \
-                    T b = mu * m1[i] + gi;                                                         \
-                    m1[i] = b;                                                                     \
-                    p[i] -= lr * b;                                                                \
-                }                                                                                  \
-            }                                                                                      \
+        case MT_OPTIM_MOMENTUM:                                                                    \
+            if (oc->nesterov)                                                                      \
+                for (int64_t i = 0; i < n; i++)                                                    \
+                    p[i] = mt_momentum_update_##S(p[i], g[i], &m1[i], c, true);                    \
+            else                                                                                   \
+                for (int64_t i = 0; i < n; i++)                                                    \
+                    p[i] = mt_momentum_update_##S(p[i], g[i], &m1[i], c, false);                   \
             break;                                                                                 \
-        }                                                                                          \
         case MT_OPTIM_ADAM:                                                                        \
-        case MT_OPTIM_ADAMW: {                                                                     \
-            const T b1 = (T)c->beta1, b2 = (T)c->beta2, omb1 = (T)(1.0 - c->beta1),                \
-                    omb2 = (T)(1.0 - c->beta2), eps = (T)c->eps, ss = (T)c->step_size,             \
-                    bc2s = (T)c->bc2_sqrt, decay = (T)c->decay;                                    \
+        case MT_OPTIM_ADAMW:                                                                       \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                T gi = g[i] * s + l2 * p[i];                                                       \
-                T m = b1 * m1[i] + omb1 * gi;                                                      \
-                T v = b2 * m2[i] + omb2 * gi * gi;                                                 \
+                /* the moments go through locals: pointers into two restrict arrays passed         \
+                   on would lose restrict and make the compiler version the loop */                \
+                T m = m1[i], v = m2[i];                                                            \
+                p[i] = mt_adam_update_##S(p[i], g[i], &m, &v, c);                                  \
                 m1[i] = m;                                                                         \
                 m2[i] = v;                                                                         \
-                p[i] = p[i] * decay - ss * (m / (SQRT(v) / bc2s + eps));                           \
             }                                                                                      \
             break;                                                                                 \
-        }                                                                                          \
         }                                                                                          \
     }
 
-DEFINE_UPDATE(float, f, sqrtf)
-DEFINE_UPDATE(double, d, sqrt)
+DEFINE_UPDATE(float, f)
+DEFINE_UPDATE(double, d)
 
 /* Loads (store false) or stores elements [begin, begin + n) of t, in flat row-major order,
    from/to buf (float, or double when wide), converting dtype. Strided layouts are walked one
@@ -222,20 +200,19 @@ int mt_cpu_optim_step(const mt_optim_step_args *a) {
     optim_consts c = {
         .kind = a->kind,
         .nesterov = a->nesterov,
-        .lr = a->lr,
-        .momentum = a->momentum,
-        .beta1 = a->beta1,
-        .beta2 = a->beta2,
-        .eps = a->eps,
-        .l2 = a->kind == MT_OPTIM_ADAMW ? 0.0 : a->weight_decay,
-        .decay = a->kind == MT_OPTIM_ADAMW ? 1.0 - a->lr * a->weight_decay : 1.0,
-        .scale = a->inv_scale ? (double)*(const float *)mt_tensor_data(a->inv_scale) : 1.0,
+        .h = {.lr = a->lr,
+              .momentum = a->momentum,
+              .beta1 = a->beta1,
+              .beta2 = a->beta2,
+              .eps = a->eps,
+              .inv_scale =
+                  a->inv_scale ? (double)*(const float *)mt_tensor_data(a->inv_scale) : 1.0},
     };
+    mt_optim_weight_decay(a->lr, a->weight_decay, a->kind == MT_OPTIM_ADAMW, &c.h.l2, &c.h.decay);
     double t = 0;
     if (adam) {
         t = (a->step_count ? (double)*(const float *)mt_tensor_data(a->step_count) : 0.0) + 1.0;
-        c.step_size = a->lr / (1.0 - pow(a->beta1, t));
-        c.bc2_sqrt = sqrt(1.0 - pow(a->beta2, t));
+        mt_adam_bias_correction(a->lr, a->beta1, a->beta2, t, &c.h.step_size, &c.h.bc2_sqrt);
     }
 
     int64_t prefix_small[33];
