@@ -64,13 +64,13 @@ typedef struct mt_backend {
        transposed in their last two dims (strides) and broadcast in the batch dims (stride 0);
        c is contiguous. Low precision: FP32 accumulation, output rounded once. */
     int (*gemm)(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
-    /* Per-row loss of cross entropy: loss[N] (FP32) and the row log-sum-exp lse[N] (FP32),
-       labels I64; rows whose label == ignore_index get loss 0. Returns the count of counted
-       rows in *valid. */
+    /* Per-row loss of cross entropy: loss[N] (FP32) and the row log-sum-exp lse[N] (FP32;
+       both F64 when the logits are F64, so F64 gradchecks hold), labels I64; rows whose
+       label == ignore_index get loss 0. Returns the count of counted rows in *valid. */
     int (*cross_entropy)(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logits,
                          const mt_tensor *labels, int64_t ignore_index, int64_t *valid);
     /* grad_logits = (softmax(logits) - onehot(label)) * scale, from the saved lse; ignored rows
-       get zeros. scale is a 0-d FP32 tensor (grad_out / valid). */
+       get zeros. scale is a 0-d FP32 tensor (grad_out / valid; F64 for F64 logits). */
     int (*cross_entropy_backward)(mt_tensor *grad_logits, const mt_tensor *logits,
                                   const mt_tensor *labels, const mt_tensor *lse,
                                   const mt_tensor *scale, int64_t ignore_index);
