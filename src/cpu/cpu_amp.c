@@ -157,8 +157,16 @@ static double unscale_span(char *p, int64_t s, mt_dtype dt, int64_t n, const voi
     return bad;
 }
 
-static bool supported_float(mt_dtype dt) {
-    return dt == MT_F32 || dt == MT_F16 || dt == MT_BF16 || dt == MT_F64;
+/* Every non-NULL tensor of ts must be F32, F16, BF16 or F64; the error names the kernel and
+   what the tensors are ("gradient", "tensor"). */
+static int check_floating(const char *kernel, const char *what, mt_tensor *const *ts, int n) {
+    for (int i = 0; i < n; i++) {
+        mt_dtype dt = ts[i] ? ts[i]->dtype : MT_F32;
+        if (dt != MT_F32 && dt != MT_F16 && dt != MT_BF16 && dt != MT_F64)
+            return mt_error_set(MT_ERR_DTYPE, "%s: %s %d has dtype %s, expected a floating dtype",
+                                kernel, what, i, mt_dtype_name(dt));
+    }
+    return 0;
 }
 
 static double read_scalar(const mt_tensor *t) {
@@ -173,11 +181,8 @@ static void write_scalar(mt_tensor *t, double v) {
 
 int mt_cpu_unscale(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
                    mt_tensor *found_inf) {
-    for (int i = 0; i < n; i++)
-        if (grads[i] && !supported_float(grads[i]->dtype))
-            return mt_error_set(MT_ERR_DTYPE,
-                                "unscale: gradient %d has dtype %s, expected a floating dtype", i,
-                                mt_dtype_name(grads[i]->dtype));
+    int rc = check_floating("unscale", "gradient", grads, n);
+    if (rc) return rc;
     double inv = read_scalar(inv_scale);
     unscale_ctx c = {(float)inv, inv};
     double bad = run_spans(grads, n, unscale_span, &c, 1);
@@ -241,11 +246,8 @@ static double sq_span(char *p, int64_t s, mt_dtype dt, int64_t n, const void *ct
 }
 
 int mt_cpu_sq_norm(mt_tensor *const *ts, int n, mt_tensor *out) {
-    for (int i = 0; i < n; i++)
-        if (ts[i] && !supported_float(ts[i]->dtype))
-            return mt_error_set(MT_ERR_DTYPE,
-                                "sq_norm: tensor %d has dtype %s, expected a floating dtype", i,
-                                mt_dtype_name(ts[i]->dtype));
+    int rc = check_floating("sq_norm", "tensor", ts, n);
+    if (rc) return rc;
     write_scalar(out, run_spans(ts, n, sq_span, NULL, 1));
     return 0;
 }
