@@ -201,7 +201,10 @@ static double row_partial(const plan *P, const char *base, int64_t rb, int64_t r
 
 /* Column mode: cw consecutive outputs along the contiguous kept dim starting at base, over
    reduced flat range [rb, re); results into res[0..cw). The innermost reduced dim is walked
-   with a pointer step; FP32 lanes are flushed to double every COL_FLUSH rows. */
+   with a pointer step; FP32 lanes are flushed to double every COL_FLUSH rows. Narrow columns
+   whose rows follow each other ([N, 4] over dim 0) are packed: PACKW / cw rows per step, so
+   the vector stays wide. */
+#define PACKW 64
 static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int64_t re,
                         double *res) {
     bool is_max = P->op == MT_OP_MAX, f64 = P->dt == MT_F64, f32 = P->dt == MT_F32;
@@ -209,41 +212,69 @@ static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int
     int64_t off = reduced_offset(P, rb, idx);
     int last = P->nr - 1;
     int64_t L = P->rshape[last], s = P->rstride[last];
+    float init = is_max ? -INFINITY : 0.0f;
     for (int j = 0; j < cw; j++) res[j] = identity(P);
-    float acc[COLW], buf[COLW];
-    for (int j = 0; j < cw; j++) acc[j] = is_max ? -INFINITY : 0.0f;
-    int cnt = 0;
+    float acc[COLW], buf[COLW], wide[PACKW];
+    for (int j = 0; j < cw; j++) acc[j] = init;
+    bool packed = !f64 && cw <= PACKW / 2 && s == (int64_t)cw * P->es;
+    int m = packed ? PACKW / cw : 1, W = m * cw;
+    for (int j = 0; j < W; j++) wide[j] = init;
+    int cnt = 0, wcnt = 0;
     int64_t pos = rb;
     while (pos < re) {
         int64_t n = L - idx[last];
         if (n > re - pos) n = re - pos;
         const char *p = base + off;
-        for (int64_t i = 0; i < n; i++, p += s) {
+        for (int64_t i = 0; i < n;) {
+            if (packed && i + m <= n) {
+                const float *x = (const float *)p;
+                if (!f32) {
+                    mt_cpu_load_f32(p, P->es, P->dt, W, buf);
+                    x = buf;
+                }
+                if (is_max) {
+                    for (int j = 0; j < W; j++) wide[j] = maxf(wide[j], x[j]);
+                } else {
+                    for (int j = 0; j < W; j++) wide[j] += x[j];
+                    if (++wcnt == COL_FLUSH) {
+                        for (int j = 0; j < W; j++) {
+                            res[j % cw] += wide[j];
+                            wide[j] = 0;
+                        }
+                        wcnt = 0;
+                    }
+                }
+                i += m;
+                p += m * s;
+                continue;
+            }
             if (f64) {
                 const double *x = (const double *)p;
                 if (is_max)
                     for (int j = 0; j < cw; j++) res[j] = maxd(res[j], x[j]);
                 else
                     for (int j = 0; j < cw; j++) res[j] += x[j];
-                continue;
-            }
-            const float *x = (const float *)p;
-            if (!f32) {
-                mt_cpu_load_f32(p, P->es, P->dt, cw, buf);
-                x = buf;
-            }
-            if (is_max) {
-                for (int j = 0; j < cw; j++) acc[j] = maxf(acc[j], x[j]);
             } else {
-                for (int j = 0; j < cw; j++) acc[j] += x[j];
-                if (++cnt == COL_FLUSH) {
-                    for (int j = 0; j < cw; j++) {
-                        res[j] += acc[j];
-                        acc[j] = 0;
+                const float *x = (const float *)p;
+                if (!f32) {
+                    mt_cpu_load_f32(p, P->es, P->dt, cw, buf);
+                    x = buf;
+                }
+                if (is_max) {
+                    for (int j = 0; j < cw; j++) acc[j] = maxf(acc[j], x[j]);
+                } else {
+                    for (int j = 0; j < cw; j++) acc[j] += x[j];
+                    if (++cnt == COL_FLUSH) {
+                        for (int j = 0; j < cw; j++) {
+                            res[j] += acc[j];
+                            acc[j] = 0;
+                        }
+                        cnt = 0;
                     }
-                    cnt = 0;
                 }
             }
+            i++;
+            p += s;
         }
         pos += n;
         if (pos >= re) break;
@@ -251,8 +282,11 @@ static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int
         idx[last] = 0;
         off = last > 0 ? advance(P, last - 1, idx, off) : off;
     }
-    if (!f64)
-        for (int j = 0; j < cw; j++) res[j] = is_max ? maxd(res[j], acc[j]) : res[j] + acc[j];
+    if (f64) return;
+    for (int j = 0; j < cw; j++) res[j] = is_max ? maxd(res[j], acc[j]) : res[j] + acc[j];
+    if (packed)
+        for (int j = 0; j < W; j++)
+            res[j % cw] = is_max ? maxd(res[j % cw], wide[j]) : res[j % cw] + wide[j];
 }
 
 /* ---------------------------------------------------------------- output indexing */
