@@ -217,7 +217,7 @@ static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int
     float acc[COLW], buf[COLW], wide[PACKW];
     for (int j = 0; j < cw; j++) acc[j] = init;
     bool packed = !f64 && cw <= PACKW / 2 && s == (int64_t)cw * P->es;
-    int m = packed ? PACKW / cw : 1, W = m * cw;
+    int m = packed ? PACKW / cw : 1, W = packed ? m * cw : 0;
     for (int j = 0; j < W; j++) wide[j] = init;
     int cnt = 0, wcnt = 0;
     int64_t pos = rb;
