@@ -16,25 +16,14 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
         return mt_error_set(MT_ERR_DTYPE,
                             "%s: arg 3: low dtype %s is invalid: expected f16 or bf16", op,
                             mt_dtype_name(low));
-    for (int i = 0; i < n; i++) {
-        const mt_tensor *p = params[i];
-        if (!p) return mt_error_set(MT_ERR_NULL, "%s: arg 1: params[%d] is NULL", op, i);
-        if (!mt_dtype_is_floating(p->dtype))
-            return mt_error_set(MT_ERR_DTYPE,
-                                "%s: arg 1: params[%d] has dtype %s; parameters must be floating "
-                                "(f32, f64, f16, bf16)",
-                                op, i, mt_dtype_name(p->dtype));
-        if (p->grad_fn)
-            return mt_error_set(MT_ERR_STATE,
-                                "%s: arg 1: params[%d] is not a leaf (made by mt_%s); only leaf "
-                                "parameters can be cast in place",
-                                op, i, mt_op_name(p->grad_fn->op));
-    }
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = mt_optim_check_param(op, params, i, "only leaf parameters can be cast in place");
+    if (rc) return rc;
 
     /* all conversions first, so running out of memory leaves every parameter as it was */
     mt_tensor **conv = calloc((size_t)n, sizeof *conv);
     if (!conv) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
-    int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         mt_tensor *p = params[i];
         if ((keep_fp32 && keep_fp32[i]) || p->dtype == low) continue;

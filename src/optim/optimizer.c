@@ -21,6 +21,10 @@ static const char *dev_type_name(mt_device d) {
     return d.type == MT_DEVICE_CUDA ? "cuda" : "cpu";
 }
 
+static bool same_device(mt_device a, mt_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+
 static bool is_low(mt_dtype dt) {
     return dt == MT_F16 || dt == MT_BF16;
 }
@@ -63,31 +67,37 @@ static int cmp_param_ref(const void *a, const void *b) {
     return x->index - y->index;
 }
 
+int mt_optim_check_param(const char *op, mt_tensor *const *params, int i, const char *leaf_why) {
+    const mt_tensor *p = params[i];
+    if (!p) return mt_error_set(MT_ERR_NULL, "%s: arg 1: params[%d] is NULL", op, i);
+    if (!mt_dtype_is_floating(p->dtype))
+        return mt_error_set(MT_ERR_DTYPE,
+                            "%s: arg 1: params[%d] has dtype %s; parameters must be floating "
+                            "(f32, f64, f16, bf16)",
+                            op, i, mt_dtype_name(p->dtype));
+    if (p->grad_fn)
+        return mt_error_set(MT_ERR_STATE, "%s: arg 1: params[%d] is not a leaf (made by mt_%s); %s",
+                            op, i, mt_op_name(p->grad_fn->op), leaf_why);
+    return 0;
+}
+
 static int check_params(const char *op, mt_tensor *const *params, int n) {
     if (!params) return mt_error_set(MT_ERR_NULL, "%s: arg 1: params is NULL", op);
     if (n < 1)
         return mt_error_set(MT_ERR_INVALID, "%s: arg 2: n is %d, expected at least one parameter",
                             op, n);
+    int rc = 0;
     for (int i = 0; i < n; i++) {
         const mt_tensor *p = params[i];
-        if (!p) return mt_error_set(MT_ERR_NULL, "%s: arg 1: params[%d] is NULL", op, i);
-        if (!mt_dtype_is_floating(p->dtype))
-            return mt_error_set(MT_ERR_DTYPE,
-                                "%s: arg 1: params[%d] has dtype %s; parameters must be floating "
-                                "(f32, f64, f16, bf16)",
-                                op, i, mt_dtype_name(p->dtype));
-        if (p->grad_fn)
-            return mt_error_set(MT_ERR_STATE,
-                                "%s: arg 1: params[%d] is not a leaf (made by mt_%s); optimizers "
-                                "update leaf tensors",
-                                op, i, mt_op_name(p->grad_fn->op));
+        if ((rc = mt_optim_check_param(op, params, i, "optimizers update leaf tensors")) < 0)
+            return rc;
         if (!p->requires_grad)
             return mt_error_set(MT_ERR_STATE,
                                 "%s: arg 1: params[%d] does not require grad (call "
                                 "mt_set_requires_grad first)",
                                 op, i);
         const mt_tensor *p0 = params[0];
-        if (p->device.type != p0->device.type || p->device.index != p0->device.index)
+        if (!same_device(p->device, p0->device))
             return mt_error_set(MT_ERR_DEVICE,
                                 "%s: arg 1: params[%d] is on %s:%d but params[0] is on %s:%d; "
                                 "one optimizer holds parameters of one device",
@@ -105,7 +115,6 @@ static int check_params(const char *op, mt_tensor *const *params, int n) {
     if (!refs) return mt_error_set(MT_ERR_OOM, "%s: out of memory checking %d parameters", op, n);
     for (int i = 0; i < n; i++) refs[i] = (param_ref){params[i], i};
     qsort(refs, (size_t)n, sizeof *refs, cmp_param_ref);
-    int rc = 0;
     for (int i = 1; i < n && !rc; i++)
         if (refs[i].t == refs[i - 1].t)
             rc = mt_error_set(MT_ERR_INVALID,
@@ -273,7 +282,7 @@ static int check_flag(const char *op, int arg, const char *name, const mt_tensor
                             "%s: arg %d: %s must be a one-element f32 tensor, got %s with %lld "
                             "elements",
                             op, arg, name, mt_dtype_name(t->dtype), (long long)t->numel);
-    if (t->device.type != dev.type || t->device.index != dev.index)
+    if (!same_device(t->device, dev))
         return mt_error_set(MT_ERR_DEVICE, "%s: arg %d: %s is on %s:%d, the parameters on %s:%d",
                             op, arg, name, dev_type_name(t->device), t->device.index,
                             dev_type_name(dev), dev.index);
@@ -284,8 +293,8 @@ static int check_flag(const char *op, int arg, const char *name, const mt_tensor
 static int step_check(const char *op, mt_optimizer *o, int i) {
     mt_tensor *p = o->params[i], *g = p->grad;
     if (!g) return 0;
-    if (g->device.type != o->device.type || g->device.index != o->device.index ||
-        g->numel != p->numel || !mt_dtype_is_floating(g->dtype)) {
+    if (!same_device(g->device, o->device) || g->numel != p->numel ||
+        !mt_dtype_is_floating(g->dtype)) {
         char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
         return mt_error_set(MT_ERR_STATE,
                             "%s: the gradient of params[%d] (%s %s on %s:%d) does not fit the "

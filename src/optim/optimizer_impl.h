@@ -27,4 +27,7 @@ int mt_optimizer_grads(mt_optimizer *o, mt_tensor **grads);
 /* True when two elements of t share memory (an expanded view): such a tensor cannot be
    updated in place element by element. */
 bool mt_optim_overlaps(const mt_tensor *t);
+/* The check the optimizers and mt_amp_decorate share: params[i] is non-NULL, floating and a
+   leaf (leaf_why ends the not-a-leaf message); errors name op. 0 or a negative mt_status. */
+int mt_optim_check_param(const char *op, mt_tensor *const *params, int i, const char *leaf_why);
 #endif
