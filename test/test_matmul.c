@@ -261,7 +261,9 @@ static void test_low_precision_panels(void **state) {
     check_low_vs_f64(MT_BF16, 300, 700, 530, true);
     check_low_vs_f64(MT_F16, 3, 5000, 2, false); /* K split into blocks */
     check_low_vs_f64(MT_BF16, 2, 4500, 700, true);
-    check_low_vs_f64(MT_F16, 1500, 40, 1500, true); /* output tile bounded */
+    check_low_vs_f64(MT_F16, 1500, 40, 1500, true);   /* output tile bounded */
+    check_low_vs_f64(MT_BF16, 1200, 300, 100, false); /* a shared in panels, b split */
+    check_low_vs_f64(MT_F16, 1, 3000, 900, true);     /* one row: split along N */
 }
 
 static void test_long_dot_f16(void **state) {

@@ -18,10 +18,6 @@
 #define BLAS_SINGLE_THREAD_MNK 262144.0
 /* Below this many multiply-adds in the whole batch a parallel region costs more than it saves. */
 #define BATCH_PARALLEL_MIN_FLOPS 131072.0
-/* Elements of one FP32 panel (operand block or output tile): 512 KiB. */
-#define PANEL_FLOATS ((int64_t)128 * 1024)
-/* Longest K block: a panel then still holds at least 64 rows or columns. */
-#define PANEL_K_MAX (PANEL_FLOATS / 64)
 
 /* One matrix of an operand: first element and strides in elements. */
 typedef struct {
@@ -118,69 +114,85 @@ static bool batch_folds(const geom *g, int64_t *rs) {
     return true;
 }
 
-/* ------------------------------------------------------------------ FP32 panels */
+/* ------------------------------------------------------------------ FP32 conversion */
 
-/* Converts the rows x cols block at src (strides rs, cs) to FP32 in dst, row-major (ld cols)
-   or, when the source runs down its columns, column-major (ld rows). Returns true for
-   column-major. */
-static bool convert_block(const char *src, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
-                          mt_dtype dt, float *dst) {
+/* n elements at src (stride in bytes) to FP32; contiguous F16/BF16 runs take vector paths. */
+static void load_run(const char *src, int64_t stride, mt_dtype dt, int64_t n, float *dst) {
+    if (dt == MT_F16 && stride == 2) {
+        mt_cpu_f16_to_f32((const uint16_t *)src, dst, n);
+    } else if (dt == MT_BF16 && stride == 2) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)s[i] << 16;
+            memcpy(dst + i, &u, 4);
+        }
+    } else {
+        mt_cpu_load_f32(src, stride, dt, n, dst);
+    }
+}
+
+/* FP32 to n elements at dst, rounding to nearest even (the same bits as src/math/half.h). */
+static void store_run(char *dst, int64_t stride, mt_dtype dt, int64_t n, const float *src) {
+    if (dt == MT_F16 && stride == 2) {
+        mt_cpu_f32_to_f16(src, (uint16_t *)dst, n);
+    } else if (dt == MT_BF16 && stride == 2) {
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++) { /* branch-free, so it vectorises */
+            uint32_t u;
+            memcpy(&u, src + i, 4);
+            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            d[i] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+        }
+    } else {
+        mt_cpu_store_f32(dst, stride, dt, n, src);
+    }
+}
+
+/* A rows x cols block of an operand (strides in elements). Its FP32 copy is row-major (ld
+   cols), or column-major (ld rows) when the source runs down its columns, so that every
+   converted line is a contiguous run where the source allows. */
+typedef struct {
+    const char *p;
+    int64_t rows, cols, rs, cs;
+} blk;
+
+static bool blk_colmajor(const blk *b) {
+    return b->cols == 1 || (b->rows > 1 && llabs(b->rs) < llabs(b->cs));
+}
+
+static void blk_convert(const blk *b, bool cm, mt_dtype dt, float *dst, int64_t l0, int64_t l1) {
+    int64_t es = (int64_t)mt_dtype_size(dt), len = cm ? b->rows : b->cols;
+    int64_t lstride = (cm ? b->cs : b->rs) * es, estride = (cm ? b->rs : b->cs) * es;
+    for (int64_t l = l0; l < l1; l++) load_run(b->p + l * lstride, estride, dt, len, dst + l * len);
+}
+
+/* tile (mc x nc, row-major) = alpha * A @ B + beta * tile, A and B FP32 blocks */
+static void tile_sgemm(int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap, bool acm,
+                       const float *bp, bool bcm, float beta, float *tile) {
+    cblas_sgemm(CblasRowMajor, acm ? CblasTrans : CblasNoTrans, bcm ? CblasTrans : CblasNoTrans,
+                (int)mc, (int)nc, (int)kc, alpha, ap, (int)(acm ? mc : kc), bp,
+                (int)(bcm ? kc : nc), beta, tile, (int)nc);
+}
+
+static void tile_load(const char *c, int64_t ldc, mt_dtype dt, int64_t mc, int64_t nc,
+                      float *tile) {
     int64_t es = (int64_t)mt_dtype_size(dt);
-    bool colmajor = cols == 1 || (rows > 1 && llabs(rs) < llabs(cs));
-    int64_t lines = colmajor ? cols : rows, len = colmajor ? rows : cols;
-    int64_t lstride = (colmajor ? cs : rs) * es, estride = (colmajor ? rs : cs) * es;
-#pragma omp parallel for if (lines * len > MT_CPU_PARALLEL_MIN && lines > 1)                       \
-    num_threads(mt_cpu_num_threads())
-    for (int64_t l = 0; l < lines; l++)
-        mt_cpu_load_f32(src + l * lstride, estride, dt, len, dst + l * len);
-    return colmajor;
-}
-
-/* Per-thread scratch of the panel path: the FP32 blocks of a and b (with the block each one
-   holds, so a block used again is not converted again) and the output tile. */
-typedef struct {
-    float *buf[3];
-    size_t cap[3]; /* floats */
-    struct {
-        const char *p;
-        int64_t rows, cols;
-        bool colmajor;
-    } held[2];
-} panels;
-
-static int panels_init(panels *w, int64_t amax, int64_t bmax, int64_t cmax) {
-    memset(w, 0, sizeof *w);
-    int64_t want[3] = {amax, bmax, cmax};
-    for (int i = 0; i < 3; i++) {
-        w->cap[i] = (size_t)imax(want[i], 1);
-        w->buf[i] = mt_host_alloc(w->cap[i] * sizeof(float));
-        if (!w->buf[i]) return MT_ERR_OOM;
+    if (nc == ldc) {
+        load_run(c, es, dt, mc * nc, tile);
+        return;
     }
-    return 0;
+    for (int64_t r = 0; r < mc; r++) load_run(c + r * ldc * es, es, dt, nc, tile + r * nc);
 }
 
-static void panels_free(panels *w) {
-    for (int i = 0; i < 3; i++) mt_host_free(w->buf[i], w->cap[i] * sizeof(float));
-    memset(w, 0, sizeof *w);
-}
-
-/* The FP32 copy of a block of operand `which` (0: a, 1: b): converts it unless held. */
-static const float *panel_get(panels *w, int which, const char *p, int64_t rows, int64_t cols,
-                              int64_t rs, int64_t cs, mt_dtype dt, bool *colmajor) {
-    if (w->held[which].p != p || w->held[which].rows != rows || w->held[which].cols != cols) {
-        w->held[which].colmajor = convert_block(p, rows, cols, rs, cs, dt, w->buf[which]);
-        w->held[which].p = p;
-        w->held[which].rows = rows;
-        w->held[which].cols = cols;
+static void tile_store(char *c, int64_t ldc, mt_dtype dt, int64_t mc, int64_t nc,
+                       const float *tile) {
+    int64_t es = (int64_t)mt_dtype_size(dt);
+    if (nc == ldc) {
+        store_run(c, es, dt, mc * nc, tile);
+        return;
     }
-    *colmajor = w->held[which].colmajor;
-    return w->buf[which];
+    for (int64_t r = 0; r < mc; r++) store_run(c + r * ldc * es, es, dt, nc, tile + r * nc);
 }
-
-typedef struct {
-    int64_t mb, nb, kb;
-    bool n_outer; /* loop order: which operand is converted once */
-} tiling;
 
 /* Splits n into the fewest blocks of at most cap, of even size (multiples of 16 when split). */
 static int64_t block_size(int64_t n, int64_t cap) {
@@ -190,67 +202,139 @@ static int64_t block_size(int64_t n, int64_t cap) {
     return b <= cap ? b : cap;
 }
 
-static tiling plan_tiles(int64_t M, int64_t N, int64_t K) {
-    tiling t;
-    t.kb = block_size(K, PANEL_K_MAX);
-    int64_t cap = imax(PANEL_FLOATS / imax(t.kb, 1), 1);
-    int64_t mcap = cap, ncap = cap;
-    if (imin(M, mcap) * imin(N, ncap) > PANEL_FLOATS) { /* the output tile is bounded too */
-        int64_t side = (int64_t)sqrt((double)PANEL_FLOATS);
-        if (M <= side)
-            ncap = imin(ncap, PANEL_FLOATS / M);
-        else if (N <= side)
-            mcap = imin(mcap, PANEL_FLOATS / N);
-        else
-            mcap = ncap = imin(cap, side);
-    }
-    t.mb = block_size(M, mcap);
-    t.nb = block_size(N, ncap);
-    /* converted elements: m-outer converts a once (when K is one block) and b once per row
-       block; n-outer the other way round */
-    double mblocks = (double)((M + t.mb - 1) / t.mb), nblocks = (double)((N + t.nb - 1) / t.nb);
-    double m_outer = (double)M * K * (t.kb == K ? 1.0 : nblocks) + (double)K * N * mblocks;
-    double n_outer = (double)K * N * (t.kb == K ? 1.0 : mblocks) + (double)M * K * nblocks;
-    t.n_outer = n_outer < m_outer;
-    return t;
-}
+/* ------------------------------------------------------------------ one large low-precision GEMM
 
-/* c (M x N, row stride ldc, dtype dt) = alpha * a @ b + beta * c through FP32 panels. */
-static void panel_gemm(panels *w, const tiling *t, mt_dtype dt, int64_t M, int64_t N, int64_t K,
-                       mat a, mat b, char *c, int64_t ldc, float alpha, float beta) {
-    int64_t es = (int64_t)mt_dtype_size(dt);
-    int64_t mblocks = (M + t->mb - 1) / t->mb, nblocks = (N + t->nb - 1) / t->nb;
-    int64_t outer_n = t->n_outer ? nblocks : mblocks, inner_n = t->n_outer ? mblocks : nblocks;
-    float *tile = w->buf[2];
-    for (int64_t o = 0; o < outer_n; o++) {
-        for (int64_t in = 0; in < inner_n; in++) {
-            int64_t mi = t->n_outer ? in : o, ni = t->n_outer ? o : in;
-            int64_t m0 = mi * t->mb, n0 = ni * t->nb;
-            int64_t mc = imin(t->mb, M - m0), nc = imin(t->nb, N - n0);
-            char *ct = c + (m0 * ldc + n0) * es;
-            if (beta != 0.0f)
-                for (int64_t r = 0; r < mc; r++)
-                    mt_cpu_load_f32(ct + r * ldc * es, es, dt, nc, tile + r * nc);
-            for (int64_t k0 = 0; k0 < K; k0 += t->kb) {
-                int64_t kc = imin(t->kb, K - k0);
-                bool acm, bcm;
-                const float *ap = panel_get(w, 0, a.p + (m0 * a.rs + k0 * a.cs) * es, mc, kc, a.rs,
-                                            a.cs, dt, &acm);
-                const float *bp = panel_get(w, 1, b.p + (k0 * b.rs + n0 * b.cs) * es, kc, nc, b.rs,
-                                            b.cs, dt, &bcm);
-                cblas_sgemm(CblasRowMajor, acm ? CblasTrans : CblasNoTrans,
-                            bcm ? CblasTrans : CblasNoTrans, (int)mc, (int)nc, (int)kc, alpha, ap,
-                            (int)(acm ? mc : kc), bp, (int)(bcm ? kc : nc), k0 == 0 ? beta : 1.0f,
-                            tile, (int)nc);
-            }
-            if (nc == ldc) {
-                mt_cpu_store_f32(ct, es, dt, mc * nc, tile);
-            } else {
-                for (int64_t r = 0; r < mc; r++)
-                    mt_cpu_store_f32(ct + r * ldc * es, es, dt, nc, tile + r * nc);
-            }
+   One parallel region per GEMM and no barrier inside it: on a busy machine every
+   synchronisation can cost a scheduler slice, so the threads never wait for each other. The
+   output is split into a tm x tn grid of blocks, one per thread (the grid that converts the
+   fewest operand elements). Each thread walks its block in tiles: for every k-block it
+   converts the tile's rows of a and columns of b to FP32, accumulates the FP32 tile with a
+   single-threaded sgemm and finally rounds the tile into c once. Scratch is one tile's worth
+   per thread, LP_THREAD_FLOATS, whatever the operand sizes. */
+#define LP_KB            256
+#define LP_BUDGET_FLOATS ((int64_t)256 * 1024) /* scratch of all threads together: 1 MiB */
+#define LP_THREAD_MIN    ((int64_t)48 * 1024)  /* but tiles no smaller than this per thread */
+
+typedef struct {
+    mt_dtype dt;
+    int64_t M, N, K;
+    mat a, b;
+    char *c;
+    int64_t ldc;
+    float alpha, beta;
+} lp_job;
+
+typedef struct {
+    int tm, tn;         /* thread grid */
+    int64_t bm, bn;     /* rows and columns of c per thread */
+    int64_t mt, nt, kb; /* tile */
+    int64_t per;        /* scratch floats per thread */
+} lp_plan;
+
+static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
+    lp_plan p;
+    /* thread grid converting the fewest elements: tn copies of a, tm copies of b */
+    double best = -1;
+    for (int tm = 1; tm <= threads; tm++) {
+        int tn = threads / tm;
+        if (tm > M || tn > N) continue;
+        double cost = (double)tn * (double)M * (double)K + (double)tm * (double)K * (double)N;
+        if (best < 0 || cost < best || (cost == best && tm * tn > p.tm * p.tn)) {
+            best = cost;
+            p.tm = tm;
+            p.tn = tn;
         }
     }
+    if (best < 0) p.tm = p.tn = 1;
+    p.bm = (M + p.tm - 1) / p.tm;
+    p.bn = (N + p.tn - 1) / p.tn;
+    p.kb = block_size(K, LP_KB);
+    int64_t budget = imax(LP_BUDGET_FLOATS / (p.tm * p.tn), LP_THREAD_MIN);
+    /* square tiles x: x*kb (a) + kb*x (b) + x*x (tile) <= budget, then widen the other side
+       when a block is narrower than x */
+    int64_t x = (int64_t)((sqrt((double)p.kb * p.kb + (double)budget) - (double)p.kb));
+    x = imax(x, 16);
+    if (p.bm <= x) {
+        p.mt = p.bm;
+        p.nt = imin(p.bn, imax(16, (budget - p.mt * p.kb) / (p.kb + p.mt)));
+    } else if (p.bn <= x) {
+        p.nt = p.bn;
+        p.mt = imin(p.bm, imax(16, (budget - p.nt * p.kb) / (p.kb + p.nt)));
+    } else {
+        p.mt = p.nt = x;
+    }
+    p.mt = block_size(p.bm, p.mt);
+    p.nt = block_size(p.bn, p.nt);
+    p.per = p.mt * p.kb + p.kb * p.nt + p.mt * p.nt;
+    return p;
+}
+
+/* One thread's block of c: rows [r0, r1), columns [c0, c1). */
+static void lp_block(const lp_job *j, const lp_plan *p, float *scratch, int64_t r0, int64_t r1,
+                     int64_t c0, int64_t c1) {
+    int64_t es = (int64_t)mt_dtype_size(j->dt), K = j->K;
+    float *ap = scratch, *bp = ap + p->mt * p->kb, *tile = bp + p->kb * p->nt;
+    const char *held = NULL; /* the a block in ap, reused across a row of tiles when K is one
+                                k-block */
+    bool acm = false;
+    for (int64_t m0 = r0; m0 < r1; m0 += p->mt) {
+        int64_t mc = imin(p->mt, r1 - m0);
+        for (int64_t n0 = c0; n0 < c1; n0 += p->nt) {
+            int64_t nc = imin(p->nt, c1 - n0);
+            char *ct = j->c + (m0 * j->ldc + n0) * es;
+            for (int64_t k0 = 0; k0 < K; k0 += p->kb) {
+                int64_t kc = imin(p->kb, K - k0);
+                blk A = {j->a.p + (m0 * j->a.rs + k0 * j->a.cs) * es, mc, kc, j->a.rs, j->a.cs};
+                blk B = {j->b.p + (k0 * j->b.rs + n0 * j->b.cs) * es, kc, nc, j->b.rs, j->b.cs};
+                if (held != A.p || kc != K) {
+                    acm = blk_colmajor(&A);
+                    blk_convert(&A, acm, j->dt, ap, 0, acm ? A.cols : A.rows);
+                    held = kc == K ? A.p : NULL;
+                }
+                bool bcm = blk_colmajor(&B);
+                blk_convert(&B, bcm, j->dt, bp, 0, bcm ? B.cols : B.rows);
+                float beta = k0 == 0 ? j->beta : 1.0f;
+                if (k0 == 0 && beta != 0.0f) tile_load(ct, j->ldc, j->dt, mc, nc, tile);
+                tile_sgemm(mc, nc, kc, j->alpha, ap, acm, bp, bcm, beta, tile);
+            }
+            tile_store(ct, j->ldc, j->dt, mc, nc, tile);
+        }
+    }
+}
+
+static int lp_gemm(const lp_job *j, int threads) {
+    lp_plan p = lp_plan_for(j->M, j->N, j->K, threads);
+    int used = p.tm * p.tn;
+    float *scratch = mt_host_alloc((size_t)used * (size_t)p.per * sizeof(float));
+    if (!scratch)
+        return mt_error_set(MT_ERR_OOM,
+                            "mt_matmul: out of memory for the f32 panels of a %lld x %lld x %lld "
+                            "%s matmul",
+                            (long long)j->M, (long long)j->K, (long long)j->N,
+                            mt_dtype_name(j->dt));
+#pragma omp parallel for num_threads(used) if (used > 1) schedule(static, 1)
+    for (int t = 0; t < used; t++) {
+        int64_t r0 = (t / p.tn) * p.bm, c0 = (t % p.tn) * p.bn;
+        lp_block(j, &p, scratch + (size_t)t * (size_t)p.per, r0, imin(r0 + p.bm, j->M), c0,
+                 imin(c0 + p.bn, j->N));
+    }
+    mt_host_free(scratch, (size_t)used * (size_t)p.per * sizeof(float));
+    return 0;
+}
+
+/* ------------------------------------------------------------------ many small low-precision GEMMs
+
+   A batch of matrices each too small for threads: one matrix per thread at a time, each
+   thread with its own FP32 copies of the whole (small) operands. */
+static void small_gemm(float *ab, const lp_job *j) {
+    blk A = {j->a.p, j->M, j->K, j->a.rs, j->a.cs}, B = {j->b.p, j->K, j->N, j->b.rs, j->b.cs};
+    bool acm = blk_colmajor(&A), bcm = blk_colmajor(&B);
+    float *ap = ab, *bp = ab + j->M * j->K, *cp = bp + j->K * j->N;
+    blk_convert(&A, acm, j->dt, ap, 0, acm ? A.cols : A.rows);
+    blk_convert(&B, bcm, j->dt, bp, 0, bcm ? B.cols : B.rows);
+    if (j->beta != 0.0f) tile_load(j->c, j->ldc, j->dt, j->M, j->N, cp);
+    tile_sgemm(j->M, j->N, j->K, j->alpha, ap, acm, bp, bcm, j->beta, cp);
+    tile_store(j->c, j->ldc, j->dt, j->M, j->N, cp);
 }
 
 /* ------------------------------------------------------------------ F32 / F64 on BLAS */
@@ -335,55 +419,73 @@ oom:
                         (long long)(al < 0 ? g->M : g->K), (long long)(al < 0 ? g->K : g->N));
 }
 
-/* F32 with both operands readable by BLAS: no copies at all. */
+static void gemm_f32_entry(const geom *g, int64_t bi, int al, int64_t lda, int bl, int64_t ldb,
+                           double alpha, double beta) {
+    int64_t ao, bo;
+    batch_offsets(g, bi, &ao, &bo);
+    mat a = {g->a.p + ao * 4, 0, 0}, b = {g->b.p + bo * 4, 0, 0};
+    blas_gemm(MT_F32, g->M, g->N, g->K, a, al, lda, b, bl, ldb, g->c + bi * g->M * g->N * 4,
+              imax(g->N, 1), alpha, beta);
+}
+
+/* F32 with both operands readable by BLAS: no copies at all. Large matrices are left to
+   OpenBLAS's threads, called outside any parallel region (inside one, even an inactive one,
+   it runs slower); batches of small ones are spread over our threads. */
 static void gemm_f32_direct(const geom *g, int al, int64_t lda, int bl, int64_t ldb, double alpha,
                             double beta) {
     double mnk = (double)g->M * (double)g->N * (double)g->K;
-    bool par = g->count > 1 && mnk <= BLAS_SINGLE_THREAD_MNK &&
-               mnk * (double)g->count >= BATCH_PARALLEL_MIN_FLOPS && mt_cpu_num_threads() > 1;
-#pragma omp parallel for if (par) num_threads(mt_cpu_num_threads()) schedule(static)
+    int nt = mt_cpu_num_threads();
+    if (g->count > 1 && mnk <= BLAS_SINGLE_THREAD_MNK &&
+        mnk * (double)g->count >= BATCH_PARALLEL_MIN_FLOPS && nt > 1) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t bi = 0; bi < g->count; bi++)
+            gemm_f32_entry(g, bi, al, lda, bl, ldb, alpha, beta);
+        return;
+    }
+    for (int64_t bi = 0; bi < g->count; bi++) gemm_f32_entry(g, bi, al, lda, bl, ldb, alpha, beta);
+}
+
+/* The FP32-panel path over the batch: small matrices are spread over the threads, large
+   ones are split by lp_gemm. */
+static int gemm_panels(const geom *g, mt_dtype dt, double alpha, double beta) {
+    int64_t es = (int64_t)g->es;
+    double mnk = (double)g->M * (double)g->N * (double)g->K;
+    int nt = mt_cpu_num_threads();
+    lp_job j = {dt, g->M, g->N, g->K, g->a, g->b, g->c, g->N, (float)alpha, (float)beta};
+    size_t per = (size_t)(g->M * g->K + g->K * g->N + g->M * g->N);
+    if (mnk > BLAS_SINGLE_THREAD_MNK || g->count == 1 || per > (size_t)LP_THREAD_MIN) {
+        int threads = mnk > BLAS_SINGLE_THREAD_MNK ? nt : 1;
+        for (int64_t bi = 0; bi < g->count; bi++) {
+            int64_t ao, bo;
+            batch_offsets(g, bi, &ao, &bo);
+            j.a.p = g->a.p + ao * es;
+            j.b.p = g->b.p + bo * es;
+            j.c = g->c + bi * g->M * g->N * es;
+            int rc = lp_gemm(&j, threads);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    bool par = mnk * (double)g->count >= BATCH_PARALLEL_MIN_FLOPS && nt > 1;
+    int threads = par ? (int)imin(nt, g->count) : 1;
+    float *buf = mt_host_alloc((size_t)threads * per * sizeof(float));
+    if (!buf)
+        return mt_error_set(MT_ERR_OOM,
+                            "mt_matmul: out of memory for the f32 panels of %d %lld x %lld x %lld "
+                            "%s matmuls",
+                            threads, (long long)g->M, (long long)g->K, (long long)g->N,
+                            mt_dtype_name(dt));
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t bi = 0; bi < g->count; bi++) {
         int64_t ao, bo;
         batch_offsets(g, bi, &ao, &bo);
-        mat a = {g->a.p + ao * 4, 0, 0}, b = {g->b.p + bo * 4, 0, 0};
-        blas_gemm(MT_F32, g->M, g->N, g->K, a, al, lda, b, bl, ldb, g->c + bi * g->M * g->N * 4,
-                  imax(g->N, 1), alpha, beta);
+        lp_job jb = j;
+        jb.a.p = g->a.p + ao * es;
+        jb.b.p = g->b.p + bo * es;
+        jb.c = g->c + bi * g->M * g->N * es;
+        small_gemm(buf + (size_t)omp_get_thread_num() * per, &jb);
     }
-}
-
-/* The panel path over the batch; small matrices are spread over threads, each with its own
-   panels. */
-static int gemm_panels(const geom *g, mt_dtype dt, double alpha, double beta) {
-    tiling t = plan_tiles(g->M, g->N, g->K);
-    int64_t es = (int64_t)g->es;
-    double mnk = (double)g->M * (double)g->N * (double)g->K;
-    bool par = g->count > 1 && mnk <= BLAS_SINGLE_THREAD_MNK &&
-               mnk * (double)g->count >= BATCH_PARALLEL_MIN_FLOPS && mt_cpu_num_threads() > 1;
-    int failed = 0;
-#pragma omp parallel if (par) num_threads(mt_cpu_num_threads())
-    {
-        panels w;
-        if (panels_init(&w, t.mb * t.kb, t.kb * t.nb, t.mb * t.nb) != 0) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t bi = 0; bi < g->count; bi++) {
-                int64_t ao, bo;
-                batch_offsets(g, bi, &ao, &bo);
-                mat a = {g->a.p + ao * es, g->a.rs, g->a.cs};
-                mat b = {g->b.p + bo * es, g->b.rs, g->b.cs};
-                panel_gemm(&w, &t, dt, g->M, g->N, g->K, a, b, g->c + bi * g->M * g->N * es, g->N,
-                           (float)alpha, (float)beta);
-            }
-        }
-        panels_free(&w);
-    }
-    if (failed)
-        return mt_error_set(MT_ERR_OOM,
-                            "mt_matmul: out of memory for the f32 panels of a %lld x %lld x %lld "
-                            "%s matmul",
-                            (long long)g->M, (long long)g->K, (long long)g->N, mt_dtype_name(dt));
+    mt_host_free(buf, (size_t)threads * per * sizeof(float));
     return 0;
 }
 
