@@ -89,15 +89,20 @@ static inline void mt_test_assert_close(const mt_tensor *t, const double *expect
         fail_msg("%s:%d: %lld elements, expected %lld", file, line, (long long)mt_numel(t),
                  (long long)n);
     double *v = mt_test_values(t);
-    for (int64_t i = 0; i < n; i++) {
+    int64_t bad = -1;
+    double got = 0, want = 0;
+    for (int64_t i = 0; i < n && bad < 0; i++) {
         double a = v[i], e = expect[i];
         bool ok = (isnan(a) && isnan(e)) || (isinf(e) && a == e) || fabs(a - e) <= atol + rtol * fabs(e);
         if (!ok) {
-            free(v);
-            fail_msg("%s:%d: element %lld is %.9g, expected %.9g", file, line, (long long)i, a, e);
+            bad = i;
+            got = a;
+            want = e;
         }
     }
     free(v);
+    if (bad >= 0)
+        fail_msg("%s:%d: element %lld is %.9g, expected %.9g", file, line, (long long)bad, got, want);
 }
 #define assert_tensor_close(t, expect, n, atol, rtol)                                              \
     mt_test_assert_close((t), (expect), (n), (atol), (rtol), __FILE__, __LINE__)
