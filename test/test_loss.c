@@ -1,11 +1,6 @@
 /* Losses: mse_loss and cross_entropy against reference loops in double, every floating
    dtype, non-contiguous inputs, ignore_index, autocast dtypes, gradients (values and finite
    differences in F64) and error paths. */
-/* fail_msg() in test_util.h's assert_tensor_close longjmps out, but GCC does not know it and
-   sees a second free() after the one before fail_msg() in some inlining contexts. */
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#pragma GCC diagnostic ignored "-Wuse-after-free"
-#endif
 #include "test_util.h"
 
 /* ---------------------------------------------------------------- mse_loss */
