@@ -1,5 +1,6 @@
 /* The backward engine: order, accumulation, grad mode, detach, tape lifetime, version
    counters, errors, long chains, scopes and reference cycles. */
+#include <pthread.h>
 #include "test_util.h"
 
 static mt_tensor *leaf_from(const double *v, int ndim, const int64_t *shape) {
@@ -389,6 +390,47 @@ static void test_backward_oom(void **state) {
     mt_release(x);
 }
 
+/* Threads record and run their own tapes; grad mode is per thread. Tensors made on one
+   thread may be freed on another. */
+static void *thread_step(void *arg) {
+    mt_tensor *shared = arg;
+    bool off = mt_set_grad_enabled(false); /* only this thread */
+    mt_set_grad_enabled(off);
+    double v[3] = {1, 2, 3};
+    mt_tensor *x = mt_from_data(v, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_set_requires_grad(x, true);
+    for (int i = 0; i < 200; i++) {
+        mt_scope_begin();
+        mt_backward(mt_sum_all(mt_mul(mt_mul(x, x), shared)), NULL);
+        mt_scope_end();
+    }
+    mt_tensor *g = mt_grad(x);
+    double gv[3] = {0};
+    mt_copy_to_host(g, gv, sizeof gv);
+    bool ok = mt_last_status() == MT_OK;
+    for (int j = 0; j < 3; j++) ok = ok && gv[j] == 200 * 2 * v[j] * 0.5;
+    mt_release(g);
+    mt_release(x);
+    mt_set_grad_enabled(false);        /* must not leak into other threads */
+    return ok ? mt_exp(shared) : NULL; /* released by the main thread */
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    mt_tensor *shared = mt_full(MT_SHAPE(3), MT_F64, MT_CPU, 0.5);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, thread_step, shared), 0);
+    for (int i = 0; i < 4; i++) {
+        void *r = NULL;
+        pthread_join(th[i], &r);
+        assert_non_null(r);
+        mt_release(r);
+    }
+    assert_true(mt_is_grad_enabled());
+    mt_release(shared);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_diamond_order),
@@ -406,6 +448,7 @@ int main(void) {
         MT_TEST(test_grad_dtype),
         MT_TEST(test_set_grad),
         MT_TEST(test_backward_oom),
+        MT_TEST(test_threads),
     };
     return MT_RUN_TESTS(tests);
 }

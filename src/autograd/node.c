@@ -23,11 +23,17 @@ bool mt_autograd_wanted(mt_tensor *const *inputs, int n) {
 
 mt_node *mt_node_new(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, int n) {
     size_t size = sizeof(mt_node) + (size_t)n * (sizeof(mt_edge) + sizeof(mt_input_meta));
-    mt_node *node = calloc(1, size);
+    /* malloc + memset rather than calloc, which bypasses glibc's per-thread cache; the asm
+       stops GCC from turning the pair back into calloc */
+    mt_node *node = malloc(size);
     if (!node) {
         mt_error_set(MT_ERR_OOM, "mt_%s: out of memory recording the autograd tape", mt_op_name(op));
         return NULL;
     }
+#if defined(__GNUC__)
+    __asm__("" : "+r"(node));
+#endif
+    memset(node, 0, size);
     atomic_init(&node->refcount, 1);
     node->op = op;
     node->backward = fn;

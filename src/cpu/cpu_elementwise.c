@@ -131,7 +131,22 @@ static int op_cost(mt_op_id op) {
     }
 }
 
+/* Small contiguous F32/F64 operands skip the iterator: for tiny tensors its set-up costs
+   more than the arithmetic. */
+static bool direct(const mt_tensor *out, const mt_tensor *a, const mt_tensor *b, mt_op_id op) {
+    return (out->dtype == MT_F32 || out->dtype == MT_F64) && a->dtype == out->dtype &&
+           (!b || b->dtype == out->dtype) && out->numel * op_cost(op) < MT_CPU_PARALLEL_MIN &&
+           mt_is_contiguous(out) && mt_is_contiguous(a) && (!b || mt_is_contiguous(b));
+}
+
 int mt_cpu_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
+    if (direct(out, a, NULL, op)) {
+        if (out->dtype == MT_F32)
+            unary_f(op, mt_tensor_data(out), mt_tensor_data(a), out->numel, (float)p);
+        else
+            unary_d(op, mt_tensor_data(out), mt_tensor_data(a), out->numel, p);
+        return 0;
+    }
     const mt_tensor *ops[2] = {out, a};
     mt_cpu_iter it;
     mt_cpu_iter_init(&it, 2, ops);
@@ -178,6 +193,13 @@ static void binary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
 }
 
 int mt_cpu_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tensor *b) {
+    if (direct(out, a, b, op)) { /* comparisons write BOOL, so they never get here */
+        if (out->dtype == MT_F32)
+            binary_f(op, mt_tensor_data(out), mt_tensor_data(a), mt_tensor_data(b), out->numel);
+        else
+            binary_d(op, mt_tensor_data(out), mt_tensor_data(a), mt_tensor_data(b), out->numel);
+        return 0;
+    }
     const mt_tensor *ops[3] = {out, a, b};
     mt_cpu_iter it;
     mt_cpu_iter_init(&it, 3, ops);

@@ -4,10 +4,36 @@
 #include <string.h>
 #include "cpu.h"
 
+/* element sizes, inlined here: this runs for every kernel call */
+static const int8_t elem_size[MT_DTYPE_COUNT] = {
+    [MT_F32] = 4, [MT_F16] = 2, [MT_BF16] = 2, [MT_F64] = 8, [MT_I64] = 8, [MT_I32] = 4, [MT_BOOL] = 1,
+};
+
+static bool contiguous(const mt_tensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
 void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts) {
     const mt_tensor *t0 = ts[0];
     it->nops = nops;
     it->numel = t0->numel;
+    bool flat = true; /* the common case, all operands contiguous: one row */
+    for (int k = 0; k < nops && flat; k++) flat = contiguous(ts[k]);
+    if (flat) {
+        it->ndim = 1;
+        it->shape[0] = t0->numel;
+        for (int k = 0; k < nops; k++) {
+            int64_t es = elem_size[ts[k]->dtype];
+            it->strides[k][0] = es;
+            it->data[k] = (char *)ts[k]->storage->data + ts[k]->offset * es;
+        }
+        return;
+    }
     int nd = 0;
     /* drop size-1 dims, then merge dim i into the previous kept dim when contiguous for all */
     for (int d = 0; d < t0->ndim; d++) {
@@ -77,9 +103,20 @@ static void run_range(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int64_
 void mt_cpu_iter_run(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int cost_per_elem) {
     int64_t total = it->numel;
     if (total == 0) return;
-    int threads = mt_cpu_num_threads();
-    if (threads <= 1 || total * (cost_per_elem > 0 ? cost_per_elem : 1) < MT_CPU_PARALLEL_MIN) {
-        run_range(it, fn, ctx, 0, total);
+    int threads = 1;
+    if (total * (cost_per_elem > 0 ? cost_per_elem : 1) < MT_CPU_PARALLEL_MIN ||
+        (threads = mt_cpu_num_threads()) <= 1) {
+        if (it->ndim == 1) { /* one row: no index arithmetic */
+            char *ptrs[MT_CPU_ITER_MAX];
+            int64_t inner[MT_CPU_ITER_MAX];
+            for (int k = 0; k < it->nops; k++) {
+                ptrs[k] = it->data[k];
+                inner[k] = it->strides[k][0];
+            }
+            fn(ptrs, inner, total, ctx);
+        } else {
+            run_range(it, fn, ctx, 0, total);
+        }
         return;
     }
 #pragma omp parallel num_threads(threads)

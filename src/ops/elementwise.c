@@ -169,6 +169,32 @@ static int where_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 
 /* ------------------------------------------------------------------ entry paths */
 
+/* Type promotion and autocast (mt_dispatch_inputs). The common case, autocast off and every
+   floating input already in the compute dtype, casts nothing: the inputs are used as they
+   are, borrowed (*owned false), which saves a retain/release pair per input per call. */
+static int dispatch(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **c, bool *owned) {
+    if (!mt_autocast_active()) {
+        mt_dtype widest = MT_DTYPE_COUNT;
+        bool same = true;
+        for (int i = 0; i < n; i++) {
+            if (!mt_dtype_is_floating(in[i]->dtype)) continue;
+            if (widest == MT_DTYPE_COUNT) widest = in[i]->dtype;
+            else same = same && in[i]->dtype == widest;
+        }
+        if (same) {
+            for (int i = 0; i < n; i++) c[i] = in[i];
+            *owned = false;
+            return widest != MT_DTYPE_COUNT ? (int)widest : (int)in[0]->dtype;
+        }
+    }
+    *owned = true;
+    return mt_dispatch_inputs(op, in, n, c);
+}
+
+static void dispatch_release(mt_tensor **c, int n, bool owned) {
+    if (owned) mt_dispatch_release(c, n);
+}
+
 static bool is_compare(mt_op_id op) { return op >= MT_OP_EQ && op <= MT_OP_GE; }
 
 static mt_backward_fn binary_backward_fn(mt_op_id op) {
@@ -204,12 +230,19 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     int64_t shape[MT_MAX_DIMS];
     if (mt_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape) < 0) return NULL;
     mt_tensor *in[2] = {a, b}, *c[2];
-    int compute = mt_dispatch_inputs(op, in, 2, c);
+    bool owned;
+    int compute = dispatch(op, in, 2, c, &owned);
     if (compute < 0) return NULL;
     mt_tensor *out = mt_tensor_new(name, nd, shape, cmp ? MT_BOOL : (mt_dtype)compute, a->device);
-    mt_tensor *ea = out ? mt_tensor_expand_to(c[0], nd, shape) : NULL;
-    mt_tensor *eb = ea ? mt_tensor_expand_to(c[1], nd, shape) : NULL;
-    int rc = eb ? mt_backend_get(a->device)->binary(op, out, ea, eb) : MT_ERR_OOM;
+    /* inputs that already have the output's shape go to the kernel as they are */
+    mt_tensor *ea = NULL, *eb = NULL;
+    int rc = out ? 0 : MT_ERR_OOM;
+    if (rc == 0 && !mt_same_shape(c[0], out) && !(ea = mt_tensor_expand_to(c[0], nd, shape)))
+        rc = MT_ERR_OOM;
+    if (rc == 0 && !mt_same_shape(c[1], out) && !(eb = mt_tensor_expand_to(c[1], nd, shape)))
+        rc = MT_ERR_OOM;
+    if (rc == 0)
+        rc = mt_backend_get(a->device)->binary(op, out, ea ? ea : c[0], eb ? eb : c[1]);
     mt_release(ea);
     mt_release(eb);
     mt_backward_fn bw = binary_backward_fn(op);
@@ -227,7 +260,7 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, in, 2);
-    mt_dispatch_release(c, 2);
+    dispatch_release(c, 2, owned);
     return out;
 }
 
@@ -270,7 +303,8 @@ mt_tensor *mt_unary_op_internal(mt_op_id op, mt_tensor *a, double p) {
     const char *name = mt_op_fullname(op);
     if (mt_check_floating(name, 1, a) < 0) return NULL;
     mt_tensor *c;
-    int compute = mt_dispatch_inputs(op, &a, 1, &c);
+    bool owned;
+    int compute = dispatch(op, &a, 1, &c, &owned);
     if (compute < 0) return NULL;
     mt_tensor *out = mt_tensor_new(name, c->ndim, c->shape, (mt_dtype)compute, a->device);
     int rc = out ? mt_backend_get(a->device)->unary(op, out, c, p) : MT_ERR_OOM;
@@ -290,7 +324,7 @@ mt_tensor *mt_unary_op_internal(mt_op_id op, mt_tensor *a, double p) {
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, &a, 1);
-    mt_release(c);
+    dispatch_release(&c, 1, owned);
     return out;
 }
 
@@ -364,7 +398,8 @@ mt_tensor *mt_where(mt_tensor *cond, mt_tensor *a, mt_tensor *b) {
         mt_broadcast_shapes(name, cond->ndim, cond->shape, nd, s1, &nd2, shape) < 0)
         return mt_api_exit(NULL);
     mt_tensor *in[3] = {cond, a, b}, *c[3];
-    int compute = mt_dispatch_inputs(MT_OP_WHERE, in, 3, c);
+    bool owned;
+    int compute = dispatch(MT_OP_WHERE, in, 3, c, &owned);
     if (compute < 0) return mt_api_exit(NULL);
     mt_tensor *out = mt_tensor_new(name, nd2, shape, (mt_dtype)compute, a->device);
     mt_tensor *e[3] = {0};
@@ -382,6 +417,6 @@ mt_tensor *mt_where(mt_tensor *cond, mt_tensor *a, mt_tensor *b) {
         out = NULL;
     }
     mt_dispatch_done(MT_OP_WHERE, (mt_dtype)compute, out, in, 3);
-    mt_dispatch_release(c, 3);
+    dispatch_release(c, 3, owned);
     return mt_api_exit(out);
 }

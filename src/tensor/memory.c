@@ -70,6 +70,80 @@ static size_t capacity(void) {
     return cap;
 }
 
+/* Blocks under CACHE_MIN come from malloc (thread-cached by glibc, so a tiny op's output
+   costs a few nanoseconds) and are aligned here: aligned_alloc would split and free a padded
+   chunk on every call, which costs more than the op. The distance back to the malloc'd
+   pointer (16..64) sits in the byte before the block. */
+static void *small_alloc(size_t size) {
+    unsigned char *raw = malloc(size + 64);
+    if (!raw) return NULL;
+    unsigned char *p = (unsigned char *)(((uintptr_t)raw + 64) & ~(uintptr_t)63);
+    p[-1] = (unsigned char)(p - raw);
+    return p;
+}
+static void small_free(void *p) {
+    unsigned char *q = p;
+    free(q - q[-1]);
+}
+
+/* Tiny blocks (up to TINY_MAX bytes, 64-byte classes) are recycled through per-thread free
+   lists, so a tiny op's output costs a list pop rather than a malloc/free pair. Bounded per
+   class, drained when the thread exits, off under AddressSanitizer like the block cache. */
+#define TINY_MAX   1024
+#define TINY_KEEP  32 /* blocks kept per class and thread */
+typedef struct tiny_block {
+    struct tiny_block *next;
+} tiny_block;
+typedef struct {
+    tiny_block *head[TINY_MAX / 64];
+    int n[TINY_MAX / 64];
+    bool registered; /* the thread-exit destructor knows this thread's lists */
+} tiny_lists;
+static _Thread_local tiny_lists tiny;
+static tss_t tiny_key;
+static bool tiny_key_ok;
+static once_flag tiny_once = ONCE_FLAG_INIT;
+
+static void tiny_drain(void *arg) {
+    tiny_lists *l = arg;
+    for (int c = 0; c < TINY_MAX / 64; c++) {
+        while (l->head[c]) {
+            tiny_block *b = l->head[c];
+            l->head[c] = b->next;
+            small_free(b);
+        }
+        l->n[c] = 0;
+    }
+}
+static void tiny_init(void) { tiny_key_ok = tss_create(&tiny_key, tiny_drain) == thrd_success; }
+
+static void *tiny_alloc(size_t size) {
+    int c = (int)(size / 64) - 1;
+    tiny_block *b = tiny.head[c];
+    if (!b) return small_alloc(size);
+    tiny.head[c] = b->next;
+    tiny.n[c]--;
+    return b;
+}
+
+static void tiny_free(void *p, size_t size) {
+    int c = (int)(size / 64) - 1;
+    if (tiny.n[c] < TINY_KEEP) {
+        if (!tiny.registered) {
+            call_once(&tiny_once, tiny_init);
+            tiny.registered = tiny_key_ok && tss_set(tiny_key, &tiny) == thrd_success;
+        }
+        if (tiny.registered) {
+            tiny_block *b = p;
+            b->next = tiny.head[c];
+            tiny.head[c] = b;
+            tiny.n[c]++;
+            return;
+        }
+    }
+    small_free(p);
+}
+
 void *mt_host_alloc(size_t nbytes) {
     size_t limit = atomic_load_explicit(&alloc_limit, memory_order_relaxed);
     if (limit && nbytes > limit) return NULL;
@@ -90,7 +164,9 @@ void *mt_host_alloc(size_t nbytes) {
         }
         mtx_unlock(&cache_lock);
     }
-    void *p = aligned_alloc(64, size);
+    void *p = CACHE_ENABLED && size <= TINY_MAX ? tiny_alloc(size)
+              : size < CACHE_MIN                ? small_alloc(size)
+                                                : aligned_alloc(64, size);
     if (p) mt_mem_account((int64_t)nbytes);
     return p;
 }
@@ -114,5 +190,7 @@ void mt_host_free(void *p, size_t nbytes) {
         }
         mtx_unlock(&cache_lock);
     }
-    free(p);
+    if (CACHE_ENABLED && size <= TINY_MAX) tiny_free(p, size);
+    else if (size < CACHE_MIN) small_free(p);
+    else free(p);
 }

@@ -1,6 +1,7 @@
 /* Tensor headers, storage, reference counts and layout helpers. */
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 #include "../autograd/node.h"
 #include "backend.h"
 #include "tensor_impl.h"
@@ -43,17 +44,77 @@ bool mt_same_shape(const mt_tensor *a, const mt_tensor *b) {
     return true;
 }
 
+/* Per-thread pools of tensor and storage headers: every op allocates and frees one of each,
+   and popping a free list costs less than malloc/free. Bounded, drained at thread exit, and
+   off under AddressSanitizer so that a use after free stays visible. */
+#if defined(__SANITIZE_ADDRESS__)
+#define POOL_MAX 0
+#else
+#define POOL_MAX 256
+#endif
+enum { POOL_TENSOR, POOL_STORAGE, POOL_KINDS };
+typedef struct pool_obj {
+    struct pool_obj *next;
+} pool_obj;
+typedef struct {
+    pool_obj *head[POOL_KINDS];
+    int n[POOL_KINDS];
+    bool registered; /* the thread-exit destructor knows this thread's pools */
+} header_pools;
+static _Thread_local header_pools pools;
+static tss_t pools_key;
+static bool pools_key_ok;
+static once_flag pools_once = ONCE_FLAG_INIT;
+
+static void pools_drain(void *arg) {
+    header_pools *hp = arg;
+    for (int k = 0; k < POOL_KINDS; k++) {
+        while (hp->head[k]) {
+            pool_obj *o = hp->head[k];
+            hp->head[k] = o->next;
+            free(o);
+        }
+        hp->n[k] = 0;
+    }
+}
+static void pools_init(void) { pools_key_ok = tss_create(&pools_key, pools_drain) == thrd_success; }
+
+static void *pool_get(int k, size_t size) {
+    pool_obj *o = pools.head[k];
+    if (!o) return malloc(size);
+    pools.head[k] = o->next;
+    pools.n[k]--;
+    return o;
+}
+
+static void pool_put(int k, void *p) {
+    if (pools.n[k] < POOL_MAX) {
+        if (!pools.registered) {
+            call_once(&pools_once, pools_init);
+            pools.registered = pools_key_ok && tss_set(pools_key, &pools) == thrd_success;
+        }
+        if (pools.registered) {
+            pool_obj *o = p;
+            o->next = pools.head[k];
+            pools.head[k] = o;
+            pools.n[k]++;
+            return;
+        }
+    }
+    free(p);
+}
+
 static mt_storage *storage_new(const char *op, size_t nbytes, mt_device dev) {
     const mt_backend *be = mt_backend_for(op, dev);
     if (!be) return NULL;
-    mt_storage *s = malloc(sizeof *s);
+    mt_storage *s = pool_get(POOL_STORAGE, sizeof *s);
     if (!s) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory allocating a storage header", op);
         return NULL;
     }
     s->data = be->alloc(dev.index, nbytes);
     if (!s->data) {
-        free(s);
+        pool_put(POOL_STORAGE, s);
         mt_error_set(MT_ERR_OOM, "%s: out of memory allocating %zu bytes on %s", op, nbytes,
                      dev.type == MT_DEVICE_CUDA ? "cuda" : "cpu");
         return NULL;
@@ -69,11 +130,24 @@ static void storage_release(mt_storage *s) {
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
     const mt_backend *be = mt_backend_get(s->device);
     be->free(s->device.index, s->data, s->nbytes);
-    free(s);
+    pool_put(POOL_STORAGE, s);
+}
+
+/* A zeroed header from the pool. (Not calloc: glibc's calloc bypasses malloc's per-thread
+   cache, and GCC turns malloc + memset into calloc unless it cannot see where p came from.) */
+static inline void *header_alloc(size_t n) {
+    void *p = pool_get(POOL_TENSOR, n);
+    if (p) {
+#if defined(__GNUC__)
+        __asm__("" : "+r"(p));
+#endif
+        memset(p, 0, n);
+    }
+    return p;
 }
 
 static mt_tensor *header_new(const char *op) {
-    mt_tensor *t = calloc(1, sizeof *t);
+    mt_tensor *t = header_alloc(sizeof *t);
     if (!t) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory allocating a tensor header", op);
         return NULL;
@@ -102,19 +176,18 @@ mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtyp
                          mt_dims_str(ndim, shape, buf, sizeof buf));
             return NULL;
         }
-        if (shape[i] && numel > INT64_MAX / 16 / shape[i]) {
+        if (__builtin_mul_overflow(numel, shape[i], &numel) || numel > INT64_MAX / 16) {
             char buf[MT_SHAPE_BUF];
             mt_error_set(MT_ERR_OOM, "%s: shape %s is too large to allocate", op,
                          mt_dims_str(ndim, shape, buf, sizeof buf));
             return NULL;
         }
-        numel *= shape[i];
     }
     mt_tensor *t = header_new(op);
     if (!t) return NULL;
     t->storage = storage_new(op, (size_t)numel * mt_dtype_size(dt), dev);
     if (!t->storage) {
-        free(t);
+        pool_put(POOL_TENSOR, t);
         mt_tensor_count(-1);
         return NULL;
     }
@@ -158,9 +231,9 @@ void mt_release(mt_tensor *t) {
     if (!t) return;
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
     if (t->grad_fn) mt_node_release(t->grad_fn);
-    mt_release(t->grad);
+    if (t->grad) mt_release(t->grad);
     storage_release(t->storage);
-    free(t);
+    pool_put(POOL_TENSOR, t);
     mt_tensor_count(-1);
 }
 
@@ -211,6 +284,15 @@ int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out) {
 
 int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
                         int *nout, int64_t *out) {
+    if (na == nb) { /* the common case: equal shapes */
+        int i = 0;
+        while (i < na && sa[i] == sb[i]) i++;
+        if (i == na) {
+            for (i = 0; i < na; i++) out[i] = sa[i];
+            *nout = na;
+            return 0;
+        }
+    }
     int n = na > nb ? na : nb;
     for (int i = 0; i < n; i++) {
         int64_t da = i < n - na ? 1 : sa[i - (n - na)];
