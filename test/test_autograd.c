@@ -364,6 +364,17 @@ static void test_set_grad(void **state) {
     mt_scope_end();
     double e[2] = {11, 11};
     assert_grad(x, e, 2, 0);
+    /* a grad whose elements share memory (an expanded view) is not added to in place */
+    mt_tensor *one = mt_full(MT_SHAPE(1), MT_F64, MT_CPU, 5), *ex = mt_expand(one, MT_SHAPE(2));
+    assert_int_equal(mt_set_grad(x, ex), 0);
+    mt_scope_begin();
+    assert_int_equal(mt_backward(mt_sum_all(mt_mul(x, x)), NULL), 0);
+    mt_scope_end();
+    double e2[2] = {5 + 2 * v[0], 5 + 2 * v[1]};
+    assert_grad(x, e2, 2, 0);
+    assert_true(mt_item(one) == 5);
+    mt_release(ex);
+    mt_release(one);
     mt_tensor *bad = mt_ones(MT_SHAPE(3), MT_F64, MT_CPU);
     assert_int_equal(mt_set_grad(x, bad), MT_ERR_SHAPE);
     assert_error(MT_ERR_SHAPE, "mt_set_grad: arg 2");

@@ -7,16 +7,32 @@
 #include "../tensor/backend.h"
 #include "node.h"
 
+/* A growable list that starts in a buffer of its own: the small graphs of a training step
+   need no heap. */
+#define LIST_INLINE 32
 typedef struct {
     mt_node **items;
     size_t len, cap;
+    mt_node *inline_items[LIST_INLINE];
 } node_list;
+
+static void list_init(node_list *l) {
+    l->items = l->inline_items;
+    l->len = 0;
+    l->cap = LIST_INLINE;
+}
+
+static void list_free(node_list *l) {
+    if (l->items != l->inline_items) free(l->items);
+}
 
 static int list_push(node_list *l, mt_node *n) {
     if (l->len == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        mt_node **items = realloc(l->items, cap * sizeof *items);
+        size_t cap = l->cap * 2;
+        mt_node **items = l->items == l->inline_items ? malloc(cap * sizeof *items)
+                                                      : realloc(l->items, cap * sizeof *items);
         if (!items) return mt_error_set(MT_ERR_OOM, "mt_backward: out of memory walking the tape");
+        if (l->items == l->inline_items) memcpy(items, l->inline_items, sizeof l->inline_items);
         l->items = items;
         l->cap = cap;
     }
@@ -30,6 +46,17 @@ static bool exclusively_owned(const mt_tensor *t) {
            !t->grad_fn && mt_is_contiguous(t);
 }
 
+static int mt_backward_status(void) {
+    return mt_last_status() != MT_OK ? (int)mt_last_status() : MT_ERR_INTERNAL;
+}
+
+/* True when some elements of t share memory (a dim of size > 1 with stride 0). */
+static bool has_overlap(const mt_tensor *t) {
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1 && t->strides[d] == 0) return true;
+    return false;
+}
+
 /* acc += g; takes ownership of g. */
 static int accumulate(mt_tensor **acc, mt_tensor *g) {
     if (!*acc) {
@@ -41,7 +68,7 @@ static int accumulate(mt_tensor **acc, mt_tensor *g) {
         rc = mt_backend_get((*acc)->device)->binary(MT_OP_ADD, *acc, *acc, g);
     } else {
         mt_tensor *sum = mt_add(*acc, g);
-        if (!sum) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+        if (!sum) rc = mt_backward_status();
         else {
             mt_release(*acc);
             *acc = sum;
@@ -56,7 +83,7 @@ static int accumulate_leaf(mt_tensor *leaf, mt_tensor *g) {
     if (g->dtype != leaf->dtype) {
         mt_tensor *c = mt_cast(g, leaf->dtype);
         mt_release(g);
-        if (!c) return MT_ERR_OOM;
+        if (!c) return mt_backward_status();
         g = c;
     }
     if (!leaf->grad) {
@@ -66,7 +93,16 @@ static int accumulate_leaf(mt_tensor *leaf, mt_tensor *g) {
         }
         leaf->grad = mt_clone(g);
         mt_release(g);
-        return leaf->grad ? 0 : MT_ERR_OOM;
+        return leaf->grad ? 0 : mt_backward_status();
+    }
+    if (has_overlap(leaf->grad)) { /* a user-set expanded grad: adding in place would
+                                      update shared elements once per alias */
+        mt_tensor *sum = mt_add(leaf->grad, g);
+        mt_release(g);
+        if (!sum) return mt_backward_status();
+        mt_release(leaf->grad);
+        leaf->grad = sum;
+        return 0;
     }
     rc = mt_backend_get(leaf->device)->binary(MT_OP_ADD, leaf->grad, leaf->grad, g);
     mt_tensor_bump_version(leaf->grad);
@@ -106,7 +142,9 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
     /* 1. every node reachable from the root, and its number of consumers */
     static atomic_uint_fast64_t visit_counter;
     uint64_t mark = atomic_fetch_add(&visit_counter, 1) + 1;
-    node_list all = {0}, ready = {0};
+    node_list all, ready;
+    list_init(&all);
+    list_init(&ready);
     int rc = list_push(&all, root->grad_fn);
     root->grad_fn->deps = 0;
     root->grad_fn->visit_mark = mark;
@@ -164,8 +202,8 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
         mt_release(all.items[i]->grad_acc);
         all.items[i]->grad_acc = NULL;
     }
-    free(all.items);
-    free(ready.items);
+    list_free(&all);
+    list_free(&ready);
     return rc;
 }
 
@@ -182,6 +220,12 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
             mt_error_set(MT_ERR_SHAPE, "mt_backward: arg 2: grad of shape %s does not match root shape %s",
                          mt_shape_str(grad, b1, sizeof b1), mt_shape_str(root, b2, sizeof b2));
             return mt_api_exit_status(MT_ERR_SHAPE);
+        }
+        if (grad->device.type != root->device.type || grad->device.index != root->device.index) {
+            mt_error_set(MT_ERR_DEVICE, "mt_backward: arg 2: grad is on %s:%d, the root on %s:%d",
+                         grad->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", grad->device.index,
+                         root->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", root->device.index);
+            return mt_api_exit_status(MT_ERR_DEVICE);
         }
         seed = grad->dtype == root->dtype ? mt_retain(grad) : mt_cast(grad, root->dtype);
     } else {
@@ -232,6 +276,10 @@ mt_tensor *mt_grad(mt_tensor *t) {
 
 int mt_set_grad(mt_tensor *t, mt_tensor *grad) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_set_grad: arg 1: tensor is NULL");
+    if (grad && (grad->device.type != t->device.type || grad->device.index != t->device.index))
+        return mt_error_set(MT_ERR_DEVICE, "mt_set_grad: arg 2: grad is on %s:%d, the tensor on %s:%d",
+                            grad->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", grad->device.index,
+                            t->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", t->device.index);
     if (grad && (!mt_same_shape(grad, t) || grad->dtype != t->dtype)) {
         char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
         return mt_error_set(MT_ERR_SHAPE, "mt_set_grad: arg 2: grad %s %s does not match tensor %s %s",

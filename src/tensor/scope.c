@@ -3,6 +3,7 @@
    (depth 1) hands its result to a scope, so library code calling public ops gets plain owned
    references. */
 #include <stdlib.h>
+#include <threads.h>
 #include "tensor_impl.h"
 
 typedef struct {
@@ -13,8 +14,28 @@ typedef struct {
 static _Thread_local int api_depth;
 static _Thread_local scope_frame *frames;
 static _Thread_local int n_frames, cap_frames;
+static _Thread_local int lost_frames; /* scopes whose begin failed: their end does nothing */
+/* The bookkeeping stays allocated between steps (a training loop opens a scope per step)
+   and is freed when the thread exits. */
+static _Thread_local bool registered;
+static tss_t frames_key;
+static bool frames_key_ok;
+static once_flag frames_once = ONCE_FLAG_INIT;
 
-void mt_api_enter(void) { api_depth++; }
+static void frames_free(void *unused) {
+    (void)unused;
+    for (int i = 0; i < cap_frames; i++) free(frames[i].items);
+    free(frames);
+    frames = NULL;
+    n_frames = cap_frames = 0;
+}
+static void frames_init(void) {
+    frames_key_ok = tss_create(&frames_key, frames_free) == thrd_success;
+}
+
+void mt_api_enter(void) {
+    api_depth++;
+}
 
 static void scope_track(mt_tensor *t) {
     scope_frame *f = &frames[n_frames - 1];
@@ -42,11 +63,20 @@ int mt_api_exit_status(int status) {
 }
 
 void mt_scope_begin(void) {
+    if (lost_frames) { /* inside a scope that could not open: keep the nesting balanced */
+        lost_frames++;
+        return;
+    }
+    if (!registered) {
+        call_once(&frames_once, frames_init);
+        registered = frames_key_ok && tss_set(frames_key, &frames_key) == thrd_success;
+    }
     if (n_frames == cap_frames) {
         int cap = cap_frames ? cap_frames * 2 : 8;
         scope_frame *nf = realloc(frames, (size_t)cap * sizeof *nf);
         if (!nf) {
             mt_error_set(MT_ERR_OOM, "mt_scope_begin: out of memory");
+            lost_frames = 1;
             return;
         }
         for (int i = cap_frames; i < cap; i++) nf[i] = (scope_frame){0};
@@ -58,18 +88,24 @@ void mt_scope_begin(void) {
 }
 
 void mt_scope_end(void) {
+    if (lost_frames) {
+        lost_frames--;
+        return;
+    }
     if (n_frames == 0) return;
     scope_frame *f = &frames[n_frames - 1];
     /* release newest first: later results tend to depend on earlier ones */
     for (size_t i = f->len; i-- > 0;) mt_release(f->items[i]);
     f->len = 0;
-    n_frames--;
-    if (n_frames == 0) { /* free the thread's bookkeeping when fully unwound */
-        for (int i = 0; i < cap_frames; i++) free(frames[i].items);
-        free(frames);
-        frames = NULL;
-        cap_frames = 0;
+    if (f->cap > 4096) { /* do not keep a huge list for the rest of the thread */
+        free(f->items);
+        f->items = NULL;
+        f->cap = 0;
     }
+    n_frames--;
+    if (n_frames == 0 && !registered) frames_free(NULL); /* no exit hook: free now */
 }
 
-int mt_scope_depth(void) { return n_frames; }
+int mt_scope_depth(void) {
+    return n_frames + lost_frames;
+}
