@@ -330,7 +330,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
 
 static void print_json_number(double v) {
     if (isfinite(v))
-        printf("%.6g", v);
+        printf("%.9g", v);
     else
         printf("null"); /* JSON has no inf/nan */
 }
@@ -397,7 +397,7 @@ int main(int argc, char **argv) {
         }
         char speedup[32] = "-";
         if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r.ms_per_step);
-        printf("%-28s %10.2f %12.6g %9s %10.1f %8lld\n", MODES[k].label, r.ms_per_step, r.loss,
+        printf("%-28s %10.2f %12.7g %9s %10.1f %8lld\n", MODES[k].label, r.ms_per_step, r.loss,
                speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped);
         fflush(stdout);
     }
