@@ -211,7 +211,6 @@ static int64_t block_size(int64_t n, int64_t cap) {
    converts the tile's rows of a and columns of b to FP32, accumulates the FP32 tile with a
    single-threaded sgemm and finally rounds the tile into c once. Scratch is one tile's worth
    per thread, LP_THREAD_FLOATS, whatever the operand sizes. */
-#define LP_KB            256
 #define LP_BUDGET_FLOATS ((int64_t)256 * 1024) /* scratch of all threads together: 1 MiB */
 #define LP_THREAD_MIN    ((int64_t)48 * 1024)  /* but tiles no smaller than this per thread */
 
@@ -228,11 +227,27 @@ typedef struct {
     int tm, tn;         /* thread grid */
     int64_t bm, bn;     /* rows and columns of c per thread */
     int64_t mt, nt, kb; /* tile */
+    bool n_outer;       /* walk tiles column-major (b's blocks reused) instead of row-major */
     int64_t per;        /* scratch floats per thread */
 } lp_plan;
 
+/* Cost of a tiling, in converted-element equivalents: conversions of a and b (the operand
+   of the outer loop is converted once when K is one block), OpenBLAS's packing of each tile's
+   operands and its passes over the tile per k-block (cheaper: the data is in cache) and a
+   fixed cost per sgemm call. */
+static double lp_cost(const lp_plan *p, int64_t K) {
+    double bm = (double)p->bm, bn = (double)p->bn, k = (double)K;
+    double mtiles = ceil(bm / (double)p->mt), ntiles = ceil(bn / (double)p->nt);
+    double nkb = ceil(k / (double)p->kb);
+    double a_conv = bm * k * (nkb == 1 && !p->n_outer ? 1 : ntiles);
+    double b_conv = bn * k * (nkb == 1 && p->n_outer ? 1 : mtiles);
+    double pack = bm * bn * k * (1.0 / (double)p->mt + 1.0 / (double)p->nt);
+    double c_traffic = 2.0 * bm * bn * nkb; /* sgemm reads and writes the tile per k-block */
+    return a_conv + b_conv + 0.5 * (pack + c_traffic) + 2000.0 * mtiles * ntiles * nkb;
+}
+
 static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
-    lp_plan p;
+    lp_plan p = {0}, best_p = {0};
     /* thread grid converting the fewest elements: tn copies of a, tm copies of b */
     double best = -1;
     for (int tm = 1; tm <= threads; tm++) {
@@ -248,25 +263,42 @@ static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
     if (best < 0) p.tm = p.tn = 1;
     p.bm = (M + p.tm - 1) / p.tm;
     p.bn = (N + p.tn - 1) / p.tn;
-    p.kb = block_size(K, LP_KB);
     int64_t budget = imax(LP_BUDGET_FLOATS / (p.tm * p.tn), LP_THREAD_MIN);
-    /* square tiles x: x*kb (a) + kb*x (b) + x*x (tile) <= budget, then widen the other side
-       when a block is narrower than x */
-    int64_t x = (int64_t)((sqrt((double)p.kb * p.kb + (double)budget) - (double)p.kb));
-    x = imax(x, 16);
-    if (p.bm <= x) {
-        p.mt = p.bm;
-        p.nt = imin(p.bn, imax(16, (budget - p.mt * p.kb) / (p.kb + p.mt)));
-    } else if (p.bn <= x) {
-        p.nt = p.bn;
-        p.mt = imin(p.bm, imax(16, (budget - p.nt * p.kb) / (p.kb + p.nt)));
-    } else {
-        p.mt = p.nt = x;
+    /* search k-block, loop order and the outer tile size; the inner tile takes the rest of
+       the budget: outer*kb (its operand) + kb*inner (the other) + outer*inner (tile) */
+    static const int64_t kb_caps[] = {2048, 1024, 512, 256, 128};
+    best = -1;
+    for (size_t ki = 0; ki < sizeof kb_caps / sizeof kb_caps[0]; ki++) {
+        p.kb = block_size(K, kb_caps[ki]);
+        for (int order = 0; order < 2; order++) {
+            p.n_outer = order == 1;
+            int64_t bo = p.n_outer ? p.bn : p.bm, bi = p.n_outer ? p.bm : p.bn;
+            int64_t step = imax(16, (bo / 64 + 15) & ~(int64_t)15);
+            for (int64_t to = bo; to >= 1; to = to == bo ? (bo - 1) / step * step : to - step) {
+                int64_t ti = (budget - to * p.kb) / (p.kb + to);
+                if (ti >= 1 && (ti >= 16 || ti >= bi)) {
+                    int64_t o = block_size(bo, to), i = block_size(bi, imin(bi, ti));
+                    p.mt = p.n_outer ? i : o;
+                    p.nt = p.n_outer ? o : i;
+                    double cost = lp_cost(&p, K);
+                    if (best < 0 || cost < best) {
+                        best = cost;
+                        best_p = p;
+                    }
+                }
+                if (to <= step) break;
+            }
+        }
     }
-    p.mt = block_size(p.bm, p.mt);
-    p.nt = block_size(p.bn, p.nt);
-    p.per = p.mt * p.kb + p.kb * p.nt + p.mt * p.nt;
-    return p;
+    if (best < 0) { /* budget below one minimal tile: take 16 x 16 tiles of 128-deep blocks */
+        best_p = p;
+        best_p.kb = block_size(K, 128);
+        best_p.mt = imin(p.bm, 16);
+        best_p.nt = imin(p.bn, 16);
+        best_p.n_outer = false;
+    }
+    best_p.per = best_p.mt * best_p.kb + best_p.kb * best_p.nt + best_p.mt * best_p.nt;
+    return best_p;
 }
 
 /* One thread's block of c: rows [r0, r1), columns [c0, c1). */
@@ -274,25 +306,30 @@ static void lp_block(const lp_job *j, const lp_plan *p, float *scratch, int64_t 
                      int64_t c0, int64_t c1) {
     int64_t es = (int64_t)mt_dtype_size(j->dt), K = j->K;
     float *ap = scratch, *bp = ap + p->mt * p->kb, *tile = bp + p->kb * p->nt;
-    const char *held = NULL; /* the a block in ap, reused across a row of tiles when K is one
-                                k-block */
-    bool acm = false;
-    for (int64_t m0 = r0; m0 < r1; m0 += p->mt) {
-        int64_t mc = imin(p->mt, r1 - m0);
-        for (int64_t n0 = c0; n0 < c1; n0 += p->nt) {
-            int64_t nc = imin(p->nt, c1 - n0);
+    /* the blocks held in ap and bp: with one k-block, the outer loop's block is reused */
+    const char *held_a = NULL, *held_b = NULL;
+    bool acm = false, bcm = false;
+    int64_t olen = p->n_outer ? c1 - c0 : r1 - r0, ilen = p->n_outer ? r1 - r0 : c1 - c0;
+    int64_t ostep = p->n_outer ? p->nt : p->mt, istep = p->n_outer ? p->mt : p->nt;
+    for (int64_t o = 0; o < olen; o += ostep) {
+        for (int64_t i = 0; i < ilen; i += istep) {
+            int64_t m0 = r0 + (p->n_outer ? i : o), n0 = c0 + (p->n_outer ? o : i);
+            int64_t mc = imin(p->mt, r1 - m0), nc = imin(p->nt, c1 - n0);
             char *ct = j->c + (m0 * j->ldc + n0) * es;
             for (int64_t k0 = 0; k0 < K; k0 += p->kb) {
                 int64_t kc = imin(p->kb, K - k0);
                 blk A = {j->a.p + (m0 * j->a.rs + k0 * j->a.cs) * es, mc, kc, j->a.rs, j->a.cs};
                 blk B = {j->b.p + (k0 * j->b.rs + n0 * j->b.cs) * es, kc, nc, j->b.rs, j->b.cs};
-                if (held != A.p || kc != K) {
+                if (held_a != A.p || kc != K) {
                     acm = blk_colmajor(&A);
                     blk_convert(&A, acm, j->dt, ap, 0, acm ? A.cols : A.rows);
-                    held = kc == K ? A.p : NULL;
+                    held_a = kc == K ? A.p : NULL;
                 }
-                bool bcm = blk_colmajor(&B);
-                blk_convert(&B, bcm, j->dt, bp, 0, bcm ? B.cols : B.rows);
+                if (held_b != B.p || kc != K) {
+                    bcm = blk_colmajor(&B);
+                    blk_convert(&B, bcm, j->dt, bp, 0, bcm ? B.cols : B.rows);
+                    held_b = kc == K ? B.p : NULL;
+                }
                 float beta = k0 == 0 ? j->beta : 1.0f;
                 if (k0 == 0 && beta != 0.0f) tile_load(ct, j->ldc, j->dt, mc, nc, tile);
                 tile_sgemm(mc, nc, kc, j->alpha, ap, acm, bp, bcm, beta, tile);

@@ -148,6 +148,16 @@ static void grad_target(mt_tensor *h, const mt_tensor *t, int nb, int ond, const
     reshaped(h, t, nb + 2, shape);
 }
 
+/* The backend of dev with a gemm kernel, or NULL with an error naming op. */
+static const mt_backend *gemm_backend(const char *op, mt_device dev) {
+    const mt_backend *be = mt_backend_for(op, dev);
+    if (be && !be->gemm) {
+        mt_error_set(MT_ERR_UNSUPPORTED, "%s: the %s backend has no GEMM kernel", op, be->name);
+        return NULL;
+    }
+    return be;
+}
+
 /* g in dtype dt (a new reference). */
 static mt_tensor *grad_as(mt_tensor *g, mt_dtype dt) {
     return g->dtype == dt ? mt_retain(g) : mt_cast(g, dt);
@@ -260,6 +270,8 @@ static mt_tensor *matmul_impl(mt_tensor *a, mt_tensor *b) {
         return NULL;
     mm_shape s;
     if (matmul_shape(a, b, &s) < 0) return NULL;
+    const mt_backend *be = gemm_backend(name, a->device);
+    if (!be) return NULL;
     mt_tensor *in[2] = {a, b}, *c[2];
     int compute = mt_dispatch_inputs(MT_OP_MATMUL, in, 2, c);
     if (compute < 0) return NULL;
@@ -274,7 +286,7 @@ static mt_tensor *matmul_impl(mt_tensor *a, mt_tensor *b) {
         cshape[s.nb] = a->ndim > 1 ? a->shape[a->ndim - 2] : 1;
         cshape[s.nb + 1] = b->ndim > 1 ? b->shape[b->ndim - 1] : 1;
         reshaped(&oh, out, s.nb + 2, cshape);
-        rc = mt_backend_get(a->device)->gemm(&oh, &ah, &bh, 1.0, 0.0);
+        rc = be->gemm(&oh, &ah, &bh, 1.0, 0.0);
     }
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_MATMUL, matmul_backward, c, 2, out, &rc);
@@ -402,10 +414,11 @@ static int linear_check(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
 
 static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
     if (linear_check(x, w, b) < 0) return NULL;
+    const mt_backend *be = gemm_backend("mt_linear", x->device);
+    if (!be) return NULL;
     mt_tensor *in[3] = {x, w, b}, *c[3];
     int compute = mt_dispatch_inputs(MT_OP_LINEAR, in, 3, c);
     if (compute < 0) return NULL;
-    const mt_backend *be = mt_backend_get(x->device);
     int nd = x->ndim;
     int64_t shape[MT_MAX_DIMS];
     memcpy(shape, x->shape, (size_t)nd * sizeof *shape);
