@@ -227,6 +227,11 @@ static void test_many_small_batches(void **state) {
         mt_release(a);
         mt_release(b);
         mt_release(bt);
+        /* a batch of matrices large enough to be split over threads one by one */
+        mt_tensor *p = make(dts[d], MT_SHAPE(3, 70, 300)), *q = make(dts[d], MT_SHAPE(3, 300, 90));
+        check_matmul(p, q, atol, rtol);
+        mt_release(p);
+        mt_release(q);
     }
 }
 
