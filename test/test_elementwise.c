@@ -488,6 +488,56 @@ static void test_large_parallel(void **state) {
     }
 }
 
+/* ---- copies between layouts and dtypes (the copy kernel behind contiguous, clone, cast) */
+static void test_copy_layouts(void **state) {
+    (void)state;
+    const mt_dtype dts[] = {MT_F64, MT_F32, MT_F16, MT_BF16, MT_I64, MT_I32, MT_BOOL};
+    const int64_t sizes[][2] = {{37, 70}, {64, 32}, {5, 300}, {1000, 3}};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+            int64_t r = sizes[si][0], c = sizes[si][1];
+            double *v = malloc((size_t)(r * c) * sizeof *v);
+            for (int64_t i = 0; i < r * c; i++) v[i] = (double)((i * 7919) % 61) - 30;
+            if (dts[d] == MT_BOOL)
+                for (int64_t i = 0; i < r * c; i++) v[i] = v[i] > 0;
+            mt_tensor *m = mt_test_tensor(v, dts[d], MT_SHAPE(r, c));
+            mt_tensor *t = mt_transpose(m, 0, 1), *tc = mt_contiguous(t), *tl = mt_clone(t);
+            assert_no_error();
+            assert_true(mt_is_contiguous(tc));
+            double *e = malloc((size_t)(r * c) * sizeof *e);
+            for (int64_t i = 0; i < c; i++)
+                for (int64_t j = 0; j < r; j++) e[i * r + j] = v[j * c + i];
+            assert_tensor_close(tc, e, r * c, 0, 0);
+            assert_tensor_close(tl, e, r * c, 0, 0);
+            /* transposed and converted at once, to every floating dtype */
+            for (int k = 0; k < 4; k++) {
+                mt_tensor *x = mt_cast(t, all_float[k]);
+                assert_int_equal(mt_dtype_of(x), all_float[k]);
+                assert_tensor_close(x, e, r * c, 0, 0); /* small integers: exact everywhere */
+                mt_release(x);
+            }
+            /* a 3-d permutation and a stepped slice */
+            if (c % 2 == 0) {
+                mt_tensor *m3 = mt_reshape(m, MT_SHAPE(r, c / 2, 2));
+                mt_tensor *p = mt_permute(m3, MT_DIMS(2, 0, 1)), *pc = mt_contiguous(p);
+                for (int64_t a = 0; a < 2; a++)
+                    for (int64_t i = 0; i < r; i++)
+                        for (int64_t j = 0; j < c / 2; j++)
+                            e[(a * r + i) * (c / 2) + j] = v[i * c + j * 2 + a];
+                assert_tensor_close(pc, e, r * c, 0, 0);
+                mt_release(m3);
+                mt_release(p);
+                mt_release(pc);
+            }
+            free(v);
+            free(e);
+            mt_release(m);
+            mt_release(t);
+            mt_release(tc);
+            mt_release(tl);
+        }
+}
+
 /* ---- dtype promotion */
 static void test_promotion(void **state) {
     (void)state;
@@ -825,6 +875,7 @@ int main(void) {
         MT_TEST(test_unary_special_values),
         MT_TEST(test_scalar_ops),
         MT_TEST(test_large_parallel),
+        MT_TEST(test_copy_layouts),
         MT_TEST(test_promotion),
         MT_TEST(test_where),
         MT_TEST(test_compare_integers),

@@ -1,7 +1,8 @@
 /* Dtype conversion of strided runs, and the copy kernel built on it. Low-precision storage
    goes through FP32 registers; F16 uses the F16C instructions when the build targets them. */
+#include <omp.h>
 #include <string.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #include "../math/half.h"
@@ -26,82 +27,158 @@ void mt_cpu_f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     for (; i < n; i++) dst[i] = mt_f32_to_f16(src[i]);
 }
 
+/* BF16 is the top half of an FP32: widening is a shift; narrowing rounds to nearest even
+   (and keeps NaN a NaN) exactly as mt_f32_to_bf16, eight lanes at a time with AVX2. */
 void mt_cpu_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(src[i]);
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(w, 16));
+    }
+#endif
+    for (; i < n; i++) dst[i] = mt_bf16_to_f32(src[i]);
 }
 
 void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = mt_f32_to_bf16(src[i]);
+    int64_t i = 0;
+#if defined(__AVX2__)
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i quiet = _mm256_set1_epi32(0x00400000);
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(src + i));
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(bias, lsb));
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+        r = _mm256_srli_epi32(r, 16); /* 8 x u32 holding 16-bit values */
+        __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm_packus_epi32(lo, hi));
+    }
+#endif
+    for (; i < n; i++) dst[i] = mt_f32_to_bf16(src[i]);
 }
 
-#define AT(T, p, i, s) (*(const T *)((p) + (i) * (s)))
+#define AT(T, p, i, s)   (*(const T *)((p) + (i) * (s)))
 #define AT_W(T, p, i, s) (*(T *)((p) + (i) * (s)))
 
 void mt_cpu_load_f32(const char *src, int64_t s, mt_dtype dt, int64_t n, float *dst) {
     switch (dt) {
     case MT_F32:
-        if (s == 4) memcpy(dst, src, (size_t)n * 4);
-        else for (int64_t i = 0; i < n; i++) dst[i] = AT(float, src, i, s);
+        if (s == 4)
+            memcpy(dst, src, (size_t)n * 4);
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = AT(float, src, i, s);
         break;
     case MT_F16:
-        if (s == 2) mt_cpu_f16_to_f32((const uint16_t *)src, dst, n);
-        else for (int64_t i = 0; i < n; i++) dst[i] = mt_f16_to_f32(AT(uint16_t, src, i, s));
+        if (s == 2)
+            mt_cpu_f16_to_f32((const uint16_t *)src, dst, n);
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = mt_f16_to_f32(AT(uint16_t, src, i, s));
         break;
     case MT_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(AT(uint16_t, src, i, s));
+        if (s == 2)
+            mt_cpu_bf16_to_f32((const uint16_t *)src, dst, n);
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(AT(uint16_t, src, i, s));
         break;
-    case MT_F64: for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(double, src, i, s); break;
-    case MT_I64: for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(int64_t, src, i, s); break;
-    case MT_I32: for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(int32_t, src, i, s); break;
-    case MT_BOOL: for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? 1.0f : 0.0f; break;
-    default: break;
+    case MT_F64:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(double, src, i, s);
+        break;
+    case MT_I64:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(int64_t, src, i, s);
+        break;
+    case MT_I32:
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(int32_t, src, i, s);
+        break;
+    case MT_BOOL:
+        for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? 1.0f : 0.0f;
+        break;
+    default:
+        break;
     }
 }
 
 void mt_cpu_store_f32(char *dst, int64_t s, mt_dtype dt, int64_t n, const float *src) {
     switch (dt) {
     case MT_F32:
-        if (s == 4) memcpy(dst, src, (size_t)n * 4);
-        else for (int64_t i = 0; i < n; i++) AT_W(float, dst, i, s) = src[i];
+        if (s == 4)
+            memcpy(dst, src, (size_t)n * 4);
+        else
+            for (int64_t i = 0; i < n; i++) AT_W(float, dst, i, s) = src[i];
         break;
     case MT_F16:
-        if (s == 2) mt_cpu_f32_to_f16(src, (uint16_t *)dst, n);
-        else for (int64_t i = 0; i < n; i++) AT_W(uint16_t, dst, i, s) = mt_f32_to_f16(src[i]);
+        if (s == 2)
+            mt_cpu_f32_to_f16(src, (uint16_t *)dst, n);
+        else
+            for (int64_t i = 0; i < n; i++) AT_W(uint16_t, dst, i, s) = mt_f32_to_f16(src[i]);
         break;
     case MT_BF16:
-        for (int64_t i = 0; i < n; i++) AT_W(uint16_t, dst, i, s) = mt_f32_to_bf16(src[i]);
+        if (s == 2)
+            mt_cpu_f32_to_bf16(src, (uint16_t *)dst, n);
+        else
+            for (int64_t i = 0; i < n; i++) AT_W(uint16_t, dst, i, s) = mt_f32_to_bf16(src[i]);
         break;
-    case MT_F64: for (int64_t i = 0; i < n; i++) AT_W(double, dst, i, s) = src[i]; break;
-    case MT_I64: for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i]; break;
-    case MT_I32: for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i]; break;
-    case MT_BOOL: for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0.0f; break;
-    default: break;
+    case MT_F64:
+        for (int64_t i = 0; i < n; i++) AT_W(double, dst, i, s) = src[i];
+        break;
+    case MT_I64:
+        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i];
+        break;
+    case MT_I32:
+        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i];
+        break;
+    case MT_BOOL:
+        for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0.0f;
+        break;
+    default:
+        break;
     }
 }
 
 void mt_cpu_load_f64(const char *src, int64_t s, mt_dtype dt, int64_t n, double *dst) {
     switch (dt) {
     case MT_F64:
-        if (s == 8) memcpy(dst, src, (size_t)n * 8);
-        else for (int64_t i = 0; i < n; i++) dst[i] = AT(double, src, i, s);
+        if (s == 8)
+            memcpy(dst, src, (size_t)n * 8);
+        else
+            for (int64_t i = 0; i < n; i++) dst[i] = AT(double, src, i, s);
         break;
-    case MT_F32: for (int64_t i = 0; i < n; i++) dst[i] = AT(float, src, i, s); break;
-    case MT_F16: for (int64_t i = 0; i < n; i++) dst[i] = mt_f16_to_f32(AT(uint16_t, src, i, s)); break;
-    case MT_BF16: for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(AT(uint16_t, src, i, s)); break;
-    case MT_I64: for (int64_t i = 0; i < n; i++) dst[i] = (double)AT(int64_t, src, i, s); break;
-    case MT_I32: for (int64_t i = 0; i < n; i++) dst[i] = AT(int32_t, src, i, s); break;
-    case MT_BOOL: for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? 1.0 : 0.0; break;
-    default: break;
+    case MT_F32:
+        for (int64_t i = 0; i < n; i++) dst[i] = AT(float, src, i, s);
+        break;
+    case MT_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = mt_f16_to_f32(AT(uint16_t, src, i, s));
+        break;
+    case MT_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(AT(uint16_t, src, i, s));
+        break;
+    case MT_I64:
+        for (int64_t i = 0; i < n; i++) dst[i] = (double)AT(int64_t, src, i, s);
+        break;
+    case MT_I32:
+        for (int64_t i = 0; i < n; i++) dst[i] = AT(int32_t, src, i, s);
+        break;
+    case MT_BOOL:
+        for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? 1.0 : 0.0;
+        break;
+    default:
+        break;
     }
 }
 
 void mt_cpu_store_f64(char *dst, int64_t s, mt_dtype dt, int64_t n, const double *src) {
     switch (dt) {
     case MT_F64:
-        if (s == 8) memcpy(dst, src, (size_t)n * 8);
-        else for (int64_t i = 0; i < n; i++) AT_W(double, dst, i, s) = src[i];
+        if (s == 8)
+            memcpy(dst, src, (size_t)n * 8);
+        else
+            for (int64_t i = 0; i < n; i++) AT_W(double, dst, i, s) = src[i];
         break;
-    case MT_F32: for (int64_t i = 0; i < n; i++) AT_W(float, dst, i, s) = (float)src[i]; break;
+    case MT_F32:
+        for (int64_t i = 0; i < n; i++) AT_W(float, dst, i, s) = (float)src[i];
+        break;
     case MT_F16:
         /* double -> f16 through f32 can double-round; the f32 step is exact for |x| in f16
            range only up to a tie, which matches torch's behaviour for .half() on doubles */
@@ -110,10 +187,17 @@ void mt_cpu_store_f64(char *dst, int64_t s, mt_dtype dt, int64_t n, const double
     case MT_BF16:
         for (int64_t i = 0; i < n; i++) AT_W(uint16_t, dst, i, s) = mt_f32_to_bf16((float)src[i]);
         break;
-    case MT_I64: for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i]; break;
-    case MT_I32: for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i]; break;
-    case MT_BOOL: for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0.0; break;
-    default: break;
+    case MT_I64:
+        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i];
+        break;
+    case MT_I32:
+        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i];
+        break;
+    case MT_BOOL:
+        for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0.0;
+        break;
+    default:
+        break;
     }
 }
 
@@ -124,16 +208,47 @@ typedef struct {
 
 #define BLOCK 512
 
+/* Same-dtype strided run, with the element size known to the compiler. */
+#define STRIDED_COPY(T)                                                                            \
+    for (int64_t i = 0; i < n; i++) *(T *)(p[0] + i * s[0]) = *(const T *)(p[1] + i * s[1]);
+
 static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const copy_ctx *c = vctx;
-    size_t es = mt_dtype_size(c->dst);
+    int64_t es = (int64_t)mt_dtype_size(c->dst), ss = (int64_t)mt_dtype_size(c->src);
     if (c->dst == c->src) {
-        if (s[0] == (int64_t)es && s[1] == (int64_t)es) {
-            memcpy(p[0], p[1], (size_t)n * es);
+        if (s[0] == es && s[1] == es) {
+            memcpy(p[0], p[1], (size_t)(n * es));
             return;
         }
-        for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * s[0], p[1] + i * s[1], es);
+        switch (es) {
+        case 1:
+            STRIDED_COPY(uint8_t) break;
+        case 2:
+            STRIDED_COPY(uint16_t) break;
+        case 4:
+            STRIDED_COPY(uint32_t) break;
+        default:
+            STRIDED_COPY(uint64_t) break;
+        }
         return;
+    }
+    if (s[0] == es && s[1] == ss) { /* contiguous FP32 <-> F16/BF16 straight into dst */
+        if (c->src == MT_F32 && c->dst == MT_F16) {
+            mt_cpu_f32_to_f16((const float *)p[1], (uint16_t *)p[0], n);
+            return;
+        }
+        if (c->src == MT_F32 && c->dst == MT_BF16) {
+            mt_cpu_f32_to_bf16((const float *)p[1], (uint16_t *)p[0], n);
+            return;
+        }
+        if (c->src == MT_F16 && c->dst == MT_F32) {
+            mt_cpu_f16_to_f32((const uint16_t *)p[1], (float *)p[0], n);
+            return;
+        }
+        if (c->src == MT_BF16 && c->dst == MT_F32) {
+            mt_cpu_bf16_to_f32((const uint16_t *)p[1], (float *)p[0], n);
+            return;
+        }
     }
     /* wide path when either side needs more than FP32 holds */
     bool wide = c->dst == MT_F64 || c->src == MT_F64 || c->src == MT_I64 || c->src == MT_I32;
@@ -151,10 +266,62 @@ static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     }
 }
 
+/* A 2-D same-dtype copy whose source walks its inner dim with a large stride (a transpose):
+   done in square tiles, so that both sides stay in cache; rows of tiles in parallel. */
+#define TILE 32
+#define TILED_COPY(T)                                                                              \
+    for (int64_t i = i0; i < i1; i++) {                                                            \
+        T *drow = (T *)(d + i * ds0);                                                              \
+        const char *scol = sp + i * ss0;                                                           \
+        for (int64_t j = j0; j < j1; j++) drow[j] = *(const T *)(scol + j * ss1);                  \
+    }
+
+static void copy_tiles(const mt_cpu_iter *it, int64_t es, int64_t ib_begin, int64_t ib_end) {
+    int64_t rows = it->shape[0], cols = it->shape[1];
+    char *d = it->data[0];
+    const char *sp = it->data[1];
+    int64_t ds0 = it->strides[0][0]; /* the destination's inner stride is the element size */
+    int64_t ss0 = it->strides[1][0], ss1 = it->strides[1][1];
+    for (int64_t ib = ib_begin; ib < ib_end; ib++) {
+        int64_t i0 = ib * TILE, i1 = i0 + TILE < rows ? i0 + TILE : rows;
+        for (int64_t j0 = 0; j0 < cols; j0 += TILE) {
+            int64_t j1 = j0 + TILE < cols ? j0 + TILE : cols;
+            switch (es) {
+            case 1:
+                TILED_COPY(uint8_t) break;
+            case 2:
+                TILED_COPY(uint16_t) break;
+            case 4:
+                TILED_COPY(uint32_t) break;
+            default:
+                TILED_COPY(uint64_t) break;
+            }
+        }
+    }
+}
+
+static bool transposed_2d(const mt_cpu_iter *it, int64_t es) {
+    if (it->ndim != 2 || it->shape[0] < TILE || it->shape[1] < TILE) return false;
+    /* the destination's inner dim is dense, the source's is not but its outer dim is */
+    return it->strides[0][1] == es && it->strides[1][1] != es && it->strides[1][0] == es;
+}
+
 int mt_cpu_copy(mt_tensor *dst, const mt_tensor *src) {
     const mt_tensor *ops[2] = {dst, src};
     mt_cpu_iter it;
     mt_cpu_iter_init(&it, 2, ops);
+    int64_t es = (int64_t)mt_dtype_size(dst->dtype);
+    if (dst->dtype == src->dtype && transposed_2d(&it, es)) {
+        int64_t nb = (it.shape[0] + TILE - 1) / TILE;
+        int threads = it.numel < MT_CPU_PARALLEL_MIN ? 1 : mt_cpu_num_threads();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            int64_t per = (nb + nt - 1) / nt, b = per * id, e = b + per < nb ? b + per : nb;
+            if (b < e) copy_tiles(&it, es, b, e);
+        }
+        return 0;
+    }
     copy_ctx c = {dst->dtype, src->dtype};
     mt_cpu_iter_run(&it, copy_row, &c, 1);
     return 0;
