@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """SimpleNet (the PaddlePaddle AMP guide's network) trained in PyTorch on the CPU, the same loop
 as samples/simplenet_amp.c: three Linear(hidden, hidden) layers with ReLU after the first two,
-MSE loss, SGD lr 1e-4, the first step excluded from timing.
+MSE loss, SGD lr 1e-4, the first step excluded from timing (ms_per_step is the mean over the
+timed steps, ms_median their median).
 
 Every (mode, threads) configuration runs in a fresh child process so that its peak-memory
 figure is its own. Prints one JSON object per configuration and line on stdout:
-  {"impl": "torch", "mode": ..., "threads": ..., "ms_per_step": ..., "loss": ...,
+  {"impl": "torch", "mode": ..., "threads": ..., "ms_per_step": ..., "ms_median": ...,
+   "loss": ...,
    "rss_delta_bytes": ..., "supported": true}
 or, for a mode this torch cannot run on the CPU, {"mode": ..., "supported": false,
 "reason": ...}.
@@ -21,6 +23,7 @@ library pages first touched by training). Run with /usr/bin/python3 (Debian's py
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -61,9 +64,11 @@ def run_one(args):
     total = args.steps * args.epochs
     t0 = time.perf_counter()
     loss_value = float('nan')
+    step_ms = []
     for s in range(total):
+        ts = time.perf_counter()
         if s == 1:
-            t0 = time.perf_counter()  # the first step warms up
+            t0 = ts  # the first step warms up
         x, y = xs[s % args.steps], ys[s % args.steps]
         with torch.autocast('cpu', dtype=amp_dtype or torch.bfloat16,
                             enabled=amp_dtype is not None):
@@ -73,12 +78,14 @@ def run_one(args):
         opt.zero_grad(set_to_none=True)
         if s == total - 1:
             loss_value = loss.item()
+        step_ms.append(1e3 * (time.perf_counter() - ts))
     t1 = time.perf_counter()
     timed = total - 1 if total > 1 else 1
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {'impl': 'torch', 'version': torch.__version__, 'mode': args.one, 'device': 'cpu',
             'hidden': h, 'batch': b, 'steps': total, 'threads': args.threads,
-            'ms_per_step': 1e3 * (t1 - t0) / timed, 'loss': loss_value,
+            'ms_per_step': 1e3 * (t1 - t0) / timed,
+            'ms_median': statistics.median(step_ms[total - timed:]), 'loss': loss_value,
             'rss_delta_bytes': (rss1 - rss0) * 1024, 'supported': True}
 
 

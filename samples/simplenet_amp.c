@@ -53,6 +53,7 @@ typedef struct {
 
 typedef struct {
     double ms_per_step, loss;
+    double ms_median; /* median step time; CPU only (device work is asynchronous) */
     int timed_steps;
     int64_t peak_bytes, data_bytes, rss_delta_bytes, skipped;
 } result;
@@ -70,6 +71,11 @@ static double now_s(void) {
 static int64_t maxrss_bytes(void) {
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss * 1024 : 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* The library never prints or exits; the sample does both when something went wrong. */
@@ -294,9 +300,14 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     }
 
     int total = c->steps * c->epochs;
+    /* On the CPU every op has finished when it returns, so single steps can be timed too; their
+       median shrugs off the odd step slowed by another process. */
+    bool per_step = c->dev.type == MT_DEVICE_CPU;
+    double *step_ms = per_step ? calloc((size_t)total, sizeof *step_ms) : NULL;
     double t0 = now_s(), last = 0;
     for (int s = 0; s < total; s++) {
-        if (s == 1) t0 = now_s(); /* the first step warms up caches and allocators */
+        double ts = now_s();
+        if (s == 1) t0 = ts; /* the first step warms up caches and allocators */
         mt_scope_begin();
         mt_tensor *loss = train_step(m, layers, opt, scaler, xs[s % c->steps], ys[s % c->steps]);
         if (!loss && mt_last_status() == MT_OK) {
@@ -309,12 +320,21 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         /* mt_item waits for the device, so the clock reads finished work. */
         if (s == 0 || s == total - 1) r->loss = mt_item(loss);
         mt_scope_end();
+        if (step_ms) step_ms[s] = 1e3 * (now_s() - ts);
         check(m->name);
         progress(m, s + 1, total, &last);
     }
     double t1 = now_s();
     r->timed_steps = total > 1 ? total - 1 : 1;
     r->ms_per_step = 1e3 * (t1 - t0) / r->timed_steps;
+    r->ms_median = NAN;
+    if (step_ms) {
+        double *timed = step_ms + (total - r->timed_steps);
+        qsort(timed, (size_t)r->timed_steps, sizeof *timed, cmp_double);
+        int n = r->timed_steps;
+        r->ms_median = n % 2 ? timed[n / 2] : 0.5 * (timed[n / 2 - 1] + timed[n / 2]);
+        free(step_ms);
+    }
     r->skipped = scaler ? mt_grad_scaler_skipped_steps(scaler) : 0;
     check("mt_grad_scaler_skipped_steps");
     r->peak_bytes = mt_peak_bytes();
@@ -341,6 +361,8 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
            m->name, device_name(c->dev), (long long)c->hidden, (long long)c->batch,
            c->steps * c->epochs, c->steps, c->epochs, mt_get_num_threads());
     print_json_number(r->ms_per_step);
+    printf(", \"ms_median\": ");
+    print_json_number(r->ms_median);
     printf(", \"loss\": ");
     print_json_number(r->loss);
     printf(", \"peak_bytes\": %lld, \"data_bytes\": %lld, \"rss_delta_bytes\": %lld, "
