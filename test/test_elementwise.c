@@ -488,6 +488,52 @@ static void test_large_parallel(void **state) {
     }
 }
 
+/* exp in F32 runs a vectorisable polynomial (src/math): check it against exp in double over
+   a sweep of the whole finite range, and its special values. */
+static void test_exp_f32_accuracy(void **state) {
+    (void)state;
+    const int64_t n = 1 << 20;
+    float *x = malloc((size_t)n * sizeof *x);
+    int64_t m = 0;
+    for (uint64_t b = 0; b <= 0xffffffffu && m < n; b += 4093) {
+        uint32_t u = (uint32_t)b;
+        float f;
+        memcpy(&f, &u, 4);
+        if (f > -110 && f < 90) x[m++] = f;
+    }
+    const float special[] = {0.0f,     -0.0f,  INFINITY, -INFINITY, NAN,     88.72f,
+                             88.7229f, 88.73f, 89.5f,    -87.0f,    -100.0f, -103.9f,
+                             -104.5f,  1e-8f,  -1e-8f,   1e30f,     -1e30f,  0.6931472f};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) x[m++ % n] = special[i];
+    mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(m), MT_CPU), *y = mt_exp(t);
+    assert_no_error();
+    const float *yv = mt_data_ptr(y);
+    double worst = 0;
+    for (int64_t i = 0; i < m; i++) {
+        double e = exp((double)x[i]);
+        float got = yv[i];
+        if (isnan(x[i])) {
+            assert_true(isnan(got));
+            continue;
+        }
+        if (e > 3.4028235677973366e38) { /* rounds to inf */
+            if (!isinf(got)) fail_msg("exp(%a) = %a, expected inf", (double)x[i], (double)got);
+            continue;
+        }
+        int ex;
+        frexp(e, &ex);
+        double ulp = ldexp(1, (ex < -125 ? -125 : ex) - 24);
+        double err = fabs(got - e) / ulp;
+        if (err > worst) worst = err;
+        if (err > 1.5)
+            fail_msg("exp(%a) = %a, expected %a (%.2f ulp)", (double)x[i], (double)got, e, err);
+    }
+    assert_true(worst > 0); /* the sweep did compare something */
+    mt_release(t);
+    mt_release(y);
+    free(x);
+}
+
 /* ---- copies between layouts and dtypes (the copy kernel behind contiguous, clone, cast) */
 static void test_copy_layouts(void **state) {
     (void)state;
@@ -874,6 +920,7 @@ int main(void) {
         MT_TEST(test_unary),
         MT_TEST(test_unary_special_values),
         MT_TEST(test_scalar_ops),
+        MT_TEST(test_exp_f32_accuracy),
         MT_TEST(test_large_parallel),
         MT_TEST(test_copy_layouts),
         MT_TEST(test_promotion),
