@@ -47,9 +47,9 @@ MT_HD float mt_expv_f(float x) {
     uint32_t ux, uy;
     memcpy(&ux, &x, sizeof ux);
     memcpy(&uy, &y, sizeof uy);
-    uint32_t big = 0u - (uint32_t)((int32_t)ux > 0x42B20000),        /* x > 89: inf */
-        small = 0u - (uint32_t)(ux > 0xC2D00000u),                    /* x < -104: 0 */
-        nan = 0u - (uint32_t)((ux & 0x7fffffffu) > 0x7f800000u);     /* NaN: itself */
+    uint32_t big = 0u - (uint32_t)((int32_t)ux > 0x42B20000),    /* x > 89: inf */
+        small = 0u - (uint32_t)(ux > 0xC2D00000u),               /* x < -104: 0 */
+        nan = 0u - (uint32_t)((ux & 0x7fffffffu) > 0x7f800000u); /* NaN: itself */
     uy = (uy & ~big) | (0x7f800000u & big);
     uy &= ~small;
     uy = (uy & ~nan) | (ux & nan);
