@@ -696,13 +696,44 @@ static void test_where(void **state) {
 
 static void test_compare_integers(void **state) {
     (void)state;
-    int64_t a[5] = {1, 2, 3, 4, 5}, b[5] = {5, 2, 1, 4, 0};
+    /* the last two differ by 1 past 2^53, where doubles could not tell them apart */
+    int64_t big = (int64_t)1 << 60;
+    int64_t a[5] = {1, 2, 3, big, big + 1}, b[5] = {5, 2, 1, big + 1, big + 1};
     mt_tensor *ta = mt_from_data(a, MT_I64, MT_SHAPE(5), MT_CPU),
               *tb = mt_from_data(b, MT_I64, MT_SHAPE(5), MT_CPU);
     mt_tensor *eq = mt_eq(ta, tb), *lt = mt_lt(ta, tb);
-    double eeq[5] = {0, 1, 0, 1, 0}, elt[5] = {1, 0, 0, 0, 0};
+    double eeq[5] = {0, 1, 0, 0, 1}, elt[5] = {1, 0, 0, 1, 0};
     assert_tensor_close(eq, eeq, 5, 0, 0);
     assert_tensor_close(lt, elt, 5, 0, 0);
+    /* every comparison, I32 and bool too, strided */
+    int32_t ia[4] = {-3, 7, 7, 0}, ib[4] = {7, 7, -3, 0};
+    mt_tensor *ta32 = mt_from_data(ia, MT_I32, MT_SHAPE(4), MT_CPU);
+    mt_tensor *tb32 = mt_from_data(ib, MT_I32, MT_SHAPE(4), MT_CPU);
+    mt_tensor *(*fns[6])(mt_tensor *, mt_tensor *) = {mt_eq, mt_ne, mt_lt, mt_le, mt_gt, mt_ge};
+    double (*refs[6])(double, double) = {r_eq, r_ne, r_lt, r_le, r_gt, r_ge};
+    for (int k = 0; k < 6; k++) {
+        mt_tensor *r = fns[k](ta32, tb32), *rs = fns[k](ta, ta);
+        double e[4], es[5];
+        for (int i = 0; i < 4; i++) e[i] = refs[k](ia[i], ib[i]);
+        for (int i = 0; i < 5; i++) es[i] = refs[k](0, 0);
+        assert_int_equal(mt_dtype_of(r), MT_BOOL);
+        assert_tensor_close(r, e, 4, 0, 0);
+        assert_tensor_close(rs, es, 5, 0, 0);
+        mt_release(r);
+        mt_release(rs);
+    }
+    mt_tensor *ba = mt_gt(ta32, tb32), *bb = mt_lt(ta32, tb32), *bx = mt_expand(ba, MT_SHAPE(4));
+    mt_tensor *beq = mt_eq(ba, bb), *bge = mt_ge(bx, bb);
+    double ebeq[4] = {0, 1, 0, 1}, ebge[4] = {0, 1, 1, 1};
+    assert_tensor_close(beq, ebeq, 4, 0, 0);
+    assert_tensor_close(bge, ebge, 4, 0, 0);
+    mt_release(ba);
+    mt_release(bb);
+    mt_release(bx);
+    mt_release(beq);
+    mt_release(bge);
+    mt_release(ta32);
+    mt_release(tb32);
     mt_release(ta);
     mt_release(tb);
     mt_release(eq);

@@ -10,48 +10,93 @@
 
 /* ---- the formulas over arrays, stamped for float and double */
 #define DEFINE_ARRAY_KERNELS(T, S)                                                                 \
-    static void unary_##S(mt_op_id op, T *restrict o, const T *restrict a, int64_t n, T p) {      \
+    static void unary_##S(mt_op_id op, T *restrict o, const T *restrict a, int64_t n, T p) {       \
         switch (op) {                                                                              \
-        case MT_OP_NEG: for (int64_t i = 0; i < n; i++) o[i] = -a[i]; break;                       \
-        case MT_OP_EXP: for (int64_t i = 0; i < n; i++) o[i] = mt_exp_##S(a[i]); break;            \
-        case MT_OP_LOG: for (int64_t i = 0; i < n; i++) o[i] = mt_log_##S(a[i]); break;            \
-        case MT_OP_SQRT: for (int64_t i = 0; i < n; i++) o[i] = mt_sqrt_##S(a[i]); break;          \
-        case MT_OP_RSQRT: for (int64_t i = 0; i < n; i++) o[i] = mt_rsqrt_##S(a[i]); break;        \
-        case MT_OP_ABS: for (int64_t i = 0; i < n; i++) o[i] = mt_abs_##S(a[i]); break;            \
-        case MT_OP_SIGN: for (int64_t i = 0; i < n; i++) o[i] = mt_sign_##S(a[i]); break;          \
-        case MT_OP_RELU: for (int64_t i = 0; i < n; i++) o[i] = mt_relu_##S(a[i]); break;          \
-        case MT_OP_GELU: for (int64_t i = 0; i < n; i++) o[i] = mt_gelu_##S(a[i]); break;          \
+        case MT_OP_NEG:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = -a[i];                                          \
+            break;                                                                                 \
+        case MT_OP_EXP:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_exp_##S(a[i]);                               \
+            break;                                                                                 \
+        case MT_OP_LOG:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_log_##S(a[i]);                               \
+            break;                                                                                 \
+        case MT_OP_SQRT:                                                                           \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_sqrt_##S(a[i]);                              \
+            break;                                                                                 \
+        case MT_OP_RSQRT:                                                                          \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_rsqrt_##S(a[i]);                             \
+            break;                                                                                 \
+        case MT_OP_ABS:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_abs_##S(a[i]);                               \
+            break;                                                                                 \
+        case MT_OP_SIGN:                                                                           \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_sign_##S(a[i]);                              \
+            break;                                                                                 \
+        case MT_OP_RELU:                                                                           \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_relu_##S(a[i]);                              \
+            break;                                                                                 \
+        case MT_OP_GELU:                                                                           \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_gelu_##S(a[i]);                              \
+            break;                                                                                 \
         case MT_OP_GELU_TANH:                                                                      \
             for (int64_t i = 0; i < n; i++) o[i] = mt_gelu_tanh_##S(a[i]);                         \
             break;                                                                                 \
-        case MT_OP_SIGMOID: for (int64_t i = 0; i < n; i++) o[i] = mt_sigmoid_##S(a[i]); break;    \
-        case MT_OP_TANH: for (int64_t i = 0; i < n; i++) o[i] = mt_tanh_##S(a[i]); break;          \
-        case MT_OP_ADD_SCALAR: for (int64_t i = 0; i < n; i++) o[i] = a[i] + p; break;             \
-        case MT_OP_MUL_SCALAR: for (int64_t i = 0; i < n; i++) o[i] = a[i] * p; break;             \
-        case MT_OP_RSUB_SCALAR: for (int64_t i = 0; i < n; i++) o[i] = p - a[i]; break;            \
-        case MT_OP_RDIV_SCALAR: for (int64_t i = 0; i < n; i++) o[i] = p / a[i]; break;            \
+        case MT_OP_SIGMOID:                                                                        \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_sigmoid_##S(a[i]);                           \
+            break;                                                                                 \
+        case MT_OP_TANH:                                                                           \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_tanh_##S(a[i]);                              \
+            break;                                                                                 \
+        case MT_OP_ADD_SCALAR:                                                                     \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] + p;                                       \
+            break;                                                                                 \
+        case MT_OP_MUL_SCALAR:                                                                     \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] * p;                                       \
+            break;                                                                                 \
+        case MT_OP_RSUB_SCALAR:                                                                    \
+            for (int64_t i = 0; i < n; i++) o[i] = p - a[i];                                       \
+            break;                                                                                 \
+        case MT_OP_RDIV_SCALAR:                                                                    \
+            for (int64_t i = 0; i < n; i++) o[i] = p / a[i];                                       \
+            break;                                                                                 \
         case MT_OP_POW_SCALAR:                                                                     \
             if (p == (T)2)                                                                         \
                 for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i];                                \
             else                                                                                   \
                 for (int64_t i = 0; i < n; i++) o[i] = mt_pow_##S(a[i], p);                        \
             break;                                                                                 \
-        default: break;                                                                            \
+        default:                                                                                   \
+            break;                                                                                 \
         }                                                                                          \
     }                                                                                              \
-    static void binary_##S(mt_op_id op, T *restrict o, const T *restrict a, const T *restrict b,  \
+    static void binary_##S(mt_op_id op, T *restrict o, const T *restrict a, const T *restrict b,   \
                            int64_t n) {                                                            \
         switch (op) {                                                                              \
-        case MT_OP_ADD: for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i]; break;                 \
-        case MT_OP_SUB: for (int64_t i = 0; i < n; i++) o[i] = a[i] - b[i]; break;                 \
-        case MT_OP_MUL: for (int64_t i = 0; i < n; i++) o[i] = a[i] * b[i]; break;                 \
-        case MT_OP_DIV: for (int64_t i = 0; i < n; i++) o[i] = a[i] / b[i]; break;                 \
-        case MT_OP_POW: for (int64_t i = 0; i < n; i++) o[i] = mt_pow_##S(a[i], b[i]); break;      \
-        case MT_OP_MAXIMUM: for (int64_t i = 0; i < n; i++) o[i] = mt_max2_##S(a[i], b[i]); break; \
-        case MT_OP_MINIMUM: for (int64_t i = 0; i < n; i++) o[i] = mt_min2_##S(a[i], b[i]); break; \
-        /* backward kernels: a = incoming gradient, b = saved input (x) or output (y) */          \
+        case MT_OP_ADD:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i];                                    \
+            break;                                                                                 \
+        case MT_OP_SUB:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] - b[i];                                    \
+            break;                                                                                 \
+        case MT_OP_MUL:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] * b[i];                                    \
+            break;                                                                                 \
+        case MT_OP_DIV:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] / b[i];                                    \
+            break;                                                                                 \
+        case MT_OP_POW:                                                                            \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_pow_##S(a[i], b[i]);                         \
+            break;                                                                                 \
+        case MT_OP_MAXIMUM:                                                                        \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_max2_##S(a[i], b[i]);                        \
+            break;                                                                                 \
+        case MT_OP_MINIMUM:                                                                        \
+            for (int64_t i = 0; i < n; i++) o[i] = mt_min2_##S(a[i], b[i]);                        \
+            break;                                                                                 \
+        /* backward kernels: a = incoming gradient, b = saved input (x) or output (y) */           \
         case MT_OP_RELU_BACKWARD:                                                                  \
-            for (int64_t i = 0; i < n; i++) o[i] = b[i] <= (T)0 ? (T)0 : a[i];                      \
+            for (int64_t i = 0; i < n; i++) o[i] = b[i] <= (T)0 ? (T)0 : a[i];                     \
             break;                                                                                 \
         case MT_OP_GELU_BACKWARD:                                                                  \
             for (int64_t i = 0; i < n; i++) o[i] = a[i] * mt_gelu_grad_##S(b[i]);                  \
@@ -65,29 +110,47 @@
         case MT_OP_TANH_BACKWARD:                                                                  \
             for (int64_t i = 0; i < n; i++) o[i] = a[i] * ((T)1 - b[i] * b[i]);                    \
             break;                                                                                 \
-        default: break;                                                                            \
+        default:                                                                                   \
+            break;                                                                                 \
         }                                                                                          \
     }                                                                                              \
-    static void compare_##S(mt_op_id op, uint8_t *restrict o, const T *restrict a,                \
+    static void compare_##S(mt_op_id op, uint8_t *restrict o, const T *restrict a,                 \
                             const T *restrict b, int64_t n) {                                      \
         switch (op) {                                                                              \
-        case MT_OP_EQ: for (int64_t i = 0; i < n; i++) o[i] = a[i] == b[i]; break;                 \
-        case MT_OP_NE: for (int64_t i = 0; i < n; i++) o[i] = a[i] != b[i]; break;                 \
-        case MT_OP_LT: for (int64_t i = 0; i < n; i++) o[i] = a[i] < b[i]; break;                  \
-        case MT_OP_LE: for (int64_t i = 0; i < n; i++) o[i] = a[i] <= b[i]; break;                 \
-        case MT_OP_GT: for (int64_t i = 0; i < n; i++) o[i] = a[i] > b[i]; break;                  \
-        case MT_OP_GE: for (int64_t i = 0; i < n; i++) o[i] = a[i] >= b[i]; break;                 \
-        default: break;                                                                            \
+        case MT_OP_EQ:                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] == b[i];                                   \
+            break;                                                                                 \
+        case MT_OP_NE:                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] != b[i];                                   \
+            break;                                                                                 \
+        case MT_OP_LT:                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] < b[i];                                    \
+            break;                                                                                 \
+        case MT_OP_LE:                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] <= b[i];                                   \
+            break;                                                                                 \
+        case MT_OP_GT:                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] > b[i];                                    \
+            break;                                                                                 \
+        case MT_OP_GE:                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = a[i] >= b[i];                                   \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
         }                                                                                          \
     }
 
 DEFINE_ARRAY_KERNELS(float, f)
 DEFINE_ARRAY_KERNELS(double, d)
 
-static bool is_compare(mt_op_id op) { return op >= MT_OP_EQ && op <= MT_OP_GE; }
+static bool is_compare(mt_op_id op) {
+    return op >= MT_OP_EQ && op <= MT_OP_GE;
+}
 
 /* Compute in double for F64 and for integer inputs (comparisons of I64 labels). */
-static bool wide_dtype(mt_dtype dt) { return dt == MT_F64 || dt == MT_I64 || dt == MT_I32; }
+static bool wide_dtype(mt_dtype dt) {
+    return dt == MT_F64 || dt == MT_I64 || dt == MT_I32;
+}
 
 typedef struct {
     mt_op_id op;
@@ -123,11 +186,19 @@ static void unary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
 
 static int op_cost(mt_op_id op) {
     switch (op) {
-    case MT_OP_EXP: case MT_OP_LOG: case MT_OP_GELU: case MT_OP_GELU_TANH: case MT_OP_SIGMOID:
-    case MT_OP_TANH: case MT_OP_POW: case MT_OP_POW_SCALAR: case MT_OP_GELU_BACKWARD:
+    case MT_OP_EXP:
+    case MT_OP_LOG:
+    case MT_OP_GELU:
+    case MT_OP_GELU_TANH:
+    case MT_OP_SIGMOID:
+    case MT_OP_TANH:
+    case MT_OP_POW:
+    case MT_OP_POW_SCALAR:
+    case MT_OP_GELU_BACKWARD:
     case MT_OP_GELU_TANH_BACKWARD:
         return 8;
-    default: return 1;
+    default:
+        return 1;
     }
 }
 
@@ -155,11 +226,46 @@ int mt_cpu_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
     return 0;
 }
 
+/* Integer comparisons compare the integers themselves (through double, int64 values past
+   2^53 would compare equal to their neighbours). */
+#define INT_COMPARE(T, OP)                                                                         \
+    for (int64_t i = 0; i < n; i++)                                                                \
+        p[0][i * s[0]] = (char)(*(const T *)(p[1] + i * s[1]) OP * (const T *)(p[2] + i * s[2]));
+#define INT_COMPARE_ALL(T)                                                                         \
+    switch (op) {                                                                                  \
+    case MT_OP_EQ:                                                                                 \
+        INT_COMPARE(T, ==) break;                                                                  \
+    case MT_OP_NE:                                                                                 \
+        INT_COMPARE(T, !=) break;                                                                  \
+    case MT_OP_LT:                                                                                 \
+        INT_COMPARE(T, <) break;                                                                   \
+    case MT_OP_LE:                                                                                 \
+        INT_COMPARE(T, <=) break;                                                                  \
+    case MT_OP_GT:                                                                                 \
+        INT_COMPARE(T, >) break;                                                                   \
+    default:                                                                                       \
+        INT_COMPARE(T, >=) break;                                                                  \
+    }
+
+static void int_compare_row(mt_op_id op, mt_dtype dt, char **p, const int64_t *s, int64_t n) {
+    if (dt == MT_I64) {
+        INT_COMPARE_ALL(int64_t)
+    } else if (dt == MT_I32) {
+        INT_COMPARE_ALL(int32_t)
+    } else {
+        INT_COMPARE_ALL(uint8_t)
+    }
+}
+
 static void binary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const ew_ctx *c = vctx;
     bool cmp = is_compare(c->op);
     if (!cmp && c->in == MT_F32 && s[0] == 4 && s[1] == 4 && s[2] == 4) {
         binary_f(c->op, (float *)p[0], (const float *)p[1], (const float *)p[2], n);
+        return;
+    }
+    if (cmp && !mt_dtype_is_floating(c->in)) {
+        int_compare_row(c->op, c->in, p, s, n);
         return;
     }
     for (int64_t i = 0; i < n; i += BLOCK) {
@@ -208,12 +314,20 @@ int mt_cpu_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tens
     return 0;
 }
 
+#define WHERE_LOOP(T)                                                                              \
+    for (int64_t i = 0; i < n; i++)                                                                \
+        *(T *)(p[0] + i * s[0]) =                                                                  \
+            p[1][i * s[1]] ? *(const T *)(p[2] + i * s[2]) : *(const T *)(p[3] + i * s[3]);
+
 static void where_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const ew_ctx *c = vctx;
-    size_t es = mt_dtype_size(c->out);
-    for (int64_t i = 0; i < n; i++) {
-        const char *src = p[1][i * s[1]] ? p[2] + i * s[2] : p[3] + i * s[3];
-        memcpy(p[0] + i * s[0], src, es);
+    switch (mt_dtype_size(c->out)) { /* the element size known to the compiler */
+    case 2:
+        WHERE_LOOP(uint16_t) break;
+    case 4:
+        WHERE_LOOP(uint32_t) break;
+    default:
+        WHERE_LOOP(uint64_t) break;
     }
 }
 
