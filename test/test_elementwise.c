@@ -488,49 +488,77 @@ static void test_large_parallel(void **state) {
     }
 }
 
-/* exp in F32 runs a vectorisable polynomial (src/math): check it against exp in double over
-   a sweep of the whole finite range, and its special values. */
-static void test_exp_f32_accuracy(void **state) {
+/* exp, log, tanh, erf (in gelu) in F32 run vectorisable polynomials (src/math): check them
+   against the double formulas over a sweep of the float range and special values, in units
+   in the last place of the F32 result. */
+static double r_gelu_erfc(double x) {
+    return 0.5 * x * erfc(-x / sqrt(2.0));
+}
+
+typedef struct {
+    const char *name;
+    unary_fn fn;
+    double (*ref)(double);
+    double lo, hi; /* swept domain */
+    double max_ulp;
+} accuracy_case;
+
+static void test_f32_accuracy(void **state) {
     (void)state;
-    const int64_t n = 1 << 20;
+    const accuracy_case cases[] = {
+        {"exp", mt_exp, exp, -110, 90, 1.5},
+        {"log", mt_log, log, 0, INFINITY, 1.0},
+        {"tanh", mt_tanh, tanh, -INFINITY, INFINITY, 1.5},
+        {"sigmoid", mt_sigmoid, r_sigmoid, -88, 90, 2.5}, /* exp(-x) overflows below */
+        {"gelu", mt_gelu, r_gelu_erfc, -5, 1e30, 32},
+        {"gelu_tanh", mt_gelu_tanh, r_gelu_tanh, -2, 1e30, 32}, /* 1 + tanh cancels below */
+    };
+    const float special[] = {0.0f,   -0.0f,  INFINITY, -INFINITY, NAN,     88.72f,  88.7229f,
+                             88.73f, 89.5f,  -87.0f,   -100.0f,   -103.9f, -104.5f, 1e-8f,
+                             -1e-8f, 1e-40f, -1e-40f,  0.625f,    -0.625f, 0.5f,    -0.5f};
+    const int64_t n = 1 << 19;
     float *x = malloc((size_t)n * sizeof *x);
-    int64_t m = 0;
-    for (uint64_t b = 0; b <= 0xffffffffu && m < n; b += 4093) {
-        uint32_t u = (uint32_t)b;
-        float f;
-        memcpy(&f, &u, 4);
-        if (f > -110 && f < 90) x[m++] = f;
-    }
-    const float special[] = {0.0f,     -0.0f,  INFINITY, -INFINITY, NAN,     88.72f,
-                             88.7229f, 88.73f, 89.5f,    -87.0f,    -100.0f, -103.9f,
-                             -104.5f,  1e-8f,  -1e-8f,   1e30f,     -1e30f,  0.6931472f};
-    for (size_t i = 0; i < sizeof special / sizeof *special; i++) x[m++ % n] = special[i];
-    mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(m), MT_CPU), *y = mt_exp(t);
-    assert_no_error();
-    const float *yv = mt_data_ptr(y);
-    double worst = 0;
-    for (int64_t i = 0; i < m; i++) {
-        double e = exp((double)x[i]);
-        float got = yv[i];
-        if (isnan(x[i])) {
-            assert_true(isnan(got));
-            continue;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const accuracy_case *c = &cases[k];
+        int64_t m = 0;
+        for (uint64_t b = k; b <= 0xffffffffu && m < n - 32; b += 8191) {
+            uint32_t u = (uint32_t)b;
+            float f;
+            memcpy(&f, &u, 4);
+            if (f >= c->lo && f <= c->hi) x[m++] = f;
         }
-        if (e > 3.4028235677973366e38) { /* rounds to inf */
-            if (!isinf(got)) fail_msg("exp(%a) = %a, expected inf", (double)x[i], (double)got);
-            continue;
+        for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+            if (isnan(special[i]) || (special[i] >= c->lo && special[i] <= c->hi))
+                x[m++] = special[i];
+        mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(m), MT_CPU), *y = c->fn(t);
+        assert_no_error();
+        const float *yv = mt_data_ptr(y);
+        double worst = 0;
+        for (int64_t i = 0; i < m; i++) {
+            double e = c->ref((double)x[i]);
+            float got = yv[i];
+            if (isnan(e)) {
+                if (!isnan(got))
+                    fail_msg("%s(%a) = %a, expected NaN", c->name, (double)x[i], (double)got);
+                continue;
+            }
+            if (fabs(e) > 3.4028235677973366e38) { /* rounds to inf */
+                if (!(isinf(got) && (got > 0) == (e > 0)))
+                    fail_msg("%s(%a) = %a, expected %g", c->name, (double)x[i], (double)got, e);
+                continue;
+            }
+            int ex;
+            frexp(e, &ex);
+            double err = fabs(got - e) / ldexp(1, (ex < -125 ? -125 : ex) - 24);
+            if (err > worst) worst = err;
+            if (err > c->max_ulp)
+                fail_msg("%s(%a) = %a, expected %a (%.2f ulp)", c->name, (double)x[i], (double)got,
+                         e, err);
         }
-        int ex;
-        frexp(e, &ex);
-        double ulp = ldexp(1, (ex < -125 ? -125 : ex) - 24);
-        double err = fabs(got - e) / ulp;
-        if (err > worst) worst = err;
-        if (err > 1.5)
-            fail_msg("exp(%a) = %a, expected %a (%.2f ulp)", (double)x[i], (double)got, e, err);
+        assert_true(worst > 0); /* the sweep did compare something */
+        mt_release(t);
+        mt_release(y);
     }
-    assert_true(worst > 0); /* the sweep did compare something */
-    mt_release(t);
-    mt_release(y);
     free(x);
 }
 
@@ -951,7 +979,7 @@ int main(void) {
         MT_TEST(test_unary),
         MT_TEST(test_unary_special_values),
         MT_TEST(test_scalar_ops),
-        MT_TEST(test_exp_f32_accuracy),
+        MT_TEST(test_f32_accuracy),
         MT_TEST(test_large_parallel),
         MT_TEST(test_copy_layouts),
         MT_TEST(test_promotion),

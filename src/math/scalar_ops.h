@@ -57,16 +57,125 @@ MT_HD float mt_expv_f(float x) {
     return y;
 }
 
-#define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERF, TANH, FABS, POW)                             \
+/* Reads and writes the bits of a float (vectorises; no aliasing questions). */
+MT_HD uint32_t mt_fbits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+MT_HD float mt_bitsf(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+/* mask ? a : b on bit patterns, mask all ones or all zeros */
+MT_HD uint32_t mt_blend(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
+MT_HD uint32_t mt_mask(int cond) { return 0u - (uint32_t)(cond != 0); }
+
+/* tanh for float, vectorisable: below |x| = 0.625 an odd polynomial (Cephes tanhf), above
+   1 - 2 / (exp(2|x|) + 1) with the sign put back. Within 2 ulp; NaN stays NaN. */
+MT_HD float mt_tanhv_f(float x) {
+    uint32_t ux = mt_fbits(x), ua = ux & 0x7fffffffu;
+    float s = x * x;
+    float p = MT_FMAF(-5.70498872745e-3f, s, 2.06390887954e-2f);
+    p = MT_FMAF(p, s, -5.37397155531e-2f);
+    p = MT_FMAF(p, s, 1.33314422036e-1f);
+    p = MT_FMAF(p, s, -3.33332819422e-1f);
+    float small = MT_FMAF(p * s, x, x);
+    float e = mt_expv_f(mt_bitsf(ua) * 2.0f);
+    float large = 1.0f - 2.0f / (e + 1.0f);
+    uint32_t ul = mt_fbits(large) | (ux & 0x80000000u);
+    return mt_bitsf(mt_blend(mt_mask(ua < 0x3f200000u), mt_fbits(small), ul));
+}
+
+/* log for float, vectorisable (Cephes logf): x = m 2^e with m in [sqrt(1/2), sqrt(2)), a
+   degree-9 polynomial in m - 1, e ln2 added in two parts. Within 1 ulp of the correctly
+   rounded value; subnormals are scaled first; log(0) = -inf, log(x < 0) = NaN, log(inf) =
+   inf, NaN stays NaN. */
+MT_HD float mt_logv_f(float x) {
+    uint32_t ux = mt_fbits(x);
+    uint32_t sub = mt_mask(ux < 0x00800000u); /* +0 and positive subnormals: scale by 2^23 */
+    uint32_t u = mt_blend(sub, mt_fbits(x * 8388608.0f), ux);
+    int32_t e = (int32_t)((u >> 23) & 0xffu) - 126 - (int32_t)(sub & 23u);
+    uint32_t um = (u & 0x007fffffu) | 0x3f000000u; /* m in [0.5, 1) */
+    uint32_t lo = mt_mask(um < 0x3f3504f3u);        /* m < sqrt(1/2): use 2m and e - 1 */
+    float m = mt_bitsf(um);
+    float f = mt_bitsf(mt_blend(lo, mt_fbits(m + m - 1.0f), mt_fbits(m - 1.0f)));
+    float fe = (float)(e - (int32_t)(lo & 1u));
+    float z = f * f;
+    float p = 7.0376836292e-2f;
+    p = MT_FMAF(p, f, -1.1514610310e-1f);
+    p = MT_FMAF(p, f, 1.1676998740e-1f);
+    p = MT_FMAF(p, f, -1.2420140846e-1f);
+    p = MT_FMAF(p, f, 1.4249322787e-1f);
+    p = MT_FMAF(p, f, -1.6668057665e-1f);
+    p = MT_FMAF(p, f, 2.0000714765e-1f);
+    p = MT_FMAF(p, f, -2.4999993993e-1f);
+    p = MT_FMAF(p, f, 3.3333331174e-1f);
+    float y = p * f * z;
+    y = MT_FMAF(fe, -2.12194440e-4f, y);
+    y = MT_FMAF(z, -0.5f, y);
+    float r = MT_FMAF(fe, 0.693359375f, f + y);
+    uint32_t ur = mt_fbits(r);
+    ur = mt_blend(mt_mask((ux & 0x7fffffffu) == 0u), 0xff800000u, ur); /* +-0: -inf */
+    ur = mt_blend(mt_mask(ux > 0x80000000u), 0x7fc00000u, ur);         /* x < 0: NaN */
+    ur = mt_blend(mt_mask((ux >= 0x7f800000u) & (ux < 0x80000000u)), ux, ur); /* inf, NaN */
+    return mt_bitsf(ur);
+}
+
+/* erfc for float, vectorisable. Below |x| = 0.5: 1 - erf(x), erf(x) = x P(x^2) (Cephes
+   erff). Above: t = 1 / (1 + |x| / 2) and exp(-x^2 + Q(t)) (the Chebyshev fit of Numerical
+   Recipes' erfcc, relative error under 1.2e-7), with exp(-x^2) taken on its own so that the
+   large x^2 is not rounded into the polynomial, and 2 - erfc(-x) for x < 0. Within 7 ulp
+   (4e-7 relative); erfc(inf) = 0, erfc(-inf) = 2, NaN stays NaN. */
+MT_HD float mt_erfcv_f(float x) {
+    uint32_t ux = mt_fbits(x), ua = ux & 0x7fffffffu;
+    /* |x| clamped at 10.5 (erfc underflows to 0 there) so that inf does not make NaN; the
+       clamp is an integer min on the bits, which orders non-negative floats */
+    float z = mt_bitsf(ua < 0x41280000u ? ua : 0x41280000u);
+    float s = x * x;
+    float e = 7.853861353153693e-5f;
+    e = MT_FMAF(e, s, -8.010193625184903e-4f);
+    e = MT_FMAF(e, s, 5.188327685732524e-3f);
+    e = MT_FMAF(e, s, -2.685381193529856e-2f);
+    e = MT_FMAF(e, s, 1.128358514861418e-1f);
+    e = MT_FMAF(e, s, -3.761262582423300e-1f);
+    e = MT_FMAF(e, s, 1.128379165726710f);
+    float near0 = 1.0f - x * e;
+    float t = 1.0f / MT_FMAF(0.5f, z, 1.0f);
+    float q = 0.17087277f;
+    q = MT_FMAF(q, t, -0.82215223f);
+    q = MT_FMAF(q, t, 1.48851587f);
+    q = MT_FMAF(q, t, -1.13520398f);
+    q = MT_FMAF(q, t, 0.27886807f);
+    q = MT_FMAF(q, t, -0.18628806f);
+    q = MT_FMAF(q, t, 0.09678418f);
+    q = MT_FMAF(q, t, 0.37409196f);
+    q = MT_FMAF(q, t, 1.00002368f);
+    q = MT_FMAF(q, t, -1.26551223f);
+    float zz = z * z;
+#if defined(__CUDACC__) || defined(__FMA__)
+    float zz_lo = fmaf(z, z, -zz); /* z * z = zz + zz_lo exactly */
+#else
+    float zz_lo = 0.0f;
+#endif
+    float tail = t * mt_expv_f(-zz) * mt_expv_f(q - zz_lo);
+    uint32_t far = mt_blend(mt_mask(ux > 0x80000000u), mt_fbits(2.0f - tail), mt_fbits(tail));
+    uint32_t r = mt_blend(mt_mask(ua < 0x3f000000u), mt_fbits(near0), far);
+    return mt_bitsf(mt_blend(mt_mask(ua > 0x7f800000u), ux, r));
+}
+
+#define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERFC, TANH, FABS, POW)                             \
     MT_HD T mt_relu_##S(T x) { return x < (T)0 ? (T)0 : x; } /* NaN propagates */                  \
     MT_HD T mt_sigmoid_##S(T x) { return (T)1 / ((T)1 + EXP(-x)); }                                \
     MT_HD T mt_tanh_##S(T x) { return TANH(x); }                                                   \
     MT_HD T mt_sign_##S(T x) { return (T)((x > (T)0) - (x < (T)0)); }                              \
     MT_HD T mt_rsqrt_##S(T x) { return (T)1 / SQRT(x); }                                           \
-    /* gelu(x) = x * Phi(x), Phi the normal CDF (torch's approximate='none') */                    \
-    MT_HD T mt_gelu_##S(T x) { return (T)0.5 * x * ((T)1 + ERF(x * (T)0.70710678118654752440)); }  \
+    /* gelu(x) = x * Phi(x), Phi the normal CDF (torch's approximate='none'), written with     \
+       erfc, Phi(x) = erfc(-x / sqrt 2) / 2, which keeps its precision for negative x */        \
+    MT_HD T mt_gelu_##S(T x) { return (T)0.5 * x * ERFC(x * (T)-0.70710678118654752440); }       \
     MT_HD T mt_gelu_grad_##S(T x) {                                                                \
-        T cdf = (T)0.5 * ((T)1 + ERF(x * (T)0.70710678118654752440));                              \
+        T cdf = (T)0.5 * ERFC(x * (T)-0.70710678118654752440);                                     \
         T pdf = EXP((T)-0.5 * x * x) * (T)0.39894228040143267794;                                  \
         return cdf + x * pdf;                                                                      \
     }                                                                                              \
@@ -89,6 +198,7 @@ MT_HD float mt_expv_f(float x) {
     MT_HD T mt_max2_##S(T x, T y) { return (x > y || x != x) ? x : y; } /* NaN propagates */      \
     MT_HD T mt_min2_##S(T x, T y) { return (x < y || x != x) ? x : y; }
 
-MT_SCALAR_FORMULAS(float, f, mt_expv_f, logf, sqrtf, erff, tanhf, fabsf, powf)
-MT_SCALAR_FORMULAS(double, d, exp, log, sqrt, erf, tanh, fabs, pow)
+/* float: the vectorisable versions above; double: libm */
+MT_SCALAR_FORMULAS(float, f, mt_expv_f, mt_logv_f, sqrtf, mt_erfcv_f, mt_tanhv_f, fabsf, powf)
+MT_SCALAR_FORMULAS(double, d, exp, log, sqrt, erfc, tanh, fabs, pow)
 #endif
