@@ -185,46 +185,13 @@ static void test_table_outside_region(void **state) {
 
 /* ------------------------------------------------------------------ real output dtypes */
 
-/* Results below belong to the innermost scope when one is open, so these helpers release
-   their temporaries only when none is (test_util's mt_test_values would release a scoped
-   temporary that the scope releases again). */
-static void drop(mt_tensor *t) {
-    if (mt_scope_depth() == 0) mt_release(t);
-}
-
+/* A tensor of dtype dt drawn from the normal distribution. */
 static mt_tensor *randn(mt_dtype dt, int ndim, const int64_t *shape) {
     mt_tensor *t = mt_randn(ndim, shape, MT_F32, MT_CPU);
     mt_tensor *c = mt_cast(t, dt);
-    drop(t);
+    mt_test_drop(t);
     return c;
 }
-
-static double *values(mt_tensor *t) {
-    int64_t n = mt_numel(t);
-    double *v = calloc((size_t)(n ? n : 1), sizeof *v);
-    mt_tensor *d = mt_cast(t, MT_F64);
-    if (d && v) mt_copy_to_host(d, v, (size_t)n * sizeof *v);
-    drop(d);
-    return v;
-}
-
-static void close_to(mt_tensor *t, const double *want, int64_t n, double atol, double rtol,
-                     int line) {
-    if (!t) fail_msg("line %d: tensor is NULL (%s)", line, mt_last_error());
-    if (mt_numel(t) != n)
-        fail_msg("line %d: %lld elements, expected %lld", line, (long long)mt_numel(t),
-                 (long long)n);
-    double *v = values(t);
-    for (int64_t i = 0; i < n; i++)
-        if (!(fabs(v[i] - want[i]) <= atol + rtol * fabs(want[i]))) {
-            double got = v[i];
-            free(v);
-            fail_msg("line %d: element %lld is %.9g, expected %.9g", line, (long long)i, got,
-                     want[i]);
-        }
-    free(v);
-}
-#define assert_close(t, want, n, atol, rtol) close_to((t), (want), (n), (atol), (rtol), __LINE__)
 
 static void expect_dt(mt_tensor *t, mt_dtype want, const char *what) {
     if (!t) fail_msg("%s: NULL (%s)", what, mt_last_error());
@@ -301,8 +268,8 @@ static void run_ops(mt_dtype low, mt_amp_level level) {
     mt_autocast_end();
     /* the linear output is right to low precision */
     mt_tensor *ref = mt_linear(x32, w, b);
-    double *r = values(ref);
-    assert_close(rows[1].out, r, 12, 0.05, 0.02);
+    double *r = mt_test_values(ref);
+    assert_tensor_close(rows[1].out, r, 12, 0.05, 0.02);
     free(r);
     assert_no_error();
     mt_scope_end();
@@ -524,8 +491,8 @@ static void test_cast_cache(void **state) {
     mt_autocast_end();
     assert_int_equal(mt_amp_cast_cache_size(), 1);
     assert_int_equal(mt_amp_cast_cache_hits(), hits0 + 1);
-    double *v1 = values(y1);
-    assert_close(y2, v1, 12, 0, 0);
+    double *v1 = mt_test_values(y1);
+    assert_tensor_close(y2, v1, 12, 0, 0);
     /* a BF16 region inside wants another cast of the same parameter */
     mt_autocast_begin(MT_BF16, MT_AMP_O1);
     expect_dt(mt_matmul(x, w), MT_BF16, "bf16 inner matmul");
@@ -540,7 +507,7 @@ static void test_cast_cache(void **state) {
     mt_tensor *y3 = mt_matmul(x, w);
     assert_int_equal(mt_amp_cast_cache_hits(), hits1);
     for (int i = 0; i < 12; i++) v1[i] *= 2;
-    assert_close(y3, v1, 12, 0, 0); /* exact: doubling commutes with f16 rounding */
+    assert_tensor_close(y3, v1, 12, 0, 0); /* exact: doubling commutes with f16 rounding */
     free(v1);
     mt_matmul(x, w);
     assert_int_equal(mt_amp_cast_cache_hits(), hits1 + 1);
@@ -583,15 +550,15 @@ static void check_grad_dtype(mt_dtype low) {
     mt_tensor *gw = mt_grad(w), *gb = mt_grad(b);
     expect_dt(gw, MT_F32, "grad w");
     expect_dt(gb, MT_F32, "grad b");
-    double *vw = values(gw), *vb = values(gb);
+    double *vw = mt_test_values(gw), *vb = mt_test_values(gb);
     mt_zero_grad(w);
     mt_zero_grad(b);
     /* the FP32 reference */
     mt_tensor *ref = mt_mse_loss(mt_relu(mt_linear(x, w, b)), t);
     assert_int_equal(mt_backward(ref, NULL), 0);
     double tol = low == MT_BF16 ? 0.05 : 0.01;
-    assert_close(mt_grad(w), vw, 12, tol, tol);
-    assert_close(mt_grad(b), vb, 3, tol, tol);
+    assert_tensor_close(mt_grad(w), vw, 12, tol, tol);
+    assert_tensor_close(mt_grad(b), vb, 3, tol, tol);
     free(vw);
     free(vb);
     mt_zero_grad(w);

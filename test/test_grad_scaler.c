@@ -4,52 +4,18 @@
    disabled scaler, counters, and short FP16/BF16 training runs. */
 #include "test_util.h"
 
-/* Results belong to the innermost scope when one is open: temporaries are released only
-   when none is. */
-static void drop(mt_tensor *t) {
-    if (mt_scope_depth() == 0) mt_release(t);
-}
-
-static double *values(mt_tensor *t) {
-    int64_t n = mt_numel(t);
-    double *v = calloc((size_t)(n ? n : 1), sizeof *v);
-    mt_tensor *d = mt_cast(t, MT_F64);
-    if (d && v) mt_copy_to_host(d, v, (size_t)n * sizeof *v);
-    drop(d);
-    return v;
-}
-
-static void close_to(mt_tensor *t, const double *want, int64_t n, double atol, double rtol,
-                     int line) {
-    if (!t) fail_msg("line %d: tensor is NULL (%s)", line, mt_last_error());
-    if (mt_numel(t) != n)
-        fail_msg("line %d: %lld elements, expected %lld", line, (long long)mt_numel(t),
-                 (long long)n);
-    double *v = values(t);
-    for (int64_t i = 0; i < n; i++) {
-        bool ok = (isnan(want[i]) && isnan(v[i])) || (isinf(want[i]) && v[i] == want[i]) ||
-                  fabs(v[i] - want[i]) <= atol + rtol * fabs(want[i]);
-        if (!ok) {
-            double got = v[i];
-            free(v);
-            fail_msg("line %d: element %lld is %.9g, expected %.9g", line, (long long)i, got,
-                     want[i]);
-        }
-    }
-    free(v);
-}
-#define assert_close(t, want, n, atol, rtol) close_to((t), (want), (n), (atol), (rtol), __LINE__)
-#define assert_same(t, want, n)              close_to((t), (want), (n), 0, 0, __LINE__)
+/* Exact equality (NaN matches NaN, inf matches inf of the same sign). */
+#define assert_same(t, want, n) assert_tensor_close((t), (want), (n), 0, 0)
 
 /* A leaf parameter of dtype dt holding v[0..n). */
 static mt_tensor *param(const double *v, int64_t n, mt_dtype dt) {
     mt_tensor *d = mt_from_data(v, MT_F64, 1, (const int64_t[]){n}, MT_CPU);
     mt_tensor *p = mt_cast(d, dt);
     if (p == d) { /* F64: a private copy, so the parameter is its own leaf */
-        drop(p);
+        mt_test_drop(p);
         p = mt_clone(d);
     }
-    drop(d);
+    mt_test_drop(d);
     mt_set_requires_grad(p, true);
     return p;
 }
@@ -62,11 +28,9 @@ static void set_grad(mt_tensor *p, const double *g, double scale, double poison)
     assert_true(n <= 16);
     for (int64_t i = 0; i < n; i++) v[i] = g[i] * scale;
     if (poison != 0) v[0] = poison;
-    mt_tensor *d = mt_from_data(v, MT_F64, 1, (const int64_t[]){n}, MT_CPU);
-    mt_tensor *c = mt_cast(d, mt_dtype_of(p));
+    mt_tensor *c = mt_test_tensor(v, mt_dtype_of(p), 1, (const int64_t[]){n});
     assert_int_equal(mt_set_grad(p, c), 0);
-    drop(c);
-    drop(d);
+    mt_test_drop(c);
 }
 
 /* ------------------------------------------------------------------ defaults and options */
@@ -244,10 +208,10 @@ static void check_skip(opt_kind k, int poison_at, double poison) {
     /* snapshot, then the poisoned step */
     double *before[NP], *master_before[NP] = {0};
     for (int i = 0; i < NP; i++) {
-        before[i] = values(pa[i]);
+        before[i] = mt_test_values(pa[i]);
         mt_tensor *m = mt_optimizer_master(oa, i);
         if (pdt[i] == MT_F16 || pdt[i] == MT_BF16) assert_non_null(m);
-        if (m) master_before[i] = values(m);
+        if (m) master_before[i] = mt_test_values(m);
     }
     set_all(pa, g2, 65536, poison_at, poison);
     assert_int_equal(mt_grad_scaler_step(sa, oa), 0);
@@ -270,17 +234,17 @@ static void check_skip(opt_kind k, int poison_at, double poison) {
     assert_int_equal(mt_grad_scaler_minimize(sb, ob), 0);
     assert_false(mt_grad_scaler_last_step_skipped(sa));
     for (int i = 0; i < NP; i++) {
-        double *vb = values(pb[i]);
+        double *vb = mt_test_values(pb[i]);
         assert_same(pa[i], vb, 3);
         free(vb);
         mt_tensor *mb = mt_optimizer_master(ob, i);
         if (mb) {
-            double *v = values(mb);
+            double *v = mt_test_values(mb);
             assert_same(mt_optimizer_master(oa, i), v, 3);
             free(v);
         }
         /* the updates really happened */
-        double *va = values(pa[i]);
+        double *va = mt_test_values(pa[i]);
         bool moved = false;
         for (int j = 0; j < 3; j++) moved |= va[j] != p0[i][j];
         free(va);
@@ -350,12 +314,12 @@ static void test_step_folds_unscale(void **state) {
     mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(NULL);
     set_grad(p, (const double[]){1e-7}, 65536, 0);
-    double *g16 = values(mt_grad(p)); /* 1e-7 * 65536 rounded to f16 */
-    double *m0 = values(mt_optimizer_master(o, 0));
+    double *g16 = mt_test_values(mt_grad(p)); /* 1e-7 * 65536 rounded to f16 */
+    double *m0 = mt_test_values(mt_optimizer_master(o, 0));
     assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
     /* FP16 unscaling would give 2^-23 (1.19e-7) here; the folded FP32 one keeps 1e-7 */
     double want = (double)(float)(m0[0] - (double)(float)(g16[0] / 65536.0));
-    assert_close(mt_optimizer_master(o, 0), &want, 1, 1e-11, 0);
+    assert_tensor_close(mt_optimizer_master(o, 0), &want, 1, 1e-11, 0);
     free(g16);
     free(m0);
     mt_optimizer_free(o);
@@ -385,7 +349,7 @@ static rig rig_new(const mt_grad_scaler_opts *opts) {
 static void rig_free(rig *r) {
     mt_optimizer_free(r->o);
     mt_grad_scaler_free(r->s);
-    drop(r->p);
+    mt_test_drop(r->p);
 }
 
 /* One step with a clean (bad = false) or an inf gradient. */
@@ -531,7 +495,7 @@ static void test_state_errors(void **state) {
     assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
     assert_error(MT_ERR_STATE, "no mt_grad_scaler_step since the last update");
     /* the parameter moved once, by the unscaled gradient */
-    assert_close(r.p, ((const double[]){1 - 0.01 * 0.5, 2 - 0.01 * 0.25}), 2, 1e-7, 0);
+    assert_tensor_close(r.p, ((const double[]){1 - 0.01 * 0.5, 2 - 0.01 * 0.25}), 2, 1e-7, 0);
     /* after update a new step starts cleanly */
     rig_step(&r, false);
     rig_free(&r);
@@ -554,8 +518,8 @@ static void test_unscale_values(void **state) {
     }
     assert_int_equal(mt_grad_scaler_step(s, o), 0);
     assert_int_equal(mt_grad_scaler_update(s), 0);
-    assert_close(p[0], ((const double[]){0.5 - 0.025, -1 + 0.05, 2 - 0.0125}), 3, 1e-7, 0);
-    assert_close(p[3], ((const double[]){0.1 - 0.05, 0.2 + 0.025, 0.3 - 0.075}), 3, 1e-15, 0);
+    assert_tensor_close(p[0], ((const double[]){0.5 - 0.025, -1 + 0.05, 2 - 0.0125}), 3, 1e-7, 0);
+    assert_tensor_close(p[3], ((const double[]){0.1 - 0.05, 0.2 + 0.025, 0.3 - 0.075}), 3, 1e-15, 0);
     mt_optimizer_free(o);
     mt_grad_scaler_free(s);
     assert_no_error();
@@ -588,7 +552,7 @@ static void test_unscale_large(void **state) {
         assert_int_equal(mt_set_grad(c, gc), 0);
         assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
         if (pos == 2) {
-            double *va = values(mt_grad(a)), *vb = values(mt_grad(b));
+            double *va = mt_test_values(mt_grad(a)), *vb = mt_test_values(mt_grad(b));
             for (int64_t i = 0; i < n; i++)
                 if (va[i] != 1.0 || vb[i] != 2.0)
                     fail_msg("element %lld not unscaled", (long long)i);
@@ -600,7 +564,7 @@ static void test_unscale_large(void **state) {
         assert_int_equal(mt_grad_scaler_update(s), 0);
         if (pos < 2) mt_grad_scaler_state_set(s, &(mt_grad_scaler_state){.scale = 8});
     }
-    double *va = values(a);
+    double *va = mt_test_values(a);
     assert_true(va[0] == -1.0 && va[n - 1] == -1.0);
     free(va);
     mt_optimizer_free(o);
@@ -693,10 +657,10 @@ static void test_unscale_clip_step(void **state) {
     double norm = mt_clip_grad_norm(o, 1.0);
     assert_no_error();
     assert_true(fabs(norm - 5.0) < 1e-6);
-    assert_close(mt_grad(p), ((const double[]){0.6, 0.8}), 2, 1e-6, 0);
+    assert_tensor_close(mt_grad(p), ((const double[]){0.6, 0.8}), 2, 1e-6, 0);
     assert_int_equal(mt_grad_scaler_step(s, o), 0); /* no second unscale */
     assert_int_equal(mt_grad_scaler_update(s), 0);
-    assert_close(p, ((const double[]){0.7, 0.6}), 2, 1e-6, 0);
+    assert_tensor_close(p, ((const double[]){0.7, 0.6}), 2, 1e-6, 0);
     assert_true(mt_grad_scaler_get_scale(s) == 65536.0f);
     mt_optimizer_free(o);
     mt_grad_scaler_free(s);

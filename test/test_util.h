@@ -61,13 +61,19 @@ static inline int mt_test_teardown(void **state) {
         mt_clear_error();                                                                          \
     } while (0)
 
+/* Releases a temporary made by the test: op results belong to the innermost scope when one
+   is open (the scope releases them), and to the caller only when none is. */
+static inline void mt_test_drop(mt_tensor *t) {
+    if (mt_scope_depth() == 0) mt_release(t);
+}
+
 /* The tensor's values as a malloc'd double array (any dtype, any layout). */
 static inline double *mt_test_values(const mt_tensor *t) {
     int64_t n = mt_numel(t);
     mt_tensor *tmp = mt_cast((mt_tensor *)t, MT_F64);
-    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    double *v = calloc((size_t)(n ? n : 1), sizeof *v);
     if (tmp && v) mt_copy_to_host(tmp, v, (size_t)n * sizeof *v);
-    if (mt_scope_depth() == 0) mt_release(tmp); /* inside a scope, the scope owns it */
+    mt_test_drop(tmp);
     return v;
 }
 
@@ -76,7 +82,7 @@ static inline mt_tensor *mt_test_tensor(const double *v, mt_dtype dt, int ndim,
                                         const int64_t *shape) {
     mt_tensor *d = mt_from_data(v, MT_F64, ndim, shape, MT_CPU);
     mt_tensor *t = mt_cast(d, dt);
-    if (mt_scope_depth() == 0) mt_release(d); /* inside a scope, the scope owns it */
+    mt_test_drop(d);
     return t;
 }
 
