@@ -44,3 +44,16 @@ void mt_dispatch_release(mt_tensor **cast, int n) {
         cast[i] = NULL;
     }
 }
+
+static bool exact_upcast(mt_dtype from, mt_dtype to) {
+    return (to == MT_F32 && (from == MT_F16 || from == MT_BF16)) ||
+           (to == MT_F64 && from != MT_F64);
+}
+
+int mt_dispatch_upcast_input(mt_op_id op, mt_tensor *t, mt_tensor **cast) {
+    mt_dtype want = mt_autocast_decide(op, t->dtype);
+    if (want != t->dtype && !exact_upcast(t->dtype, want))
+        return mt_dispatch_inputs(op, &t, 1, cast);
+    *cast = mt_retain(t);
+    return (int)want;
+}

@@ -13,6 +13,12 @@
    compute dtype, or -1 with the error set (cast[] then holds nothing). */
 int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cast);
 void mt_dispatch_release(mt_tensor **cast, int n);
+/* mt_dispatch_inputs for an op with one floating input t whose kernel reads any floating
+   dtype and accumulates in the compute dtype (reductions, softmax, cross entropy). Casting
+   F16/BF16 up to F32, or anything up to F64, is exact, so the kernel reads t as it is: the
+   same numbers as casting first, without the extra pass, and *cast is t itself; other casts
+   go through mt_dispatch_inputs. Returns the compute dtype, or -1 with the error set. */
+int mt_dispatch_upcast_input(mt_op_id op, mt_tensor *t, mt_tensor **cast);
 static inline void mt_dispatch_done(mt_op_id op, mt_dtype compute, const mt_tensor *out,
                                     mt_tensor *const *in, int n) {
     if (mt_amp_stats_on) mt_amp_stats_record(op, compute);

@@ -143,11 +143,6 @@ static int check_labels(const char *name, const mt_tensor *labels, int64_t C, in
     return rc;
 }
 
-static bool exact_upcast(mt_dtype from, mt_dtype to) {
-    return (to == MT_F32 && (from == MT_F16 || from == MT_BF16)) ||
-           (to == MT_F64 && from != MT_F64);
-}
-
 static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ignore) {
     const char *name = "mt_cross_entropy";
     char sa[MT_SHAPE_BUF], sb[MT_SHAPE_BUF];
@@ -173,16 +168,9 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
     int64_t C = logits->shape[1];
     if (check_labels(name, labels, C, ignore) < 0) return NULL;
     /* An exact upcast is done by the kernel reading the low-precision logits directly. */
-    mt_dtype want = mt_autocast_decide(MT_OP_CROSS_ENTROPY, logits->dtype);
     mt_tensor *c;
-    int compute;
-    if (want == logits->dtype || exact_upcast(logits->dtype, want)) {
-        c = mt_retain(logits);
-        compute = (int)want;
-    } else {
-        compute = mt_dispatch_inputs(MT_OP_CROSS_ENTROPY, &logits, 1, &c);
-        if (compute < 0) return NULL;
-    }
+    int compute = mt_dispatch_upcast_input(MT_OP_CROSS_ENTROPY, logits, &c);
+    if (compute < 0) return NULL;
     mt_dtype acc = acc_dtype((mt_dtype)compute);
     const mt_backend *be = mt_backend_get(logits->device);
     int64_t N = logits->shape[0];

@@ -153,14 +153,6 @@ static int max_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 
 /* ------------------------------------------------------------------ reductions */
 
-/* Casting F16/BF16 up to F32 (or anything up to F64) is exact, so the kernel reads the input
-   as it is and accumulates in the wider dtype: the same numbers as casting first, without
-   the extra pass. Other casts go through the dispatcher. */
-static bool exact_upcast(mt_dtype from, mt_dtype to) {
-    return (to == MT_F32 && (from == MT_F16 || from == MT_BF16)) ||
-           (to == MT_F64 && from != MT_F64);
-}
-
 static mt_tensor *reduce_op(mt_op_id op, mt_tensor *t, int ndims, const int *dims, bool keepdim) {
     const char *name = mt_op_fullname(op);
     if (mt_check_floating(name, 1, t) < 0) return NULL;
@@ -174,16 +166,9 @@ static mt_tensor *reduce_op(mt_op_id op, mt_tensor *t, int ndims, const int *dim
                      name, mt_shape_str(t, sb, sizeof sb));
         return NULL;
     }
-    mt_dtype want = mt_autocast_decide(op, t->dtype);
     mt_tensor *c;
-    int compute;
-    if (want == t->dtype || exact_upcast(t->dtype, want)) {
-        c = mt_retain(t);
-        compute = (int)want;
-    } else {
-        compute = mt_dispatch_inputs(op, &t, 1, &c);
-        if (compute < 0) return NULL;
-    }
+    int compute = mt_dispatch_upcast_input(op, t, &c);
+    if (compute < 0) return NULL;
     mt_tensor *kept = mt_tensor_new(name, t->ndim, kshape, (mt_dtype)compute, t->device);
     int rc = kept ? mt_backend_get(t->device)->reduce(op, kept, c, mask) : MT_ERR_OOM;
     mt_tensor *out = NULL;
@@ -275,16 +260,9 @@ static mt_tensor *softmax_op(mt_op_id op, mt_tensor *t, int dim) {
     if (mt_check_floating(name, 1, t) < 0) return NULL;
     int d;
     if (mt_dim_normalize(name, 2, dim, t->ndim, &d) < 0) return NULL;
-    mt_dtype want = mt_autocast_decide(op, t->dtype);
     mt_tensor *c;
-    int compute;
-    if (want == t->dtype || exact_upcast(t->dtype, want)) {
-        c = mt_retain(t);
-        compute = (int)want;
-    } else {
-        compute = mt_dispatch_inputs(op, &t, 1, &c);
-        if (compute < 0) return NULL;
-    }
+    int compute = mt_dispatch_upcast_input(op, t, &c);
+    if (compute < 0) return NULL;
     mt_tensor *out = mt_tensor_new(name, t->ndim, t->shape, (mt_dtype)compute, t->device);
     int rc =
         out ? mt_backend_get(t->device)->softmax(out, c, d, op == MT_OP_LOG_SOFTMAX) : MT_ERR_OOM;
