@@ -63,6 +63,29 @@ void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
 #define AT(T, p, i, s)   (*(const T *)((p) + (i) * (s)))
 #define AT_W(T, p, i, s) (*(T *)((p) + (i) * (s)))
 
+/* The integer and bool cases, the same for FP32 and FP64 registers (T): loads convert,
+   stores truncate toward zero, bool is "not zero". */
+#define LOAD_INT_CASES(T)                                                                          \
+    case MT_I64:                                                                                   \
+        for (int64_t i = 0; i < n; i++) dst[i] = (T)AT(int64_t, src, i, s);                        \
+        break;                                                                                     \
+    case MT_I32:                                                                                   \
+        for (int64_t i = 0; i < n; i++) dst[i] = (T)AT(int32_t, src, i, s);                        \
+        break;                                                                                     \
+    case MT_BOOL:                                                                                  \
+        for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? (T)1 : (T)0;             \
+        break;
+#define STORE_INT_CASES                                                                            \
+    case MT_I64:                                                                                   \
+        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i];                \
+        break;                                                                                     \
+    case MT_I32:                                                                                   \
+        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i];                \
+        break;                                                                                     \
+    case MT_BOOL:                                                                                  \
+        for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0;                    \
+        break;
+
 void mt_cpu_load_f32(const char *src, int64_t s, mt_dtype dt, int64_t n, float *dst) {
     switch (dt) {
     case MT_F32:
@@ -86,15 +109,7 @@ void mt_cpu_load_f32(const char *src, int64_t s, mt_dtype dt, int64_t n, float *
     case MT_F64:
         for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(double, src, i, s);
         break;
-    case MT_I64:
-        for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(int64_t, src, i, s);
-        break;
-    case MT_I32:
-        for (int64_t i = 0; i < n; i++) dst[i] = (float)AT(int32_t, src, i, s);
-        break;
-    case MT_BOOL:
-        for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? 1.0f : 0.0f;
-        break;
+        LOAD_INT_CASES(float)
     default:
         break;
     }
@@ -123,15 +138,7 @@ void mt_cpu_store_f32(char *dst, int64_t s, mt_dtype dt, int64_t n, const float 
     case MT_F64:
         for (int64_t i = 0; i < n; i++) AT_W(double, dst, i, s) = src[i];
         break;
-    case MT_I64:
-        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i];
-        break;
-    case MT_I32:
-        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i];
-        break;
-    case MT_BOOL:
-        for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0.0f;
-        break;
+        STORE_INT_CASES
     default:
         break;
     }
@@ -154,15 +161,7 @@ void mt_cpu_load_f64(const char *src, int64_t s, mt_dtype dt, int64_t n, double 
     case MT_BF16:
         for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(AT(uint16_t, src, i, s));
         break;
-    case MT_I64:
-        for (int64_t i = 0; i < n; i++) dst[i] = (double)AT(int64_t, src, i, s);
-        break;
-    case MT_I32:
-        for (int64_t i = 0; i < n; i++) dst[i] = AT(int32_t, src, i, s);
-        break;
-    case MT_BOOL:
-        for (int64_t i = 0; i < n; i++) dst[i] = AT(uint8_t, src, i, s) ? 1.0 : 0.0;
-        break;
+        LOAD_INT_CASES(double)
     default:
         break;
     }
@@ -187,15 +186,7 @@ void mt_cpu_store_f64(char *dst, int64_t s, mt_dtype dt, int64_t n, const double
     case MT_BF16:
         for (int64_t i = 0; i < n; i++) AT_W(uint16_t, dst, i, s) = mt_f32_to_bf16((float)src[i]);
         break;
-    case MT_I64:
-        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i];
-        break;
-    case MT_I32:
-        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i];
-        break;
-    case MT_BOOL:
-        for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0.0;
-        break;
+        STORE_INT_CASES
     default:
         break;
     }
