@@ -23,9 +23,8 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
+#include "cpu_vec.h"
 
-#define LANES     16
-#define SUM_BLOCK 4096 /* elements per FP32 lane block before the total goes to double */
 #define CONV      512  /* conversion buffer for strided or low-precision runs */
 #define COLW      256  /* column-mode chunk width */
 #define COL_FLUSH 256  /* column-mode FP32 adds per lane before flushing to double */
@@ -51,64 +50,30 @@ typedef struct {
 static inline double maxd(double m, double x) {
     return (x > m || x != x) ? x : m;
 }
-static inline float maxf(float m, float x) {
-    return (x > m || x != x) ? x : m;
-}
 
-/* Sum of a contiguous float run: 16 FP32 lanes per block, block totals in double. */
-static double sum_run_f(const float *restrict x, int64_t n) {
-    double total = 0;
-    for (int64_t b = 0; b < n; b += SUM_BLOCK) {
-        int64_t m = n - b < SUM_BLOCK ? n - b : SUM_BLOCK;
-        const float *restrict p = x + b;
-        float acc[LANES] = {0};
-        int64_t i = 0;
-        for (; i + LANES <= m; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
-        float tail = 0;
-        for (; i < m; i++) tail += p[i];
-        for (int w = LANES / 2; w > 0; w /= 2) /* pairwise over the lanes */
-            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-        total += (double)acc[0] + (double)tail;
-    }
-    return total;
-}
-
+/* Sum of an F64 run, half the FP32 lanes (same vector width); the FP32 runs are in
+   cpu_vec.h. */
 static double sum_run_d(const double *restrict x, int64_t n) {
-    double acc[LANES / 2] = {0}, tail = 0;
+    double acc[MT_CPU_LANES / 2] = {0}, tail = 0;
     int64_t i = 0;
-    for (; i + LANES / 2 <= n; i += LANES / 2)
-        for (int j = 0; j < LANES / 2; j++) acc[j] += x[i + j];
+    for (; i + MT_CPU_LANES / 2 <= n; i += MT_CPU_LANES / 2)
+        for (int j = 0; j < MT_CPU_LANES / 2; j++) acc[j] += x[i + j];
     for (; i < n; i++) tail += x[i];
-    for (int w = LANES / 4; w > 0; w /= 2)
+    for (int w = MT_CPU_LANES / 4; w > 0; w /= 2)
         for (int j = 0; j < w; j++) acc[j] += acc[j + w];
     return acc[0] + tail;
 }
 
-/* Max over a run: MAXW lanes held in an array so the loop vectoriser (not SLP) takes the
-   select with its NaN test; NaN propagates. */
-#define MAXW 64
-static float max_run_f(const float *restrict x, int64_t n, float m0) {
-    float acc[MAXW];
-    for (int j = 0; j < MAXW; j++) acc[j] = m0;
-    int64_t i = 0;
-    for (; i + MAXW <= n; i += MAXW)
-        for (int j = 0; j < MAXW; j++) acc[j] = maxf(acc[j], x[i + j]);
-    float m = m0;
-    for (; i < n; i++) m = maxf(m, x[i]);
-    for (int j = 0; j < MAXW; j++) m = maxf(m, acc[j]);
-    return m;
-}
-
+/* Max over an F64 run, likewise. */
 static double max_run_d(const double *restrict x, int64_t n, double m0) {
-    double acc[MAXW / 2];
-    for (int j = 0; j < MAXW / 2; j++) acc[j] = m0;
+    double acc[MT_CPU_MAX_LANES / 2];
+    for (int j = 0; j < MT_CPU_MAX_LANES / 2; j++) acc[j] = m0;
     int64_t i = 0;
-    for (; i + MAXW / 2 <= n; i += MAXW / 2)
-        for (int j = 0; j < MAXW / 2; j++) acc[j] = maxd(acc[j], x[i + j]);
+    for (; i + MT_CPU_MAX_LANES / 2 <= n; i += MT_CPU_MAX_LANES / 2)
+        for (int j = 0; j < MT_CPU_MAX_LANES / 2; j++) acc[j] = maxd(acc[j], x[i + j]);
     double m = m0;
     for (; i < n; i++) m = maxd(m, x[i]);
-    for (int j = 0; j < MAXW / 2; j++) m = maxd(m, acc[j]);
+    for (int j = 0; j < MT_CPU_MAX_LANES / 2; j++) m = maxd(m, acc[j]);
     return m;
 }
 
@@ -126,8 +91,8 @@ static double reduce_run(const plan *P, const char *p, int64_t s, int64_t n, dou
         return acc;
     }
     if (P->dt == MT_F32 && s == 4) {
-        return is_max ? (double)max_run_f((const float *)p, n, (float)acc)
-                      : acc + sum_run_f((const float *)p, n);
+        return is_max ? (double)mt_cpu_max_f32((const float *)p, n, (float)acc)
+                      : acc + mt_cpu_sum_f32((const float *)p, n);
     }
     if (P->dt == MT_F64 && s == 8)
         return is_max ? max_run_d((const double *)p, n, acc)
@@ -141,7 +106,8 @@ static double reduce_run(const plan *P, const char *p, int64_t s, int64_t n, dou
         } else {
             float buf[CONV];
             mt_cpu_load_f32(p + i * s, s, P->dt, m, buf);
-            acc = is_max ? (double)max_run_f(buf, m, (float)acc) : acc + sum_run_f(buf, m);
+            acc =
+                is_max ? (double)mt_cpu_max_f32(buf, m, (float)acc) : acc + mt_cpu_sum_f32(buf, m);
         }
     }
     return acc;
@@ -233,7 +199,7 @@ static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int
                     x = buf;
                 }
                 if (is_max) {
-                    for (int j = 0; j < W; j++) wide[j] = maxf(wide[j], x[j]);
+                    for (int j = 0; j < W; j++) wide[j] = mt_cpu_maxf(wide[j], x[j]);
                 } else {
                     for (int j = 0; j < W; j++) wide[j] += x[j];
                     if (++wcnt == COL_FLUSH) {
@@ -261,7 +227,7 @@ static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int
                     x = buf;
                 }
                 if (is_max) {
-                    for (int j = 0; j < cw; j++) acc[j] = maxf(acc[j], x[j]);
+                    for (int j = 0; j < cw; j++) acc[j] = mt_cpu_maxf(acc[j], x[j]);
                 } else {
                     for (int j = 0; j < cw; j++) acc[j] += x[j];
                     if (++cnt == COL_FLUSH) {

@@ -17,9 +17,9 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
+#include "cpu_vec.h"
 
 #define ROW_STACK 2048 /* rows up to this length use stack buffers */
-#define LANES     16
 
 /* ---------------------------------------------------------------- vector-friendly math */
 
@@ -57,66 +57,10 @@ static inline float exp_vf(float x) {
     return x != x ? x : y;
 }
 
-static inline float maxf(float m, float x) {
-    return (x > m || x != x) ? x : m;
-}
-
-/* MAXW lanes held in an array so the loop vectoriser (not SLP) takes the select with its
-   NaN test; NaN propagates. */
-#define MAXW 64
-static float max_f(const float *restrict x, int64_t n) {
-    float acc[MAXW];
-    for (int j = 0; j < MAXW; j++) acc[j] = -INFINITY;
-    int64_t i = 0;
-    for (; i + MAXW <= n; i += MAXW)
-        for (int j = 0; j < MAXW; j++) acc[j] = maxf(acc[j], x[i + j]);
-    float m = -INFINITY;
-    for (; i < n; i++) m = maxf(m, x[i]);
-    for (int j = 0; j < MAXW; j++) m = maxf(m, acc[j]);
-    return m;
-}
-
-/* Sum in FP32 lanes over blocks of 4096, block totals in double: long rows stay accurate. */
-static float sum_f(const float *restrict x, int64_t n) {
-    double total = 0;
-    for (int64_t b = 0; b < n; b += 4096) {
-        int64_t m = n - b < 4096 ? n - b : 4096;
-        const float *restrict p = x + b;
-        float acc[LANES] = {0};
-        int64_t i = 0;
-        for (; i + LANES <= m; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
-        float tail = 0;
-        for (; i < m; i++) tail += p[i];
-        for (int w = LANES / 2; w > 0; w /= 2)
-            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-        total += (double)acc[0] + (double)tail;
-    }
-    return (float)total;
-}
-
-/* sum of x * y, blocked like sum_f */
-static float dot_f(const float *restrict x, const float *restrict y, int64_t n) {
-    double total = 0;
-    for (int64_t b = 0; b < n; b += 4096) {
-        int64_t m = n - b < 4096 ? n - b : 4096;
-        float acc[LANES] = {0};
-        int64_t i = 0;
-        for (; i + LANES <= m; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += x[b + i + j] * y[b + i + j];
-        float tail = 0;
-        for (; i < m; i++) tail += x[b + i] * y[b + i];
-        for (int w = LANES / 2; w > 0; w /= 2)
-            for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-        total += (double)acc[0] + (double)tail;
-    }
-    return (float)total;
-}
-
 /* e[i] = exp(x[i] - m); returns the sum */
 static float exp_sub_f(const float *restrict x, float m, float *restrict e, int64_t n) {
     for (int64_t i = 0; i < n; i++) e[i] = exp_vf(x[i] - m);
-    return sum_f(e, n);
+    return (float)mt_cpu_sum_f32(e, n);
 }
 
 static double max_d(const double *x, int64_t n) {
@@ -278,7 +222,7 @@ static int softmax_tiles(void *ctx, int64_t kb, int64_t ke) {
         }
         for (int64_t l = 0; l < L; l++) {
             const float *x = tile_load(src + l * as, dt, w, tmp);
-            for (int j = 0; j < w; j++) m[j] = maxf(m[j], x[j]);
+            for (int j = 0; j < w; j++) m[j] = mt_cpu_maxf(m[j], x[j]);
         }
         for (int j = 0; j < w; j++) m[j] = m[j] == -INFINITY ? 0.0f : m[j];
         for (int64_t l = 0; l < L; l++) {
@@ -378,7 +322,7 @@ static int softmax_rows(void *ctx, int64_t rb, int64_t re) {
             xs = (const float *)src;
         else
             mt_cpu_load_f32(src, as, a->dtype, L, x);
-        float m = max_f(xs, L);
+        float m = mt_cpu_max_f32(xs, L, -INFINITY);
         if (m == -INFINITY) m = 0;
         bool direct = out->dtype == MT_F32 && os == 4;
         float *y = direct ? (float *)dst : e;
@@ -450,10 +394,10 @@ static int softmax_backward_rows(void *ctx, int64_t rb, int64_t re) {
         bool direct = gi->dtype == MT_F32 && xs == 4;
         float *o = direct ? (float *)xp : g;
         if (A->is_log) {
-            float s = sum_f(g, L);
+            float s = (float)mt_cpu_sum_f32(g, L);
             for (int64_t i = 0; i < L; i++) o[i] = g[i] - exp_vf(yv[i]) * s;
         } else {
-            float s = dot_f(g, yv, L);
+            float s = (float)mt_cpu_dot_f32(g, yv, L);
             for (int64_t i = 0; i < L; i++) o[i] = yv[i] * (g[i] - s);
         }
         if (!direct) mt_cpu_store_f32(xp, xs, gi->dtype, L, o);
@@ -530,7 +474,7 @@ static int ce_rows(void *ctx, int64_t rb, int64_t re) {
                 xs = (const float *)row;
             else
                 mt_cpu_load_f32(row, cs, x->dtype, C, v);
-            float m = max_f(xs, C);
+            float m = mt_cpu_max_f32(xs, C, -INFINITY);
             if (m == -INFINITY) m = 0;
             float acc = exp_sub_f(xs, m, e, C);
             s = (double)(m + logf(acc));
