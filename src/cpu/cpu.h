@@ -27,6 +27,21 @@ void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts);
    parallel threshold (1 for a simple add). */
 void mt_cpu_iter_run(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int cost_per_elem);
 
+/* The offsets along strides s0 and s1 of the element with row-major flat index k over
+   shape[0..nd) (the batch entries of a GEMM, the outputs of a reduction). */
+static inline void mt_cpu_offsets2(int nd, const int64_t *shape, const int64_t *s0,
+                                   const int64_t *s1, int64_t k, int64_t *o0, int64_t *o1) {
+    int64_t a = 0, b = 0;
+    for (int d = nd - 1; d >= 0; d--) {
+        int64_t i = k % shape[d];
+        k /= shape[d];
+        a += i * s0[d];
+        b += i * s1[d];
+    }
+    *o0 = a;
+    *o1 = b;
+}
+
 /* ---- dtype conversion of strided runs (cpu_convert.c). stride in bytes. */
 void mt_cpu_load_f32(const char *src, int64_t stride, mt_dtype dt, int64_t n, float *dst);
 void mt_cpu_store_f32(char *dst, int64_t stride, mt_dtype dt, int64_t n, const float *src);

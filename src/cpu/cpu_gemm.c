@@ -81,18 +81,6 @@ static int align_batch(const mt_tensor *t, const geom *g, int64_t *str) {
     return 0;
 }
 
-static void batch_offsets(const geom *g, int64_t bi, int64_t *ao, int64_t *bo) {
-    int64_t oa = 0, ob = 0;
-    for (int i = g->nb - 1; i >= 0; i--) {
-        int64_t idx = bi % g->shape[i];
-        bi /= g->shape[i];
-        oa += idx * g->astr[i];
-        ob += idx * g->bstr[i];
-    }
-    *ao = oa;
-    *bo = ob;
-}
-
 /* When b is the same matrix for every batch entry and a's batch dims and rows collapse into
    one row dim (a contiguous batch of row-major matrices), the batch is one GEMM with
    count * M rows: stores the row stride in *rs and returns true. */
@@ -426,7 +414,7 @@ static int gemm_f64(const geom *g, double alpha, double beta) {
     const char *held_a = NULL, *held_b = NULL;
     for (int64_t bi = 0; bi < g->count; bi++) {
         int64_t ao, bo;
-        batch_offsets(g, bi, &ao, &bo);
+        mt_cpu_offsets2(g->nb, g->shape, g->astr, g->bstr, bi, &ao, &bo);
         mat a = {g->a.p + ao * 8, g->a.rs, g->a.cs}, b = {g->b.p + bo * 8, g->b.rs, g->b.cs};
         int la = al, lb = bl;
         int64_t xa = lda, xb = ldb;
@@ -459,7 +447,7 @@ oom:
 static void gemm_f32_entry(const geom *g, int64_t bi, int al, int64_t lda, int bl, int64_t ldb,
                            double alpha, double beta) {
     int64_t ao, bo;
-    batch_offsets(g, bi, &ao, &bo);
+    mt_cpu_offsets2(g->nb, g->shape, g->astr, g->bstr, bi, &ao, &bo);
     mat a = {g->a.p + ao * 4, 0, 0}, b = {g->b.p + bo * 4, 0, 0};
     blas_gemm(MT_F32, g->M, g->N, g->K, a, al, lda, b, bl, ldb, g->c + bi * g->M * g->N * 4,
               imax(g->N, 1), alpha, beta);
@@ -494,7 +482,7 @@ static int gemm_panels(const geom *g, mt_dtype dt, double alpha, double beta) {
         int threads = mnk > BLAS_SINGLE_THREAD_MNK ? nt : 1;
         for (int64_t bi = 0; bi < g->count; bi++) {
             int64_t ao, bo;
-            batch_offsets(g, bi, &ao, &bo);
+            mt_cpu_offsets2(g->nb, g->shape, g->astr, g->bstr, bi, &ao, &bo);
             j.a.p = g->a.p + ao * es;
             j.b.p = g->b.p + bo * es;
             j.c = g->c + bi * g->M * g->N * es;
@@ -515,7 +503,7 @@ static int gemm_panels(const geom *g, mt_dtype dt, double alpha, double beta) {
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t bi = 0; bi < g->count; bi++) {
         int64_t ao, bo;
-        batch_offsets(g, bi, &ao, &bo);
+        mt_cpu_offsets2(g->nb, g->shape, g->astr, g->bstr, bi, &ao, &bo);
         lp_job jb = j;
         jb.a.p = g->a.p + ao * es;
         jb.b.p = g->b.p + bo * es;

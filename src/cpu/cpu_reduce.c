@@ -257,19 +257,6 @@ static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int
 
 /* ---------------------------------------------------------------- output indexing */
 
-/* Input and output byte offsets of output k (kept flat index). */
-static void kept_offsets(const plan *P, int64_t k, int64_t *ia, int64_t *io) {
-    int64_t a = 0, o = 0;
-    for (int d = P->nk - 1; d >= 0; d--) {
-        int64_t i = k % P->kshape[d];
-        k /= P->kshape[d];
-        a += i * P->kstride[d];
-        o += i * P->ostride[d];
-    }
-    *ia = a;
-    *io = o;
-}
-
 static inline void store(const plan *P, int64_t io, double v) {
     if (P->op == MT_OP_MEAN) v /= (double)P->R;
     if (P->odt == MT_F32)
@@ -343,7 +330,7 @@ static int64_t col_tasks(const plan *P, int64_t *chunks) {
 static void run_task(const plan *P, int64_t t, int64_t rb, int64_t re, double *vals) {
     if (!P->column) {
         int64_t ia, io;
-        kept_offsets(P, t, &ia, &io);
+        mt_cpu_offsets2(P->nk, P->kshape, P->kstride, P->ostride, t, &ia, &io);
         double v = row_partial(P, P->a + ia, rb, re);
         if (vals)
             vals[t] = v;
@@ -357,7 +344,7 @@ static void run_task(const plan *P, int64_t t, int64_t rb, int64_t re, double *v
     int64_t outer = t / chunks, c0 = (t % chunks) * COLW;
     int cw = (int)(Lv - c0 < COLW ? Lv - c0 : COLW);
     int64_t k0 = outer * Lv + c0, ia, io;
-    kept_offsets(P, k0, &ia, &io);
+    mt_cpu_offsets2(P->nk, P->kshape, P->kstride, P->ostride, k0, &ia, &io);
     double res[COLW];
     col_partial(P, P->a + ia, cw, rb, re, res);
     int64_t os = P->ostride[P->nk - 1];
@@ -463,7 +450,7 @@ int mt_cpu_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask
         double v = op == MT_OP_SUM ? 0.0 : op == MT_OP_MEAN ? NAN : -INFINITY;
         for (int64_t k = 0; k < P.K; k++) {
             int64_t ia, io;
-            kept_offsets(&P, k, &ia, &io);
+            mt_cpu_offsets2(P.nk, P.kshape, P.kstride, P.ostride, k, &ia, &io);
             mt_cpu_store_f64(P.o + io, 0, P.odt, 1, &v);
         }
         return 0;
@@ -522,7 +509,7 @@ int mt_cpu_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask
         double v = part[k];
         for (int t = 1; t < used; t++) v = combine(&P, v, part[(size_t)t * (size_t)P.K + k]);
         int64_t ia, io;
-        kept_offsets(&P, k, &ia, &io);
+        mt_cpu_offsets2(P.nk, P.kshape, P.kstride, P.ostride, k, &ia, &io);
         store(&P, io, v);
     }
     mt_host_free(part, (size_t)threads * (size_t)P.K * sizeof(double));
