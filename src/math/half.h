@@ -7,6 +7,7 @@
 #include <string.h>
 #include "hd.h"
 
+/* The bits of a float and back (memcpy: no aliasing questions, and it vectorises). */
 MT_HD uint32_t mt_f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);

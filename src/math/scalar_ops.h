@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "half.h" /* mt_f32_bits, mt_bits_f32 */
 #include "hd.h"
 
 /* a * b + c, fused where the target has FMA (one rounding), else two roundings */
@@ -57,17 +58,6 @@ MT_HD float mt_expv_f(float x) {
     return y;
 }
 
-/* Reads and writes the bits of a float (vectorises; no aliasing questions). */
-MT_HD uint32_t mt_fbits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-MT_HD float mt_bitsf(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
 /* mask ? a : b on bit patterns, mask all ones or all zeros */
 MT_HD uint32_t mt_blend(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
 MT_HD uint32_t mt_mask(int cond) { return 0u - (uint32_t)(cond != 0); }
@@ -75,17 +65,17 @@ MT_HD uint32_t mt_mask(int cond) { return 0u - (uint32_t)(cond != 0); }
 /* tanh for float, vectorisable: below |x| = 0.625 an odd polynomial (Cephes tanhf), above
    1 - 2 / (exp(2|x|) + 1) with the sign put back. Within 2 ulp; NaN stays NaN. */
 MT_HD float mt_tanhv_f(float x) {
-    uint32_t ux = mt_fbits(x), ua = ux & 0x7fffffffu;
+    uint32_t ux = mt_f32_bits(x), ua = ux & 0x7fffffffu;
     float s = x * x;
     float p = MT_FMAF(-5.70498872745e-3f, s, 2.06390887954e-2f);
     p = MT_FMAF(p, s, -5.37397155531e-2f);
     p = MT_FMAF(p, s, 1.33314422036e-1f);
     p = MT_FMAF(p, s, -3.33332819422e-1f);
     float small = MT_FMAF(p * s, x, x);
-    float e = mt_expv_f(mt_bitsf(ua) * 2.0f);
+    float e = mt_expv_f(mt_bits_f32(ua) * 2.0f);
     float large = 1.0f - 2.0f / (e + 1.0f);
-    uint32_t ul = mt_fbits(large) | (ux & 0x80000000u);
-    return mt_bitsf(mt_blend(mt_mask(ua < 0x3f200000u), mt_fbits(small), ul));
+    uint32_t ul = mt_f32_bits(large) | (ux & 0x80000000u);
+    return mt_bits_f32(mt_blend(mt_mask(ua < 0x3f200000u), mt_f32_bits(small), ul));
 }
 
 /* log for float, vectorisable (Cephes logf): x = m 2^e with m in [sqrt(1/2), sqrt(2)), a
@@ -93,14 +83,14 @@ MT_HD float mt_tanhv_f(float x) {
    rounded value; subnormals are scaled first; log(0) = -inf, log(x < 0) = NaN, log(inf) =
    inf, NaN stays NaN. */
 MT_HD float mt_logv_f(float x) {
-    uint32_t ux = mt_fbits(x);
+    uint32_t ux = mt_f32_bits(x);
     uint32_t sub = mt_mask(ux < 0x00800000u); /* +0 and positive subnormals: scale by 2^23 */
-    uint32_t u = mt_blend(sub, mt_fbits(x * 8388608.0f), ux);
+    uint32_t u = mt_blend(sub, mt_f32_bits(x * 8388608.0f), ux);
     int32_t e = (int32_t)((u >> 23) & 0xffu) - 126 - (int32_t)(sub & 23u);
     uint32_t um = (u & 0x007fffffu) | 0x3f000000u; /* m in [0.5, 1) */
     uint32_t lo = mt_mask(um < 0x3f3504f3u);        /* m < sqrt(1/2): use 2m and e - 1 */
-    float m = mt_bitsf(um);
-    float f = mt_bitsf(mt_blend(lo, mt_fbits(m + m - 1.0f), mt_fbits(m - 1.0f)));
+    float m = mt_bits_f32(um);
+    float f = mt_bits_f32(mt_blend(lo, mt_f32_bits(m + m - 1.0f), mt_f32_bits(m - 1.0f)));
     float fe = (float)(e - (int32_t)(lo & 1u));
     float z = f * f;
     float p = 7.0376836292e-2f;
@@ -116,11 +106,11 @@ MT_HD float mt_logv_f(float x) {
     y = MT_FMAF(fe, -2.12194440e-4f, y);
     y = MT_FMAF(z, -0.5f, y);
     float r = MT_FMAF(fe, 0.693359375f, f + y);
-    uint32_t ur = mt_fbits(r);
+    uint32_t ur = mt_f32_bits(r);
     ur = mt_blend(mt_mask((ux & 0x7fffffffu) == 0u), 0xff800000u, ur); /* +-0: -inf */
     ur = mt_blend(mt_mask(ux > 0x80000000u), 0x7fc00000u, ur);         /* x < 0: NaN */
     ur = mt_blend(mt_mask((ux >= 0x7f800000u) & (ux < 0x80000000u)), ux, ur); /* inf, NaN */
-    return mt_bitsf(ur);
+    return mt_bits_f32(ur);
 }
 
 /* erfc for float, vectorisable. Below |x| = 0.5: 1 - erf(x), erf(x) = x P(x^2) (Cephes
@@ -129,10 +119,10 @@ MT_HD float mt_logv_f(float x) {
    large x^2 is not rounded into the polynomial, and 2 - erfc(-x) for x < 0. Within 7 ulp
    (4e-7 relative); erfc(inf) = 0, erfc(-inf) = 2, NaN stays NaN. */
 MT_HD float mt_erfcv_f(float x) {
-    uint32_t ux = mt_fbits(x), ua = ux & 0x7fffffffu;
+    uint32_t ux = mt_f32_bits(x), ua = ux & 0x7fffffffu;
     /* |x| clamped at 10.5 (erfc underflows to 0 there) so that inf does not make NaN; the
        clamp is an integer min on the bits, which orders non-negative floats */
-    float z = mt_bitsf(ua < 0x41280000u ? ua : 0x41280000u);
+    float z = mt_bits_f32(ua < 0x41280000u ? ua : 0x41280000u);
     float s = x * x;
     float e = 7.853861353153693e-5f;
     e = MT_FMAF(e, s, -8.010193625184903e-4f);
@@ -160,9 +150,9 @@ MT_HD float mt_erfcv_f(float x) {
     float zz_lo = 0.0f;
 #endif
     float tail = t * mt_expv_f(-zz) * mt_expv_f(q - zz_lo);
-    uint32_t far = mt_blend(mt_mask(ux > 0x80000000u), mt_fbits(2.0f - tail), mt_fbits(tail));
-    uint32_t r = mt_blend(mt_mask(ua < 0x3f000000u), mt_fbits(near0), far);
-    return mt_bitsf(mt_blend(mt_mask(ua > 0x7f800000u), ux, r));
+    uint32_t far = mt_blend(mt_mask(ux > 0x80000000u), mt_f32_bits(2.0f - tail), mt_f32_bits(tail));
+    uint32_t r = mt_blend(mt_mask(ua < 0x3f000000u), mt_f32_bits(near0), far);
+    return mt_bits_f32(mt_blend(mt_mask(ua > 0x7f800000u), ux, r));
 }
 
 #define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERFC, TANH, FABS, POW)                             \
