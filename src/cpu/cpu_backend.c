@@ -35,32 +35,21 @@ static void cpu_free(int index, void *p, size_t nbytes) {
     mt_host_free(p, nbytes);
 }
 
-/* A contiguous tensor header over a caller's buffer, for kernels that write host memory. */
-static void header_over(mt_tensor *h, mt_storage *st, const mt_tensor *like, void *buf) {
-    memset(h, 0, sizeof *h);
-    memset(st, 0, sizeof *st);
-    st->data = buf;
-    st->nbytes = (size_t)like->numel * mt_dtype_size(like->dtype);
-    h->storage = st;
-    h->dtype = like->dtype;
-    h->device = MT_CPU;
-    h->ndim = like->ndim;
-    memcpy(h->shape, like->shape, sizeof h->shape);
-    mt_contiguous_strides(like->ndim, like->shape, h->strides);
-    h->numel = like->numel;
-}
-
+/* Transfers: the host buffer seen as a contiguous tensor, for the copy kernel. */
 static int cpu_upload(mt_tensor *dst, const void *src) {
+    mt_storage st = {.data = (void *)src,
+                     .device = MT_CPU,
+                     .nbytes = (size_t)dst->numel * mt_dtype_size(dst->dtype)};
     mt_tensor h;
-    mt_storage st;
-    header_over(&h, &st, dst, (void *)src);
+    mt_tensor_header_init(&h, &st, dst->dtype, dst->ndim, dst->shape, NULL, 0);
     return mt_cpu_copy(dst, &h);
 }
 
 static int cpu_download(const mt_tensor *src, void *dst) {
+    mt_storage st = {
+        .data = dst, .device = MT_CPU, .nbytes = (size_t)src->numel * mt_dtype_size(src->dtype)};
     mt_tensor h;
-    mt_storage st;
-    header_over(&h, &st, src, dst);
+    mt_tensor_header_init(&h, &st, src->dtype, src->ndim, src->shape, NULL, 0);
     return mt_cpu_copy(&h, src);
 }
 
@@ -78,20 +67,14 @@ static int cpu_fill(mt_tensor *dst, double value) {
     case MT_BOOL: one[0] = value != 0.0; break;
     default: return mt_error_set(MT_ERR_DTYPE, "fill: invalid dtype");
     }
-    mt_tensor src = {0};
-    mt_storage st = {0};
-    st.data = one;
-    st.nbytes = es;
-    src.storage = &st;
-    src.dtype = dst->dtype;
-    src.device = MT_CPU;
-    src.ndim = dst->ndim;
-    memcpy(src.shape, dst->shape, sizeof src.shape); /* strides stay 0: broadcast */
-    src.numel = dst->numel;
     if (dst->dtype == MT_F32 && value == 0.0 && mt_is_contiguous(dst)) {
         memset(mt_tensor_data(dst), 0, (size_t)dst->numel * 4);
         return 0;
     }
+    mt_storage st = {.data = one, .nbytes = es, .device = MT_CPU};
+    mt_tensor src; /* the element broadcast (strides 0) to dst's shape */
+    mt_tensor_header_init(&src, &st, dst->dtype, dst->ndim, dst->shape,
+                          (const int64_t[MT_MAX_DIMS]){0}, 0);
     return mt_cpu_copy(dst, &src);
 }
 

@@ -325,12 +325,9 @@ float *mt_cpu_to_f32_buffer(const char *op, const mt_tensor *t) {
                      (long long)t->numel);
         return NULL;
     }
-    mt_tensor view = *t; /* a header over the buffer, for the copy kernel */
     mt_storage st = {.data = buf, .nbytes = (size_t)t->numel * 4, .device = MT_CPU};
-    view.storage = &st;
-    view.dtype = MT_F32;
-    view.offset = 0;
-    mt_contiguous_strides(t->ndim, t->shape, view.strides);
+    mt_tensor view; /* the buffer as a contiguous F32 tensor, for the copy kernel */
+    mt_tensor_header_init(&view, &st, MT_F32, t->ndim, t->shape, NULL, 0);
     mt_cpu_copy(&view, t);
     return buf;
 }

@@ -8,37 +8,22 @@
 
 /* ------------------------------------------------------------------ views */
 
-/* Fills a history-free header over src's storage with the given layout. For kernel calls
-   only: it holds no references and must not outlive src. */
-static void header_over(mt_tensor *h, const mt_tensor *src, int nd, const int64_t *shape,
-                        const int64_t *strides, int64_t offset) {
-    memset(h, 0, sizeof *h);
-    h->dtype = src->dtype;
-    h->device = src->device;
-    h->ndim = nd;
-    if (nd) {
-        memcpy(h->shape, shape, (size_t)nd * sizeof *shape);
-        memcpy(h->strides, strides, (size_t)nd * sizeof *strides);
-    }
-    h->offset = offset;
-    h->numel = mt_shape_numel(nd, shape);
-    h->storage = src->storage;
-}
-
 /* t as the left operand of a matrix product: a 1-D [K] becomes the row [1, K]. */
 static void left_matrix(mt_tensor *h, const mt_tensor *t) {
     if (t->ndim == 1)
-        header_over(h, t, 2, (int64_t[]){1, t->shape[0]}, (int64_t[]){0, t->strides[0]}, t->offset);
+        mt_tensor_header_init(h, t->storage, t->dtype, 2, (int64_t[]){1, t->shape[0]},
+                              (int64_t[]){0, t->strides[0]}, t->offset);
     else
-        header_over(h, t, t->ndim, t->shape, t->strides, t->offset);
+        mt_tensor_header_init(h, t->storage, t->dtype, t->ndim, t->shape, t->strides, t->offset);
 }
 
 /* t as the right operand: a 1-D [K] becomes the column [K, 1]. */
 static void right_matrix(mt_tensor *h, const mt_tensor *t) {
     if (t->ndim == 1)
-        header_over(h, t, 2, (int64_t[]){t->shape[0], 1}, (int64_t[]){t->strides[0], 0}, t->offset);
+        mt_tensor_header_init(h, t->storage, t->dtype, 2, (int64_t[]){t->shape[0], 1},
+                              (int64_t[]){t->strides[0], 0}, t->offset);
     else
-        header_over(h, t, t->ndim, t->shape, t->strides, t->offset);
+        mt_tensor_header_init(h, t->storage, t->dtype, t->ndim, t->shape, t->strides, t->offset);
 }
 
 /* Swaps the last two dims of a header in place (a transposed view). */
@@ -49,13 +34,6 @@ static void transpose_last(mt_tensor *h) {
     h->strides[d - 1] = h->strides[d - 2];
     h->shape[d - 2] = s;
     h->strides[d - 2] = st;
-}
-
-/* A header over the contiguous tensor t seen with another shape of the same numel. */
-static void reshaped(mt_tensor *h, const mt_tensor *t, int nd, const int64_t *shape) {
-    int64_t strides[MT_MAX_DIMS];
-    mt_contiguous_strides(nd, shape, strides);
-    header_over(h, t, nd, shape, strides, t->offset);
 }
 
 /* True when the batch dims (sizes batch[], strides str[]) followed by an inner dim of size n
@@ -109,9 +87,12 @@ static int gemm_reduce(const mt_backend *be, mt_tensor *out, const mt_tensor *l,
     mt_tensor lh, rh, oh;
     int64_t lr, rr;
     if (all && merges(nb, batch, lstr, R, ls_r, &lr) && merges(nb, batch, rstr, R, rs_r, &rr)) {
-        header_over(&lh, l, 2, (int64_t[]){P, count * R}, (int64_t[]){ls_p, lr}, l->offset);
-        header_over(&rh, r, 2, (int64_t[]){count * R, Q}, (int64_t[]){rr, rs_q}, r->offset);
-        reshaped(&oh, out, 2, (int64_t[]){P, Q});
+        mt_tensor_header_init(&lh, l->storage, l->dtype, 2, (int64_t[]){P, count * R},
+                              (int64_t[]){ls_p, lr}, l->offset);
+        mt_tensor_header_init(&rh, r->storage, r->dtype, 2, (int64_t[]){count * R, Q},
+                              (int64_t[]){rr, rs_q}, r->offset);
+        mt_tensor_header_init(&oh, out->storage, out->dtype, 2, (int64_t[]){P, Q}, NULL,
+                              out->offset);
         return be->gemm(&oh, &lh, &rh, 1.0, 0.0);
     }
     for (int64_t bi = 0; bi < count; bi++) {
@@ -127,9 +108,12 @@ static int gemm_reduce(const mt_backend *be, mt_tensor *out, const mt_tensor *l,
             else
                 oo += idx * out->strides[i];
         }
-        header_over(&lh, l, 2, (int64_t[]){P, R}, (int64_t[]){ls_p, ls_r}, lo);
-        header_over(&rh, r, 2, (int64_t[]){R, Q}, (int64_t[]){rs_r, rs_q}, ro);
-        header_over(&oh, out, 2, (int64_t[]){P, Q}, (int64_t[]){Q, 1}, oo);
+        mt_tensor_header_init(&lh, l->storage, l->dtype, 2, (int64_t[]){P, R},
+                              (int64_t[]){ls_p, ls_r}, lo);
+        mt_tensor_header_init(&rh, r->storage, r->dtype, 2, (int64_t[]){R, Q},
+                              (int64_t[]){rs_r, rs_q}, ro);
+        mt_tensor_header_init(&oh, out->storage, out->dtype, 2, (int64_t[]){P, Q},
+                              (int64_t[]){Q, 1}, oo);
         int rc = be->gemm(&oh, &lh, &rh, 1.0, first ? 0.0 : 1.0);
         if (rc) return rc;
     }
@@ -145,7 +129,7 @@ static void grad_target(mt_tensor *h, const mt_tensor *t, int nb, int ond, const
     for (int i = 0; i < nb; i++) shape[i] = i < off ? 1 : oshape[i - off];
     shape[nb] = P;
     shape[nb + 1] = Q;
-    reshaped(h, t, nb + 2, shape);
+    mt_tensor_header_init(h, t->storage, t->dtype, nb + 2, shape, NULL, t->offset);
 }
 
 /* The backend of dev with a gemm kernel, or NULL with an error naming op. */
@@ -187,7 +171,7 @@ static int matmul_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     gstr[nb] = a1 ? 0 : gc->strides[nb];
     gstr[nb + 1] = b1 ? 0 : gc->strides[gc->ndim - 1];
     mt_tensor gh, oh, xh;
-    header_over(&gh, gc, nb + 2, gshape, gstr, gc->offset);
+    mt_tensor_header_init(&gh, gc->storage, gc->dtype, nb + 2, gshape, gstr, gc->offset);
     int rc = 0;
     if (mt_node_needs(n, 0)) { /* dA = dC @ B^T */
         mt_tensor *ga = mt_tensor_new(name, ma->ndim, ma->shape, ma->dtype, g->device);
@@ -285,7 +269,7 @@ static mt_tensor *matmul_impl(mt_tensor *a, mt_tensor *b) {
         memcpy(cshape, s.batch, (size_t)s.nb * sizeof *cshape);
         cshape[s.nb] = a->ndim > 1 ? a->shape[a->ndim - 2] : 1;
         cshape[s.nb + 1] = b->ndim > 1 ? b->shape[b->ndim - 1] : 1;
-        reshaped(&oh, out, s.nb + 2, cshape);
+        mt_tensor_header_init(&oh, out->storage, out->dtype, s.nb + 2, cshape, NULL, out->offset);
         rc = be->gemm(&oh, &ah, &bh, 1.0, 0.0);
     }
     if (rc == 0) {
@@ -368,7 +352,8 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
                 int64_t kshape[MT_MAX_DIMS];
                 for (int i = 0; i < gc->ndim - 1; i++) kshape[i] = 1;
                 kshape[gc->ndim - 1] = out_f;
-                reshaped(&oh, gb, gc->ndim, kshape);
+                mt_tensor_header_init(&oh, gb->storage, gb->dtype, gc->ndim, kshape, NULL,
+                                      gb->offset);
                 rc = be->reduce(MT_OP_SUM, &oh, gc, (1u << (gc->ndim - 1)) - 1u);
             }
             if (rc)
@@ -435,8 +420,9 @@ static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
     if (rc == 0) { /* y = x @ W^T, W^T being W's strides swapped */
         mt_tensor xh, wt, oh;
         rows_matrix(&xh, c[0]);
-        header_over(&wt, c[1], 2, (int64_t[]){w->shape[1], w->shape[0]},
-                    (int64_t[]){c[1]->strides[1], c[1]->strides[0]}, c[1]->offset);
+        mt_tensor_header_init(&wt, c[1]->storage, c[1]->dtype, 2,
+                              (int64_t[]){w->shape[1], w->shape[0]},
+                              (int64_t[]){c[1]->strides[1], c[1]->strides[0]}, c[1]->offset);
         rows_matrix(&oh, out);
         rc = be->gemm(&oh, &xh, &wt, 1.0, beta);
     }

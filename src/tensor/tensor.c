@@ -200,20 +200,33 @@ mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtyp
     return t;
 }
 
+/* The layout and storage fields of a zeroed header; the storage is not retained. */
+static void header_set(mt_tensor *h, mt_storage *st, mt_dtype dt, int ndim, const int64_t *shape,
+                       const int64_t *strides, int64_t offset) {
+    h->dtype = dt;
+    h->device = st->device;
+    h->ndim = ndim;
+    if (ndim) memcpy(h->shape, shape, (size_t)ndim * sizeof *shape);
+    if (!strides)
+        mt_contiguous_strides(ndim, shape, h->strides);
+    else if (ndim)
+        memcpy(h->strides, strides, (size_t)ndim * sizeof *strides);
+    h->offset = offset;
+    h->numel = mt_shape_numel(ndim, shape);
+    h->storage = st;
+}
+
+void mt_tensor_header_init(mt_tensor *h, mt_storage *st, mt_dtype dt, int ndim,
+                           const int64_t *shape, const int64_t *strides, int64_t offset) {
+    memset(h, 0, sizeof *h);
+    header_set(h, st, dt, ndim, shape, strides, offset);
+}
+
 mt_tensor *mt_tensor_view_of(const mt_tensor *t, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset) {
     mt_tensor *v = header_new("view");
     if (!v) return NULL;
-    v->dtype = t->dtype;
-    v->device = t->device;
-    v->ndim = ndim;
-    if (ndim) {
-        memcpy(v->shape, shape, (size_t)ndim * sizeof *shape);
-        memcpy(v->strides, strides, (size_t)ndim * sizeof *strides);
-    }
-    v->offset = offset;
-    v->numel = mt_shape_numel(ndim, shape);
-    v->storage = t->storage;
+    header_set(v, t->storage, t->dtype, ndim, shape, strides, offset);
     atomic_fetch_add_explicit(&t->storage->refcount, 1, memory_order_relaxed);
     return v;
 }

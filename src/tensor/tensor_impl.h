@@ -60,6 +60,12 @@ mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtyp
 /* A new tensor header over t's storage with the given layout (no autograd history). */
 mt_tensor *mt_tensor_view_of(const mt_tensor *t, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset);
+/* Fills *h as a temporary tensor header for a kernel call, typically on the stack: dtype
+   dt, st's device, the given layout (strides NULL: contiguous), no autograd history. It
+   holds no reference and is never released, so it must not outlive st (a tensor's storage,
+   or a stack mt_storage over a host buffer). */
+void mt_tensor_header_init(mt_tensor *h, mt_storage *st, mt_dtype dt, int ndim,
+                           const int64_t *shape, const int64_t *strides, int64_t offset);
 /* Same storage and layout as t, no history: used to save outputs without cycles. */
 mt_tensor *mt_tensor_alias(const mt_tensor *t);
 void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
