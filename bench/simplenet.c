@@ -2,7 +2,8 @@
  * the same network, sizes and loop, on the CPU, in the same run.
  *
  * Every (implementation, mode, thread count) runs in its own child process, so that each
- * resident-set figure is its own; for each mode the fastest thread count is reported.
+ * resident-set figure is its own. The sweep runs --repeat times (default 3), mixtape and torch
+ * interleaved round by round; for each mode the fastest (thread count, round) is reported.
  * Output: a Markdown table of the median step time (first step excluded) and memory, then
  * the ratios
  *   mixtape FP32 / torch FP32, mixtape O1-FP16 / mixtape FP32, mixtape O2-FP16 / mixtape FP32,
@@ -12,7 +13,7 @@
  * both implementations (it also counts allocator caching and library pages first touched).
  *
  * Usage: simplenet [--hidden N] [--batch N] [--steps N] [--epochs N] [--threads 1,2]
- *                  [--python PATH] [--no-torch] */
+ *                  [--repeat N] [--python PATH] [--no-torch] */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,7 +33,7 @@
 #define MT_SIMPLENET_AMP "samples/simplenet_amp"
 #endif
 
-enum { MAX_ROWS = 64, MAX_LINE = 4096 };
+enum { MAX_ROWS = 128, MAX_LINE = 4096 };
 
 typedef struct {
     char impl[112], mode[32], reason[256];
@@ -168,6 +169,7 @@ static bool safe_for_shell(const char *s) {
 
 int main(int argc, char **argv) {
     long hidden = 1024, batch = 256, steps = 10, epochs = 2;
+    long repeat = 3;
     const char *threads = "1,2", *python = MT_TORCH_PYTHON, *sample = MT_SIMPLENET_AMP;
     bool torch = true;
     for (int i = 1; i < argc; i++) {
@@ -178,7 +180,7 @@ int main(int argc, char **argv) {
         }
         if (!v) {
             fprintf(stderr, "usage: simplenet [--hidden N] [--batch N] [--steps N] [--epochs N] "
-                            "[--threads 1,2] [--python PATH] [--no-torch]\n");
+                            "[--threads 1,2] [--repeat N] [--python PATH] [--no-torch]\n");
             return 2;
         }
         i++;
@@ -192,6 +194,8 @@ int main(int argc, char **argv) {
             epochs = strtol(v, NULL, 10);
         else if (strcmp(a, "--threads") == 0)
             threads = v;
+        else if (strcmp(a, "--repeat") == 0)
+            repeat = strtol(v, NULL, 10);
         else if (strcmp(a, "--python") == 0)
             python = v;
         else {
@@ -199,9 +203,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (hidden <= 0 || batch <= 0 || steps <= 0 || epochs <= 0 ||
+    if (hidden <= 0 || batch <= 0 || steps <= 0 || epochs <= 0 || repeat <= 0 || repeat > 8 ||
         strspn(threads, "0123456789,") != strlen(threads)) {
-        fprintf(stderr, "simplenet bench: sizes must be positive, --threads a comma list\n");
+        fprintf(stderr, "simplenet bench: sizes must be positive, --repeat 1..8, --threads a "
+                        "comma list\n");
         return 2;
     }
     if (!safe_for_shell(python) || !safe_for_shell(sample)) {
@@ -224,26 +229,32 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     const char *modes[] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
-    char tl[64];
-    snprintf(tl, sizeof tl, "%s", threads);
-    for (char *save = NULL, *th = strtok_r(tl, ",", &save); th; th = strtok_r(NULL, ",", &save)) {
-        for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
-            snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s", sample,
-                     th, modes[m], sizes);
-            fprintf(stderr, "mixtape %s, %s thread(s)...\n", modes[m], th);
-            run_json(cmd, "mixtape", modes[m], &t);
+    /* Rounds interleave mixtape and torch so both see the same neighbours on a shared
+       machine; each configuration reports its best round. */
+    for (long round = 1; round <= repeat; round++) {
+        char tl[64];
+        snprintf(tl, sizeof tl, "%s", threads);
+        for (char *save = NULL, *th = strtok_r(tl, ",", &save); th;
+             th = strtok_r(NULL, ",", &save)) {
+            for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+                snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s",
+                         sample, th, modes[m], sizes);
+                fprintf(stderr, "round %ld/%ld: mixtape %s, %s thread(s)...\n", round, repeat,
+                        modes[m], th);
+                run_json(cmd, "mixtape", modes[m], &t);
+            }
+        }
+        if (torch) {
+            snprintf(cmd, sizeof cmd,
+                     "'%s' '%s/simplenet.py' --threads %s --modes fp32,o1-fp16,o1-bf16 %s", python,
+                     MT_BENCH_DIR, threads, sizes);
+            fprintf(stderr, "round %ld/%ld: torch fp32, o1-fp16, o1-bf16 for thread counts %s...\n",
+                    round, repeat, threads);
+            if (run_json(cmd, "torch", NULL, &t) == 0)
+                fprintf(stderr, "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
+                        python);
         }
     }
-    if (torch) {
-        snprintf(cmd, sizeof cmd,
-                 "'%s' '%s/simplenet.py' --threads %s --modes fp32,o1-fp16,o1-bf16 %s", python,
-                 MT_BENCH_DIR, threads, sizes);
-        fprintf(stderr, "torch fp32, o1-fp16, o1-bf16 for thread counts %s...\n", threads);
-        if (run_json(cmd, "torch", NULL, &t) == 0)
-            fprintf(stderr, "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
-                    python);
-    }
-
     printf("| implementation | mode | threads | ms/step (median) | final loss | lib peak MiB | RSS "
            "growth "
            "MiB |\n|---|---|---|---|---|---|---|\n");
