@@ -24,7 +24,11 @@
 /* ---------------------------------------------------------------- vector-friendly math */
 
 /* exp(x) for float, Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, times
-   2^n built from the exponent bits. Below -87.3 it returns 0, above 88.7 inf, NaN stays. */
+   2^n built from the exponent bits. Within 1.3 ulp on [-87.3, 0] (every float checked),
+   the arguments softmax passes. Below -87.3 it returns 0: the results there would be
+   subnormal, and computing them costs microcode assists, so src/math's mt_expv_f (correct
+   there, and as fast elsewhere) is 2.5x slower per element on such inputs and flushing
+   around it costs 30%. From 88.38 up it returns inf (2^128 overflows); NaN stays NaN. */
 #if defined(__FMA__)
 #define FMA(a, b, c) __builtin_fmaf((a), (b), (c))
 #else
