@@ -251,7 +251,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "round %ld/%ld: torch fp32, o1-fp16, o1-bf16 for thread counts %s...\n",
                     round, repeat, threads);
             if (run_json(cmd, "torch", NULL, &t) == 0)
-                fprintf(stderr, "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
+                fprintf(stderr,
+                        "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
                         python);
         }
     }

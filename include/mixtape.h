@@ -32,10 +32,14 @@ typedef struct {
 #define MT_MAX_DIMS 8
 /* MT_SHAPE(2, 3) expands to `2, (const int64_t[]){2, 3}`: the (ndim, shape) argument pair. */
 #define MT_SHAPE(...)                                                                              \
-    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) { __VA_ARGS__ }
+    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) {           \
+        __VA_ARGS__                                                                                \
+    }
 /* MT_DIMS(0, 1) expands to `2, (const int[]){0, 1}` for reductions and permute. */
 #define MT_DIMS(...)                                                                               \
-    (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), (const int[]) { __VA_ARGS__ }
+    (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), (const int[]) {                       \
+        __VA_ARGS__                                                                                \
+    }
 
 const char *mt_dtype_name(mt_dtype dt);
 size_t mt_dtype_size(mt_dtype dt);
@@ -169,7 +173,7 @@ mt_tensor *mt_max_all(mt_tensor *t);
 mt_tensor *mt_softmax(mt_tensor *t, int dim);
 mt_tensor *mt_log_softmax(mt_tensor *t, int dim);
 
-mt_tensor *mt_matmul(mt_tensor *a, mt_tensor *b); /* like torch.matmul */
+mt_tensor *mt_matmul(mt_tensor *a, mt_tensor *b);               /* like torch.matmul */
 mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b); /* w [out, in]; b may be NULL */
 
 mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
@@ -216,7 +220,7 @@ bool mt_is_leaf(const mt_tensor *t);
 /* grad NULL: root must hold one element and the seed is 1. Frees the tape. */
 int mt_backward(mt_tensor *root, mt_tensor *grad);
 int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph);
-mt_tensor *mt_grad(mt_tensor *t); /* new reference, or NULL (no error) when none */
+mt_tensor *mt_grad(mt_tensor *t);               /* new reference, or NULL (no error) when none */
 int mt_set_grad(mt_tensor *t, mt_tensor *grad); /* NULL clears */
 void mt_zero_grad(mt_tensor *t);                /* drops .grad */
 bool mt_set_grad_enabled(bool on);              /* returns the previous mode */

@@ -519,7 +519,8 @@ static void test_unscale_values(void **state) {
     assert_int_equal(mt_grad_scaler_step(s, o), 0);
     assert_int_equal(mt_grad_scaler_update(s), 0);
     assert_tensor_close(p[0], ((const double[]){0.5 - 0.025, -1 + 0.05, 2 - 0.0125}), 3, 1e-7, 0);
-    assert_tensor_close(p[3], ((const double[]){0.1 - 0.05, 0.2 + 0.025, 0.3 - 0.075}), 3, 1e-15, 0);
+    assert_tensor_close(p[3], ((const double[]){0.1 - 0.05, 0.2 + 0.025, 0.3 - 0.075}), 3, 1e-15,
+                        0);
     mt_optimizer_free(o);
     mt_grad_scaler_free(s);
     assert_no_error();

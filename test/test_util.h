@@ -99,7 +99,8 @@ static inline void mt_test_assert_close(const mt_tensor *t, const double *expect
     double got = 0, want = 0;
     for (int64_t i = 0; i < n && bad < 0; i++) {
         double a = v[i], e = expect[i];
-        bool ok = (isnan(a) && isnan(e)) || (isinf(e) && a == e) || fabs(a - e) <= atol + rtol * fabs(e);
+        bool ok =
+            (isnan(a) && isnan(e)) || (isinf(e) && a == e) || fabs(a - e) <= atol + rtol * fabs(e);
         if (!ok) {
             bad = i;
             got = a;
@@ -108,7 +109,8 @@ static inline void mt_test_assert_close(const mt_tensor *t, const double *expect
     }
     free(v);
     if (bad >= 0)
-        fail_msg("%s:%d: element %lld is %.9g, expected %.9g", file, line, (long long)bad, got, want);
+        fail_msg("%s:%d: element %lld is %.9g, expected %.9g", file, line, (long long)bad, got,
+                 want);
 }
 #define assert_tensor_close(t, expect, n, atol, rtol)                                              \
     mt_test_assert_close((t), (expect), (n), (atol), (rtol), __FILE__, __LINE__)
@@ -119,8 +121,8 @@ static inline void mt_test_assert_shape(const mt_tensor *t, int ndim, const int6
     if (mt_ndim(t) != ndim) fail_msg("%s:%d: ndim %d, expected %d", file, line, mt_ndim(t), ndim);
     for (int i = 0; i < ndim; i++)
         if (mt_dim(t, i) != shape[i])
-            fail_msg("%s:%d: dim %d is %lld, expected %lld", file, line, i,
-                     (long long)mt_dim(t, i), (long long)shape[i]);
+            fail_msg("%s:%d: dim %d is %lld, expected %lld", file, line, i, (long long)mt_dim(t, i),
+                     (long long)shape[i]);
 }
 #define assert_shape(t, ...) mt_test_assert_shape((t), MT_SHAPE(__VA_ARGS__), __FILE__, __LINE__)
 #endif

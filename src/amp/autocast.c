@@ -24,11 +24,13 @@ void mt_autocast_begin(mt_dtype low, mt_amp_level level) {
     }
     bool ok = low == MT_F16 || low == MT_BF16;
     if (!ok && low != MT_F32)
-        mt_error_set(MT_ERR_DTYPE,
-                     "mt_autocast_begin: arg 1: low dtype must be f16 or bf16 (f32 disables), got %s",
-                     mt_dtype_name(low));
+        mt_error_set(
+            MT_ERR_DTYPE,
+            "mt_autocast_begin: arg 1: low dtype must be f16 or bf16 (f32 disables), got %s",
+            mt_dtype_name(low));
     if (level != MT_AMP_O1 && level != MT_AMP_O2) {
-        mt_error_set(MT_ERR_INVALID, "mt_autocast_begin: arg 2: level %d is not O1 or O2", (int)level);
+        mt_error_set(MT_ERR_INVALID, "mt_autocast_begin: arg 2: level %d is not O1 or O2",
+                     (int)level);
         ok = false;
     }
     regions[depth++] = (region){ok, ok ? low : MT_F32, level};
@@ -47,9 +49,15 @@ void mt_autocast_end(void) {
     if (depth == 0) mt_cast_cache_clear();
 }
 
-bool mt_autocast_active(void) { return depth > 0 && regions[depth - 1].enabled; }
-bool mt_autocast_enabled(void) { return mt_autocast_active(); }
-mt_dtype mt_autocast_dtype(void) { return mt_autocast_active() ? regions[depth - 1].low : MT_F32; }
+bool mt_autocast_active(void) {
+    return depth > 0 && regions[depth - 1].enabled;
+}
+bool mt_autocast_enabled(void) {
+    return mt_autocast_active();
+}
+mt_dtype mt_autocast_dtype(void) {
+    return mt_autocast_active() ? regions[depth - 1].low : MT_F32;
+}
 
 int mt_autocast_set_lists(const char *const *white, const char *const *black) {
     signed char next[MT_OP_COUNT] = {0};
@@ -58,12 +66,14 @@ int mt_autocast_set_lists(const char *const *white, const char *const *black) {
         for (int i = 0; list && list[i]; i++) {
             int op = mt_op_lookup(list[i]);
             if (op < 0)
-                return mt_error_set(MT_ERR_INVALID, "mt_autocast_set_lists: arg %d: unknown op \"%s\"",
-                                    pass + 1, list[i]);
-            if (pass == 1 && next[op] == 1)
                 return mt_error_set(MT_ERR_INVALID,
-                                    "mt_autocast_set_lists: op \"%s\" is in both the white and the black list",
+                                    "mt_autocast_set_lists: arg %d: unknown op \"%s\"", pass + 1,
                                     list[i]);
+            if (pass == 1 && next[op] == 1)
+                return mt_error_set(
+                    MT_ERR_INVALID,
+                    "mt_autocast_set_lists: op \"%s\" is in both the white and the black list",
+                    list[i]);
             next[op] = pass == 0 ? 1 : -1;
         }
     }
@@ -75,15 +85,20 @@ mt_dtype mt_autocast_decide(mt_op_id op, mt_dtype widest) {
     if (!mt_autocast_active() || !mt_dtype_is_floating(widest) || widest == MT_F64) return widest;
     const region *r = &regions[depth - 1];
     mt_amp_rule rule = mt_op_rule(op);
-    if (custom[op] > 0) rule = MT_RULE_LOWER;
-    else if (custom[op] < 0) rule = MT_RULE_FP32;
+    if (custom[op] > 0)
+        rule = MT_RULE_LOWER;
+    else if (custom[op] < 0)
+        rule = MT_RULE_FP32;
     else if (r->level == MT_AMP_O2 && (rule == MT_RULE_PROMOTE || rule == MT_RULE_LOWER))
         rule = MT_RULE_LOWER; /* O2: everything low but the FP32 list and the black list */
     switch (rule) {
-    case MT_RULE_LOWER: return r->low;
-    case MT_RULE_FP32: return MT_F32;
+    case MT_RULE_LOWER:
+        return r->low;
+    case MT_RULE_FP32:
+        return MT_F32;
     case MT_RULE_PROMOTE:
-    case MT_RULE_NONE: return widest;
+    case MT_RULE_NONE:
+        return widest;
     }
     return widest;
 }

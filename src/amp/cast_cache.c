@@ -63,5 +63,9 @@ void mt_cast_cache_clear(void) {
     n_entries = cap_entries = 0;
 }
 
-int mt_amp_cast_cache_size(void) { return n_entries; }
-int64_t mt_amp_cast_cache_hits(void) { return hits; }
+int mt_amp_cast_cache_size(void) {
+    return n_entries;
+}
+int64_t mt_amp_cast_cache_hits(void) {
+    return hits;
+}

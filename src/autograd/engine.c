@@ -68,7 +68,8 @@ static int accumulate(mt_tensor **acc, mt_tensor *g) {
         rc = mt_backend_get((*acc)->device)->binary(MT_OP_ADD, *acc, *acc, g);
     } else {
         mt_tensor *sum = mt_add(*acc, g);
-        if (!sum) rc = mt_backward_status();
+        if (!sum)
+            rc = mt_backward_status();
         else {
             mt_release(*acc);
             *acc = sum;
@@ -173,7 +174,8 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
         n->grad_acc = NULL;
         rc = check_saved(n);
         mt_tensor *grad_in_small[8] = {0};
-        mt_tensor **grad_in = n->n_inputs <= 8 ? grad_in_small : calloc((size_t)n->n_inputs, sizeof *grad_in);
+        mt_tensor **grad_in =
+            n->n_inputs <= 8 ? grad_in_small : calloc((size_t)n->n_inputs, sizeof *grad_in);
         if (!grad_in) rc = mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
         if (rc == 0 && g) {
             rc = n->backward(n, g, grad_in);
@@ -217,7 +219,8 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
     mt_api_enter();
     if (grad) {
         if (!mt_same_shape(grad, root)) {
-            mt_error_set(MT_ERR_SHAPE, "mt_backward: arg 2: grad of shape %s does not match root shape %s",
+            mt_error_set(MT_ERR_SHAPE,
+                         "mt_backward: arg 2: grad of shape %s does not match root shape %s",
                          mt_shape_str(grad, b1, sizeof b1), mt_shape_str(root, b2, sizeof b2));
             return mt_api_exit_status(MT_ERR_SHAPE);
         }
@@ -246,27 +249,35 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
     return mt_api_exit_status(rc);
 }
 
-int mt_backward(mt_tensor *root, mt_tensor *grad) { return mt_backward_ex(root, grad, false); }
+int mt_backward(mt_tensor *root, mt_tensor *grad) {
+    return mt_backward_ex(root, grad, false);
+}
 
 void mt_set_requires_grad(mt_tensor *t, bool on) {
     if (!t) return;
     if (t->grad_fn) {
         if (!on)
-            mt_error_set(MT_ERR_STATE, "mt_set_requires_grad: tensor is not a leaf (made by mt_%s); "
-                                       "use mt_detach",
+            mt_error_set(MT_ERR_STATE,
+                         "mt_set_requires_grad: tensor is not a leaf (made by mt_%s); "
+                         "use mt_detach",
                          mt_op_name(t->grad_fn->op));
         return;
     }
     if (on && !mt_dtype_is_floating(t->dtype)) {
-        mt_error_set(MT_ERR_DTYPE, "mt_set_requires_grad: only floating tensors can require grad, got %s",
+        mt_error_set(MT_ERR_DTYPE,
+                     "mt_set_requires_grad: only floating tensors can require grad, got %s",
                      mt_dtype_name(t->dtype));
         return;
     }
     t->requires_grad = on;
 }
 
-bool mt_requires_grad(const mt_tensor *t) { return t && t->requires_grad; }
-bool mt_is_leaf(const mt_tensor *t) { return t && !t->grad_fn; }
+bool mt_requires_grad(const mt_tensor *t) {
+    return t && t->requires_grad;
+}
+bool mt_is_leaf(const mt_tensor *t) {
+    return t && !t->grad_fn;
+}
 
 mt_tensor *mt_grad(mt_tensor *t) {
     if (!t || !t->grad) return NULL;
@@ -277,12 +288,14 @@ mt_tensor *mt_grad(mt_tensor *t) {
 int mt_set_grad(mt_tensor *t, mt_tensor *grad) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_set_grad: arg 1: tensor is NULL");
     if (grad && (grad->device.type != t->device.type || grad->device.index != t->device.index))
-        return mt_error_set(MT_ERR_DEVICE, "mt_set_grad: arg 2: grad is on %s:%d, the tensor on %s:%d",
-                            grad->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", grad->device.index,
-                            t->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", t->device.index);
+        return mt_error_set(
+            MT_ERR_DEVICE, "mt_set_grad: arg 2: grad is on %s:%d, the tensor on %s:%d",
+            grad->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", grad->device.index,
+            t->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", t->device.index);
     if (grad && (!mt_same_shape(grad, t) || grad->dtype != t->dtype)) {
         char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
-        return mt_error_set(MT_ERR_SHAPE, "mt_set_grad: arg 2: grad %s %s does not match tensor %s %s",
+        return mt_error_set(MT_ERR_SHAPE,
+                            "mt_set_grad: arg 2: grad %s %s does not match tensor %s %s",
                             mt_dtype_name(grad->dtype), mt_shape_str(grad, b1, sizeof b1),
                             mt_dtype_name(t->dtype), mt_shape_str(t, b2, sizeof b2));
     }

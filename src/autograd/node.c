@@ -5,8 +5,12 @@
 
 static _Thread_local bool grad_disabled; /* zero-initialised: grad mode on */
 
-bool mt_grad_mode(void) { return !grad_disabled; }
-bool mt_is_grad_enabled(void) { return !grad_disabled; }
+bool mt_grad_mode(void) {
+    return !grad_disabled;
+}
+bool mt_is_grad_enabled(void) {
+    return !grad_disabled;
+}
 
 bool mt_set_grad_enabled(bool on) {
     bool prev = !grad_disabled;
@@ -27,7 +31,8 @@ mt_node *mt_node_new(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, i
        stops GCC from turning the pair back into calloc */
     mt_node *node = malloc(size);
     if (!node) {
-        mt_error_set(MT_ERR_OOM, "mt_%s: out of memory recording the autograd tape", mt_op_name(op));
+        mt_error_set(MT_ERR_OOM, "mt_%s: out of memory recording the autograd tape",
+                     mt_op_name(op));
         return NULL;
     }
 #if defined(__GNUC__)
@@ -75,8 +80,8 @@ void mt_node_attach(mt_node *n, mt_tensor *out) {
     n->out_device = out->device;
 }
 
-mt_node *mt_record(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, int n,
-                   mt_tensor *out, int *err) {
+mt_node *mt_record(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, int n, mt_tensor *out,
+                   int *err) {
     *err = 0;
     if (!mt_autograd_wanted(inputs, n)) return NULL;
     mt_node *node = mt_node_new(op, fn, inputs, n);

@@ -74,6 +74,6 @@ mt_tensor *mt_grad_reduce_to_input(mt_node *n, int i, mt_tensor *g);
 /* Record helper used by op entry points: if autograd is wanted for inputs, creates a node,
    attaches it to out and returns it (borrowed) so the caller can save tensors; else NULL.
    On OOM returns NULL and sets *err. */
-mt_node *mt_record(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, int n,
-                   mt_tensor *out, int *err);
+mt_node *mt_record(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, int n, mt_tensor *out,
+                   int *err);
 #endif

@@ -23,7 +23,9 @@ void mt_set_num_threads(int n) {
     openblas_set_num_threads(n);
 }
 
-int mt_get_num_threads(void) { return mt_cpu_num_threads(); }
+int mt_get_num_threads(void) {
+    return mt_cpu_num_threads();
+}
 
 static void *cpu_alloc(int index, size_t nbytes) {
     (void)index;
@@ -58,14 +60,39 @@ static int cpu_fill(mt_tensor *dst, double value) {
     unsigned char one[8];
     size_t es = mt_dtype_size(dst->dtype);
     switch (dst->dtype) {
-    case MT_F32: { float v = (float)value; memcpy(one, &v, 4); break; }
-    case MT_F64: memcpy(one, &value, 8); break;
-    case MT_F16: { uint16_t v = mt_f32_to_f16((float)value); memcpy(one, &v, 2); break; }
-    case MT_BF16: { uint16_t v = mt_f32_to_bf16((float)value); memcpy(one, &v, 2); break; }
-    case MT_I64: { int64_t v = (int64_t)value; memcpy(one, &v, 8); break; }
-    case MT_I32: { int32_t v = (int32_t)value; memcpy(one, &v, 4); break; }
-    case MT_BOOL: one[0] = value != 0.0; break;
-    default: return mt_error_set(MT_ERR_DTYPE, "fill: invalid dtype");
+    case MT_F32: {
+        float v = (float)value;
+        memcpy(one, &v, 4);
+        break;
+    }
+    case MT_F64:
+        memcpy(one, &value, 8);
+        break;
+    case MT_F16: {
+        uint16_t v = mt_f32_to_f16((float)value);
+        memcpy(one, &v, 2);
+        break;
+    }
+    case MT_BF16: {
+        uint16_t v = mt_f32_to_bf16((float)value);
+        memcpy(one, &v, 2);
+        break;
+    }
+    case MT_I64: {
+        int64_t v = (int64_t)value;
+        memcpy(one, &v, 8);
+        break;
+    }
+    case MT_I32: {
+        int32_t v = (int32_t)value;
+        memcpy(one, &v, 4);
+        break;
+    }
+    case MT_BOOL:
+        one[0] = value != 0.0;
+        break;
+    default:
+        return mt_error_set(MT_ERR_DTYPE, "fill: invalid dtype");
     }
     if (dst->dtype == MT_F32 && value == 0.0 && mt_is_contiguous(dst)) {
         memset(mt_tensor_data(dst), 0, (size_t)dst->numel * 4);

@@ -6,7 +6,8 @@
 
 /* element sizes, inlined here: this runs for every kernel call */
 static const int8_t elem_size[MT_DTYPE_COUNT] = {
-    [MT_F32] = 4, [MT_F16] = 2, [MT_BF16] = 2, [MT_F64] = 8, [MT_I64] = 8, [MT_I32] = 4, [MT_BOOL] = 1,
+    [MT_F32] = 4, [MT_F16] = 2, [MT_BF16] = 2, [MT_F64] = 8,
+    [MT_I64] = 8, [MT_I32] = 4, [MT_BOOL] = 1,
 };
 
 static bool contiguous(const mt_tensor *t) {
@@ -50,7 +51,8 @@ void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts) {
             if (merge) {
                 it->shape[nd - 1] *= t0->shape[d];
                 for (int k = 0; k < nops; k++)
-                    it->strides[k][nd - 1] = ts[k]->strides[d] * (int64_t)mt_dtype_size(ts[k]->dtype);
+                    it->strides[k][nd - 1] =
+                        ts[k]->strides[d] * (int64_t)mt_dtype_size(ts[k]->dtype);
                 continue;
             }
         }

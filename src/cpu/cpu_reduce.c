@@ -25,9 +25,9 @@
 #endif
 #include "cpu_vec.h"
 
-#define CONV      512  /* conversion buffer for strided or low-precision runs */
-#define COLW      256  /* column-mode chunk width */
-#define COL_FLUSH 256  /* column-mode FP32 adds per lane before flushing to double */
+#define CONV      512 /* conversion buffer for strided or low-precision runs */
+#define COLW      256 /* column-mode chunk width */
+#define COL_FLUSH 256 /* column-mode FP32 adds per lane before flushing to double */
 
 typedef struct {
     mt_op_id op;

@@ -16,8 +16,10 @@ static void probe(void) {
     device_count = 0;
 #ifdef MT_HAVE_CUDA_RUNTIME
     int n = 0;
-    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) device_count = n;
-    else (void)cudaGetLastError(); /* clear the sticky runtime error */
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0)
+        device_count = n;
+    else
+        (void)cudaGetLastError(); /* clear the sticky runtime error */
 #endif
 }
 
@@ -34,4 +36,6 @@ bool mt_cuda_available(void) {
 #endif
 }
 
-int mt_cuda_device_count(void) { return mt_cuda_available() ? mt_cuda_runtime_device_count() : 0; }
+int mt_cuda_device_count(void) {
+    return mt_cuda_available() ? mt_cuda_runtime_device_count() : 0;
+}

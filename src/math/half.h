@@ -26,7 +26,9 @@ MT_HD uint16_t mt_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-MT_HD float mt_bf16_to_f32(uint16_t h) { return mt_bits_f32((uint32_t)h << 16); }
+MT_HD float mt_bf16_to_f32(uint16_t h) {
+    return mt_bits_f32((uint32_t)h << 16);
+}
 
 MT_HD uint16_t mt_f32_to_f16(float f) {
     uint32_t u = mt_f32_bits(f);

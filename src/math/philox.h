@@ -37,7 +37,9 @@ MT_HD mt_philox_block mt_philox4x32(uint64_t counter, uint64_t seed) {
 }
 
 /* Uniform in [0, 1) with 24 random bits (exactly representable in FP32). */
-MT_HD float mt_uint_to_unit_float(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+MT_HD float mt_uint_to_unit_float(uint32_t x) {
+    return (float)(x >> 8) * (1.0f / 16777216.0f);
+}
 
 /* Element i of a uniform draw. */
 MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {

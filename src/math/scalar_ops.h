@@ -59,8 +59,12 @@ MT_HD float mt_expv_f(float x) {
 }
 
 /* mask ? a : b on bit patterns, mask all ones or all zeros */
-MT_HD uint32_t mt_blend(uint32_t mask, uint32_t a, uint32_t b) { return (a & mask) | (b & ~mask); }
-MT_HD uint32_t mt_mask(int cond) { return 0u - (uint32_t)(cond != 0); }
+MT_HD uint32_t mt_blend(uint32_t mask, uint32_t a, uint32_t b) {
+    return (a & mask) | (b & ~mask);
+}
+MT_HD uint32_t mt_mask(int cond) {
+    return 0u - (uint32_t)(cond != 0);
+}
 
 /* tanh for float, vectorisable: below |x| = 0.625 an odd polynomial (Cephes tanhf), above
    1 - 2 / (exp(2|x|) + 1) with the sign put back. Within 2 ulp; NaN stays NaN. */
@@ -88,7 +92,7 @@ MT_HD float mt_logv_f(float x) {
     uint32_t u = mt_blend(sub, mt_f32_bits(x * 8388608.0f), ux);
     int32_t e = (int32_t)((u >> 23) & 0xffu) - 126 - (int32_t)(sub & 23u);
     uint32_t um = (u & 0x007fffffu) | 0x3f000000u; /* m in [0.5, 1) */
-    uint32_t lo = mt_mask(um < 0x3f3504f3u);        /* m < sqrt(1/2): use 2m and e - 1 */
+    uint32_t lo = mt_mask(um < 0x3f3504f3u);       /* m < sqrt(1/2): use 2m and e - 1 */
     float m = mt_bits_f32(um);
     float f = mt_bits_f32(mt_blend(lo, mt_f32_bits(m + m - 1.0f), mt_f32_bits(m - 1.0f)));
     float fe = (float)(e - (int32_t)(lo & 1u));
@@ -107,8 +111,8 @@ MT_HD float mt_logv_f(float x) {
     y = MT_FMAF(z, -0.5f, y);
     float r = MT_FMAF(fe, 0.693359375f, f + y);
     uint32_t ur = mt_f32_bits(r);
-    ur = mt_blend(mt_mask((ux & 0x7fffffffu) == 0u), 0xff800000u, ur); /* +-0: -inf */
-    ur = mt_blend(mt_mask(ux > 0x80000000u), 0x7fc00000u, ur);         /* x < 0: NaN */
+    ur = mt_blend(mt_mask((ux & 0x7fffffffu) == 0u), 0xff800000u, ur);        /* +-0: -inf */
+    ur = mt_blend(mt_mask(ux > 0x80000000u), 0x7fc00000u, ur);                /* x < 0: NaN */
     ur = mt_blend(mt_mask((ux >= 0x7f800000u) & (ux < 0x80000000u)), ux, ur); /* inf, NaN */
     return mt_bits_f32(ur);
 }
@@ -155,15 +159,27 @@ MT_HD float mt_erfcv_f(float x) {
     return mt_bits_f32(mt_blend(mt_mask(ua > 0x7f800000u), ux, r));
 }
 
-#define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERFC, TANH, FABS, POW)                             \
-    MT_HD T mt_relu_##S(T x) { return x < (T)0 ? (T)0 : x; } /* NaN propagates */                  \
-    MT_HD T mt_sigmoid_##S(T x) { return (T)1 / ((T)1 + EXP(-x)); }                                \
-    MT_HD T mt_tanh_##S(T x) { return TANH(x); }                                                   \
-    MT_HD T mt_sign_##S(T x) { return (T)((x > (T)0) - (x < (T)0)); }                              \
-    MT_HD T mt_rsqrt_##S(T x) { return (T)1 / SQRT(x); }                                           \
-    /* gelu(x) = x * Phi(x), Phi the normal CDF (torch's approximate='none'), written with     \
-       erfc, Phi(x) = erfc(-x / sqrt 2) / 2, which keeps its precision for negative x */        \
-    MT_HD T mt_gelu_##S(T x) { return (T)0.5 * x * ERFC(x * (T)-0.70710678118654752440); }       \
+#define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERFC, TANH, FABS, POW)                            \
+    MT_HD T mt_relu_##S(T x) {                                                                     \
+        return x < (T)0 ? (T)0 : x;                                                                \
+    } /* NaN propagates */                                                                         \
+    MT_HD T mt_sigmoid_##S(T x) {                                                                  \
+        return (T)1 / ((T)1 + EXP(-x));                                                            \
+    }                                                                                              \
+    MT_HD T mt_tanh_##S(T x) {                                                                     \
+        return TANH(x);                                                                            \
+    }                                                                                              \
+    MT_HD T mt_sign_##S(T x) {                                                                     \
+        return (T)((x > (T)0) - (x < (T)0));                                                       \
+    }                                                                                              \
+    MT_HD T mt_rsqrt_##S(T x) {                                                                    \
+        return (T)1 / SQRT(x);                                                                     \
+    }                                                                                              \
+    /* gelu(x) = x * Phi(x), Phi the normal CDF (torch's approximate='none'), written with         \
+       erfc, Phi(x) = erfc(-x / sqrt 2) / 2, which keeps its precision for negative x */           \
+    MT_HD T mt_gelu_##S(T x) {                                                                     \
+        return (T)0.5 * x * ERFC(x * (T)-0.70710678118654752440);                                  \
+    }                                                                                              \
     MT_HD T mt_gelu_grad_##S(T x) {                                                                \
         T cdf = (T)0.5 * ERFC(x * (T)-0.70710678118654752440);                                     \
         T pdf = EXP((T)-0.5 * x * x) * (T)0.39894228040143267794;                                  \
@@ -172,7 +188,7 @@ MT_HD float mt_erfcv_f(float x) {
     /* approximate='tanh': 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */                      \
     MT_HD T mt_gelu_tanh_##S(T x) {                                                                \
         T inner = (T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x);                       \
-        return (T)0.5 * x * ((T)1 + TANH(inner));                                                 \
+        return (T)0.5 * x * ((T)1 + TANH(inner));                                                  \
     }                                                                                              \
     MT_HD T mt_gelu_tanh_grad_##S(T x) {                                                           \
         T inner = (T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x);                       \
@@ -180,13 +196,27 @@ MT_HD float mt_erfcv_f(float x) {
         T dinner = (T)0.79788456080286535588 * ((T)1 + (T)3 * (T)0.044715 * x * x);                \
         return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * dinner;                         \
     }                                                                                              \
-    MT_HD T mt_exp_##S(T x) { return EXP(x); }                                                     \
-    MT_HD T mt_log_##S(T x) { return LOG(x); }                                                     \
-    MT_HD T mt_sqrt_##S(T x) { return SQRT(x); }                                                   \
-    MT_HD T mt_abs_##S(T x) { return FABS(x); }                                                    \
-    MT_HD T mt_pow_##S(T x, T y) { return POW(x, y); }                                             \
-    MT_HD T mt_max2_##S(T x, T y) { return (x > y || x != x) ? x : y; } /* NaN propagates */      \
-    MT_HD T mt_min2_##S(T x, T y) { return (x < y || x != x) ? x : y; }
+    MT_HD T mt_exp_##S(T x) {                                                                      \
+        return EXP(x);                                                                             \
+    }                                                                                              \
+    MT_HD T mt_log_##S(T x) {                                                                      \
+        return LOG(x);                                                                             \
+    }                                                                                              \
+    MT_HD T mt_sqrt_##S(T x) {                                                                     \
+        return SQRT(x);                                                                            \
+    }                                                                                              \
+    MT_HD T mt_abs_##S(T x) {                                                                      \
+        return FABS(x);                                                                            \
+    }                                                                                              \
+    MT_HD T mt_pow_##S(T x, T y) {                                                                 \
+        return POW(x, y);                                                                          \
+    }                                                                                              \
+    MT_HD T mt_max2_##S(T x, T y) {                                                                \
+        return (x > y || x != x) ? x : y;                                                          \
+    } /* NaN propagates */                                                                         \
+    MT_HD T mt_min2_##S(T x, T y) {                                                                \
+        return (x < y || x != x) ? x : y;                                                          \
+    }
 
 /* float: the vectorisable versions above; double: libm */
 MT_SCALAR_FORMULAS(float, f, mt_expv_f, mt_logv_f, sqrtf, mt_erfcv_f, mt_tanhv_f, fabsf, powf)

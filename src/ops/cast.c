@@ -29,7 +29,8 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
     if (dev.type == t->device.type && dev.index == t->device.index) {
         rc = mt_backend_get(dev)->copy(out, t);
     } else if (t->device.type == MT_DEVICE_CPU) { /* host -> device */
-        mt_tensor *src = mt_is_contiguous(t) && t->dtype == dt ? mt_retain(t) : copy_as(op, t, dt, MT_CPU, NULL);
+        mt_tensor *src =
+            mt_is_contiguous(t) && t->dtype == dt ? mt_retain(t) : copy_as(op, t, dt, MT_CPU, NULL);
         rc = src ? mt_backend_get(dev)->upload(out, mt_tensor_data(src)) : MT_ERR_OOM;
         mt_release(src);
     } else if (dev.type == MT_DEVICE_CPU) { /* device -> host */
@@ -73,7 +74,8 @@ mt_tensor *mt_cast(mt_tensor *t, mt_dtype dt) {
 mt_tensor *mt_to(mt_tensor *t, mt_device dev) {
     if (!t) return NULL;
     mt_api_enter();
-    if (t->device.type == dev.type && t->device.index == dev.index) return mt_api_exit(mt_retain(t));
+    if (t->device.type == dev.type && t->device.index == dev.index)
+        return mt_api_exit(mt_retain(t));
     if (!mt_backend_for("mt_to", dev)) return mt_api_exit(NULL);
     mt_tensor *out = copy_as(MT_OP_TO, t, t->dtype, dev, to_backward);
     return mt_api_exit(out);

@@ -16,7 +16,8 @@ int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cas
     mt_dtype widest = MT_DTYPE_COUNT;
     for (int i = 0; i < n; i++) {
         if (!in[i] || !mt_dtype_is_floating(in[i]->dtype)) continue;
-        widest = widest == MT_DTYPE_COUNT ? in[i]->dtype : mt_promote_floating(widest, in[i]->dtype);
+        widest =
+            widest == MT_DTYPE_COUNT ? in[i]->dtype : mt_promote_floating(widest, in[i]->dtype);
     }
     if (widest == MT_DTYPE_COUNT) { /* no floating input: nothing to cast */
         for (int i = 0; i < n; i++) cast[i] = mt_retain(in[i]);

@@ -93,7 +93,9 @@ static int minmax_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return rc;
 }
 
-static int neg_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) { return give(n, 0, mt_neg(g), gi); }
+static int neg_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
+    return give(n, 0, mt_neg(g), gi);
+}
 static int exp_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return give(n, 0, mt_mul(g, n->saved[0]), gi); /* saved output */
 }
@@ -178,8 +180,10 @@ static int dispatch(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **c, boo
         bool same = true;
         for (int i = 0; i < n; i++) {
             if (!mt_dtype_is_floating(in[i]->dtype)) continue;
-            if (widest == MT_DTYPE_COUNT) widest = in[i]->dtype;
-            else same = same && in[i]->dtype == widest;
+            if (widest == MT_DTYPE_COUNT)
+                widest = in[i]->dtype;
+            else
+                same = same && in[i]->dtype == widest;
         }
         if (same) {
             for (int i = 0; i < n; i++) c[i] = in[i];
@@ -195,18 +199,27 @@ static void dispatch_release(mt_tensor **c, int n, bool owned) {
     if (owned) mt_dispatch_release(c, n);
 }
 
-static bool is_compare(mt_op_id op) { return op >= MT_OP_EQ && op <= MT_OP_GE; }
+static bool is_compare(mt_op_id op) {
+    return op >= MT_OP_EQ && op <= MT_OP_GE;
+}
 
 static mt_backward_fn binary_backward_fn(mt_op_id op) {
     switch (op) {
-    case MT_OP_ADD: return add_backward;
-    case MT_OP_SUB: return sub_backward;
-    case MT_OP_MUL: return mul_backward;
-    case MT_OP_DIV: return div_backward;
-    case MT_OP_POW: return pow_backward;
+    case MT_OP_ADD:
+        return add_backward;
+    case MT_OP_SUB:
+        return sub_backward;
+    case MT_OP_MUL:
+        return mul_backward;
+    case MT_OP_DIV:
+        return div_backward;
+    case MT_OP_POW:
+        return pow_backward;
     case MT_OP_MAXIMUM:
-    case MT_OP_MINIMUM: return minmax_backward;
-    default: return NULL; /* comparisons and backward kernels */
+    case MT_OP_MINIMUM:
+        return minmax_backward;
+    default:
+        return NULL; /* comparisons and backward kernels */
     }
 }
 
@@ -228,7 +241,8 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     if (mt_check_same_device(name, a, b) < 0) return NULL;
     int nd;
     int64_t shape[MT_MAX_DIMS];
-    if (mt_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape) < 0) return NULL;
+    if (mt_broadcast_shapes(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape) < 0)
+        return NULL;
     mt_tensor *in[2] = {a, b}, *c[2];
     bool owned;
     int compute = dispatch(op, in, 2, c, &owned);
@@ -241,8 +255,7 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
         rc = MT_ERR_OOM;
     if (rc == 0 && !mt_same_shape(c[1], out) && !(eb = mt_tensor_expand_to(c[1], nd, shape)))
         rc = MT_ERR_OOM;
-    if (rc == 0)
-        rc = mt_backend_get(a->device)->binary(op, out, ea ? ea : c[0], eb ? eb : c[1]);
+    if (rc == 0) rc = mt_backend_get(a->device)->binary(op, out, ea ? ea : c[0], eb ? eb : c[1]);
     mt_release(ea);
     mt_release(eb);
     mt_backward_fn bw = binary_backward_fn(op);
@@ -266,36 +279,61 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
 
 static mt_backward_fn unary_backward_fn(mt_op_id op) {
     switch (op) {
-    case MT_OP_NEG: return neg_backward;
-    case MT_OP_EXP: return exp_backward;
-    case MT_OP_LOG: return log_backward;
-    case MT_OP_SQRT: return sqrt_backward;
-    case MT_OP_RSQRT: return rsqrt_backward;
-    case MT_OP_ABS: return abs_backward;
-    case MT_OP_SIGN: return sign_backward;
+    case MT_OP_NEG:
+        return neg_backward;
+    case MT_OP_EXP:
+        return exp_backward;
+    case MT_OP_LOG:
+        return log_backward;
+    case MT_OP_SQRT:
+        return sqrt_backward;
+    case MT_OP_RSQRT:
+        return rsqrt_backward;
+    case MT_OP_ABS:
+        return abs_backward;
+    case MT_OP_SIGN:
+        return sign_backward;
     case MT_OP_RELU:
     case MT_OP_GELU:
     case MT_OP_GELU_TANH:
     case MT_OP_SIGMOID:
-    case MT_OP_TANH: return fused_backward;
-    case MT_OP_ADD_SCALAR: return add_scalar_backward;
-    case MT_OP_MUL_SCALAR: return mul_scalar_backward;
-    case MT_OP_RSUB_SCALAR: return rsub_scalar_backward;
-    case MT_OP_RDIV_SCALAR: return rdiv_scalar_backward;
-    case MT_OP_POW_SCALAR: return pow_scalar_backward;
-    default: return NULL;
+    case MT_OP_TANH:
+        return fused_backward;
+    case MT_OP_ADD_SCALAR:
+        return add_scalar_backward;
+    case MT_OP_MUL_SCALAR:
+        return mul_scalar_backward;
+    case MT_OP_RSUB_SCALAR:
+        return rsub_scalar_backward;
+    case MT_OP_RDIV_SCALAR:
+        return rdiv_scalar_backward;
+    case MT_OP_POW_SCALAR:
+        return pow_scalar_backward;
+    default:
+        return NULL;
     }
 }
 
 /* Which tensor the backward formula needs: 1 = input, 2 = output, 3 = both. */
 static int unary_saves(mt_op_id op) {
     switch (op) {
-    case MT_OP_EXP: case MT_OP_SQRT: case MT_OP_RSQRT: case MT_OP_RELU: case MT_OP_SIGMOID:
-    case MT_OP_TANH: return 2;
-    case MT_OP_LOG: case MT_OP_ABS: case MT_OP_GELU: case MT_OP_GELU_TANH: case MT_OP_POW_SCALAR:
+    case MT_OP_EXP:
+    case MT_OP_SQRT:
+    case MT_OP_RSQRT:
+    case MT_OP_RELU:
+    case MT_OP_SIGMOID:
+    case MT_OP_TANH:
+        return 2;
+    case MT_OP_LOG:
+    case MT_OP_ABS:
+    case MT_OP_GELU:
+    case MT_OP_GELU_TANH:
+    case MT_OP_POW_SCALAR:
         return 1;
-    case MT_OP_RDIV_SCALAR: return 3;
-    default: return 0;
+    case MT_OP_RDIV_SCALAR:
+        return 3;
+    default:
+        return 0;
     }
 }
 

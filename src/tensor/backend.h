@@ -16,10 +16,10 @@ typedef struct {
     mt_optim_kind kind;
     int n;
     mt_tensor *const *params;
-    mt_tensor *const *grads;   /* entries may be NULL: that param is skipped */
-    mt_tensor *const *masters; /* NULL, or entries NULL for params without a master */
-    mt_tensor *const *moment1; /* momentum buffer / Adam m (FP32, or F64 for F64 params) */
-    mt_tensor *const *moment2; /* Adam v */
+    mt_tensor *const *grads;    /* entries may be NULL: that param is skipped */
+    mt_tensor *const *masters;  /* NULL, or entries NULL for params without a master */
+    mt_tensor *const *moment1;  /* momentum buffer / Adam m (FP32, or F64 for F64 params) */
+    mt_tensor *const *moment2;  /* Adam v */
     const mt_tensor *found_inf; /* F32 scalar on the device, or NULL */
     const mt_tensor *inv_scale; /* F32 scalar, or NULL */
     mt_tensor *step_count;      /* F32 scalar: Adam's step, incremented when not skipped */

@@ -3,8 +3,9 @@
 
 int mt_check_floating(const char *op, int arg, const mt_tensor *t) {
     if (mt_dtype_is_floating(t->dtype)) return 0;
-    return mt_error_set(MT_ERR_DTYPE, "%s: arg %d: dtype %s is not a floating dtype (f32, f64, f16, bf16)",
-                        op, arg, mt_dtype_name(t->dtype));
+    return mt_error_set(MT_ERR_DTYPE,
+                        "%s: arg %d: dtype %s is not a floating dtype (f32, f64, f16, bf16)", op,
+                        arg, mt_dtype_name(t->dtype));
 }
 
 int mt_check_same_device(const char *op, const mt_tensor *a, const mt_tensor *b) {

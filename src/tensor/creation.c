@@ -4,8 +4,8 @@
 #include "backend.h"
 #include "tensor_impl.h"
 
-static mt_tensor *filled(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
-                         mt_device dev, double value) {
+static mt_tensor *filled(const char *op, int ndim, const int64_t *shape, mt_dtype dt, mt_device dev,
+                         double value) {
     if (ndim > 0 && !shape) {
         mt_error_set(MT_ERR_NULL, "%s: arg 2: shape is NULL", op);
         return NULL;

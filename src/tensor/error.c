@@ -18,8 +18,12 @@ int mt_error_set(mt_status status, const char *fmt, ...) {
     return (int)status;
 }
 
-mt_status mt_last_status(void) { return err_status; }
-const char *mt_last_error(void) { return err_status == MT_OK ? "" : err_msg; }
+mt_status mt_last_status(void) {
+    return err_status;
+}
+const char *mt_last_error(void) {
+    return err_status == MT_OK ? "" : err_msg;
+}
 
 void mt_clear_error(void) {
     err_status = MT_OK;
@@ -28,16 +32,26 @@ void mt_clear_error(void) {
 
 const char *mt_status_name(mt_status s) {
     switch (s) {
-    case MT_OK: return "ok";
-    case MT_ERR_INVALID: return "invalid argument";
-    case MT_ERR_SHAPE: return "shape mismatch";
-    case MT_ERR_DTYPE: return "dtype not supported";
-    case MT_ERR_DEVICE: return "device mismatch or unavailable";
-    case MT_ERR_OOM: return "out of memory";
-    case MT_ERR_STATE: return "invalid state";
-    case MT_ERR_UNSUPPORTED: return "unsupported";
-    case MT_ERR_NULL: return "NULL argument";
-    case MT_ERR_INTERNAL: return "internal error";
+    case MT_OK:
+        return "ok";
+    case MT_ERR_INVALID:
+        return "invalid argument";
+    case MT_ERR_SHAPE:
+        return "shape mismatch";
+    case MT_ERR_DTYPE:
+        return "dtype not supported";
+    case MT_ERR_DEVICE:
+        return "device mismatch or unavailable";
+    case MT_ERR_OOM:
+        return "out of memory";
+    case MT_ERR_STATE:
+        return "invalid state";
+    case MT_ERR_UNSUPPORTED:
+        return "unsupported";
+    case MT_ERR_NULL:
+        return "NULL argument";
+    case MT_ERR_INTERNAL:
+        return "internal error";
     }
     return "unknown status";
 }

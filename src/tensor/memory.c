@@ -17,13 +17,25 @@ void mt_mem_account(int64_t delta) {
     while (now > peak && !atomic_compare_exchange_weak(&peak_bytes, &peak, now)) {
     }
 }
-void mt_tensor_count(int delta) { atomic_fetch_add(&live_tensors, delta); }
+void mt_tensor_count(int delta) {
+    atomic_fetch_add(&live_tensors, delta);
+}
 
-int64_t mt_live_tensors(void) { return atomic_load(&live_tensors); }
-int64_t mt_live_bytes(void) { return atomic_load(&live_bytes); }
-int64_t mt_peak_bytes(void) { return atomic_load(&peak_bytes); }
-void mt_peak_bytes_reset(void) { atomic_store(&peak_bytes, atomic_load(&live_bytes)); }
-void mt_debug_set_alloc_limit(size_t bytes) { atomic_store(&alloc_limit, bytes); }
+int64_t mt_live_tensors(void) {
+    return atomic_load(&live_tensors);
+}
+int64_t mt_live_bytes(void) {
+    return atomic_load(&live_bytes);
+}
+int64_t mt_peak_bytes(void) {
+    return atomic_load(&peak_bytes);
+}
+void mt_peak_bytes_reset(void) {
+    atomic_store(&peak_bytes, atomic_load(&live_bytes));
+}
+void mt_debug_set_alloc_limit(size_t bytes) {
+    atomic_store(&alloc_limit, bytes);
+}
 
 /* --- block cache: blocks of at least CACHE_MIN bytes are kept on free, up to CACHE_MAX
    bytes in all, and handed out again for a request of the same rounded size. */
@@ -38,7 +50,9 @@ static cached_block cache[CACHE_SLOTS];
 static size_t cache_bytes;
 static mtx_t cache_lock;
 static once_flag cache_once = ONCE_FLAG_INIT;
-static void cache_init(void) { mtx_init(&cache_lock, mtx_plain); }
+static void cache_init(void) {
+    mtx_init(&cache_lock, mtx_plain);
+}
 
 /* Under AddressSanitizer every block goes back to the allocator so use-after-free is seen. */
 #if defined(__SANITIZE_ADDRESS__)
@@ -89,8 +103,8 @@ static void small_free(void *p) {
 /* Tiny blocks (up to TINY_MAX bytes, 64-byte classes) are recycled through per-thread free
    lists, so a tiny op's output costs a list pop rather than a malloc/free pair. Bounded per
    class, drained when the thread exits, off under AddressSanitizer like the block cache. */
-#define TINY_MAX   1024
-#define TINY_KEEP  32 /* blocks kept per class and thread */
+#define TINY_MAX  1024
+#define TINY_KEEP 32 /* blocks kept per class and thread */
 typedef struct tiny_block {
     struct tiny_block *next;
 } tiny_block;
@@ -115,7 +129,9 @@ static void tiny_drain(void *arg) {
         l->n[c] = 0;
     }
 }
-static void tiny_init(void) { tiny_key_ok = tss_create(&tiny_key, tiny_drain) == thrd_success; }
+static void tiny_init(void) {
+    tiny_key_ok = tss_create(&tiny_key, tiny_drain) == thrd_success;
+}
 
 static void *tiny_alloc(size_t size) {
     int c = (int)(size / 64) - 1;
@@ -190,7 +206,10 @@ void mt_host_free(void *p, size_t nbytes) {
         }
         mtx_unlock(&cache_lock);
     }
-    if (CACHE_ENABLED && size <= TINY_MAX) tiny_free(p, size);
-    else if (size < CACHE_MIN) small_free(p);
-    else free(p);
+    if (CACHE_ENABLED && size <= TINY_MAX)
+        tiny_free(p, size);
+    else if (size < CACHE_MIN)
+        small_free(p);
+    else
+        free(p);
 }

@@ -12,7 +12,7 @@ typedef enum {
 
 typedef enum { MT_RULE_NONE, MT_RULE_LOWER, MT_RULE_FP32, MT_RULE_PROMOTE } mt_amp_rule;
 
-const char *mt_op_name(mt_op_id op);   /* "add" */
+const char *mt_op_name(mt_op_id op); /* "add" */
 mt_amp_rule mt_op_rule(mt_op_id op);
 /* The op whose table name is `name`, or -1. */
 int mt_op_lookup(const char *name);

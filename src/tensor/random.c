@@ -7,7 +7,9 @@ static uint64_t rng_seed = 0x5eed5eedULL;
 static uint64_t rng_offset;
 static mtx_t rng_lock;
 static once_flag rng_once = ONCE_FLAG_INIT;
-static void rng_init(void) { mtx_init(&rng_lock, mtx_plain); }
+static void rng_init(void) {
+    mtx_init(&rng_lock, mtx_plain);
+}
 
 void mt_manual_seed(uint64_t seed) {
     call_once(&rng_once, rng_init);

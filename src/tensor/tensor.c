@@ -15,7 +15,9 @@ static const char *const dtype_names[MT_DTYPE_COUNT] = {
     [MT_I64] = "i64", [MT_I32] = "i32", [MT_BOOL] = "bool",
 };
 
-size_t mt_dtype_size(mt_dtype dt) { return (unsigned)dt < MT_DTYPE_COUNT ? dtype_sizes[dt] : 0; }
+size_t mt_dtype_size(mt_dtype dt) {
+    return (unsigned)dt < MT_DTYPE_COUNT ? dtype_sizes[dt] : 0;
+}
 const char *mt_dtype_name(mt_dtype dt) {
     return (unsigned)dt < MT_DTYPE_COUNT ? dtype_names[dt] : "invalid-dtype";
 }
@@ -77,7 +79,9 @@ static void pools_drain(void *arg) {
         hp->n[k] = 0;
     }
 }
-static void pools_init(void) { pools_key_ok = tss_create(&pools_key, pools_drain) == thrd_success; }
+static void pools_init(void) {
+    pools_key_ok = tss_create(&pools_key, pools_drain) == thrd_success;
+}
 
 static void *pool_get(int k, size_t size) {
     pool_obj *o = pools.head[k];
@@ -251,12 +255,24 @@ void mt_release(mt_tensor *t) {
 }
 
 /* ---- accessors */
-mt_dtype mt_dtype_of(const mt_tensor *t) { return t ? t->dtype : MT_F32; }
-mt_device mt_device_of(const mt_tensor *t) { return t ? t->device : MT_CPU; }
-int mt_ndim(const mt_tensor *t) { return t ? t->ndim : -1; }
-int64_t mt_numel(const mt_tensor *t) { return t ? t->numel : -1; }
-const int64_t *mt_shape(const mt_tensor *t) { return t ? t->shape : NULL; }
-const int64_t *mt_strides(const mt_tensor *t) { return t ? t->strides : NULL; }
+mt_dtype mt_dtype_of(const mt_tensor *t) {
+    return t ? t->dtype : MT_F32;
+}
+mt_device mt_device_of(const mt_tensor *t) {
+    return t ? t->device : MT_CPU;
+}
+int mt_ndim(const mt_tensor *t) {
+    return t ? t->ndim : -1;
+}
+int64_t mt_numel(const mt_tensor *t) {
+    return t ? t->numel : -1;
+}
+const int64_t *mt_shape(const mt_tensor *t) {
+    return t ? t->shape : NULL;
+}
+const int64_t *mt_strides(const mt_tensor *t) {
+    return t ? t->strides : NULL;
+}
 
 int64_t mt_dim(const mt_tensor *t, int i) {
     if (!t) return -1;
@@ -288,9 +304,10 @@ void *mt_data_ptr(const mt_tensor *t) {
 int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out) {
     int lo = ndim ? -ndim : -1, hi = ndim ? ndim - 1 : 0;
     if (dim < lo || dim > hi)
-        return mt_error_set(MT_ERR_INVALID,
-                            "%s: arg %d: dim %d is out of range for a %d-d tensor (expected %d..%d)",
-                            op, arg, dim, ndim, lo, hi);
+        return mt_error_set(
+            MT_ERR_INVALID,
+            "%s: arg %d: dim %d is out of range for a %d-d tensor (expected %d..%d)", op, arg, dim,
+            ndim, lo, hi);
     *out = dim < 0 ? dim + (ndim ? ndim : 1) : dim;
     return 0;
 }
@@ -312,10 +329,10 @@ int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const
         int64_t db = i < n - nb ? 1 : sb[i - (n - nb)];
         if (da != db && da != 1 && db != 1) {
             char ba[MT_SHAPE_BUF], bb[MT_SHAPE_BUF];
-            return mt_error_set(MT_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)",
-                                op, mt_dims_str(na, sa, ba, sizeof ba),
-                                mt_dims_str(nb, sb, bb, sizeof bb), i, (long long)da,
-                                (long long)db);
+            return mt_error_set(
+                MT_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
+                mt_dims_str(na, sa, ba, sizeof ba), mt_dims_str(nb, sb, bb, sizeof bb), i,
+                (long long)da, (long long)db);
         }
         out[i] = da == 1 ? db : da;
     }
