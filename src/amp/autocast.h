@@ -1,6 +1,7 @@
 /* Autocast internals used by the op dispatcher (src/ops/dispatch.c). */
 #ifndef MT_AMP_AUTOCAST_H
 #define MT_AMP_AUTOCAST_H
+#include <stdatomic.h>
 #include "../tensor/op_table.h"
 #include "../tensor/tensor_impl.h"
 
@@ -13,8 +14,10 @@ bool mt_autocast_active(void);
    requires grad is cached until the outermost region ends (src/amp/cast_cache.c). */
 mt_tensor *mt_autocast_cast(mt_tensor *t, mt_dtype dt);
 void mt_cast_cache_clear(void);
-/* Hooks the dispatcher calls after an op ran (src/amp/stats.c); cheap when disabled. */
-extern bool mt_amp_stats_on, mt_amp_check_on;
+/* Hooks the dispatcher calls after an op ran (src/amp/stats.c); cheap when disabled. The
+   switches are atomic because any thread may flip them while others run ops; relaxed loads
+   compile to plain loads, so the per-op cost stays one branch each. */
+extern atomic_bool mt_amp_stats_on, mt_amp_check_on;
 void mt_amp_stats_record(mt_op_id op, mt_dtype compute);
 void mt_amp_check_output(mt_op_id op, const mt_tensor *out, mt_tensor *const *inputs, int n);
 #endif

@@ -7,7 +7,7 @@
 #include "../tensor/backend.h"
 #include "autocast.h"
 
-bool mt_amp_stats_on, mt_amp_check_on;
+atomic_bool mt_amp_stats_on, mt_amp_check_on;
 
 /* ------------------------------------------------------------------ statistics */
 
@@ -19,7 +19,7 @@ void mt_amp_stats_record(mt_op_id op, mt_dtype compute) {
 }
 
 void mt_amp_stats_enable(bool on) {
-    mt_amp_stats_on = on;
+    atomic_store_explicit(&mt_amp_stats_on, on, memory_order_relaxed);
 }
 
 void mt_amp_stats_reset(void) {
@@ -90,7 +90,7 @@ static _Thread_local bool failed;
 static _Thread_local char report[512];
 
 void mt_amp_check_numerics(bool on) {
-    mt_amp_check_on = on;
+    atomic_store_explicit(&mt_amp_check_on, on, memory_order_relaxed);
 }
 bool mt_amp_numerics_failed(void) {
     return failed;

@@ -2,6 +2,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 #include "../math/half.h"
 #include "../math/philox.h"
@@ -9,16 +10,28 @@
 
 /* ---- threads: one setting for our OpenMP regions and OpenBLAS (the OpenMP build shares
    the same pool). */
-static int num_threads; /* 0: not set yet, use all cores */
+/* 0: not set yet, use all cores. Atomic because ops on any thread read it while another may
+   call mt_set_num_threads; relaxed loads are plain loads, so the hot path pays nothing. */
+static atomic_int num_threads;
 
 int mt_cpu_num_threads(void) {
-    if (num_threads <= 0) num_threads = omp_get_num_procs();
-    return num_threads;
+    int n = atomic_load_explicit(&num_threads, memory_order_relaxed);
+    if (n <= 0) {
+        /* first use: every racing thread computes the same value; a concurrent
+           mt_set_num_threads wins because the store below only replaces 0 */
+        int zero = 0, procs = omp_get_num_procs();
+        if (atomic_compare_exchange_strong_explicit(&num_threads, &zero, procs,
+                                                    memory_order_relaxed, memory_order_relaxed))
+            n = procs;
+        else
+            n = zero;
+    }
+    return n;
 }
 
 void mt_set_num_threads(int n) {
     if (n <= 0) n = omp_get_num_procs();
-    num_threads = n;
+    atomic_store_explicit(&num_threads, n, memory_order_relaxed);
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
 }

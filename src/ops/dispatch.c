@@ -1,15 +1,15 @@
-#include <stdio.h>
 #include "dispatch.h"
 
+/* Built at compile time from ops.def: a table filled lazily on first use would be written by
+   one thread while another reads it (a data race, even if every writer stores the same bytes). */
+static const char *const op_fullnames[MT_OP_COUNT] = {
+#define MT_OP(id, name, rule) [MT_OP_##id] = "mt_" #name,
+#include "../tensor/ops.def"
+#undef MT_OP
+};
+
 const char *mt_op_fullname(mt_op_id op) {
-    static const char *names[MT_OP_COUNT];
-    static char storage[MT_OP_COUNT][32];
-    if ((unsigned)op >= MT_OP_COUNT) return "mt_?";
-    if (!names[op]) { /* benign race: every thread writes the same bytes */
-        snprintf(storage[op], sizeof storage[op], "mt_%s", mt_op_name(op));
-        names[op] = storage[op];
-    }
-    return names[op];
+    return (unsigned)op < MT_OP_COUNT ? op_fullnames[op] : "mt_?";
 }
 
 int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cast) {

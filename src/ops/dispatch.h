@@ -21,8 +21,10 @@ void mt_dispatch_release(mt_tensor **cast, int n);
 int mt_dispatch_upcast_input(mt_op_id op, mt_tensor *t, mt_tensor **cast);
 static inline void mt_dispatch_done(mt_op_id op, mt_dtype compute, const mt_tensor *out,
                                     mt_tensor *const *in, int n) {
-    if (mt_amp_stats_on) mt_amp_stats_record(op, compute);
-    if (mt_amp_check_on && out) mt_amp_check_output(op, out, in, n);
+    if (atomic_load_explicit(&mt_amp_stats_on, memory_order_relaxed))
+        mt_amp_stats_record(op, compute);
+    if (atomic_load_explicit(&mt_amp_check_on, memory_order_relaxed) && out)
+        mt_amp_check_output(op, out, in, n);
 }
 /* "mt_add" from the op table, for messages. */
 const char *mt_op_fullname(mt_op_id op);
