@@ -913,6 +913,127 @@ static void test_low_precision_backward(void **state) {
     }
 }
 
+/* cast (through F32 and BF16 and back), clone and contiguous are differentiable copies: the
+   gradient comes back in the input's dtype and equals the cotangent. FD steps are large enough
+   that the low-precision rounding of x + eps stays small next to eps. */
+typedef struct {
+    int which;
+} copy_case;
+
+static mt_tensor *gc_copy(mt_tensor *const *in, void *vctx) {
+    const copy_case *c = vctx;
+    mt_tensor *x = in[0];
+    mt_tensor *xt = mt_transpose(x, 0, 1); /* non-contiguous */
+    switch (c->which) {
+    case 0:
+        return mt_mul(mt_cast(mt_cast(xt, MT_F32), MT_F64), xt);
+    case 1:
+        return mt_cast(mt_mul(mt_cast(x, MT_BF16), mt_cast(x, MT_BF16)), MT_F64);
+    case 2:
+        return mt_mul(mt_clone(xt), xt);
+    case 3:
+        return mt_mul(mt_contiguous(xt), mt_exp(xt));
+    case 4:
+        return mt_mul(mt_contiguous(x), x); /* already contiguous: x itself */
+    case 5:
+        return mt_mul(mt_cast(x, MT_F64), x); /* same dtype: x itself */
+    case 6:
+        return mt_mul(mt_to(x, MT_CPU), x); /* same device: x itself */
+    default:
+        return NULL;
+    }
+}
+
+static void test_gradcheck_copies(void **state) {
+    (void)state;
+    const mt_gradcheck_opts f32_opts = {.eps = 1e-3, .atol = 1e-3, .rtol = 1e-3};
+    const mt_gradcheck_opts bf16_opts = {.eps = 0.25, .atol = 0.1, .rtol = 0.05};
+    for (int w = 0; w <= 6; w++) {
+        copy_case c = {w};
+        mt_tensor *x = leaf(-2, 2, MT_SHAPE(3, 3));
+        const mt_gradcheck_opts *o = w == 0 ? &f32_opts : w == 1 ? &bf16_opts : NULL;
+        int rc = mt_gradcheck(gc_copy, &x, 1, &c, o);
+        if (rc != 0) fail_msg("copy case %d: %s", w, mt_last_error());
+        assert_no_error();
+        mt_release(x);
+    }
+    /* the gradient of a cast comes back in the input's dtype */
+    for (int d = 0; d < 4; d++) {
+        mt_dtype dt = all_float[d];
+        mt_tensor *x = make(dt, -1, 1, MT_SHAPE(2, 3));
+        mt_set_requires_grad(x, true);
+        mt_tensor *y = mt_cast(x, MT_F64), *z = mt_clone(y), *s = mt_sum_all(z);
+        assert_int_equal(mt_backward(s, NULL), 0);
+        mt_tensor *g = mt_grad(x);
+        assert_non_null(g);
+        assert_int_equal(mt_dtype_of(g), dt);
+        double one[6] = {1, 1, 1, 1, 1, 1};
+        assert_tensor_close(g, one, 6, 0, 0);
+        mt_release(g);
+        mt_release(s);
+        mt_release(z);
+        mt_release(y);
+        mt_release(x);
+    }
+}
+
+/* Every elementwise op names itself, the argument and the shapes or dtype in its errors. */
+static void test_errors_every_op(void **state) {
+    (void)state;
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU),
+              *b = mt_zeros(MT_SHAPE(4, 3), MT_F32, MT_CPU),
+              *i = mt_zeros(MT_SHAPE(2, 3), MT_I64, MT_CPU);
+    char want[96];
+    for (int k = 0; k < N_BINARY; k++) {
+        const binary_case *c = &binary_cases[k];
+        assert_null(c->fn(a, b));
+        snprintf(want, sizeof want, "mt_%s: shapes [2, 3] and [4, 3]", c->name);
+        assert_error(MT_ERR_SHAPE, want);
+        assert_null(c->fn(b, a));
+        assert_error(MT_ERR_SHAPE, "[4, 3] and [2, 3]");
+        if (c->compare) continue; /* comparisons accept integers */
+        assert_null(c->fn(i, a));
+        snprintf(want, sizeof want, "mt_%s: arg 1: dtype i64", c->name);
+        assert_error(MT_ERR_DTYPE, want);
+        assert_null(c->fn(a, i));
+        snprintf(want, sizeof want, "mt_%s: arg 2: dtype i64", c->name);
+        assert_error(MT_ERR_DTYPE, want);
+    }
+    for (int k = 0; k < N_UNARY; k++) {
+        const unary_case *c = &unary_cases[k];
+        assert_null(c->fn(i));
+        snprintf(want, sizeof want, "mt_%s: arg 1: dtype i64", c->name);
+        assert_error(MT_ERR_DTYPE, want);
+    }
+    const struct {
+        const char *name;
+        scalar_fn fn;
+    } scalars[] = {{"add_scalar", mt_add_scalar},
+                   {"mul_scalar", mt_mul_scalar},
+                   {"pow_scalar", mt_pow_scalar},
+                   {"rsub_scalar", mt_rsub_scalar},
+                   {"rdiv_scalar", mt_rdiv_scalar}};
+    for (size_t k = 0; k < sizeof scalars / sizeof *scalars; k++) {
+        assert_null(scalars[k].fn(i, 2.0));
+        snprintf(want, sizeof want, "mt_%s: arg 1: dtype i64", scalars[k].name);
+        assert_error(MT_ERR_DTYPE, want);
+    }
+    /* where: every pair of mismatched arguments */
+    mt_tensor *cond = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, MT_CPU);
+    mt_tensor *c4 = mt_zeros(MT_SHAPE(4, 3), MT_BOOL, MT_CPU);
+    assert_null(mt_where(c4, a, a));
+    assert_error(MT_ERR_SHAPE, "mt_where");
+    assert_null(mt_where(cond, a, b));
+    assert_error(MT_ERR_SHAPE, "mt_where");
+    assert_null(mt_where(cond, i, a));
+    assert_error(MT_ERR_DTYPE, "mt_where: arg 2");
+    mt_release(cond);
+    mt_release(c4);
+    mt_release(a);
+    mt_release(b);
+    mt_release(i);
+}
+
 /* ---- errors */
 static void test_errors(void **state) {
     (void)state;
@@ -989,7 +1110,9 @@ int main(void) {
         MT_TEST(test_gradcheck_unary),
         MT_TEST(test_gradcheck_where),
         MT_TEST(test_low_precision_backward),
+        MT_TEST(test_gradcheck_copies),
         MT_TEST(test_errors),
+        MT_TEST(test_errors_every_op),
     };
     return MT_RUN_TESTS(tests);
 }
