@@ -426,6 +426,40 @@ static void test_gradcheck_reductions(void **state) {
     free(x);
 }
 
+typedef struct {
+    int op;
+    bool transpose;
+} all_ctx;
+
+static mt_tensor *all_fn(mt_tensor *const *in, void *vctx) {
+    all_ctx *c = vctx;
+    mt_tensor *x = c->transpose ? mt_transpose(in[0], 0, -1) : in[0];
+    return c->op == SUM ? mt_sum_all(x) : c->op == MEAN ? mt_mean_all(x) : mt_max_all(x);
+}
+
+/* The whole-tensor reductions, contiguous and transposed, and on a 0-d input. */
+static void test_gradcheck_all_reductions(void **state) {
+    (void)state;
+    double *x = test_values(24);
+    for (int i = 0; i < 24; i++) x[i] += 0.001 * i; /* a unique maximum */
+    mt_tensor *t = mt_test_tensor(x, MT_F64, MT_SHAPE(2, 3, 4));
+    mt_tensor *z = mt_scalar(0.75, MT_F64, MT_CPU);
+    mt_set_requires_grad(t, true);
+    mt_set_requires_grad(z, true);
+    for (int op = SUM; op <= MAX; op++)
+        for (int tr = 0; tr < 2; tr++) {
+            all_ctx c = {op, tr};
+            int rc = mt_gradcheck(all_fn, &t, 1, &c, NULL);
+            if (rc) fail_msg("op %d transpose %d: %s", op, tr, mt_last_error());
+            c.transpose = false;
+            rc = mt_gradcheck(all_fn, &z, 1, &c, NULL);
+            if (rc) fail_msg("op %d on 0-d: %s", op, mt_last_error());
+        }
+    mt_release(z);
+    mt_release(t);
+    free(x);
+}
+
 /* ---------------------------------------------------------------- softmax */
 
 static void ref_softmax(const double *x, int nd, const int64_t *shape, int dim, bool lg,
@@ -628,6 +662,33 @@ static void test_errors(void **state) {
     assert_error(MT_ERR_DTYPE, "i64");
     assert_null(mt_softmax(i, 0));
     assert_error(MT_ERR_DTYPE, "mt_softmax");
+    /* every reduction names itself on a non-floating input */
+    mt_tensor *(*alls[])(mt_tensor *) = {mt_sum_all, mt_mean_all, mt_max_all};
+    /* (the whole-tensor forms currently report as mt_sum/mt_mean/mt_max: a prefix of both) */
+    const char *all_names[] = {"mt_sum", "mt_mean", "mt_max"};
+    for (int k = 0; k < 3; k++) {
+        assert_null(alls[k](i));
+        assert_int_equal(mt_last_status(), MT_ERR_DTYPE);
+        assert_non_null(strstr(mt_last_error(), "arg 1: dtype i64"));
+        assert_error(MT_ERR_DTYPE, all_names[k]);
+    }
+    assert_null(mt_sum(i, MT_DIMS(0), false));
+    assert_error(MT_ERR_DTYPE, "mt_sum: arg 1");
+    assert_null(mt_mean(i, MT_DIMS(0), true));
+    assert_error(MT_ERR_DTYPE, "mt_mean: arg 1");
+    assert_null(mt_max(i, MT_DIMS(0), false));
+    assert_error(MT_ERR_DTYPE, "mt_max: arg 1");
+    assert_null(mt_log_softmax(i, 0));
+    assert_error(MT_ERR_DTYPE, "mt_log_softmax: arg 1");
+    assert_null(mt_max(t, MT_DIMS(5), false));
+    assert_error(MT_ERR_INVALID, "mt_max: arg 3");
+    assert_null(mt_mean(t, MT_DIMS(0, -2), false));
+    assert_error(MT_ERR_INVALID, "mt_mean: arg 3");
+    /* softmax of a 0-d tensor accepts dim 0 and -1 only */
+    mt_tensor *z = mt_scalar(1, MT_F32, MT_CPU);
+    assert_null(mt_softmax(z, 1));
+    assert_error(MT_ERR_INVALID, "mt_softmax: arg 2");
+    mt_release(z);
     /* NULL in, NULL out, error untouched */
     assert_null(mt_sum(NULL, 0, NULL, false));
     assert_null(mt_softmax(NULL, 0));
@@ -675,6 +736,7 @@ int main(void) {
         MT_TEST(test_max_backward_ties),
         MT_TEST(test_max_nan_propagates),
         MT_TEST(test_gradcheck_reductions),
+        MT_TEST(test_gradcheck_all_reductions),
         MT_TEST(test_softmax_forward),
         MT_TEST(test_softmax_layouts_and_sizes),
         MT_TEST(test_softmax_stability),
