@@ -542,6 +542,68 @@ static void test_inplace_errors(void **state) {
     mt_release(i);
 }
 
+/* mt_to, mt_clone, mt_contiguous and mt_detach: values, sharing and the device error. */
+static void test_to_clone_detach(void **state) {
+    (void)state;
+    double v[6] = {1, -2, 3.5, 4, -5, 6};
+    mt_tensor *a = mt_from_data(v, MT_F64, MT_SHAPE(2, 3), MT_CPU);
+    mt_tensor *same = mt_to(a, MT_CPU);
+    assert_ptr_equal(same, a); /* same device: a new reference to a */
+    mt_release(same);
+    mt_tensor *t = mt_transpose(a, 0, 1), *c = mt_clone(t), *k = mt_contiguous(t);
+    mt_tensor *d = mt_detach(t);
+    double vt[6] = {1, 4, -2, -5, 3.5, 6};
+    assert_tensor_close(c, vt, 6, 0, 0);
+    assert_tensor_close(k, vt, 6, 0, 0);
+    assert_tensor_close(d, vt, 6, 0, 0);
+    assert_true(mt_is_contiguous(c) && mt_is_contiguous(k) && !mt_is_contiguous(d));
+    assert_ptr_not_equal(mt_data_ptr(c), mt_data_ptr(t)); /* copies */
+    assert_ptr_equal(mt_data_ptr(d), mt_data_ptr(t));     /* shares storage */
+    assert_int_equal(mt_fill(d, 0), 0);
+    double zero[6] = {0};
+    assert_tensor_close(a, zero, 6, 0, 0); /* writes through the detached alias */
+    assert_tensor_close(c, vt, 6, 0, 0);   /* the copies kept their values */
+    if (!mt_cuda_available()) {
+        assert_null(mt_to(a, MT_CUDA(0)));
+        assert_int_equal(mt_last_status(), MT_ERR_DEVICE);
+        assert_error(MT_ERR_DEVICE, "mt_to");
+    }
+    /* integer tensors can be cloned and moved too */
+    mt_tensor *i = mt_arange(0, 4, 1, MT_I64, MT_CPU), *ic = mt_clone(i);
+    assert_int_equal(mt_dtype_of(ic), MT_I64);
+    assert_tensor_close(ic, ((const double[]){0, 1, 2, 3}), 4, 0, 0);
+    mt_release(ic);
+    mt_release(i);
+    mt_release(d);
+    mt_release(k);
+    mt_release(c);
+    mt_release(t);
+    mt_release(a);
+}
+
+/* mt_zero refuses autograd tensors like the other in-place ops, naming itself. */
+static void test_zero_errors(void **state) {
+    (void)state;
+    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_set_requires_grad(w, true);
+    assert_int_equal(mt_zero(w), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_zero: arg 1");
+    assert_int_equal(mt_zero(NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_zero: arg 1");
+    assert_int_equal(mt_add_inplace(w, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_add_inplace: arg 2");
+    assert_int_equal(mt_mul_scalar_inplace(NULL, 2), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_mul_scalar_inplace: arg 1");
+    assert_int_equal(mt_copy(NULL, w), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_copy: arg 1");
+    /* a read-only source is fine: copying from a parameter into a plain tensor */
+    mt_tensor *dst = mt_zeros(MT_SHAPE(3), MT_F64, MT_CPU);
+    assert_int_equal(mt_copy(dst, w), 0);
+    assert_tensor_close(dst, ((const double[]){1, 1, 1}), 3, 0, 0);
+    mt_release(dst);
+    mt_release(w);
+}
+
 static void test_inplace_autograd_refusal(void **state) {
     (void)state;
     mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, MT_CPU);
@@ -686,6 +748,8 @@ int main(void) {
         MT_TEST(test_inplace_values),
         MT_TEST(test_inplace_errors),
         MT_TEST(test_inplace_autograd_refusal),
+        MT_TEST(test_to_clone_detach),
+        MT_TEST(test_zero_errors),
         MT_TEST(test_inplace_version_counter),
         MT_TEST(test_out_of_memory),
         MT_TEST(test_null_inputs),
