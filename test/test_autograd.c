@@ -442,6 +442,29 @@ static void test_threads(void **state) {
     mt_release(shared);
 }
 
+/* Regression: mt_gradcheck called while the caller has a scope open. Its internal cast of
+   each gradient was tracked by the caller's scope and also released by gradcheck, so
+   mt_scope_end released it a second time (use after free). */
+static mt_tensor *gradcheck_mul_tanh(mt_tensor *const *in, void *ctx) {
+    (void)ctx;
+    return mt_sum_all(mt_tanh(mt_mul(in[0], in[1])));
+}
+static void test_gradcheck_inside_scope(void **state) {
+    (void)state;
+    mt_tensor *a = mt_from_data((const double[]){0.1, -0.4, 0.7}, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *b = mt_from_data((const double[]){0.5, 0.3, -0.2}, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_set_requires_grad(a, true);
+    mt_set_requires_grad(b, true);
+    int64_t before = mt_live_tensors();
+    mt_scope_begin();
+    assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){a, b}, 2, NULL, NULL), 0);
+    mt_scope_end();
+    assert_no_error();
+    assert_int_equal(mt_live_tensors(), before);
+    mt_release(a);
+    mt_release(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_diamond_order),
@@ -460,6 +483,7 @@ int main(void) {
         MT_TEST(test_set_grad),
         MT_TEST(test_backward_oom),
         MT_TEST(test_threads),
+        MT_TEST(test_gradcheck_inside_scope),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -133,11 +133,15 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
     for (int i = 0; rc == 0 && i < n; i++) {
         mt_tensor *x = inputs[i];
         if (!x->requires_grad) continue;
+        /* inside an api call, so the cast is a plain reference even when the caller has a
+           scope open: released here, it must not also be tracked by the caller's scope */
+        mt_api_enter();
         mt_tensor *g64 = x->grad ? mt_cast(x->grad, MT_F64) : NULL;
         double *ga = calloc((size_t)(x->numel ? x->numel : 1), sizeof *ga);
         if (!ga) rc = mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
         if (rc == 0 && g64) rc = mt_copy_to_host(g64, ga, (size_t)x->numel * sizeof *ga);
         mt_release(g64);
+        mt_api_exit_status(0);
         for (int64_t j = 0; rc == 0 && j < x->numel; j++) {
             double *p = element_ptr(x, j), orig = *p, fp = 0, fm = 0;
             *p = orig + eps;
