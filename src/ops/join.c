@@ -40,7 +40,12 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
     const char *name = mt_op_fullname(op);
     bool stack = op == MT_OP_STACK;
     char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
-    if (!ts || n <= 0) {
+    if (!ts && n > 0) {
+        mt_error_set(MT_ERR_INVALID, "%s: arg 2: n is %d but the tensor array (arg 1) is NULL",
+                     name, n);
+        return NULL;
+    }
+    if (n <= 0) {
         mt_error_set(MT_ERR_INVALID, "%s: arg 2: needs at least one tensor, got %d", name, n);
         return NULL;
     }
