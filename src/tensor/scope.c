@@ -37,23 +37,29 @@ void mt_api_enter(void) {
     api_depth++;
 }
 
-static void scope_track(mt_tensor *t) {
+/* False when the scope cannot grow: the caller then gets NULL (and the OOM error) rather than
+   a tensor nobody would release. */
+static bool scope_track(mt_tensor *t) {
     scope_frame *f = &frames[n_frames - 1];
     if (f->len == f->cap) {
         size_t cap = f->cap ? f->cap * 2 : 64;
         mt_tensor **items = realloc(f->items, cap * sizeof *items);
-        if (!items) { /* cannot track: keep the tensor alive rather than lose it */
+        if (!items) {
             mt_error_set(MT_ERR_OOM, "mt_scope: out of memory tracking a result");
-            return;
+            return false;
         }
         f->items = items;
         f->cap = cap;
     }
     f->items[f->len++] = t;
+    return true;
 }
 
 mt_tensor *mt_api_exit(mt_tensor *result) {
-    if (--api_depth == 0 && result && n_frames > 0) scope_track(result);
+    if (--api_depth == 0 && result && n_frames > 0 && !scope_track(result)) {
+        mt_release(result);
+        return NULL;
+    }
     return result;
 }
 
