@@ -4,7 +4,10 @@
  * reference (or NULL on error). While a scope is open the result belongs to the innermost
  * scope and is released by mt_scope_end(); mt_retain() keeps it past the scope.
  * Errors: NULL in, NULL out (error untouched); the first error of a thread sticks until
- * mt_clear_error(). int functions return 0 or a negative mt_status. */
+ * mt_clear_error(). int functions return 0 or a negative mt_status; given a NULL tensor they
+ * return MT_ERR_NULL and record it naming the argument (an earlier error's message is kept,
+ * since the first error sticks). Accessors given NULL return a neutral value (-1 for counts,
+ * NULL pointers, false, MT_F32, MT_CPU) with no error. */
 #ifndef MIXTAPE_H
 #define MIXTAPE_H
 
@@ -87,7 +90,8 @@ mt_tensor *mt_ones_like(const mt_tensor *t);
 mt_tensor *mt_empty_like(const mt_tensor *t);
 
 int mt_copy_to_host(const mt_tensor *t, void *dst, size_t nbytes); /* any layout -> contiguous */
-double mt_item(const mt_tensor *t); /* one-element tensor; NAN and an error otherwise */
+double mt_item(const mt_tensor *t); /* one-element tensor; NAN and an error otherwise
+                                        (NAN and no error for NULL) */
 
 mt_dtype mt_dtype_of(const mt_tensor *t);
 mt_device mt_device_of(const mt_tensor *t);
@@ -102,7 +106,8 @@ void *mt_data_ptr(const mt_tensor *t);
 
 /* Prints dtype, shape and (up to a limit) the values; returns 0 or a negative status. */
 int mt_print(const mt_tensor *t, FILE *f);
-/* Writes the same text into buf (truncated to cap); returns the length it wanted. */
+/* Writes the same text into buf (truncated to cap); returns the length it wanted, or a
+   negative status. */
 int mt_format(const mt_tensor *t, char *buf, size_t cap);
 
 /* ---------------------------------------------------------------- ownership */
@@ -118,11 +123,11 @@ int64_t mt_live_tensors(void);
 int64_t mt_live_bytes(void);
 int64_t mt_peak_bytes(void);
 void mt_peak_bytes_reset(void); /* peak := live */
-/* Makes every host allocation larger than `bytes` fail, to test out-of-memory paths
-   (0 = no limit). */
+/* Makes every host block larger than `bytes` from the tensor allocator (tensor storage and
+   kernel scratch; not small bookkeeping) fail, to test out-of-memory paths (0 = no limit). */
 void mt_debug_set_alloc_limit(size_t bytes);
 
-/* Threads used by our kernels and by BLAS (default: all cores). */
+/* Threads used by our kernels and by BLAS (default, and n <= 0: all cores). */
 void mt_set_num_threads(int n);
 int mt_get_num_threads(void);
 
@@ -178,7 +183,8 @@ mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b); /* w [out, in]; 
 
 mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
 #define MT_IGNORE_INDEX_NONE INT64_MIN
-/* logits [N, C], labels MT_I64 [N]; mean over labels != ignore_index (torch uses -100). */
+/* logits [N, C], labels MT_I64 [N]; mean over labels != ignore_index. mt_cross_entropy
+   ignores -100 like torch; MT_IGNORE_INDEX_NONE ignores nothing. */
 mt_tensor *mt_cross_entropy(mt_tensor *logits, mt_tensor *labels);
 mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ignore_index);
 
@@ -244,7 +250,9 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
 /* ---------------------------------------------------------------- amp */
 
 typedef enum { MT_AMP_O1, MT_AMP_O2 } mt_amp_level;
-/* low: MT_F16 or MT_BF16, or MT_F32 to open a region with autocast disabled. */
+/* low: MT_F16 or MT_BF16, or MT_F32 to open a region with autocast disabled. A bad dtype or
+   level sets an error and opens a disabled region: every begin, failed or not, needs its
+   mt_autocast_end. */
 void mt_autocast_begin(mt_dtype low, mt_amp_level level);
 void mt_autocast_end(void);
 bool mt_autocast_enabled(void);
@@ -329,11 +337,12 @@ mt_optimizer *mt_momentum_new(mt_tensor *const *params, int n, const mt_momentum
 mt_optimizer *mt_adam_new(mt_tensor *const *params, int n, const mt_adam_opts *o);
 mt_optimizer *mt_adamw_new(mt_tensor *const *params, int n, const mt_adam_opts *o);
 int mt_optimizer_step(mt_optimizer *o);
-void mt_optimizer_zero_grad(mt_optimizer *o);
-void mt_optimizer_free(mt_optimizer *o);
+void mt_optimizer_zero_grad(mt_optimizer *o); /* NULL: no-op */
+void mt_optimizer_free(mt_optimizer *o);      /* NULL is fine */
 int mt_optimizer_set_lr(mt_optimizer *o, double lr);
 double mt_optimizer_get_lr(const mt_optimizer *o);
-/* The FP32 master copy of parameter i (new reference), or NULL when it has none. */
+/* The FP32 master copy of parameter i (new reference), or NULL when it has none (no error;
+   also NULL with no error for a NULL optimizer). */
 mt_tensor *mt_optimizer_master(mt_optimizer *o, int i);
 /* Scales gradients so their global L2 norm is at most max_norm; returns the norm before
    clipping (NAN and an error on failure). Call after mt_grad_scaler_unscale. */
