@@ -153,8 +153,9 @@ static int max_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 
 /* ------------------------------------------------------------------ reductions */
 
-static mt_tensor *reduce_op(mt_op_id op, mt_tensor *t, int ndims, const int *dims, bool keepdim) {
-    const char *name = mt_op_fullname(op);
+/* name: the public function called (mt_sum or mt_sum_all, ...), for messages. */
+static mt_tensor *reduce_op(const char *name, mt_op_id op, mt_tensor *t, int ndims, const int *dims,
+                            bool keepdim) {
     if (mt_check_floating(name, 1, t) < 0) return NULL;
     uint32_t mask;
     if (reduce_mask(name, t, ndims, dims, &mask) < 0) return NULL;
@@ -201,33 +202,20 @@ static mt_tensor *reduce_op(mt_op_id op, mt_tensor *t, int ndims, const int *dim
     return out;
 }
 
-mt_tensor *mt_sum(mt_tensor *t, int ndims, const int *dims, bool keepdim) {
-    if (!t) return NULL;
-    mt_api_enter();
-    return mt_api_exit(reduce_op(MT_OP_SUM, t, ndims, dims, keepdim));
-}
-
-mt_tensor *mt_mean(mt_tensor *t, int ndims, const int *dims, bool keepdim) {
-    if (!t) return NULL;
-    mt_api_enter();
-    return mt_api_exit(reduce_op(MT_OP_MEAN, t, ndims, dims, keepdim));
-}
-
-mt_tensor *mt_max(mt_tensor *t, int ndims, const int *dims, bool keepdim) {
-    if (!t) return NULL;
-    mt_api_enter();
-    return mt_api_exit(reduce_op(MT_OP_MAX, t, ndims, dims, keepdim));
-}
-
-mt_tensor *mt_sum_all(mt_tensor *t) {
-    return mt_sum(t, 0, NULL, false);
-}
-mt_tensor *mt_mean_all(mt_tensor *t) {
-    return mt_mean(t, 0, NULL, false);
-}
-mt_tensor *mt_max_all(mt_tensor *t) {
-    return mt_max(t, 0, NULL, false);
-}
+#define REDUCE_API(fn, OP)                                                                         \
+    mt_tensor *fn(mt_tensor *t, int ndims, const int *dims, bool keepdim) {                        \
+        if (!t) return NULL;                                                                       \
+        mt_api_enter();                                                                            \
+        return mt_api_exit(reduce_op(#fn, OP, t, ndims, dims, keepdim));                           \
+    }                                                                                              \
+    mt_tensor *fn##_all(mt_tensor *t) {                                                            \
+        if (!t) return NULL;                                                                       \
+        mt_api_enter();                                                                            \
+        return mt_api_exit(reduce_op(#fn "_all", OP, t, 0, NULL, false));                          \
+    }
+REDUCE_API(mt_sum, MT_OP_SUM)
+REDUCE_API(mt_mean, MT_OP_MEAN)
+REDUCE_API(mt_max, MT_OP_MAX)
 
 /* ------------------------------------------------------------------ softmax */
 
