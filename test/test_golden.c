@@ -126,6 +126,11 @@ DIM_OP(squeeze)
 DIM_OP(unsqueeze)
 SHAPE_OP(reshape)
 SHAPE_OP(expand)
+SHAPE_OP(view)
+UNARY(flatten)
+UNARY(clone)
+UNARY(contiguous)
+UNARY(detach)
 LIST_OP(cat)
 LIST_OP(stack)
 
@@ -180,6 +185,39 @@ static mt_tensor *g_slice(mt_tensor *const *in, int n, const golden_case *c) {
     return mt_slice(in[0], dim, start, end, step);
 }
 
+static mt_tensor *g_to(mt_tensor *const *in, int n, const golden_case *c) {
+    (void)c;
+    return need_inputs(n, 1) ? mt_to(in[0], MT_CPU) : NULL;
+}
+
+/* In-place ops: applied to input 0, which run_case built fresh from the golden data for this
+   case (a non-contiguous view of its own leaf for "transposed" cases, so strided destinations
+   are covered); the result is that tensor. */
+static mt_tensor *inplace_result(mt_tensor *dst, int status) {
+    return status == 0 ? mt_retain(dst) : NULL;
+}
+static mt_tensor *g_fill(mt_tensor *const *in, int n, const golden_case *c) {
+    const golden_param *p = param(c, "value", 1);
+    return p && need_inputs(n, 1) ? inplace_result(in[0], mt_fill(in[0], p->v[0])) : NULL;
+}
+static mt_tensor *g_zero(mt_tensor *const *in, int n, const golden_case *c) {
+    (void)c;
+    return need_inputs(n, 1) ? inplace_result(in[0], mt_zero(in[0])) : NULL;
+}
+static mt_tensor *g_copy(mt_tensor *const *in, int n, const golden_case *c) {
+    (void)c;
+    return need_inputs(n, 2) ? inplace_result(in[0], mt_copy(in[0], in[1])) : NULL;
+}
+static mt_tensor *g_add_inplace(mt_tensor *const *in, int n, const golden_case *c) {
+    (void)c;
+    return need_inputs(n, 2) ? inplace_result(in[0], mt_add_inplace(in[0], in[1])) : NULL;
+}
+static mt_tensor *g_mul_scalar_inplace(mt_tensor *const *in, int n, const golden_case *c) {
+    const golden_param *p = param(c, "s", 1);
+    return p && need_inputs(n, 1) ? inplace_result(in[0], mt_mul_scalar_inplace(in[0], p->v[0]))
+                                  : NULL;
+}
+
 /* exact: the forward result involves no rounding (selection, layout, comparisons, casts),
    so it must match bit for bit; gradients still get the dtype's tolerance (expand and
    broadcasting sum them). */
@@ -193,24 +231,38 @@ typedef struct {
     { #name, g_##name, exact }
 
 static const golden_op golden_ops[] = {
-    OP(add, false),        OP(sub, false),         OP(mul, false),
-    OP(div, false),        OP(pow, false),         OP(maximum, true),
-    OP(minimum, true),     OP(add_scalar, false),  OP(mul_scalar, false),
-    OP(pow_scalar, false), OP(rsub_scalar, false), OP(rdiv_scalar, false),
-    OP(neg, true),         OP(exp, false),         OP(log, false),
-    OP(sqrt, false),       OP(rsqrt, false),       OP(abs, true),
-    OP(relu, true),        OP(gelu, false),        OP(gelu_tanh, false),
-    OP(sigmoid, false),    OP(tanh, false),        OP(eq, true),
-    OP(ne, true),          OP(lt, true),           OP(le, true),
-    OP(gt, true),          OP(ge, true),           OP(where, true),
-    OP(sum, false),        OP(mean, false),        OP(max, true),
-    OP(sum_all, false),    OP(mean_all, false),    OP(max_all, true),
-    OP(softmax, false),    OP(log_softmax, false), OP(matmul, false),
-    OP(linear, false),     OP(mse_loss, false),    OP(cross_entropy, false),
-    OP(cat, true),         OP(stack, true),        OP(cast, true),
-    OP(reshape, true),     OP(transpose, true),    OP(permute, true),
-    OP(narrow, true),      OP(slice, true),        OP(expand, true),
-    OP(squeeze, true),     OP(unsqueeze, true),
+    OP(add, false),         OP(sub, false),
+    OP(mul, false),         OP(div, false),
+    OP(pow, false),         OP(maximum, true),
+    OP(minimum, true),      OP(add_scalar, false),
+    OP(mul_scalar, false),  OP(pow_scalar, false),
+    OP(rsub_scalar, false), OP(rdiv_scalar, false),
+    OP(neg, true),          OP(exp, false),
+    OP(log, false),         OP(sqrt, false),
+    OP(rsqrt, false),       OP(abs, true),
+    OP(relu, true),         OP(gelu, false),
+    OP(gelu_tanh, false),   OP(sigmoid, false),
+    OP(tanh, false),        OP(eq, true),
+    OP(ne, true),           OP(lt, true),
+    OP(le, true),           OP(gt, true),
+    OP(ge, true),           OP(where, true),
+    OP(sum, false),         OP(mean, false),
+    OP(max, true),          OP(sum_all, false),
+    OP(mean_all, false),    OP(max_all, true),
+    OP(softmax, false),     OP(log_softmax, false),
+    OP(matmul, false),      OP(linear, false),
+    OP(mse_loss, false),    OP(cross_entropy, false),
+    OP(cat, true),          OP(stack, true),
+    OP(cast, true),         OP(reshape, true),
+    OP(transpose, true),    OP(permute, true),
+    OP(narrow, true),       OP(slice, true),
+    OP(expand, true),       OP(squeeze, true),
+    OP(unsqueeze, true),    OP(view, true),
+    OP(flatten, true),      OP(clone, true),
+    OP(contiguous, true),   OP(detach, true),
+    OP(to, true),           OP(fill, true),
+    OP(zero, true),         OP(copy, true),
+    OP(add_inplace, false), OP(mul_scalar_inplace, false),
 };
 #define GOLDEN_NOPS ((int)(sizeof golden_ops / sizeof golden_ops[0]))
 

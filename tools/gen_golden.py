@@ -676,6 +676,126 @@ def view_ops(files):
         files.append(fo)
 
 
+def copy_ops(files):
+    """Copies and views that keep the values (view, flatten, clone, contiguous with gradients;
+    detach and same-device to forward only) and the in-place ops, stored as the result of the
+    op applied to a fresh copy of input 0 (forward only: mixtape refuses in-place ops on
+    tensors that take part in autograd)."""
+    fo = OpFile("view")
+    for dt in (F32, F64, F16):
+        for name, shape, new in (("flat2", (2, 3, 4), [4, 6]), ("infer", (2, 3, 4), [-1, 2]),
+                                 ("split", (6,), [2, 1, 3])):
+            if dt == F16 and name != "flat2":
+                continue
+            g = gen_for("view_%s_%s" % (name, NAMES[dt]))
+            fo.case("%s_%s" % (name, NAMES[dt]), lambda x, s=new: x[0].view(s),
+                    [make(g, shape, dt)], params={"shape": new})
+    files.append(fo)
+
+    fo = OpFile("flatten")
+    for dt in (F32, F64, F16):
+        g = gen_for("flatten_" + NAMES[dt])
+        fo.case(NAMES[dt], lambda x: torch.flatten(x[0]), [make(g, (2, 3, 4), dt)])
+    for dt in (F32, BF16):  # a non-contiguous input is copied
+        g = gen_for("flatten_transposed_" + NAMES[dt])
+        fo.case("transposed_" + NAMES[dt], lambda x: torch.flatten(x[0]),
+                [make(g, (2, 3, 4), dt)], params={"transposed": [0]})
+    g = gen_for("flatten_0d")
+    fo.case("0d_f32", lambda x: torch.flatten(x[0]), [make(g, (), F32)])
+    files.append(fo)
+
+    for op, f in (("clone", torch.clone), ("contiguous", lambda t: t.contiguous())):
+        fo = OpFile(op)
+        for dt in (F32, F64, F16, BF16):
+            g = gen_for("%s_%s" % (op, NAMES[dt]))
+            fo.case(NAMES[dt], lambda x, f=f: f(x[0]), [make(g, (3, 4), dt)])
+        for dt in (F32, F64, F16, BF16):
+            g = gen_for("%s_transposed_%s" % (op, NAMES[dt]))
+            fo.case("transposed_" + NAMES[dt], lambda x, f=f: f(x[0]), [make(g, (2, 3, 4), dt)],
+                    params={"transposed": [0]})
+        files.append(fo)
+
+    for op, f in (("detach", lambda t: t.detach()), ("to", lambda t: t.to("cpu"))):
+        fo = OpFile(op)
+        for dt in (F32, F64, F16, BF16):
+            g = gen_for("%s_%s" % (op, NAMES[dt]))
+            fo.case(NAMES[dt], lambda x, f=f: f(x[0]), [make(g, (3, 4), dt)], grads=False)
+        g = gen_for(op + "_transposed_f32")
+        fo.case("transposed_f32", lambda x, f=f: f(x[0]), [make(g, (3, 4), F32)],
+                params={"transposed": [0]}, grads=False)
+        files.append(fo)
+
+    fo = OpFile("fill")
+    for dt in (F32, F64, F16, BF16):
+        for j, v in enumerate((2.5, 0.1, -1.0 / 3.0)):
+            g = gen_for("fill_%d_%s" % (j, NAMES[dt]))
+            fo.case("v%d_%s" % (j, NAMES[dt]), lambda x, v=v: x[0].clone().fill_(v),
+                    [make(g, (3, 4), dt)], params={"value": v}, grads=False)
+    g = gen_for("fill_transposed_f32")
+    fo.case("transposed_f32", lambda x: x[0].clone().fill_(-7.25), [make(g, (2, 3, 4), F32)],
+            params={"value": -7.25, "transposed": [0]}, grads=False)
+    for dt, v in ((F16, float("-inf")), (F32, float("inf")), (F64, float("nan"))):
+        g = gen_for("fill_special_" + NAMES[dt])
+        fo.case("special_" + NAMES[dt], lambda x, v=v: x[0].clone().fill_(v),
+                [make(g, (2, 2), dt)], params={"value": v}, grads=False)
+    files.append(fo)
+
+    fo = OpFile("zero")
+    for dt in (F32, F64, F16, BF16):
+        g = gen_for("zero_" + NAMES[dt])
+        fo.case(NAMES[dt], lambda x: x[0].clone().zero_(), [make(g, (3, 4), dt)], grads=False)
+    g = gen_for("zero_transposed_f32")
+    fo.case("transposed_f32", lambda x: x[0].clone().zero_(), [make(g, (2, 3, 4), F32)],
+            params={"transposed": [0]}, grads=False)
+    files.append(fo)
+
+    fo = OpFile("copy")  # input 0 is dst, input 1 src
+    specs = [("same", (3, 4), F32, (3, 4), F32), ("bcast_row", (3, 4), F32, (4,), F32),
+             ("bcast_col", (2, 3, 4), F64, (3, 1), F64), ("scalar", (3, 4), F32, (), F32),
+             ("f64_to_f32", (3, 4), F32, (3, 4), F64), ("f32_to_f16", (3, 4), F16, (3, 4), F32),
+             ("f32_to_bf16", (3, 4), BF16, (3, 4), F32), ("f16_to_f32", (3, 4), F32, (3, 4), F16),
+             ("bf16_to_f16_bcast", (2, 3, 4), F16, (4,), BF16),
+             ("f64_to_bf16_bcast", (2, 3), BF16, (2, 1), F64)]
+    for name, sd, dd, ss, sdt in specs:
+        g = gen_for("copy_" + name)
+        fo.case(name, lambda x: x[0].clone().copy_(x[1]), [make(g, sd, dd), make(g, ss, sdt)],
+                grads=False)
+    g = gen_for("copy_transposed")  # non-contiguous destination and source
+    fo.case("transposed_f32", lambda x: x[0].clone().copy_(x[1]),
+            [make(g, (2, 3, 4), F32), make(g, (2, 3, 4), F32)],
+            params={"transposed": [0, 1]}, grads=False)
+    files.append(fo)
+
+    fo = OpFile("add_inplace")
+    shapes = {"same": ((3, 4), (3, 4)), "bcast_row": ((3, 4), (4,)),
+              "bcast_3d": ((2, 3, 4), (3, 1)), "scalar": ((3, 4), ())}
+    for dt in (F32, F64, F16, BF16):
+        for sname, (sa, sb) in shapes.items():
+            if dt in LOW and sname not in ("same", "bcast_row"):
+                continue
+            g = gen_for("add_inplace_%s_%s" % (sname, NAMES[dt]))
+            fo.case("%s_%s" % (sname, NAMES[dt]), lambda x: x[0].clone().add_(x[1]),
+                    [make(g, sa, dt), make(g, sb, dt)], grads=False)
+    g = gen_for("add_inplace_transposed")
+    fo.case("transposed_f32", lambda x: x[0].clone().add_(x[1]),
+            [make(g, (2, 3, 4), F32), make(g, (3, 4), F32)], params={"transposed": [0, 1]},
+            grads=False)
+    files.append(fo)
+
+    fo = OpFile("mul_scalar_inplace")
+    for dt in (F32, F64, F16, BF16):
+        for j, s in enumerate((-1.75, 0.3)):
+            if dt in LOW and j > 0:
+                continue
+            g = gen_for("mul_scalar_inplace_%d_%s" % (j, NAMES[dt]))
+            fo.case("s%d_%s" % (j, NAMES[dt]), lambda x, s=s: x[0].clone().mul_(s),
+                    [make(g, (3, 4), dt)], params={"s": s}, grads=False)
+    g = gen_for("mul_scalar_inplace_transposed")
+    fo.case("transposed_f32", lambda x: x[0].clone().mul_(2.5), [make(g, (2, 3, 4), F32)],
+            params={"s": 2.5, "transposed": [0]}, grads=False)
+    files.append(fo)
+
+
 def edge_cases(files):
     """Special values (inf, nan, -0, zero divisors, empty masks): forward values only, except
     where the gradient is well defined (cross entropy with every label ignored)."""
@@ -742,7 +862,7 @@ def main():
     torch.set_num_threads(1)  # reproducible reductions
     files = []
     for gen in (binary_ops, scalar_ops, unary_ops, compare_ops, where_op, reduce_ops,
-                softmax_ops, matmul_op, linear_op, loss_ops, join_ops, cast_op, view_ops):
+                softmax_ops, matmul_op, linear_op, loss_ops, join_ops, cast_op, view_ops, copy_ops):
         gen(files)
     edge_cases(files)
     total = 0
