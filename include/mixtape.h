@@ -126,6 +126,12 @@ void mt_peak_bytes_reset(void); /* peak := live */
 /* Makes every host block larger than `bytes` from the tensor allocator (tensor storage and
    kernel scratch; not small bookkeeping) fail, to test out-of-memory paths (0 = no limit). */
 void mt_debug_set_alloc_limit(size_t bytes);
+/* The host allocator keeps freed large blocks (up to 512 MiB) for reuse, so a training loop
+   pays no page faults per step; they are not counted in mt_live_bytes. mt_empty_cache gives
+   them (and the calling thread's small-block lists) back to the system, like
+   torch.cuda.empty_cache; an allocation that fails also empties the cache and retries. */
+void mt_empty_cache(void);
+int64_t mt_cached_bytes(void);
 
 /* Threads used by our kernels and by BLAS (default, and n <= 0: all cores). */
 void mt_set_num_threads(int n);

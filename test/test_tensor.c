@@ -731,6 +731,26 @@ static void test_null_inputs(void **state) {
     mt_release(a);
 }
 
+/* The block cache: freed large blocks are kept (not counted as live), mt_empty_cache gives
+   them back, and allocation works the same afterwards. Under ASan the cache is off. */
+static void test_empty_cache(void **state) {
+    (void)state;
+    mt_tensor *t = mt_zeros(MT_SHAPE(1024, 256), MT_F32, MT_CPU); /* 1 MiB */
+    int64_t live = mt_live_bytes();
+    mt_release(t);
+    assert_true(mt_live_bytes() <= live - 1024 * 256 * 4);
+    assert_true(mt_cached_bytes() >= 0 && mt_cached_bytes() <= ((int64_t)512 << 20));
+    mt_empty_cache();
+    assert_int_equal(mt_cached_bytes(), 0);
+    t = mt_ones(MT_SHAPE(1024, 256), MT_F32, MT_CPU);
+    assert_non_null(t);
+    mt_tensor *s = mt_sum_all(t);
+    assert_true(mt_item(s) == 262144.0);
+    mt_release(s);
+    mt_release(t);
+    assert_no_error();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_filled_creation),
@@ -753,6 +773,7 @@ int main(void) {
         MT_TEST(test_inplace_version_counter),
         MT_TEST(test_out_of_memory),
         MT_TEST(test_null_inputs),
+        MT_TEST(test_empty_cache),
     };
     return MT_RUN_TESTS(tests);
 }

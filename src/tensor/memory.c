@@ -160,6 +160,33 @@ static void tiny_free(void *p, size_t size) {
     small_free(p);
 }
 
+/* Frees every block the large-block cache holds. */
+static void cache_release(void) {
+    if (!CACHE_ENABLED) return;
+    call_once(&cache_once, cache_init);
+    mtx_lock(&cache_lock);
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        free(cache[i].p);
+        cache[i].p = NULL;
+    }
+    cache_bytes = 0;
+    mtx_unlock(&cache_lock);
+}
+
+void mt_empty_cache(void) {
+    cache_release();
+    tiny_drain(&tiny);
+}
+
+int64_t mt_cached_bytes(void) {
+    if (!CACHE_ENABLED) return 0;
+    call_once(&cache_once, cache_init);
+    mtx_lock(&cache_lock);
+    int64_t n = (int64_t)cache_bytes;
+    mtx_unlock(&cache_lock);
+    return n;
+}
+
 void *mt_host_alloc(size_t nbytes) {
     size_t limit = atomic_load_explicit(&alloc_limit, memory_order_relaxed);
     if (limit && nbytes > limit) return NULL;
@@ -183,6 +210,11 @@ void *mt_host_alloc(size_t nbytes) {
     void *p = CACHE_ENABLED && size <= TINY_MAX ? tiny_alloc(size)
               : size < CACHE_MIN                ? small_alloc(size)
                                                 : aligned_alloc(64, size);
+    if (!p && size >= CACHE_MIN && mt_cached_bytes() > 0) {
+        /* the cache must never be the reason an allocation fails: give it back, retry */
+        cache_release();
+        p = aligned_alloc(64, size);
+    }
     if (p) mt_mem_account((int64_t)nbytes);
     return p;
 }
