@@ -465,6 +465,48 @@ static void test_gradcheck_inside_scope(void **state) {
     mt_release(b);
 }
 
+/* mt_gradcheck itself: it must catch a wrong gradient (here the second factor is detached,
+   so its analytic gradient is missing), leave the inputs' existing .grad as they were, and
+   refuse inputs finite differences cannot check. */
+static mt_tensor *gradcheck_wrong(mt_tensor *const *in, void *ctx) {
+    (void)ctx;
+    return mt_mul(in[0], mt_detach(in[1]));
+}
+static void test_gradcheck_catches_and_refuses(void **state) {
+    (void)state;
+    mt_tensor *a = mt_from_data((const double[]){0.1, -0.4, 0.7}, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *b = mt_from_data((const double[]){0.5, 0.3, -0.2}, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_set_requires_grad(a, true);
+    mt_set_requires_grad(b, true);
+    mt_tensor *kept = mt_full(MT_SHAPE(3), MT_F64, MT_CPU, 7.0);
+    assert_int_equal(mt_set_grad(a, kept), 0);
+    assert_int_equal(mt_gradcheck(gradcheck_wrong, (mt_tensor *[]){a, b}, 2, NULL, NULL),
+                     MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_gradcheck: input 1 element 0: analytic gradient 0");
+    mt_tensor *g = mt_grad(a);
+    assert_ptr_equal(g, kept); /* restored, not accumulated into */
+    mt_release(g);
+    /* the correct function passes on the same inputs */
+    assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){a, b}, 2, NULL, NULL), 0);
+
+    mt_tensor *f = mt_zeros(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_set_requires_grad(f, true);
+    assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){f, b}, 2, NULL, NULL),
+                     MT_ERR_DTYPE);
+    assert_error(MT_ERR_DTYPE, "input 0 is f32; finite differences need f64");
+    mt_tensor *c = mt_zeros(MT_SHAPE(3), MT_F64, MT_CPU);
+    assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){c, c}, 2, NULL, NULL),
+                     MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "no input requires grad");
+    assert_int_equal(mt_gradcheck(NULL, (mt_tensor *[]){a, b}, 2, NULL, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_gradcheck: arg 1");
+    mt_release(c);
+    mt_release(f);
+    mt_release(kept);
+    mt_release(a);
+    mt_release(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_diamond_order),
@@ -484,6 +526,7 @@ int main(void) {
         MT_TEST(test_backward_oom),
         MT_TEST(test_threads),
         MT_TEST(test_gradcheck_inside_scope),
+        MT_TEST(test_gradcheck_catches_and_refuses),
     };
     return MT_RUN_TESTS(tests);
 }
