@@ -118,13 +118,15 @@ void mt_scope_begin(void);
 void mt_scope_end(void);
 int mt_scope_depth(void);
 
-/* Live counters, for leak checks: tensors alive, and bytes of storage held. */
+/* Live counters, for leak checks: tensors alive, and bytes of storage held on every device
+   together (mt_memory_stats gives one device's figures). */
 int64_t mt_live_tensors(void);
 int64_t mt_live_bytes(void);
 int64_t mt_peak_bytes(void);
 void mt_peak_bytes_reset(void); /* peak := live */
-/* Makes every host block larger than `bytes` from the tensor allocator (tensor storage and
-   kernel scratch; not small bookkeeping) fail, to test out-of-memory paths (0 = no limit). */
+/* Makes every block larger than `bytes` from the tensor allocators, host and device (tensor
+   storage and kernel scratch; not small bookkeeping), fail, to test out-of-memory paths
+   (0 = no limit). */
 void mt_debug_set_alloc_limit(size_t bytes);
 /* The host allocator keeps freed large blocks (up to 512 MiB) for reuse, so a training loop
    pays no page faults per step; they are not counted in mt_live_bytes. mt_empty_cache gives
@@ -132,6 +134,33 @@ void mt_debug_set_alloc_limit(size_t bytes);
    torch.cuda.empty_cache; an allocation that fails also empties the cache and retries. */
 void mt_empty_cache(void);
 int64_t mt_cached_bytes(void);
+
+/* One device's memory: bytes held by live tensors and kernel scratch, their high-water mark,
+   and freed blocks the device's caching allocator keeps for reuse (CUDA: never cudaMalloc /
+   cudaFree per op). For MT_CPU these are the host figures above. */
+typedef struct {
+    int64_t live_bytes, peak_bytes, cached_bytes;
+} mt_memory_stats;
+int mt_memory_stats_get(mt_device dev, mt_memory_stats *out);
+void mt_memory_peak_reset(mt_device dev); /* peak := live, for that device */
+/* Gives dev's cached blocks back (cudaFree); waits for the device first. */
+int mt_device_empty_cache(mt_device dev);
+
+/* ---------------------------------------------------------------- devices and waiting
+   Work on a CUDA device is queued on the device's one stream and runs asynchronously: ops
+   return at once. The host waits only at visible points: mt_synchronize, mt_item,
+   mt_copy_to_host, mt_to(..., MT_CPU), mt_print/mt_format, mt_grad_scaler_get_scale and the
+   other scaler/optimizer queries documented as "may sync", and mt_clip_grad_norm's return
+   value. Errors that a kernel finds in the data (a cross-entropy label out of range) cannot
+   be returned by the op that queued it: they are reported, naming that op, by the next of
+   these waiting calls, which then fails (on the CPU they are reported by the op itself). */
+int mt_synchronize(mt_device dev);
+/* How many times the library has waited for a device (stream syncs and device-to-host
+   copies) since the program started: a training step that stays on the device adds 0. */
+int64_t mt_host_sync_count(void);
+/* F32 GEMMs on CUDA may use TF32 tensor cores (faster, 10-bit mantissa inputs). Off by
+   default, so that F32 results match the CPU backend (torch's allow_tf32 switch). */
+void mt_cuda_set_allow_tf32(bool on);
 
 /* Threads used by our kernels and by BLAS (default, and n <= 0: all cores). */
 void mt_set_num_threads(int n);

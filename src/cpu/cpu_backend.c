@@ -50,6 +50,23 @@ static void cpu_free(int index, void *p, size_t nbytes) {
     mt_host_free(p, nbytes);
 }
 
+static int cpu_memory_stats(int index, mt_memory_stats *out) {
+    (void)index;
+    mt_host_memory_stats(out);
+    return 0;
+}
+
+static void cpu_memory_peak_reset(int index) {
+    (void)index;
+    mt_host_peak_reset();
+}
+
+static int cpu_empty_cache(int index) {
+    (void)index;
+    mt_empty_cache();
+    return 0;
+}
+
 /* Transfers: the host buffer seen as a contiguous tensor, for the copy kernel. */
 static int cpu_upload(mt_tensor *dst, const void *src) {
     mt_storage st = {.data = (void *)src,
@@ -184,6 +201,9 @@ const mt_backend mt_cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .memory_stats = cpu_memory_stats,
+    .memory_peak_reset = cpu_memory_peak_reset,
+    .empty_cache = cpu_empty_cache,
     .copy = mt_cpu_copy,
     .fill = cpu_fill,
     .upload = cpu_upload,

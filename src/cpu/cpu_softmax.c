@@ -494,8 +494,8 @@ static int ce_rows(void *ctx, int64_t rb, int64_t re) {
     return 0;
 }
 
-int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logits,
-                         const mt_tensor *labels, int64_t ignore_index, int64_t *valid) {
+int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
+                         const mt_tensor *logits, const mt_tensor *labels, int64_t ignore_index) {
     ce_args A = {.logits = logits,
                  .labels = labels,
                  .lse = lse,
@@ -504,8 +504,10 @@ int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logit
                  .C = logits->shape[1],
                  .ignore = ignore_index};
     int failed = for_ranges(ce_rows, &A, A.N, A.N * A.C * 4);
-    *valid = A.count;
-    return failed ? oom("mt_cross_entropy", A.C) : 0;
+    if (failed) return oom("mt_cross_entropy", A.C);
+    double count = (double)A.count;
+    mt_cpu_store_f64(mt_tensor_data(valid), 0, valid->dtype, 1, &count);
+    return 0;
 }
 
 /* grad[r, c] = (exp(x[r, c] - lse[r]) - (c == label_r)) * scale; ignored rows get zeros. */

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include "hd.h"
 
+typedef enum { MT_OPTIM_SGD, MT_OPTIM_MOMENTUM, MT_OPTIM_ADAM, MT_OPTIM_ADAMW } mt_optim_kind;
+
 /* The constants of one step, in double. */
 typedef struct {
     double lr, momentum, beta1, beta2, eps;

@@ -87,14 +87,13 @@ static mt_dtype acc_dtype(mt_dtype dt) {
     return dt == MT_F64 ? MT_F64 : MT_F32;
 }
 
-/* saved[0] = logits, saved[1] = labels, saved[2] = lse; ints[0] = ignore_index,
-   ints[1] = counted rows. */
+/* saved[0] = logits, saved[1] = labels, saved[2] = lse, saved[3] = the count of counted
+   rows (0-d, on the device: reading it would cost a host sync); ints[0] = ignore_index. */
 static int ce_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
-    mt_tensor *x = n->saved[0], *labels = n->saved[1], *lse = n->saved[2];
-    int64_t valid = n->ints[1];
+    mt_tensor *x = n->saved[0], *labels = n->saved[1], *lse = n->saved[2], *valid = n->saved[3];
     mt_tensor *ga = mt_cast(g, acc_dtype(x->dtype));
     /* valid == 0: the forward was nan (0/0) and so is every gradient, as torch */
-    mt_tensor *scale = ga ? mt_mul_scalar(ga, valid ? 1.0 / (double)valid : NAN) : NULL;
+    mt_tensor *scale = ga ? mt_div(ga, valid) : NULL;
     mt_release(ga);
     mt_tensor *out =
         scale ? mt_tensor_new("mt_cross_entropy", x->ndim, x->shape, n->inputs[0].dtype, x->device)
@@ -111,7 +110,9 @@ static int ce_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return 0;
 }
 
-/* Labels in [0, C) or equal to ignore_index, checked on the host. */
+/* Labels in [0, C) or equal to ignore_index, checked on the host for host labels. Device
+   labels are checked by the kernel, which reports at the next synchronisation: reading them
+   here would cost a host sync every step. */
 static int check_labels(const char *name, const mt_tensor *labels, int64_t C, int64_t ignore) {
     int64_t N = labels->numel;
     const int64_t *v;
@@ -166,7 +167,8 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
         return NULL;
     }
     int64_t C = logits->shape[1];
-    if (check_labels(name, labels, C, ignore) < 0) return NULL;
+    if (labels->device.type == MT_DEVICE_CPU && check_labels(name, labels, C, ignore) < 0)
+        return NULL;
     /* An exact upcast is done by the kernel reading the low-precision logits directly. */
     mt_tensor *c;
     int compute = mt_dispatch_upcast_input(MT_OP_CROSS_ENTROPY, logits, &c);
@@ -178,15 +180,15 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
     mt_tensor *lse = loss ? mt_tensor_new(name, 1, &N, acc, logits->device) : NULL;
     mt_tensor *total =
         lse ? mt_tensor_new(name, 1, (const int64_t[]){1}, acc, logits->device) : NULL;
-    mt_tensor *out = total ? mt_tensor_new(name, 0, NULL, (mt_dtype)compute, logits->device) : NULL;
-    int64_t valid = 0;
-    int rc = out ? be->cross_entropy(loss, lse, c, labels, ignore, &valid) : MT_ERR_OOM;
+    mt_tensor *valid = total ? mt_tensor_new(name, 0, NULL, acc, logits->device) : NULL;
+    mt_tensor *out = valid ? mt_tensor_new(name, 0, NULL, (mt_dtype)compute, logits->device) : NULL;
+    int rc = out ? be->cross_entropy(loss, lse, valid, c, labels, ignore) : MT_ERR_OOM;
     if (rc == 0) rc = be->reduce(MT_OP_SUM, total, loss, 1u);
-    /* valid == 0 gives 0 * inf = nan, like torch's mean over no rows */
-    if (rc == 0)
-        rc = be->unary(MT_OP_MUL_SCALAR, total, total, valid ? 1.0 / (double)valid : INFINITY);
     mt_tensor *total0 = rc == 0 ? mt_tensor_view_of(total, 0, NULL, NULL, total->offset) : NULL;
-    if (rc == 0) rc = total0 ? be->copy(out, total0) : MT_ERR_OOM;
+    if (rc == 0 && !total0) rc = MT_ERR_OOM;
+    /* the mean on the device; valid == 0 gives 0 / 0 = nan, like torch's mean over no rows */
+    if (rc == 0) rc = be->binary(MT_OP_DIV, total0, total0, valid);
+    if (rc == 0) rc = be->copy(out, total0);
     mt_release(total0);
     mt_release(loss);
     mt_release(total);
@@ -194,14 +196,15 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
         mt_node *node = mt_record(MT_OP_CROSS_ENTROPY, ce_backward, &c, 1, out, &rc);
         if (node) {
             node->ints[0] = ignore;
-            node->ints[1] = valid;
-            node->n_ints = 2;
+            node->n_ints = 1;
             rc = mt_node_save(node, 0, c);
             if (!rc) rc = mt_node_save(node, 1, labels);
             if (!rc) rc = mt_node_save(node, 2, lse);
+            if (!rc) rc = mt_node_save(node, 3, valid);
         }
     }
     mt_release(lse);
+    mt_release(valid);
     if (rc) {
         mt_release(out);
         out = NULL;

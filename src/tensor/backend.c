@@ -1,17 +1,186 @@
-/* Device type -> kernel table. */
+/* Device type -> kernel table, completed so that no op ever calls through a NULL family, and
+   the host-sync counter. */
+#include <stdio.h>
+#include <threads.h>
 #include "backend.h"
 
 #ifdef MT_WITH_CUDA
 extern const mt_backend mt_cuda_backend;
 #endif
 
-const mt_backend *mt_backend_get(mt_device dev) {
-    if (dev.type == MT_DEVICE_CPU) return &mt_cpu_backend;
+static atomic_int_fast64_t host_syncs;
+
+void mt_host_sync_counted(void) {
+    atomic_fetch_add_explicit(&host_syncs, 1, memory_order_relaxed);
+}
+
+int64_t mt_host_sync_count(void) {
+    return atomic_load_explicit(&host_syncs, memory_order_relaxed);
+}
+
+const char *mt_device_str(mt_device dev, char *buf, size_t cap) {
+    if (dev.type == MT_DEVICE_CPU)
+        snprintf(buf, cap, "cpu");
+    else if (dev.type == MT_DEVICE_CUDA)
+        snprintf(buf, cap, "cuda:%d", dev.index);
+    else
+        snprintf(buf, cap, "device-type-%d", dev.type);
+    return buf;
+}
+
+/* ---- families a backend left out: each answers MT_ERR_UNSUPPORTED naming itself and the
+   device of its first tensor argument */
+static int unsupported(const char *family, mt_device dev) {
+    char d[32];
+    return mt_error_set(MT_ERR_UNSUPPORTED, "%s: the %s backend has no %s kernel", family,
+                        mt_device_str(dev, d, sizeof d), family);
+}
+static int no_synchronize(int index) {
+    (void)index;
+    return 0; /* a backend without queues has nothing to wait for */
+}
+static int no_memory_stats(int index, mt_memory_stats *out) {
+    (void)index;
+    *out = (mt_memory_stats){0};
+    return 0;
+}
+static void no_memory_peak_reset(int index) {
+    (void)index;
+}
+static int no_empty_cache(int index) {
+    (void)index;
+    return 0;
+}
+static int no_copy(mt_tensor *dst, const mt_tensor *src) {
+    (void)src;
+    return unsupported("copy", dst->device);
+}
+static int no_fill(mt_tensor *dst, double value) {
+    (void)value;
+    return unsupported("fill", dst->device);
+}
+static int no_upload(mt_tensor *dst, const void *src) {
+    (void)src;
+    return unsupported("upload", dst->device);
+}
+static int no_download(const mt_tensor *src, void *dst) {
+    (void)dst;
+    return unsupported("download", src->device);
+}
+static int no_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
+    (void)a, (void)p;
+    return unsupported(mt_op_name(op), out->device);
+}
+static int no_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tensor *b) {
+    (void)a, (void)b;
+    return unsupported(mt_op_name(op), out->device);
+}
+static int no_where(mt_tensor *out, const mt_tensor *c, const mt_tensor *a, const mt_tensor *b) {
+    (void)c, (void)a, (void)b;
+    return unsupported("where", out->device);
+}
+static int no_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask) {
+    (void)a, (void)mask;
+    return unsupported(mt_op_name(op), out->device);
+}
+static int no_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool log) {
+    (void)a, (void)dim, (void)log;
+    return unsupported("softmax", out->device);
+}
+static int no_softmax_backward(mt_tensor *gi, const mt_tensor *go, const mt_tensor *y, int dim,
+                               bool log) {
+    (void)go, (void)y, (void)dim, (void)log;
+    return unsupported("softmax_backward", gi->device);
+}
+static int no_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
+                   double beta) {
+    (void)a, (void)b, (void)alpha, (void)beta;
+    return unsupported("gemm", c->device);
+}
+static int no_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
+                            const mt_tensor *logits, const mt_tensor *labels, int64_t ignore) {
+    (void)lse, (void)valid, (void)logits, (void)labels, (void)ignore;
+    return unsupported("cross_entropy", loss->device);
+}
+static int no_cross_entropy_backward(mt_tensor *g, const mt_tensor *x, const mt_tensor *labels,
+                                     const mt_tensor *lse, const mt_tensor *scale,
+                                     int64_t ignore) {
+    (void)x, (void)labels, (void)lse, (void)scale, (void)ignore;
+    return unsupported("cross_entropy_backward", g->device);
+}
+static int no_random(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset) {
+    (void)normal, (void)seed, (void)offset;
+    return unsupported("random", out->device);
+}
+static int no_has_nonfinite(const mt_tensor *t, bool *out) {
+    (void)out;
+    return unsupported("has_nonfinite", t->device);
+}
+static int no_unscale(mt_tensor *const *g, int n, const mt_tensor *inv, mt_tensor *found) {
+    (void)g, (void)n, (void)inv;
+    return unsupported("unscale", found->device);
+}
+static int no_scale_update(const mt_scale_update_args *a) {
+    return unsupported("scale_update", a->scale->device);
+}
+static int no_optim_step(const mt_optim_step_args *a) {
+    return unsupported("optim_step", a->n > 0 ? a->params[0]->device : MT_CPU);
+}
+static int no_sq_norm(mt_tensor *const *ts, int n, mt_tensor *out) {
+    (void)ts, (void)n;
+    return unsupported("sq_norm", out->device);
+}
+
+static void complete(mt_backend *b) {
+#define FILL(family)                                                                               \
+    if (!b->family) b->family = no_##family
+    FILL(synchronize);
+    FILL(memory_stats);
+    FILL(memory_peak_reset);
+    FILL(empty_cache);
+    FILL(copy);
+    FILL(fill);
+    FILL(upload);
+    FILL(download);
+    FILL(unary);
+    FILL(binary);
+    FILL(where);
+    FILL(reduce);
+    FILL(softmax);
+    FILL(softmax_backward);
+    FILL(gemm);
+    FILL(cross_entropy);
+    FILL(cross_entropy_backward);
+    FILL(random);
+    FILL(has_nonfinite);
+    FILL(unscale);
+    FILL(scale_update);
+    FILL(optim_step);
+    FILL(sq_norm);
+#undef FILL
+}
+
+static mt_backend tables[MT_DEVICE_TYPE_COUNT];
+static bool built[MT_DEVICE_TYPE_COUNT];
+static once_flag tables_once = ONCE_FLAG_INIT;
+
+static void build_tables(void) {
+    tables[MT_DEVICE_CPU] = mt_cpu_backend;
+    built[MT_DEVICE_CPU] = true;
 #ifdef MT_WITH_CUDA
-    if (dev.type == MT_DEVICE_CUDA && mt_cuda_available() && dev.index >= 0 &&
-        dev.index < mt_cuda_device_count())
-        return &mt_cuda_backend;
+    tables[MT_DEVICE_CUDA] = mt_cuda_backend;
+    built[MT_DEVICE_CUDA] = true;
 #endif
+    for (int i = 0; i < MT_DEVICE_TYPE_COUNT; i++)
+        if (built[i]) complete(&tables[i]);
+}
+
+const mt_backend *mt_backend_get(mt_device dev) {
+    call_once(&tables_once, build_tables);
+    if (dev.type == MT_DEVICE_CPU) return &tables[MT_DEVICE_CPU];
+    if (dev.type == MT_DEVICE_CUDA && built[MT_DEVICE_CUDA] && dev.index >= 0 &&
+        dev.index < mt_cuda_device_count())
+        return &tables[MT_DEVICE_CUDA];
     return NULL;
 }
 
@@ -26,4 +195,26 @@ const mt_backend *mt_backend_for(const char *op, mt_device dev) {
             mt_error_set(MT_ERR_DEVICE, "%s: invalid device type %d", op, dev.type);
     }
     return be;
+}
+
+/* ---- public device calls */
+int mt_synchronize(mt_device dev) {
+    const mt_backend *be = mt_backend_for("mt_synchronize", dev);
+    return be ? be->synchronize(dev.index) : MT_ERR_DEVICE;
+}
+
+int mt_memory_stats_get(mt_device dev, mt_memory_stats *out) {
+    if (!out) return mt_error_set(MT_ERR_NULL, "mt_memory_stats_get: arg 2: out is NULL");
+    const mt_backend *be = mt_backend_for("mt_memory_stats_get", dev);
+    return be ? be->memory_stats(dev.index, out) : MT_ERR_DEVICE;
+}
+
+void mt_memory_peak_reset(mt_device dev) {
+    const mt_backend *be = mt_backend_get(dev);
+    if (be) be->memory_peak_reset(dev.index);
+}
+
+int mt_device_empty_cache(mt_device dev) {
+    const mt_backend *be = mt_backend_for("mt_device_empty_cache", dev);
+    return be ? be->empty_cache(dev.index) : MT_ERR_DEVICE;
 }

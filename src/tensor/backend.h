@@ -1,12 +1,19 @@
 /* The per-device kernel table. Op entry points (src/ops) validate, cast and allocate, then
    call these on already-checked tensors; a backend never calls back up into autograd or amp.
    Kernels return 0 or a negative mt_status (after mt_error_set) for device failures only.
-   Elementwise families switch on the op id (from ops.def) once, outside their loops. */
+   Elementwise families switch on the op id (from ops.def) once, outside their loops.
+
+   Asynchrony: a device backend may only queue the work (in program order, on the device's
+   one stream) and return; every family except download, has_nonfinite and synchronize must
+   not wait for the device or read device memory on the host. The device context (stream,
+   library handles, fault word) is found from the tensors' device, which every call carries.
+   Data errors that only a kernel can see are reported at the next synchronize. A family a
+   backend does not have may be left NULL: mt_backend_get fills it with one that answers
+   MT_ERR_UNSUPPORTED naming the family and the device. */
 #ifndef MT_TENSOR_BACKEND_H
 #define MT_TENSOR_BACKEND_H
+#include "../math/optim_math.h" /* mt_optim_kind */
 #include "tensor_impl.h"
-
-typedef enum { MT_OPTIM_SGD, MT_OPTIM_MOMENTUM, MT_OPTIM_ADAM, MT_OPTIM_ADAMW } mt_optim_kind;
 
 /* One fused multi-tensor optimizer pass. For each i: g = grads[i] (* inv_scale when given);
    the update is computed in FP32 (F64 for F64 params) from masters[i] when non-NULL (FP32
@@ -40,6 +47,12 @@ typedef struct mt_backend {
     const char *name;
     void *(*alloc)(int index, size_t nbytes); /* NULL on failure, no error set */
     void (*free)(int index, void *p, size_t nbytes);
+    /* Waits for the device's queued work; reports a deferred kernel error (counted in
+       mt_host_sync_count when it waits). */
+    int (*synchronize)(int index);
+    int (*memory_stats)(int index, mt_memory_stats *out);
+    void (*memory_peak_reset)(int index);
+    int (*empty_cache)(int index);
     /* dst = src, same shape, any strides, converting dtype (F16/BF16 round to nearest even) */
     int (*copy)(mt_tensor *dst, const mt_tensor *src);
     int (*fill)(mt_tensor *dst, double value);
@@ -66,9 +79,12 @@ typedef struct mt_backend {
     int (*gemm)(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
     /* Per-row loss of cross entropy: loss[N] (FP32) and the row log-sum-exp lse[N] (FP32;
        both F64 when the logits are F64, so F64 gradchecks hold), labels I64; rows whose
-       label == ignore_index get loss 0. Returns the count of counted rows in *valid. */
-    int (*cross_entropy)(mt_tensor *loss, mt_tensor *lse, const mt_tensor *logits,
-                         const mt_tensor *labels, int64_t ignore_index, int64_t *valid);
+       label == ignore_index get loss 0. valid (0-d, loss's dtype) receives the count of
+       counted rows, on the device. A label outside [0, C) that is not ignore_index is an
+       error (MT_ERR_INVALID naming mt_cross_entropy, the row and the label): at once on the
+       CPU, at the next synchronize on a device. */
+    int (*cross_entropy)(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
+                         const mt_tensor *logits, const mt_tensor *labels, int64_t ignore_index);
     /* grad_logits = (softmax(logits) - onehot(label)) * scale, from the saved lse; ignored rows
        get zeros. scale is a 0-d FP32 tensor (grad_out / valid; F64 for F64 logits). */
     int (*cross_entropy_backward)(mt_tensor *grad_logits, const mt_tensor *logits,
@@ -76,7 +92,7 @@ typedef struct mt_backend {
                                   const mt_tensor *scale, int64_t ignore_index);
     /* Philox draws: element i uses counter offset + i / 4 (src/math/philox.h) */
     int (*random)(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset);
-    /* true when any element is inf or nan */
+    /* true when any element is inf or nan (waits for the device: debug checks only) */
     int (*has_nonfinite)(const mt_tensor *t, bool *out);
     /* --- multi-tensor kernels for amp and optim */
     /* g *= inv_scale for every tensor, in place; found_inf := 1 if any element of any g is
@@ -89,10 +105,17 @@ typedef struct mt_backend {
     int (*sq_norm)(mt_tensor *const *ts, int n, mt_tensor *out);
 } mt_backend;
 
-/* The table for a device type; NULL when the backend is not built. */
+/* The table for a device, complete (missing families answer MT_ERR_UNSUPPORTED); NULL when
+   the backend is not built or the device is not available. */
 const mt_backend *mt_backend_get(mt_device dev);
 /* The same, with an error naming op when the device is not available. */
 const mt_backend *mt_backend_for(const char *op, mt_device dev);
 
 extern const mt_backend mt_cpu_backend;
+
+/* The host-sync counter behind mt_host_sync_count: a backend calls this each time it waits
+   for its device. */
+void mt_host_sync_counted(void);
+/* "cpu", "cuda:0": for messages. */
+const char *mt_device_str(mt_device dev, char *buf, size_t cap);
 #endif

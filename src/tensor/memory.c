@@ -8,14 +8,38 @@
 #include <threads.h>
 #include "tensor_impl.h"
 
+/* live/peak over every device (what leak checks want), and the host's own pair */
 static atomic_int_fast64_t live_bytes, peak_bytes, live_tensors;
+static atomic_int_fast64_t host_live, host_peak;
 static atomic_size_t alloc_limit;
 
-void mt_mem_account(int64_t delta) {
-    int64_t now = atomic_fetch_add(&live_bytes, delta) + delta;
-    int64_t peak = atomic_load(&peak_bytes);
-    while (now > peak && !atomic_compare_exchange_weak(&peak_bytes, &peak, now)) {
+static void raise_peak(atomic_int_fast64_t *peak, int64_t now) {
+    int64_t p = atomic_load(peak);
+    while (now > p && !atomic_compare_exchange_weak(peak, &p, now)) {
     }
+}
+
+void mt_mem_account_device(int64_t delta) {
+    raise_peak(&peak_bytes, atomic_fetch_add(&live_bytes, delta) + delta);
+}
+
+void mt_mem_account(int64_t delta) {
+    mt_mem_account_device(delta);
+    raise_peak(&host_peak, atomic_fetch_add(&host_live, delta) + delta);
+}
+
+size_t mt_alloc_limit(void) {
+    return atomic_load_explicit(&alloc_limit, memory_order_relaxed);
+}
+
+void mt_host_memory_stats(mt_memory_stats *out) {
+    out->live_bytes = atomic_load(&host_live);
+    out->peak_bytes = atomic_load(&host_peak);
+    out->cached_bytes = mt_cached_bytes();
+}
+
+void mt_host_peak_reset(void) {
+    atomic_store(&host_peak, atomic_load(&host_live));
 }
 void mt_tensor_count(int delta) {
     atomic_fetch_add(&live_tensors, delta);

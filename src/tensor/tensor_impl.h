@@ -101,6 +101,11 @@ mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b);
 void *mt_host_alloc(size_t nbytes);
 void mt_host_free(void *p, size_t nbytes);
 void mt_mem_account(int64_t delta_bytes);
+/* Device allocators count their blocks in the all-device totals (mt_live_bytes/peak). */
+void mt_mem_account_device(int64_t delta_bytes);
+size_t mt_alloc_limit(void); /* mt_debug_set_alloc_limit's value; 0: none */
+void mt_host_memory_stats(mt_memory_stats *out);
+void mt_host_peak_reset(void);
 void mt_tensor_count(int delta);
 
 /* ---- threads (src/cpu) */
