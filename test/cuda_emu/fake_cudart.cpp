@@ -1,0 +1,775 @@
+// The CUDA runtime functions mixtape calls, for the emulated device: one device, queued
+// streams, guarded device memory. Compiled against the toolkit's cuda_runtime_api.h, so the
+// compiler checks every signature against the real one.
+//
+// What it models, and where it is stricter than the real runtime:
+// - Device memory is one mmap arena (size MTEMU_MEM_BYTES, default 8 GiB; "64M", "2G" work),
+//   with a first-fit allocator; fresh blocks are filled with 0xFF (NaN). The arena is
+//   PROT_NONE except while queued work runs, so a host dereference of device memory faults.
+//   Under ASan the slack after each block and freed blocks are poisoned as well.
+// - Work (kernels, copies, memsets, cuBLAS calls) is queued and runs in order, all streams
+//   in one FIFO, only when the host synchronises: a host read without a sync sees stale data.
+// - cudaMemcpyAsync checks that each pointer is where its kind says. H2D from pageable memory
+//   is staged at the call (as the real runtime does); from pinned memory it reads the source
+//   when it runs. D2H writes the destination when it runs.
+// - Mapped pinned memory (cudaHostAllocMapped) is device-accessible at the host address;
+//   other pinned memory is not (the real runtime maps it too, with unified addressing).
+// Every error goes through mtemu::report: the thread's last error, and one line on stderr.
+#include "mtemu.h"
+#include "mtemu_internal.h"
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
+struct CUstream_st {
+    unsigned flags;
+};
+
+struct event_state {
+    bool recorded = false, done = false;
+    std::chrono::steady_clock::time_point at;
+};
+struct CUevent_st {
+    unsigned flags;
+    std::shared_ptr<event_state> state; // shared with the queued record, which may outlive it
+};
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+void asan_poison(const void *p, size_t n) {
+    ASAN_POISON_MEMORY_REGION(p, n);
+}
+void asan_unpoison(const void *p, size_t n) {
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
+}
+#else
+void asan_poison(const void *, size_t) {}
+void asan_unpoison(const void *, size_t) {}
+#endif
+
+constexpr int runtime_version = 13000;
+constexpr size_t device_alignment = 256; // what cudaMalloc guarantees
+constexpr size_t block_gap = 256;        // after each block, so an overrun leaves the block
+
+cudaError_t reportf(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+cudaError_t reportf(cudaError_t e, const char *fmt, ...) {
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return mtemu::report(e, what);
+}
+
+size_t page_size() {
+    static const size_t n = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return n;
+}
+size_t round_up(size_t n, size_t to) {
+    return (n + to - 1) / to * to;
+}
+
+// "8589934592", "8G", "512M", "64K"
+size_t capacity_from_env() {
+    const size_t fallback = size_t{8} << 30;
+    const char *v = std::getenv("MTEMU_MEM_BYTES");
+    if (!v || !*v) return fallback;
+    char *end;
+    unsigned long long n = std::strtoull(v, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    if (shift) end++;
+    if (*end || n == 0) {
+        std::fprintf(stderr, "mtemu: MTEMU_MEM_BYTES=%s is not a size; using 8G\n", v);
+        return fallback;
+    }
+    return static_cast<size_t>(n) << shift;
+}
+
+// The device memory arena. Guarded by state_lock below.
+class arena {
+  public:
+    struct block {
+        size_t bytes; // requested
+        size_t span;  // taken from the arena: rounded up, plus the gap
+    };
+
+    size_t capacity() {
+        init();
+        return capacity_;
+    }
+    size_t in_use() const { return in_use_; }
+
+    void *alloc(size_t bytes) {
+        if (!init()) return nullptr;
+        size_t span = round_up(bytes, device_alignment) + block_gap;
+        for (auto it = free_.begin(); it != free_.end(); ++it) {
+            if (it->second < span) continue;
+            size_t off = it->first, left = it->second - span;
+            free_.erase(it);
+            if (left) free_[off + span] = left;
+            live_[off] = block{bytes, span};
+            in_use_ += span;
+            if (off + span > high_water_) high_water_ = off + span;
+            char *p = base_ + off;
+            set_access(off, span, true);
+            asan_unpoison(p, bytes);
+            std::memset(p, 0xFF, bytes);
+            asan_poison(p + bytes, span - bytes);
+            if (!open_) set_access(off, span, false);
+            return p;
+        }
+        return nullptr;
+    }
+
+    bool release(void *p) {
+        if (!contains(p)) return false;
+        auto it = live_.find(static_cast<size_t>(static_cast<char *>(p) - base_));
+        if (it == live_.end()) return false;
+        size_t off = it->first, span = it->second.span;
+        live_.erase(it);
+        in_use_ -= span;
+        asan_poison(p, span);
+        // Give the pages back (they are filled again at the next allocation).
+        size_t lo = round_up(off, page_size()), hi = (off + span) / page_size() * page_size();
+        if (hi > lo) madvise(base_ + lo, hi - lo, MADV_DONTNEED);
+        auto next = free_.lower_bound(off);
+        if (next != free_.end() && off + span == next->first) {
+            span += next->second;
+            free_.erase(next);
+        }
+        auto prev = free_.lower_bound(off);
+        if (prev != free_.begin() && (--prev, prev->first + prev->second == off)) {
+            prev->second += span;
+        } else {
+            free_[off] = span;
+        }
+        return true;
+    }
+
+    // The live block holding p, or null.
+    const block *find(const void *p, size_t *offset_in_block) const {
+        const char *c = static_cast<const char *>(p);
+        if (!contains(p)) return nullptr;
+        size_t off = static_cast<size_t>(c - base_);
+        auto it = live_.upper_bound(off);
+        if (it == live_.begin()) return nullptr;
+        --it;
+        if (off - it->first >= it->second.bytes) return nullptr;
+        *offset_in_block = off - it->first;
+        return &it->second;
+    }
+    bool contains(const void *p) const {
+        const char *c = static_cast<const char *>(p);
+        return base_ && c >= base_ && c < base_ + capacity_;
+    }
+
+    // Device memory is host-accessible only between open() and close(): while queued work runs.
+    void open() {
+        open_ = true;
+        if (high_water_) set_access(0, high_water_, true);
+    }
+    void close() {
+        open_ = false;
+        if (high_water_) set_access(0, high_water_, false);
+    }
+
+  private:
+    bool init() {
+        if (base_) return true;
+        if (init_failed_) return false;
+        capacity_ = round_up(capacity_from_env(), page_size());
+        void *p =
+            mmap(nullptr, capacity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            std::fprintf(stderr, "mtemu: cannot reserve %zu bytes of device memory\n", capacity_);
+            init_failed_ = true;
+            return false;
+        }
+        base_ = static_cast<char *>(p);
+        free_[0] = capacity_;
+        return true;
+    }
+    void set_access(size_t off, size_t n, bool rw) {
+        size_t lo = off / page_size() * page_size(), hi = round_up(off + n, page_size());
+        if (mprotect(base_ + lo, hi - lo, rw ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) {
+            std::perror("mtemu: mprotect of device memory");
+            std::abort();
+        }
+    }
+
+    char *base_ = nullptr;
+    bool init_failed_ = false, open_ = false;
+    size_t capacity_ = 0, in_use_ = 0, high_water_ = 0;
+    std::map<size_t, size_t> free_; // offset -> length
+    std::map<size_t, block> live_;  // offset -> block
+};
+
+struct pinned_block {
+    size_t bytes;
+    bool mapped;
+};
+
+// One lock for all the runtime's state. Recursive: queued work runs under it, and a cuBLAS
+// closure asks device_range.
+std::recursive_mutex state_lock;
+arena device;
+std::map<const char *, pinned_block> pinned; // by start address
+std::set<cudaStream_t> streams;
+std::set<cudaEvent_t> events;
+std::deque<std::function<void()>> queue;
+bool flushing = false;
+thread_local cudaError_t last_error = cudaSuccess;
+
+const pinned_block *find_pinned(const void *p, size_t n) {
+    const char *c = static_cast<const char *>(p);
+    auto it = pinned.upper_bound(c);
+    if (it == pinned.begin()) return nullptr;
+    --it;
+    size_t off = static_cast<size_t>(c - it->first);
+    return off < it->second.bytes && n <= it->second.bytes - off ? &it->second : nullptr;
+}
+
+bool stream_valid(cudaStream_t s) {
+    return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread || streams.count(s);
+}
+
+// Runs everything queued, with device memory accessible. Queued work that synchronises
+// (nothing should) runs inside the outer flush.
+void flush() {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (flushing) return;
+    flushing = true;
+    device.open();
+    while (!queue.empty()) {
+        std::function<void()> work = std::move(queue.front());
+        queue.pop_front();
+        work();
+    }
+    device.close();
+    flushing = false;
+}
+
+enum class side { host, device, invalid };
+// Where [p, p + n) is: inside one device allocation, outside the arena, or neither.
+side where(const void *p, size_t n) {
+    if (!device.contains(p)) return side::host;
+    return mtemu::device_range(p, n) ? side::device : side::invalid;
+}
+
+const char *kind_name(cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToHost:
+        return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice:
+        return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost:
+        return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice:
+        return "cudaMemcpyDeviceToDevice";
+    case cudaMemcpyDefault:
+        return "cudaMemcpyDefault";
+    }
+    return "?";
+}
+
+struct error_text {
+    cudaError_t code;
+    const char *name, *text;
+};
+#define MTEMU_ERROR(e, text)                                                                       \
+    { e, #e, text }
+// The errors this fake can return or a caller may ask about; texts as the real runtime's.
+const error_text error_texts[] = {
+    MTEMU_ERROR(cudaSuccess, "no error"),
+    MTEMU_ERROR(cudaErrorInvalidValue, "invalid argument"),
+    MTEMU_ERROR(cudaErrorMemoryAllocation, "out of memory"),
+    MTEMU_ERROR(cudaErrorInitializationError, "initialization error"),
+    MTEMU_ERROR(cudaErrorInvalidConfiguration, "invalid configuration argument"),
+    MTEMU_ERROR(cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy"),
+    MTEMU_ERROR(cudaErrorInsufficientDriver,
+                "CUDA driver version is insufficient for CUDA runtime version"),
+    MTEMU_ERROR(cudaErrorNoDevice, "no CUDA-capable device is detected"),
+    MTEMU_ERROR(cudaErrorInvalidDevice, "invalid device ordinal"),
+    MTEMU_ERROR(cudaErrorInvalidResourceHandle, "invalid resource handle"),
+    MTEMU_ERROR(cudaErrorNotReady, "device not ready"),
+    MTEMU_ERROR(cudaErrorIllegalAddress, "an illegal memory access was encountered"),
+    MTEMU_ERROR(cudaErrorLaunchFailure, "unspecified launch failure"),
+    MTEMU_ERROR(cudaErrorNotSupported, "operation not supported"),
+    MTEMU_ERROR(cudaErrorUnknown, "unknown error"),
+};
+#undef MTEMU_ERROR
+
+const error_text *find_error(cudaError_t e) {
+    for (const error_text &t : error_texts)
+        if (t.code == e) return &t;
+    return nullptr;
+}
+
+cudaError_t check_device(int device_index) {
+    return device_index == 0 ? cudaSuccess
+                             : reportf(cudaErrorInvalidDevice,
+                                       "device %d: the emulator has device 0 only", device_index);
+}
+
+} // namespace
+
+// ---- mtemu_internal.h
+namespace mtemu {
+
+void enqueue(cudaStream_t s, std::function<void()> fn) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!stream_valid(s)) {
+        reportf(cudaErrorInvalidResourceHandle, "work queued on stream %p, which does not exist",
+                static_cast<void *>(s));
+        return;
+    }
+    queue.push_back(std::move(fn));
+}
+
+bool device_range(const void *p, size_t n) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    size_t off;
+    const arena::block *b = device.find(p, &off);
+    return b && n <= b->bytes - off;
+}
+
+bool device_accessible(const void *p, size_t n) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (device_range(p, n)) return true;
+    const pinned_block *b = find_pinned(p, n);
+    return b && b->mapped;
+}
+
+cudaError_t report(cudaError_t e, const char *what) {
+    last_error = e;
+    const error_text *t = find_error(e);
+    std::fprintf(stderr, "mtemu: %s: %s\n", what, t ? t->name : "cudaError");
+    return e;
+}
+
+} // namespace mtemu
+
+using mtemu::report;
+
+// ---- the runtime API
+extern "C" {
+
+// -- errors and versions
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) {
+    return last_error;
+}
+
+const char *cudaGetErrorName(cudaError_t error) {
+    const error_text *t = find_error(error);
+    return t ? t->name : "cudaErrorUnknown";
+}
+const char *cudaGetErrorString(cudaError_t error) {
+    const error_text *t = find_error(error);
+    return t ? t->text : "unrecognized error code";
+}
+
+cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
+    if (!runtimeVersion) return report(cudaErrorInvalidValue, "cudaRuntimeGetVersion: null");
+    *runtimeVersion = runtime_version;
+    return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int *driverVersion) {
+    if (!driverVersion) return report(cudaErrorInvalidValue, "cudaDriverGetVersion: null");
+    *driverVersion = runtime_version;
+    return cudaSuccess;
+}
+
+// -- the device
+cudaError_t cudaGetDeviceCount(int *count) {
+    if (!count) return report(cudaErrorInvalidValue, "cudaGetDeviceCount: null");
+    *count = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+    return check_device(device);
+}
+cudaError_t cudaGetDevice(int *device) {
+    if (!device) return report(cudaErrorInvalidValue, "cudaGetDevice: null");
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device_index) {
+    if (!prop) return report(cudaErrorInvalidValue, "cudaGetDeviceProperties: null");
+    if (cudaError_t e = check_device(device_index)) return e;
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    *prop = cudaDeviceProp{};
+    std::snprintf(prop->name, sizeof prop->name, "mtemu (emulated device)");
+    prop->totalGlobalMem = device.capacity();
+    prop->sharedMemPerBlock = mtemu::max_shared_per_block;
+    prop->sharedMemPerBlockOptin = mtemu::max_shared_per_block;
+    prop->sharedMemPerMultiprocessor = 4 * mtemu::max_shared_per_block;
+    prop->regsPerBlock = prop->regsPerMultiprocessor = 65536;
+    prop->warpSize = warpSize;
+    prop->memPitch = SIZE_MAX;
+    prop->maxThreadsPerBlock = static_cast<int>(mtemu::max_threads_per_block);
+    prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = static_cast<int>(mtemu::max_block_dim_xy);
+    prop->maxThreadsDim[2] = static_cast<int>(mtemu::max_block_dim_z);
+    prop->maxGridSize[0] = static_cast<int>(mtemu::max_grid_dim_x);
+    prop->maxGridSize[1] = prop->maxGridSize[2] = static_cast<int>(mtemu::max_grid_dim_yz);
+    prop->totalConstMem = 65536;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = mtemu::multiprocessor_count;
+    prop->maxThreadsPerMultiProcessor = 2048;
+    prop->maxBlocksPerMultiProcessor = 32;
+    prop->canMapHostMemory = 1;
+    prop->unifiedAddressing = 1;
+    prop->concurrentKernels = 1;
+    prop->asyncEngineCount = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device_index) {
+    if (!value) return report(cudaErrorInvalidValue, "cudaDeviceGetAttribute: null");
+    if (cudaError_t e = check_device(device_index)) return e;
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+        *value = mtemu::multiprocessor_count;
+        break;
+    case cudaDevAttrMaxThreadsPerBlock:
+        *value = mtemu::max_threads_per_block;
+        break;
+    case cudaDevAttrMaxBlockDimX:
+    case cudaDevAttrMaxBlockDimY:
+        *value = mtemu::max_block_dim_xy;
+        break;
+    case cudaDevAttrMaxBlockDimZ:
+        *value = mtemu::max_block_dim_z;
+        break;
+    case cudaDevAttrMaxGridDimX:
+        *value = static_cast<int>(mtemu::max_grid_dim_x);
+        break;
+    case cudaDevAttrMaxGridDimY:
+    case cudaDevAttrMaxGridDimZ:
+        *value = mtemu::max_grid_dim_yz;
+        break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+        *value = static_cast<int>(mtemu::max_shared_per_block);
+        break;
+    case cudaDevAttrWarpSize:
+        *value = warpSize;
+        break;
+    case cudaDevAttrComputeCapabilityMajor:
+        *value = 9;
+        break;
+    case cudaDevAttrComputeCapabilityMinor:
+        *value = 0;
+        break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor:
+        *value = 2048;
+        break;
+    case cudaDevAttrMaxRegistersPerBlock:
+        *value = 65536;
+        break;
+    case cudaDevAttrCanMapHostMemory:
+    case cudaDevAttrUnifiedAddressing:
+    case cudaDevAttrConcurrentKernels:
+        *value = 1;
+        break;
+    case cudaDevAttrIntegrated:
+        *value = 0;
+        break;
+    default:
+        return reportf(cudaErrorInvalidValue,
+                       "cudaDeviceGetAttribute: attribute %d is not emulated",
+                       static_cast<int>(attr));
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *, enum cudaFuncAttribute, int) {
+    return cudaSuccess;
+}
+
+// -- device memory
+cudaError_t cudaMalloc(void **devPtr, size_t size) {
+    if (!devPtr) return report(cudaErrorInvalidValue, "cudaMalloc: null result pointer");
+    *devPtr = nullptr;
+    if (size == 0) return cudaSuccess;
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    *devPtr = device.alloc(size);
+    if (!*devPtr)
+        return reportf(cudaErrorMemoryAllocation,
+                       "cudaMalloc of %zu bytes: out of emulated device memory (%zu of %zu bytes "
+                       "in use; MTEMU_MEM_BYTES sets the size)",
+                       size, device.in_use(), device.capacity());
+    return cudaSuccess;
+}
+
+// Like the real one, waits for the device first.
+cudaError_t cudaFree(void *devPtr) {
+    flush();
+    if (!devPtr) return cudaSuccess;
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!device.release(devPtr))
+        return reportf(cudaErrorInvalidValue, "cudaFree(%p): not a device allocation", devPtr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+    if (!free || !total) return report(cudaErrorInvalidValue, "cudaMemGetInfo: null");
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    *total = device.capacity();
+    *free = *total - device.in_use();
+    return cudaSuccess;
+}
+
+// -- pinned host memory
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+    if (!pHost) return report(cudaErrorInvalidValue, "cudaHostAlloc: null result pointer");
+    *pHost = nullptr;
+    if (flags & ~unsigned{cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined})
+        return reportf(cudaErrorInvalidValue, "cudaHostAlloc: unknown flags 0x%x", flags);
+    if (size == 0) return cudaSuccess;
+    void *p = nullptr;
+    if (posix_memalign(&p, device_alignment, size) != 0)
+        return reportf(cudaErrorMemoryAllocation, "cudaHostAlloc of %zu bytes", size);
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    pinned[static_cast<char *>(p)] = pinned_block{size, (flags & cudaHostAllocMapped) != 0};
+    *pHost = p;
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **ptr, size_t size) {
+    return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
+}
+
+// Like the real one, waits for the device first (queued copies may use the block).
+cudaError_t cudaFreeHost(void *ptr) {
+    flush();
+    if (!ptr) return cudaSuccess;
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!pinned.erase(static_cast<char *>(ptr)))
+        return reportf(cudaErrorInvalidValue, "cudaFreeHost(%p): not pinned host memory", ptr);
+    std::free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags) {
+    if (!pDevice || flags != 0)
+        return report(cudaErrorInvalidValue, "cudaHostGetDevicePointer: null result or flags");
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    const pinned_block *b = find_pinned(pHost, 1);
+    if (!b || !b->mapped)
+        return reportf(cudaErrorInvalidValue,
+                       "cudaHostGetDevicePointer(%p): not pinned memory allocated with "
+                       "cudaHostAllocMapped",
+                       pHost);
+    *pDevice = pHost;
+    return cudaSuccess;
+}
+
+// -- copies and memsets
+namespace {
+// Queues a copy after checking that each pointer is where the kind says.
+cudaError_t queue_copy(const char *api, void *dst, const void *src, size_t count,
+                       cudaMemcpyKind kind, cudaStream_t stream, bool *device_to_device) {
+    *device_to_device = false;
+    if (count == 0) return cudaSuccess;
+    if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
+        return reportf(cudaErrorInvalidMemcpyDirection, "%s: kind %d", api, static_cast<int>(kind));
+    if (!dst || !src) return reportf(cudaErrorInvalidValue, "%s: null pointer", api);
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!stream_valid(stream))
+        return reportf(cudaErrorInvalidResourceHandle, "%s: stream %p does not exist", api,
+                       static_cast<void *>(stream));
+    side d = where(dst, count), s = where(src, count);
+    bool to_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool from_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyDefault) {
+        to_device = d == side::device;
+        from_device = s == side::device;
+    }
+    bool dst_ok = d == (to_device ? side::device : side::host);
+    bool src_ok = s == (from_device ? side::device : side::host);
+    if (!dst_ok || !src_ok) {
+        bool should_be_device = dst_ok ? from_device : to_device;
+        return reportf(cudaErrorInvalidValue, "%s(%p <- %p, %zu bytes, %s): %s is not %s", api, dst,
+                       src, count, kind_name(kind), dst_ok ? "the source" : "the destination",
+                       should_be_device ? "inside one device allocation" : "host memory");
+    }
+    *device_to_device = to_device && from_device;
+    if (!from_device && !find_pinned(src, count)) {
+        // Pageable source: staged now, so that the caller may reuse it at once.
+        const char *c = static_cast<const char *>(src);
+        queue.push_back([dst, staged = std::vector<char>(c, c + count)] {
+            std::memcpy(dst, staged.data(), staged.size());
+        });
+    } else {
+        queue.push_back([dst, src, count] { std::memmove(dst, src, count); });
+    }
+    return cudaSuccess;
+}
+} // namespace
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    bool device_to_device;
+    return queue_copy("cudaMemcpyAsync", dst, src, count, kind, stream, &device_to_device);
+}
+
+// Synchronous, except device to device, as the real one.
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    bool device_to_device;
+    cudaError_t e = queue_copy("cudaMemcpy", dst, src, count, kind, nullptr, &device_to_device);
+    if (e == cudaSuccess && !device_to_device) flush();
+    return e;
+}
+
+cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!stream_valid(stream))
+        return reportf(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: stream %p does not exist",
+                       static_cast<void *>(stream));
+    if (!mtemu::device_range(devPtr, count))
+        return reportf(cudaErrorInvalidValue,
+                       "cudaMemsetAsync(%p, %zu bytes): not inside one device allocation", devPtr,
+                       count);
+    queue.push_back([devPtr, value, count] { std::memset(devPtr, value, count); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
+    return cudaMemsetAsync(devPtr, value, count, nullptr);
+}
+
+// -- streams
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
+    if (!pStream) return report(cudaErrorInvalidValue, "cudaStreamCreate: null result pointer");
+    if (flags & ~unsigned{cudaStreamNonBlocking})
+        return reportf(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: flags 0x%x", flags);
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    *pStream = new CUstream_st{flags};
+    streams.insert(*pStream);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
+    return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
+}
+
+// Queued work keeps running (it does not refer to the stream).
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!streams.erase(stream))
+        return reportf(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a stream",
+                       static_cast<void *>(stream));
+    delete stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    {
+        std::lock_guard<std::recursive_mutex> g(state_lock);
+        if (!stream_valid(stream))
+            return reportf(cudaErrorInvalidResourceHandle,
+                           "cudaStreamSynchronize(%p): not a stream", static_cast<void *>(stream));
+    }
+    flush();
+    return cudaSuccess;
+}
+
+// With work pending: lets the device run it and answers "not ready" this time, so that code
+// polling until ready terminates and code assuming completion does not pass by chance.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!stream_valid(stream))
+        return reportf(cudaErrorInvalidResourceHandle, "cudaStreamQuery(%p): not a stream",
+                       static_cast<void *>(stream));
+    if (queue.empty()) return cudaSuccess;
+    flush();
+    return cudaErrorNotReady; // not an error: not recorded as the last error
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    flush();
+    return cudaSuccess;
+}
+
+// -- events
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    if (!event) return report(cudaErrorInvalidValue, "cudaEventCreate: null result pointer");
+    if (flags & ~unsigned{cudaEventBlockingSync | cudaEventDisableTiming})
+        return reportf(cudaErrorInvalidValue, "cudaEventCreateWithFlags: flags 0x%x", flags);
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    *event = new CUevent_st{flags, std::make_shared<event_state>()};
+    events.insert(*event);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *event) {
+    return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!events.count(event) || !stream_valid(stream))
+        return report(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event or stream");
+    event->state->recorded = true;
+    event->state->done = false;
+    queue.push_back([state = event->state] {
+        state->at = std::chrono::steady_clock::now();
+        state->done = true;
+    });
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    {
+        std::lock_guard<std::recursive_mutex> g(state_lock);
+        if (!events.count(event))
+            return report(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not an event");
+        if (!event->state->recorded || event->state->done) return cudaSuccess;
+    }
+    flush();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!ms) return report(cudaErrorInvalidValue, "cudaEventElapsedTime: null result pointer");
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!events.count(start) || !events.count(end))
+        return report(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: not an event");
+    if (((start->flags | end->flags) & cudaEventDisableTiming) || !start->state->recorded ||
+        !end->state->recorded)
+        return report(cudaErrorInvalidResourceHandle,
+                      "cudaEventElapsedTime: an event was never recorded or has timing disabled");
+    if (!start->state->done || !end->state->done) return cudaErrorNotReady;
+    *ms = std::chrono::duration<float, std::milli>(end->state->at - start->state->at).count();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!events.erase(event))
+        return report(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not an event");
+    delete event;
+    return cudaSuccess;
+}
+
+} // extern "C"
