@@ -124,7 +124,7 @@ static int cpu_fill(mt_tensor *dst, double value) {
     default:
         return mt_error_set(MT_ERR_DTYPE, "fill: invalid dtype");
     }
-    if (dst->dtype == MT_F32 && value == 0.0 && mt_is_contiguous(dst)) {
+    if (dst->dtype == MT_F32 && value == 0.0 && !signbit(value) && mt_is_contiguous(dst)) {
         memset(mt_tensor_data(dst), 0, (size_t)dst->numel * 4);
         return 0;
     }
