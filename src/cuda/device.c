@@ -1,8 +1,8 @@
-/* CUDA device discovery. The library runs on the CPU on machines without a GPU or driver:
-   any error from cudaGetDeviceCount (e.g. "insufficient driver") means no GPU. Without the
-   CUDA runtime in the build, there is no GPU either. The CUDA kernel table is a later
-   milestone; until it exists mt_cuda_available() stays false even with a GPU present, so no
-   tensor is ever placed on a device we cannot run. */
+/* CUDA device discovery, compiled in every build. The library runs on the CPU on machines
+   without a GPU or driver: any error from cudaGetDeviceCount (e.g. "insufficient driver")
+   means no GPU. Without the CUDA backend in the build (MT_WITH_CUDA), there is no GPU either,
+   so no tensor is ever placed on a device we cannot run. */
+#include <stdatomic.h>
 #include <threads.h>
 #include "mixtape.h"
 #ifdef MT_HAVE_CUDA_RUNTIME
@@ -38,4 +38,14 @@ bool mt_cuda_available(void) {
 
 int mt_cuda_device_count(void) {
     return mt_cuda_available() ? mt_cuda_runtime_device_count() : 0;
+}
+
+static atomic_bool allow_tf32;
+
+void mt_cuda_set_allow_tf32(bool on) {
+    atomic_store_explicit(&allow_tf32, on, memory_order_relaxed);
+}
+
+bool mt_cuda_allow_tf32(void) {
+    return atomic_load_explicit(&allow_tf32, memory_order_relaxed);
 }

@@ -1,0 +1,124 @@
+/* Per-device contexts, error mapping and the one place the library waits for a device. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+#include "cuda_impl.h"
+
+#define MAX_DEVICES 64
+
+static _Atomic(mt_cuda_device_ctx *) contexts[MAX_DEVICES];
+static mtx_t create_lock;
+static once_flag lock_once = ONCE_FLAG_INIT;
+
+static void lock_init(void) {
+    mtx_init(&create_lock, mtx_plain);
+}
+
+int mt_cuda_check(const char *op, cudaError_t e) {
+    if (e == cudaSuccess) return 0;
+    (void)cudaGetLastError(); /* clear the runtime's sticky copy of a non-fatal error */
+    mt_status st = e == cudaErrorMemoryAllocation ? MT_ERR_OOM : MT_ERR_DEVICE;
+    return mt_error_set(st, "%s: CUDA error %s: %s", op, cudaGetErrorName(e),
+                        cudaGetErrorString(e));
+}
+
+int mt_cublas_check(const char *op, cublasStatus_t s) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    mt_status st = s == CUBLAS_STATUS_ALLOC_FAILED ? MT_ERR_OOM : MT_ERR_DEVICE;
+    return mt_error_set(st, "%s: cuBLAS error %s: %s", op, cublasGetStatusName(s),
+                        cublasGetStatusString(s));
+}
+
+/* The scratch callbacks of the kernel context: the caching allocator, counted like tensors. */
+static void *scratch_alloc(int device, size_t nbytes) {
+    return mt_cuda_alloc(device, nbytes);
+}
+static void scratch_free(int device, void *p, size_t nbytes) {
+    mt_cuda_free(device, p, nbytes);
+}
+
+static void ctx_destroy(mt_cuda_device_ctx *c) {
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->fault_host) cudaFreeHost(c->fault_host);
+    free(c);
+}
+
+static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
+    mt_cuda_device_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        mt_error_set(MT_ERR_OOM, "%s: out of memory creating the context of cuda:%d", op, index);
+        return NULL;
+    }
+    c->device = index;
+    void *fault_dev = NULL;
+    int rc = mt_cuda_check(op, cudaSetDevice(index));
+    /* non-blocking: the legacy default stream must not serialise with ours */
+    if (!rc) rc = mt_cuda_check(op, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    if (!rc)
+        rc = mt_cuda_check(op, cudaHostAlloc((void **)&c->fault_host, sizeof *c->fault_host,
+                                             cudaHostAllocMapped));
+    if (!rc) rc = mt_cuda_check(op, cudaHostGetDevicePointer(&fault_dev, c->fault_host, 0));
+    if (!rc) rc = mt_cublas_check(op, cublasCreate(&c->blas));
+    if (!rc) rc = mt_cublas_check(op, cublasSetStream(c->blas, c->stream));
+    int sms = 1;
+    if (!rc) rc = mt_cuda_check(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                                           index));
+    if (rc) {
+        ctx_destroy(c);
+        return NULL;
+    }
+    memset(c->fault_host, 0, sizeof *c->fault_host);
+    c->kctx = (mt_cuda_ctx){.device = index,
+                            .stream = c->stream,
+                            .fault = fault_dev,
+                            .sm_count = sms > 0 ? sms : 1,
+                            .scratch_alloc = scratch_alloc,
+                            .scratch_free = scratch_free};
+    return c;
+}
+
+mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index) {
+    if (index < 0 || index >= MAX_DEVICES || index >= mt_cuda_device_count()) {
+        mt_error_set(MT_ERR_DEVICE, "%s: device cuda:%d is not available", op, index);
+        return NULL;
+    }
+    mt_cuda_device_ctx *c = atomic_load_explicit(&contexts[index], memory_order_acquire);
+    if (!c) {
+        call_once(&lock_once, lock_init);
+        mtx_lock(&create_lock);
+        c = atomic_load_explicit(&contexts[index], memory_order_relaxed);
+        if (!c) {
+            c = ctx_create(op, index);
+            if (c) atomic_store_explicit(&contexts[index], c, memory_order_release);
+        }
+        mtx_unlock(&create_lock);
+        if (!c) return NULL;
+    }
+    /* The current device is per host thread: set it when there is more than one. */
+    if (mt_cuda_device_count() > 1 && mt_cuda_check(op, cudaSetDevice(index)) < 0) return NULL;
+    c->tf32 = mt_cuda_allow_tf32();
+    return c;
+}
+
+/* A fault a kernel recorded becomes the thread's error, once. */
+static int report_fault(const char *op, mt_cuda_device_ctx *c) {
+    volatile mt_cuda_fault *f = c->fault_host;
+    if (f->code == MT_CUDA_FAULT_NONE) return 0;
+    mt_cuda_fault seen = {f->code, f->op, f->a, f->b, f->c};
+    memset(c->fault_host, 0, sizeof *c->fault_host);
+    if (seen.code == MT_CUDA_FAULT_LABEL_RANGE)
+        return mt_error_set(MT_ERR_INVALID,
+                            "mt_%s: arg 2: label %lld at row %lld is out of range [0, %lld) "
+                            "(found on cuda:%d by the kernel, reported by %s)",
+                            mt_op_name((mt_op_id)seen.op), seen.b, seen.a, seen.c, c->device, op);
+    return mt_error_set(MT_ERR_INTERNAL, "mt_%s: unknown device fault %d (reported by %s)",
+                        mt_op_name((mt_op_id)seen.op), seen.code, op);
+}
+
+int mt_cuda_sync(const char *op, mt_cuda_device_ctx *c) {
+    mt_host_sync_counted();
+    int rc = mt_cuda_check(op, cudaStreamSynchronize(c->stream));
+    return rc ? rc : report_fault(op, c);
+}

@@ -1,0 +1,54 @@
+/* The host side of the CUDA backend (C11): per-device context, error mapping, the caching
+   allocator, and the conversions from tensors to the plain data of kernels.h. */
+#ifndef MT_CUDA_IMPL_H
+#define MT_CUDA_IMPL_H
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include "../tensor/backend.h"
+#include "kernels.h"
+
+/* One per device, made on first use: the device's one stream (every kernel, copy and
+   cuBLAS call of the library goes there, so stream order is program order), the cuBLAS
+   handle bound to it, the deferred-fault word and the launch context handed to kernels. */
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
+    mt_cuda_ctx kctx;
+    bool tf32; /* allow TF32 tensor cores for F32 GEMM (off: F32 matches the CPU) */
+} mt_cuda_device_ctx;
+
+/* The context of device `index`, created on first use; NULL with an error naming op. */
+mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index);
+
+bool mt_cuda_allow_tf32(void); /* mt_cuda_set_allow_tf32's setting (device.c) */
+
+/* Maps a CUDA / cuBLAS status to an mt error naming op and the library's own message;
+   returns 0 for success. */
+int mt_cuda_check(const char *op, cudaError_t e);
+int mt_cublas_check(const char *op, cublasStatus_t s);
+
+/* Waits for the device's stream: counted in mt_host_sync_count(), then reports a deferred
+   kernel fault (naming its op) as the thread's error. Every host wait of the library goes
+   through here. */
+int mt_cuda_sync(const char *op, mt_cuda_device_ctx *ctx);
+
+/* ---- caching allocator (cuda_alloc.c): stream-ordered reuse on the device's one stream */
+void *mt_cuda_alloc(int device, size_t nbytes); /* NULL on failure, no error set */
+void mt_cuda_free(int device, void *p, size_t nbytes);
+int mt_cuda_memory_stats(int device, mt_memory_stats *out);
+void mt_cuda_memory_peak_reset(int device);
+int mt_cuda_empty_cache(int device); /* cudaFree of every cached block (waits) */
+
+/* ---- tensors to kernel data (cuda_iter.c) */
+void mt_cuda_array_of(const mt_tensor *t, mt_cuda_array *out);
+/* Operands of the same shape (operand 0 the output); dims coalesced where all allow. */
+void mt_cuda_iter_init(mt_cuda_iter *it, int nops, const mt_tensor *const *ts);
+
+/* ---- GEMM (cuda_gemm.c): the backend's gemm family */
+int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
+                 double beta);
+
+extern const mt_backend mt_cuda_backend;
+#endif
