@@ -294,11 +294,21 @@ static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn, bool a
     return rc;
 }
 
+/* True (after recording why) when an earlier error of this thread is pending: the scaler
+   then leaves gradients, parameters and its own state alone, so that a step written without
+   checks never applies a half-made gradient (DESIGN.md: check once, at the end). */
+static bool pending_error(const char *fn) {
+    if (mt_last_status() == MT_OK) return false;
+    mt_error_set(MT_ERR_STATE, "%s: an earlier error is pending (%s)", fn, mt_last_error());
+    return true;
+}
+
 int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
     const char *fn = "mt_grad_scaler_unscale";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
     if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
     if (s->disabled) return 0;
+    if (pending_error(fn)) return MT_ERR_STATE;
     mt_api_enter();
     opt_state *st = find_opt(s, o, fn);
     if (!st) return mt_api_exit_status(MT_ERR_STATE);
@@ -322,6 +332,7 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
     if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
     if (s->disabled) return mt_optimizer_step(o);
+    if (pending_error(fn)) return MT_ERR_STATE;
     mt_api_enter();
     opt_state *st = find_opt(s, o, fn);
     if (!st) return mt_api_exit_status(MT_ERR_STATE);
@@ -345,6 +356,12 @@ int mt_grad_scaler_update(mt_grad_scaler *s) {
     const char *fn = "mt_grad_scaler_update";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
     if (s->disabled) return 0;
+    if (pending_error(fn)) {
+        /* the step failed somewhere: it counts neither as good nor as bad, and the next step
+           starts clean (torch's update also resets the per-step state) */
+        clear_step(s);
+        return MT_ERR_STATE;
+    }
     bool any = false;
     for (int i = 0; i < s->n_opts; i++) any |= s->opts[i].stepped;
     if (!any)

@@ -319,6 +319,11 @@ static int step_check(const char *op, mt_optimizer *o, int i) {
 int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale) {
     static const char op[] = "mt_optimizer_step";
     if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
+    /* A step written without checks after a failed forward or backward must not apply
+       whatever gradients were half made: refuse while the thread's error is pending. */
+    if (mt_last_status() != MT_OK)
+        return mt_error_set(MT_ERR_STATE, "%s: an earlier error is pending (%s)", op,
+                            mt_last_error());
     int rc = check_flag(op, 2, "found_inf", found_inf, o->device);
     if (!rc) rc = check_flag(op, 3, "inv_scale", inv_scale, o->device);
     if (rc) return rc;
