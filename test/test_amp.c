@@ -187,7 +187,7 @@ static void test_table_outside_region(void **state) {
 
 /* A tensor of dtype dt drawn from the normal distribution. */
 static mt_tensor *randn(mt_dtype dt, int ndim, const int64_t *shape) {
-    mt_tensor *t = mt_randn(ndim, shape, MT_F32, MT_CPU);
+    mt_tensor *t = mt_randn(ndim, shape, MT_F32, mt_test_device());
     mt_tensor *c = mt_cast(t, dt);
     mt_test_drop(t);
     return c;
@@ -210,7 +210,8 @@ static void run_ops(mt_dtype low, mt_amp_level level) {
     mt_tensor *w = randn(MT_F32, MT_SHAPE(3, 8));
     mt_tensor *b = randn(MT_F32, MT_SHAPE(3));
     mt_tensor *w2 = randn(MT_F32, MT_SHAPE(8, 3));
-    mt_tensor *labels = mt_from_data((const int64_t[]){0, 2, 1, 2}, MT_I64, MT_SHAPE(4), MT_CPU);
+    mt_tensor *labels =
+        mt_from_data((const int64_t[]){0, 2, 1, 2}, MT_I64, MT_SHAPE(4), mt_test_device());
     bool o2 = level == MT_AMP_O2;
     mt_autocast_begin(low, level);
     struct {
@@ -411,8 +412,8 @@ typedef struct {
 static void *thread_main(void *arg) {
     thread_job *j = arg;
     j->enabled_before = mt_autocast_enabled();
-    mt_tensor *x = mt_ones(MT_SHAPE(2, 2), MT_F32, MT_CPU);
-    mt_tensor *w = mt_ones(MT_SHAPE(2, 2), MT_F32, MT_CPU);
+    mt_tensor *x = mt_ones(MT_SHAPE(2, 2), MT_F32, mt_test_device());
+    mt_tensor *w = mt_ones(MT_SHAPE(2, 2), MT_F32, mt_test_device());
     mt_set_requires_grad(w, true);
     if (j->low == MT_BF16) mt_autocast_set_lists((const char *[]){"exp", NULL}, NULL);
     mt_autocast_begin(j->low, j->level);
@@ -673,7 +674,7 @@ typedef struct {
 
 static void *stats_thread(void *arg) {
     stats_job *j = arg;
-    mt_tensor *x = mt_ones(MT_SHAPE(4), MT_F32, MT_CPU);
+    mt_tensor *x = mt_ones(MT_SHAPE(4), MT_F32, mt_test_device());
     for (int i = 0; i < j->reps; i++) mt_release(mt_neg(x));
     mt_release(x);
     return NULL;
@@ -699,8 +700,8 @@ static void test_stats_threads(void **state) {
 static void test_numerics_checker(void **state) {
     (void)state;
     mt_scope_begin();
-    mt_tensor *x = mt_full(MT_SHAPE(2, 3), MT_F16, MT_CPU, 100.0);
-    mt_tensor *ok = mt_full(MT_SHAPE(2, 3), MT_F16, MT_CPU, 1.0);
+    mt_tensor *x = mt_full(MT_SHAPE(2, 3), MT_F16, mt_test_device(), 100.0);
+    mt_tensor *ok = mt_full(MT_SHAPE(2, 3), MT_F16, mt_test_device(), 1.0);
     mt_amp_numerics_reset();
     mt_amp_check_numerics(true);
     mt_exp(ok);
@@ -723,12 +724,12 @@ static void test_numerics_checker(void **state) {
 
     /* under autocast exp runs in FP32 where e^20 is finite; the cast back to f16 is what
        overflows */
-    mt_tensor *x20 = mt_full(MT_SHAPE(2, 3), MT_F16, MT_CPU, 20.0);
+    mt_tensor *x20 = mt_full(MT_SHAPE(2, 3), MT_F16, mt_test_device(), 20.0);
     mt_autocast_begin(MT_F16, MT_AMP_O1);
     mt_tensor *e32 = mt_exp(x20);
     expect_dt(e32, MT_F32, "exp under autocast");
     assert_false(mt_amp_numerics_failed());
-    mt_tensor *b = mt_ones(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_tensor *b = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
     mt_add(mt_cast(e32, MT_F16), b);
     mt_autocast_end();
     assert_true(mt_amp_numerics_failed());
@@ -737,7 +738,7 @@ static void test_numerics_checker(void **state) {
 
     /* binary ops list every input */
     mt_amp_numerics_reset();
-    mt_tensor *inf = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, INFINITY);
+    mt_tensor *inf = mt_full(MT_SHAPE(3), MT_F32, mt_test_device(), INFINITY);
     mt_add(ok, inf);
     assert_string_equal(mt_amp_numerics_report(),
                         "mt_add: output f32 [2, 3] has inf/nan; inputs: f16 [2, 3], f32 [3]");
@@ -762,7 +763,7 @@ static void test_numerics_per_thread(void **state) {
     (void)state;
     mt_amp_numerics_reset();
     mt_amp_check_numerics(true);
-    mt_tensor *x = mt_full(MT_SHAPE(2), MT_F16, MT_CPU, 100.0);
+    mt_tensor *x = mt_full(MT_SHAPE(2), MT_F16, mt_test_device(), 100.0);
     mt_tensor *e = mt_exp(x);
     mt_amp_check_numerics(false);
     assert_true(mt_amp_numerics_failed());

@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 static mt_tensor *leaf_from(const double *v, int ndim, const int64_t *shape) {
-    mt_tensor *t = mt_from_data(v, MT_F64, ndim, shape, MT_CPU);
+    mt_tensor *t = mt_from_data(v, MT_F64, ndim, shape, mt_test_device());
     mt_set_requires_grad(t, true);
     return t;
 }
@@ -115,7 +115,7 @@ static void test_detach(void **state) {
     assert_true(mt_requires_grad(y));
     assert_false(mt_requires_grad(d));
     assert_true(mt_is_leaf(d));
-    assert_ptr_equal(mt_data_ptr(d), mt_data_ptr(y)); /* shares storage */
+    assert_ptr_equal(mt_test_data_addr(d), mt_test_data_addr(y)); /* shares storage */
     /* x * detach(2x): the detached factor is a constant */
     assert_int_equal(mt_backward(mt_sum_all(mt_mul(x, d)), NULL), 0);
     mt_scope_end();
@@ -155,7 +155,7 @@ static void test_version_counter(void **state) {
     (void)state;
     double v[3] = {1, 2, 3};
     mt_tensor *x = leaf_from(v, MT_SHAPE(3)), *w = leaf_from(v, MT_SHAPE(3));
-    mt_tensor *one = mt_ones(MT_SHAPE(3), MT_F64, MT_CPU);
+    mt_tensor *one = mt_ones(MT_SHAPE(3), MT_F64, mt_test_device());
     /* mul saves both inputs; w changes in place (an optimizer-like update) before backward */
     mt_scope_begin();
     mt_tensor *l = mt_sum_all(mt_mul(x, w));
@@ -199,7 +199,7 @@ static void test_backward_errors(void **state) {
     mt_tensor *y = mt_mul_scalar(x, 2);
     assert_int_equal(mt_backward(y, NULL), MT_ERR_SHAPE);
     assert_error(MT_ERR_SHAPE, "[2, 2]");
-    mt_tensor *bad = mt_ones(MT_SHAPE(4), MT_F64, MT_CPU);
+    mt_tensor *bad = mt_ones(MT_SHAPE(4), MT_F64, mt_test_device());
     assert_int_equal(mt_backward(y, bad), MT_ERR_SHAPE);
     const char *m = mt_last_error();
     assert_non_null(strstr(m, "[4]"));
@@ -208,7 +208,7 @@ static void test_backward_errors(void **state) {
     assert_int_equal(mt_backward(NULL, NULL), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "mt_backward: arg 1");
     /* a non-scalar root with an explicit gradient works, also in another dtype */
-    mt_tensor *g = mt_full(MT_SHAPE(2, 2), MT_F32, MT_CPU, 0.5);
+    mt_tensor *g = mt_full(MT_SHAPE(2, 2), MT_F32, mt_test_device(), 0.5);
     assert_int_equal(mt_backward(y, g), 0);
     mt_scope_end();
     double e[4] = {1, 1, 1, 1};
@@ -218,17 +218,17 @@ static void test_backward_errors(void **state) {
     y = mt_exp(x);
     mt_set_requires_grad(y, false);
     assert_error(MT_ERR_STATE, "not a leaf");
-    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
+    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
     mt_set_requires_grad(i, true);
     assert_error(MT_ERR_DTYPE, "floating");
     assert_false(mt_requires_grad(i));
     /* a leaf that needs no grad */
-    mt_tensor *c = mt_ones(MT_SHAPE(1), MT_F64, MT_CPU);
+    mt_tensor *c = mt_ones(MT_SHAPE(1), MT_F64, mt_test_device());
     assert_int_equal(mt_backward(c, NULL), MT_ERR_STATE);
     assert_error(MT_ERR_STATE, "does not require grad");
     mt_scope_end();
     /* backward on a leaf itself accumulates the seed */
-    mt_tensor *s = mt_ones(MT_SHAPE(1), MT_F64, MT_CPU);
+    mt_tensor *s = mt_ones(MT_SHAPE(1), MT_F64, mt_test_device());
     mt_set_requires_grad(s, true);
     assert_int_equal(mt_backward(s, NULL), 0);
     double one = 1;
@@ -242,7 +242,7 @@ static void test_only_leaves_get_grads(void **state) {
     (void)state;
     double v[2] = {1, 2};
     mt_tensor *x = leaf_from(v, MT_SHAPE(2));
-    mt_tensor *k = mt_from_data(v, MT_F64, MT_SHAPE(2), MT_CPU); /* constant */
+    mt_tensor *k = mt_from_data(v, MT_F64, MT_SHAPE(2), mt_test_device()); /* constant */
     mt_scope_begin();
     mt_tensor *y = mt_mul(x, k);
     assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
@@ -331,8 +331,8 @@ static void test_no_reference_cycles(void **state) {
 /* Gradients reaching a leaf in another dtype are cast to the leaf's dtype. */
 static void test_grad_dtype(void **state) {
     (void)state;
-    mt_tensor *h = mt_full(MT_SHAPE(3), MT_F16, MT_CPU, 2.0),
-              *f = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 3.0);
+    mt_tensor *h = mt_full(MT_SHAPE(3), MT_F16, mt_test_device(), 2.0),
+              *f = mt_full(MT_SHAPE(3), MT_F32, mt_test_device(), 3.0);
     mt_set_requires_grad(h, true);
     mt_set_requires_grad(f, true);
     mt_scope_begin();
@@ -357,7 +357,7 @@ static void test_set_grad(void **state) {
     (void)state;
     double v[2] = {1, 2};
     mt_tensor *x = leaf_from(v, MT_SHAPE(2));
-    mt_tensor *g = mt_full(MT_SHAPE(2), MT_F64, MT_CPU, 10);
+    mt_tensor *g = mt_full(MT_SHAPE(2), MT_F64, mt_test_device(), 10);
     assert_int_equal(mt_set_grad(x, g), 0);
     mt_scope_begin();
     assert_int_equal(mt_backward(mt_sum_all(x), NULL), 0);
@@ -365,7 +365,8 @@ static void test_set_grad(void **state) {
     double e[2] = {11, 11};
     assert_grad(x, e, 2, 0);
     /* a grad whose elements share memory (an expanded view) is not added to in place */
-    mt_tensor *one = mt_full(MT_SHAPE(1), MT_F64, MT_CPU, 5), *ex = mt_expand(one, MT_SHAPE(2));
+    mt_tensor *one = mt_full(MT_SHAPE(1), MT_F64, mt_test_device(), 5),
+              *ex = mt_expand(one, MT_SHAPE(2));
     assert_int_equal(mt_set_grad(x, ex), 0);
     mt_scope_begin();
     assert_int_equal(mt_backward(mt_sum_all(mt_mul(x, x)), NULL), 0);
@@ -375,7 +376,7 @@ static void test_set_grad(void **state) {
     assert_true(mt_item(one) == 5);
     mt_release(ex);
     mt_release(one);
-    mt_tensor *bad = mt_ones(MT_SHAPE(3), MT_F64, MT_CPU);
+    mt_tensor *bad = mt_ones(MT_SHAPE(3), MT_F64, mt_test_device());
     assert_int_equal(mt_set_grad(x, bad), MT_ERR_SHAPE);
     assert_error(MT_ERR_SHAPE, "mt_set_grad: arg 2");
     assert_int_equal(mt_set_grad(x, NULL), 0);
@@ -388,7 +389,7 @@ static void test_set_grad(void **state) {
 /* A backward that fails half-way (out of memory) reports it and leaks nothing. */
 static void test_backward_oom(void **state) {
     (void)state;
-    mt_tensor *x = mt_ones(MT_SHAPE(1000), MT_F32, MT_CPU);
+    mt_tensor *x = mt_ones(MT_SHAPE(1000), MT_F32, mt_test_device());
     mt_set_requires_grad(x, true);
     mt_scope_begin();
     mt_tensor *l = mt_sum_all(mt_mul(mt_exp(x), x));
@@ -408,7 +409,7 @@ static void *thread_step(void *arg) {
     bool off = mt_set_grad_enabled(false); /* only this thread */
     mt_set_grad_enabled(off);
     double v[3] = {1, 2, 3};
-    mt_tensor *x = mt_from_data(v, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *x = mt_from_data(v, MT_F64, MT_SHAPE(3), mt_test_device());
     mt_set_requires_grad(x, true);
     for (int i = 0; i < 200; i++) {
         mt_scope_begin();
@@ -428,7 +429,7 @@ static void *thread_step(void *arg) {
 
 static void test_threads(void **state) {
     (void)state;
-    mt_tensor *shared = mt_full(MT_SHAPE(3), MT_F64, MT_CPU, 0.5);
+    mt_tensor *shared = mt_full(MT_SHAPE(3), MT_F64, mt_test_device(), 0.5);
     pthread_t th[4];
     for (int i = 0; i < 4; i++)
         assert_int_equal(pthread_create(&th[i], NULL, thread_step, shared), 0);
@@ -451,8 +452,10 @@ static mt_tensor *gradcheck_mul_tanh(mt_tensor *const *in, void *ctx) {
 }
 static void test_gradcheck_inside_scope(void **state) {
     (void)state;
-    mt_tensor *a = mt_from_data((const double[]){0.1, -0.4, 0.7}, MT_F64, MT_SHAPE(3), MT_CPU);
-    mt_tensor *b = mt_from_data((const double[]){0.5, 0.3, -0.2}, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *a =
+        mt_from_data((const double[]){0.1, -0.4, 0.7}, MT_F64, MT_SHAPE(3), mt_test_device());
+    mt_tensor *b =
+        mt_from_data((const double[]){0.5, 0.3, -0.2}, MT_F64, MT_SHAPE(3), mt_test_device());
     mt_set_requires_grad(a, true);
     mt_set_requires_grad(b, true);
     int64_t before = mt_live_tensors();
@@ -474,11 +477,13 @@ static mt_tensor *gradcheck_wrong(mt_tensor *const *in, void *ctx) {
 }
 static void test_gradcheck_catches_and_refuses(void **state) {
     (void)state;
-    mt_tensor *a = mt_from_data((const double[]){0.1, -0.4, 0.7}, MT_F64, MT_SHAPE(3), MT_CPU);
-    mt_tensor *b = mt_from_data((const double[]){0.5, 0.3, -0.2}, MT_F64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *a =
+        mt_from_data((const double[]){0.1, -0.4, 0.7}, MT_F64, MT_SHAPE(3), mt_test_device());
+    mt_tensor *b =
+        mt_from_data((const double[]){0.5, 0.3, -0.2}, MT_F64, MT_SHAPE(3), mt_test_device());
     mt_set_requires_grad(a, true);
     mt_set_requires_grad(b, true);
-    mt_tensor *kept = mt_full(MT_SHAPE(3), MT_F64, MT_CPU, 7.0);
+    mt_tensor *kept = mt_full(MT_SHAPE(3), MT_F64, mt_test_device(), 7.0);
     assert_int_equal(mt_set_grad(a, kept), 0);
     assert_int_equal(mt_gradcheck(gradcheck_wrong, (mt_tensor *[]){a, b}, 2, NULL, NULL),
                      MT_ERR_STATE);
@@ -489,12 +494,12 @@ static void test_gradcheck_catches_and_refuses(void **state) {
     /* the correct function passes on the same inputs */
     assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){a, b}, 2, NULL, NULL), 0);
 
-    mt_tensor *f = mt_zeros(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_tensor *f = mt_zeros(MT_SHAPE(3), MT_F32, mt_test_device());
     mt_set_requires_grad(f, true);
     assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){f, b}, 2, NULL, NULL),
                      MT_ERR_DTYPE);
     assert_error(MT_ERR_DTYPE, "input 0 is f32; finite differences need f64");
-    mt_tensor *c = mt_zeros(MT_SHAPE(3), MT_F64, MT_CPU);
+    mt_tensor *c = mt_zeros(MT_SHAPE(3), MT_F64, mt_test_device());
     assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){c, c}, 2, NULL, NULL),
                      MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "no input requires grad");
@@ -505,6 +510,40 @@ static void test_gradcheck_catches_and_refuses(void **state) {
     mt_release(kept);
     mt_release(a);
     mt_release(b);
+}
+
+/* mt_gradcheck perturbs its inputs in place, element by element, and must put every element
+   back bit for bit, after a failed check too. A transposed leaf makes logical element j a
+   different storage element than j: perturbing the wrong one would not match the analytic
+   gradient, which differs per element here. */
+static mt_tensor *gradcheck_exp_weighted(mt_tensor *const *in, void *ctx) {
+    return mt_mul(mt_exp(in[0]), (mt_tensor *)ctx);
+}
+static mt_tensor *gradcheck_half_detached(mt_tensor *const *in, void *ctx) {
+    (void)ctx;
+    return mt_mul(in[0], mt_detach(in[0])); /* analytic x, numeric 2x */
+}
+static void test_gradcheck_strided_input_restored(void **state) {
+    (void)state;
+    const double v[6] = {0.3, -1.2, 0.8, 2.0, -0.5, 0.1};
+    mt_tensor *base = mt_from_data(v, MT_F64, MT_SHAPE(2, 3), mt_test_device());
+    mt_tensor *x = mt_transpose(base, 0, 1); /* [3, 2], strides [1, 3] */
+    mt_set_requires_grad(x, true);
+    assert_true(mt_is_leaf(x));
+    assert_false(mt_is_contiguous(x));
+    mt_tensor *w = mt_test_tensor((const double[]){1, -2, 3, -4, 5, -6}, MT_F64, MT_SHAPE(3, 2));
+    assert_int_equal(mt_gradcheck(gradcheck_exp_weighted, &x, 1, w, NULL), 0);
+    double after[6];
+    assert_int_equal(mt_copy_to_host(base, after, sizeof after), 0);
+    assert_memory_equal(after, v, sizeof v);
+    assert_int_equal(mt_gradcheck(gradcheck_half_detached, &x, 1, NULL, NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_gradcheck: input 0 element 0");
+    assert_int_equal(mt_copy_to_host(base, after, sizeof after), 0);
+    assert_memory_equal(after, v, sizeof v);
+    assert_null(mt_grad(x)); /* it had none before either */
+    mt_release(w);
+    mt_release(x);
+    mt_release(base);
 }
 
 int main(void) {
@@ -527,6 +566,7 @@ int main(void) {
         MT_TEST(test_threads),
         MT_TEST(test_gradcheck_inside_scope),
         MT_TEST(test_gradcheck_catches_and_refuses),
+        MT_TEST(test_gradcheck_strided_input_restored),
     };
     return MT_RUN_TESTS(tests);
 }

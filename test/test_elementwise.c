@@ -415,7 +415,7 @@ static void test_unary(void **state) {
 static void test_unary_special_values(void **state) {
     (void)state;
     double x[6] = {0.0, -0.0, INFINITY, -INFINITY, NAN, -1.0};
-    mt_tensor *t = mt_from_data(x, MT_F64, MT_SHAPE(6), MT_CPU);
+    mt_tensor *t = mt_from_data(x, MT_F64, MT_SHAPE(6), mt_test_device());
     mt_tensor *r = mt_relu(t), *s = mt_sigmoid(t), *l = mt_log(t), *q = mt_sqrt(t);
     double er[6] = {0, 0, INFINITY, 0, NAN, 0};
     double es[6] = {0.5, 0.5, 1, 0, NAN, 1 / (1 + exp(1.0))};
@@ -427,7 +427,7 @@ static void test_unary_special_values(void **state) {
     assert_tensor_close(q, eq, 6, 0, 0);
     /* maximum and minimum propagate NaN from either side */
     double y[6] = {1, NAN, 1, 1, 1, 1};
-    mt_tensor *u = mt_from_data(y, MT_F64, MT_SHAPE(6), MT_CPU);
+    mt_tensor *u = mt_from_data(y, MT_F64, MT_SHAPE(6), mt_test_device());
     mt_tensor *mx = mt_maximum(t, u), *mn = mt_minimum(u, t);
     double emx[6] = {1, NAN, INFINITY, 1, NAN, 1}, emn[6] = {0, NAN, 1, -INFINITY, NAN, -1};
     assert_tensor_close(mx, emx, 6, 0, 0);
@@ -530,9 +530,10 @@ static void test_f32_accuracy(void **state) {
         for (size_t i = 0; i < sizeof special / sizeof *special; i++)
             if (isnan(special[i]) || (special[i] >= c->lo && special[i] <= c->hi))
                 x[m++] = special[i];
-        mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(m), MT_CPU), *y = c->fn(t);
+        mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(m), mt_test_device()), *y = c->fn(t);
         assert_no_error();
-        const float *yv = mt_data_ptr(y);
+        float *yv = malloc((size_t)m * sizeof *yv);
+        assert_int_equal(mt_copy_to_host(y, yv, (size_t)m * sizeof *yv), 0);
         double worst = 0;
         for (int64_t i = 0; i < m; i++) {
             double e = c->ref((double)x[i]);
@@ -556,6 +557,7 @@ static void test_f32_accuracy(void **state) {
                          e, err);
         }
         assert_true(worst > 0); /* the sweep did compare something */
+        free(yv);
         mt_release(t);
         mt_release(y);
     }
@@ -649,16 +651,16 @@ static void test_promotion(void **state) {
         mt_release(a);
         mt_release(b);
     }
-    mt_tensor *h = mt_full(MT_SHAPE(1), MT_F16, MT_CPU, 0.1),
-              *f = mt_full(MT_SHAPE(1), MT_F32, MT_CPU, 0.1);
+    mt_tensor *h = mt_full(MT_SHAPE(1), MT_F16, mt_test_device(), 0.1),
+              *f = mt_full(MT_SHAPE(1), MT_F32, mt_test_device(), 0.1);
     mt_tensor *eq = mt_eq(h, f);
     assert_no_error();
     assert_int_equal(mt_dtype_of(eq), MT_BOOL);
     assert_true(mt_item(eq) == 0.0);
     /* F16 + BF16 computes in F32: 1 + 2^-9 survives although neither low dtype could hold it
        after rounding the sum to bf16 */
-    mt_tensor *one = mt_ones(MT_SHAPE(1), MT_BF16, MT_CPU),
-              *small = mt_full(MT_SHAPE(1), MT_F16, MT_CPU, ldexp(1, -9));
+    mt_tensor *one = mt_ones(MT_SHAPE(1), MT_BF16, mt_test_device()),
+              *small = mt_full(MT_SHAPE(1), MT_F16, mt_test_device(), ldexp(1, -9));
     mt_tensor *sum = mt_add(one, small);
     assert_int_equal(mt_dtype_of(sum), MT_F32);
     assert_true(mt_item(sum) == 1 + ldexp(1, -9));
@@ -675,7 +677,8 @@ static void test_where(void **state) {
     (void)state;
     for (int d = 0; d < 4; d++) {
         mt_dtype dt = all_float[d];
-        mt_tensor *p = make(MT_F64, -1, 1, MT_SHAPE(3, 1)), *zero = mt_scalar(0, MT_F64, MT_CPU);
+        mt_tensor *p = make(MT_F64, -1, 1, MT_SHAPE(3, 1)),
+                  *zero = mt_scalar(0, MT_F64, mt_test_device());
         mt_tensor *cond = mt_gt(p, zero); /* [3, 1] */
         mt_tensor *a = make(dt, -2, 2, MT_SHAPE(1, 4)), *b = make(dt, -2, 2, 0, NULL);
         mt_tensor *y = mt_where(cond, a, b);
@@ -709,9 +712,9 @@ static void test_where(void **state) {
         mt_release(y2);
     }
     /* mixed dtypes promote */
-    mt_tensor *c = mt_full(MT_SHAPE(2), MT_BOOL, MT_CPU, 1);
-    mt_tensor *a = mt_full(MT_SHAPE(2), MT_F16, MT_CPU, 1.5),
-              *b = mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 2);
+    mt_tensor *c = mt_full(MT_SHAPE(2), MT_BOOL, mt_test_device(), 1);
+    mt_tensor *a = mt_full(MT_SHAPE(2), MT_F16, mt_test_device(), 1.5),
+              *b = mt_full(MT_SHAPE(2), MT_F32, mt_test_device(), 2);
     mt_tensor *y = mt_where(c, a, b);
     assert_int_equal(mt_dtype_of(y), MT_F32);
     double e[2] = {1.5, 1.5};
@@ -727,16 +730,16 @@ static void test_compare_integers(void **state) {
     /* the last two differ by 1 past 2^53, where doubles could not tell them apart */
     int64_t big = (int64_t)1 << 60;
     int64_t a[5] = {1, 2, 3, big, big + 1}, b[5] = {5, 2, 1, big + 1, big + 1};
-    mt_tensor *ta = mt_from_data(a, MT_I64, MT_SHAPE(5), MT_CPU),
-              *tb = mt_from_data(b, MT_I64, MT_SHAPE(5), MT_CPU);
+    mt_tensor *ta = mt_from_data(a, MT_I64, MT_SHAPE(5), mt_test_device()),
+              *tb = mt_from_data(b, MT_I64, MT_SHAPE(5), mt_test_device());
     mt_tensor *eq = mt_eq(ta, tb), *lt = mt_lt(ta, tb);
     double eeq[5] = {0, 1, 0, 0, 1}, elt[5] = {1, 0, 0, 1, 0};
     assert_tensor_close(eq, eeq, 5, 0, 0);
     assert_tensor_close(lt, elt, 5, 0, 0);
     /* every comparison, I32 and bool too, strided */
     int32_t ia[4] = {-3, 7, 7, 0}, ib[4] = {7, 7, -3, 0};
-    mt_tensor *ta32 = mt_from_data(ia, MT_I32, MT_SHAPE(4), MT_CPU);
-    mt_tensor *tb32 = mt_from_data(ib, MT_I32, MT_SHAPE(4), MT_CPU);
+    mt_tensor *ta32 = mt_from_data(ia, MT_I32, MT_SHAPE(4), mt_test_device());
+    mt_tensor *tb32 = mt_from_data(ib, MT_I32, MT_SHAPE(4), mt_test_device());
     mt_tensor *(*fns[6])(mt_tensor *, mt_tensor *) = {mt_eq, mt_ne, mt_lt, mt_le, mt_gt, mt_ge};
     double (*refs[6])(double, double) = {r_eq, r_ne, r_lt, r_le, r_gt, r_ge};
     for (int k = 0; k < 6; k++) {
@@ -864,7 +867,7 @@ static void test_gradcheck_unary(void **state) {
 static void test_gradcheck_where(void **state) {
     (void)state;
     double cv[6] = {1, 0, 0, 1, 1, 0};
-    mt_tensor *c64 = mt_from_data(cv, MT_F64, MT_SHAPE(2, 3), MT_CPU);
+    mt_tensor *c64 = mt_from_data(cv, MT_F64, MT_SHAPE(2, 3), mt_test_device());
     gc_ctx ctx = {.cond = mt_cast(c64, MT_BOOL)};
     mt_tensor *in[2] = {leaf(-2, 2, MT_SHAPE(2, 3)), leaf(-2, 2, MT_SHAPE(3))};
     run_gradcheck(gc_where, in, 2, &ctx, "where");
@@ -885,7 +888,7 @@ static void test_low_precision_backward(void **state) {
         mt_set_requires_grad(b, true);
         mt_tensor *ea_ = mt_exp(a), *y = mt_mul(ea_, b); /* f32 [2, 5] */
         assert_int_equal(mt_dtype_of(y), MT_F32);
-        mt_tensor *seed = mt_ones(MT_SHAPE(2, 5), MT_F32, MT_CPU);
+        mt_tensor *seed = mt_ones(MT_SHAPE(2, 5), MT_F32, mt_test_device());
         assert_int_equal(mt_backward(y, seed), 0);
         assert_no_error();
         mt_tensor *ga = mt_grad(a), *gb = mt_grad(b);
@@ -938,7 +941,7 @@ static mt_tensor *gc_copy(mt_tensor *const *in, void *vctx) {
     case 5:
         return mt_mul(mt_cast(x, MT_F64), x); /* same dtype: x itself */
     case 6:
-        return mt_mul(mt_to(x, MT_CPU), x); /* same device: x itself */
+        return mt_mul(mt_to(x, mt_test_device()), x); /* same device: x itself */
     default:
         return NULL;
     }
@@ -980,9 +983,9 @@ static void test_gradcheck_copies(void **state) {
 /* Every elementwise op names itself, the argument and the shapes or dtype in its errors. */
 static void test_errors_every_op(void **state) {
     (void)state;
-    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU),
-              *b = mt_zeros(MT_SHAPE(4, 3), MT_F32, MT_CPU),
-              *i = mt_zeros(MT_SHAPE(2, 3), MT_I64, MT_CPU);
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, mt_test_device()),
+              *b = mt_zeros(MT_SHAPE(4, 3), MT_F32, mt_test_device()),
+              *i = mt_zeros(MT_SHAPE(2, 3), MT_I64, mt_test_device());
     char want[96];
     for (int k = 0; k < N_BINARY; k++) {
         const binary_case *c = &binary_cases[k];
@@ -1019,8 +1022,8 @@ static void test_errors_every_op(void **state) {
         assert_error(MT_ERR_DTYPE, want);
     }
     /* where: every pair of mismatched arguments */
-    mt_tensor *cond = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, MT_CPU);
-    mt_tensor *c4 = mt_zeros(MT_SHAPE(4, 3), MT_BOOL, MT_CPU);
+    mt_tensor *cond = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, mt_test_device());
+    mt_tensor *c4 = mt_zeros(MT_SHAPE(4, 3), MT_BOOL, mt_test_device());
     assert_null(mt_where(c4, a, a));
     assert_error(MT_ERR_SHAPE, "mt_where");
     assert_null(mt_where(cond, a, b));
@@ -1037,8 +1040,8 @@ static void test_errors_every_op(void **state) {
 /* ---- errors */
 static void test_errors(void **state) {
     (void)state;
-    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU),
-              *b = mt_zeros(MT_SHAPE(4, 3), MT_F32, MT_CPU);
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, mt_test_device()),
+              *b = mt_zeros(MT_SHAPE(4, 3), MT_F32, mt_test_device());
     assert_null(mt_add(a, b));
     assert_error(MT_ERR_SHAPE, "mt_add");
     assert_null(mt_mul(a, b));
@@ -1055,8 +1058,8 @@ static void test_errors(void **state) {
     mt_release(c);
 
     /* non-floating dtypes */
-    mt_tensor *i = mt_zeros(MT_SHAPE(2, 3), MT_I64, MT_CPU),
-              *bo = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, MT_CPU);
+    mt_tensor *i = mt_zeros(MT_SHAPE(2, 3), MT_I64, mt_test_device()),
+              *bo = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, mt_test_device());
     assert_null(mt_add(i, a));
     assert_error(MT_ERR_DTYPE, "mt_add: arg 1: dtype i64");
     assert_null(mt_div(a, bo));

@@ -5,15 +5,15 @@
 #include "test_util.h"
 
 static mt_tensor *f32(int ndim, const int64_t *shape) {
-    return mt_ones(ndim, shape, MT_F32, MT_CPU);
+    return mt_ones(ndim, shape, MT_F32, mt_test_device());
 }
 
 /* Every public function that returns a tensor, given a NULL tensor argument. */
 static void test_null_propagates(void **state) {
     (void)state;
     mt_tensor *a = f32(MT_SHAPE(2, 3)), *w = f32(MT_SHAPE(4, 3));
-    mt_tensor *lab = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
-    mt_tensor *cond = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, MT_CPU);
+    mt_tensor *lab = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
+    mt_tensor *cond = mt_zeros(MT_SHAPE(2, 3), MT_BOOL, mt_test_device());
     mt_tensor *N = NULL;
     mt_tensor *(*binary[])(mt_tensor *, mt_tensor *) = {
         mt_add, mt_sub, mt_mul, mt_div, mt_pow, mt_maximum, mt_minimum,  mt_eq,
@@ -47,7 +47,7 @@ static void test_null_propagates(void **state) {
     assert_null(mt_cat(with_null, 2, 0));
     assert_null(mt_stack(with_null, 2, 0));
     assert_null(mt_cast(N, MT_F16));
-    assert_null(mt_to(N, MT_CPU));
+    assert_null(mt_to(N, mt_test_device()));
     assert_null(mt_reshape(N, MT_SHAPE(6)));
     assert_null(mt_view(N, MT_SHAPE(6)));
     assert_null(mt_transpose(N, 0, 1));
@@ -63,7 +63,7 @@ static void test_null_propagates(void **state) {
     assert_null(mt_grad(N));
     assert_true(isnan(mt_item(N)));
     mt_linear_layer layer;
-    assert_int_equal(mt_linear_layer_init(&layer, 3, 4, true, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&layer, 3, 4, true, MT_F32, mt_test_device()), 0);
     assert_null(mt_linear_layer_forward(&layer, N));
     mt_linear_layer_free(&layer);
     mt_grad_scaler *s = mt_grad_scaler_new(NULL);
@@ -145,7 +145,7 @@ static void test_unchecked_step(void **state) {
 static void test_first_error_sticks(void **state) {
     (void)state;
     mt_tensor *a = f32(MT_SHAPE(2, 3)), *b = f32(MT_SHAPE(3, 2));
-    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
+    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
     assert_null(mt_add(a, b));
     assert_int_equal(mt_last_status(), MT_ERR_SHAPE);
     char first[512];
@@ -198,8 +198,8 @@ static void test_errors_per_thread(void **state) {
 static void test_messages(void **state) {
     (void)state;
     mt_tensor *a = f32(MT_SHAPE(2, 3)), *b = f32(MT_SHAPE(4, 5));
-    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
-    mt_tensor *lab = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU);
+    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
+    mt_tensor *lab = mt_zeros(MT_SHAPE(2), MT_F32, mt_test_device());
 
     assert_null(mt_matmul(a, b));
     assert_int_equal(mt_last_status(), MT_ERR_SHAPE);
@@ -233,13 +233,17 @@ static void test_messages(void **state) {
     assert_null(mt_log(i));
     assert_error(MT_ERR_DTYPE, "mt_log: arg 1: dtype i64");
 
-    assert_null(mt_to(a, MT_CUDA(7)));
-    assert_error(MT_ERR_DEVICE, "cuda:7");
+    /* a CUDA ordinal past every device of this machine (cuda:7 where there is none) */
+    int missing = mt_cuda_device_count() + 7;
+    char want[32];
+    snprintf(want, sizeof want, "cuda:%d", missing);
+    assert_null(mt_to(a, MT_CUDA(missing)));
+    assert_error(MT_ERR_DEVICE, want);
 
-    assert_null(mt_empty(MT_SHAPE(2, -1), MT_F32, MT_CPU));
+    assert_null(mt_empty(MT_SHAPE(2, -1), MT_F32, mt_test_device()));
     assert_error(MT_ERR_SHAPE, "mt_empty: negative size in shape [2, -1]");
 
-    assert_null(mt_from_data(NULL, MT_F32, MT_SHAPE(2), MT_CPU));
+    assert_null(mt_from_data(NULL, MT_F32, MT_SHAPE(2), mt_test_device()));
     assert_error(MT_ERR_NULL, "mt_from_data: arg 1");
 
     assert_true(isnan(mt_item(a)));
@@ -269,15 +273,15 @@ static void test_messages(void **state) {
 static void test_oom_huge(void **state) {
     (void)state;
     const int64_t huge = (int64_t)1 << 40;
-    assert_null(mt_empty(MT_SHAPE(huge), MT_F32, MT_CPU));
+    assert_null(mt_empty(MT_SHAPE(huge), MT_F32, mt_test_device()));
     assert_int_equal(mt_last_status(), MT_ERR_OOM);
     assert_error(MT_ERR_OOM, "mt_empty");
-    assert_null(mt_zeros(MT_SHAPE(1 << 20, 1 << 20), MT_F64, MT_CPU));
+    assert_null(mt_zeros(MT_SHAPE(1 << 20, 1 << 20), MT_F64, mt_test_device()));
     assert_error(MT_ERR_OOM, "mt_zeros");
-    assert_null(mt_randn(MT_SHAPE(huge), MT_F16, MT_CPU));
+    assert_null(mt_randn(MT_SHAPE(huge), MT_F16, mt_test_device()));
     assert_error(MT_ERR_OOM, "out of memory");
     /* sizes whose byte count overflows */
-    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 62, 4), MT_F64, MT_CPU));
+    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 62, 4), MT_F64, mt_test_device()));
     assert_error(MT_ERR_OOM, "too large");
     /* a tensor of that size in the middle of an expression */
     mt_tensor *a = f32(MT_SHAPE(1));
@@ -294,9 +298,9 @@ static void test_oom_huge(void **state) {
 
 static void test_oom_alloc_limit(void **state) {
     (void)state;
-    mt_tensor *a = mt_rand(MT_SHAPE(1000), MT_F32, MT_CPU),
-              *b = mt_rand(MT_SHAPE(1000), MT_F32, MT_CPU);
-    mt_tensor *w = mt_rand(MT_SHAPE(1000, 1000), MT_F32, MT_CPU);
+    mt_tensor *a = mt_rand(MT_SHAPE(1000), MT_F32, mt_test_device()),
+              *b = mt_rand(MT_SHAPE(1000), MT_F32, mt_test_device());
+    mt_tensor *w = mt_rand(MT_SHAPE(1000, 1000), MT_F32, mt_test_device());
     mt_set_requires_grad(a, true);
     int64_t live = mt_live_tensors(), bytes = mt_live_bytes();
     mt_debug_set_alloc_limit(1024); /* 1000 floats do not fit */

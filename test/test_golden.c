@@ -187,7 +187,8 @@ static mt_tensor *g_slice(mt_tensor *const *in, int n, const golden_case *c) {
 
 static mt_tensor *g_to(mt_tensor *const *in, int n, const golden_case *c) {
     (void)c;
-    return need_inputs(n, 1) ? mt_to(in[0], MT_CPU) : NULL;
+    /* torch's x.to("cpu") of a CPU tensor: a move to the tensor's own device */
+    return need_inputs(n, 1) ? mt_to(in[0], mt_test_device()) : NULL;
 }
 
 /* In-place ops: applied to input 0, which run_case built fresh from the golden data for this
@@ -404,13 +405,13 @@ static mt_tensor *build(const golden_tensor *g) {
         }
         if (i64 && i32)
             t = mt_from_data(g->dt == MT_I64 ? (void *)i64 : (void *)i32, g->dt, g->ndim, g->shape,
-                             MT_CPU);
+                             mt_test_device());
         free(i64);
         free(i32);
     } else {
         uint8_t *b = malloc(n);
         for (int64_t i = 0; b && i < g->n; i++) b[i] = g->v[i] != 0.0;
-        if (b) t = mt_from_data(b, MT_BOOL, g->ndim, g->shape, MT_CPU);
+        if (b) t = mt_from_data(b, MT_BOOL, g->ndim, g->shape, mt_test_device());
         free(b);
     }
     if (t && g->requires_grad) mt_set_requires_grad(t, true);

@@ -9,7 +9,7 @@
 
 /* A leaf parameter of dtype dt holding v[0..n). */
 static mt_tensor *param(const double *v, int64_t n, mt_dtype dt) {
-    mt_tensor *d = mt_from_data(v, MT_F64, 1, (const int64_t[]){n}, MT_CPU);
+    mt_tensor *d = mt_from_data(v, MT_F64, 1, (const int64_t[]){n}, mt_test_device());
     mt_tensor *p = mt_cast(d, dt);
     if (p == d) { /* F64: a private copy, so the parameter is its own leaf */
         mt_test_drop(p);
@@ -82,7 +82,7 @@ static void test_bad_options(void **state) {
 static void test_null_arguments(void **state) {
     (void)state;
     mt_grad_scaler *s = mt_grad_scaler_new(NULL);
-    mt_tensor *loss = mt_scalar(1.0, MT_F32, MT_CPU);
+    mt_tensor *loss = mt_scalar(1.0, MT_F32, mt_test_device());
     assert_null(mt_grad_scaler_scale(NULL, loss));
     assert_error(MT_ERR_NULL, "mt_grad_scaler_scale: arg 1: scaler is NULL");
     assert_null(mt_grad_scaler_scale(s, NULL)); /* NULL in, NULL out, error untouched */
@@ -127,8 +127,10 @@ static void test_scale_loss(void **state) {
 
     /* the result keeps the loss's dtype, also inside an O2 region */
     mt_grad_scaler *s2 = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
-    mt_tensor *l16 = mt_scalar(2.5, MT_F16, MT_CPU), *lbf = mt_scalar(2.5, MT_BF16, MT_CPU);
-    mt_tensor *l64 = mt_scalar(2.5, MT_F64, MT_CPU), *l32 = mt_scalar(2.5, MT_F32, MT_CPU);
+    mt_tensor *l16 = mt_scalar(2.5, MT_F16, mt_test_device()),
+              *lbf = mt_scalar(2.5, MT_BF16, mt_test_device());
+    mt_tensor *l64 = mt_scalar(2.5, MT_F64, mt_test_device()),
+              *l32 = mt_scalar(2.5, MT_F32, mt_test_device());
     mt_tensor *r16 = mt_grad_scaler_scale(s2, l16), *rbf = mt_grad_scaler_scale(s2, lbf);
     mt_tensor *r64 = mt_grad_scaler_scale(s2, l64);
     mt_autocast_begin(MT_F16, MT_AMP_O2);
@@ -143,7 +145,7 @@ static void test_scale_loss(void **state) {
     assert_same(r64, ((const double[]){2560}), 1);
     assert_same(r32, ((const double[]){2560}), 1);
 
-    mt_tensor *labels = mt_from_data((const int64_t[]){1}, MT_I64, MT_SHAPE(1), MT_CPU);
+    mt_tensor *labels = mt_from_data((const int64_t[]){1}, MT_I64, MT_SHAPE(1), mt_test_device());
     assert_null(mt_grad_scaler_scale(s2, labels));
     assert_error(MT_ERR_DTYPE,
                  "mt_grad_scaler_scale: arg 2: loss must be a floating tensor, got i64");
@@ -532,17 +534,17 @@ static void test_unscale_large(void **state) {
     (void)state;
     mt_scope_begin();
     int64_t n = 200000;
-    mt_tensor *a = mt_zeros(MT_SHAPE(n), MT_F32, MT_CPU),
-              *b = mt_zeros(MT_SHAPE(n), MT_F16, MT_CPU);
-    mt_tensor *c = mt_zeros(MT_SHAPE(7), MT_F32, MT_CPU);
+    mt_tensor *a = mt_zeros(MT_SHAPE(n), MT_F32, mt_test_device()),
+              *b = mt_zeros(MT_SHAPE(n), MT_F16, mt_test_device());
+    mt_tensor *c = mt_zeros(MT_SHAPE(7), MT_F32, mt_test_device());
     mt_tensor *ps[3] = {a, b, c};
     for (int i = 0; i < 3; i++) mt_set_requires_grad(ps[i], true);
     mt_optimizer *o = mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 8});
     for (int64_t pos = 0; pos < 3; pos++) {
-        mt_tensor *ga = mt_full(MT_SHAPE(n), MT_F32, MT_CPU, 8.0);
-        mt_tensor *gb = mt_full(MT_SHAPE(n), MT_F16, MT_CPU, 16.0);
-        mt_tensor *gc = mt_full(MT_SHAPE(7), MT_F32, MT_CPU, 8.0);
+        mt_tensor *ga = mt_full(MT_SHAPE(n), MT_F32, mt_test_device(), 8.0);
+        mt_tensor *gb = mt_full(MT_SHAPE(n), MT_F16, mt_test_device(), 16.0);
+        mt_tensor *gc = mt_full(MT_SHAPE(7), MT_F32, mt_test_device(), 8.0);
         /* pos 0: inf near the end of b; pos 1: nan in the middle of a; pos 2: clean */
         mt_tensor *hole = pos == 0   ? mt_narrow(gb, 0, n - 3, 1)
                           : pos == 1 ? mt_narrow(ga, 0, n / 2, 1)
@@ -581,10 +583,11 @@ static void test_unscale_shared_and_expanded(void **state) {
     mt_scope_begin();
     mt_tensor *a = param((const double[]){1, 1, 1}, 3, MT_F32),
               *b = param((const double[]){1, 1, 1}, 3, MT_F32);
-    mt_tensor *c = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU);
+    mt_tensor *c = mt_zeros(MT_SHAPE(2, 3), MT_F32, mt_test_device());
     mt_set_requires_grad(c, true);
-    mt_tensor *shared = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 8.0);
-    mt_tensor *row = mt_from_data((const float[]){4, 8, 12}, MT_F32, MT_SHAPE(1, 3), MT_CPU);
+    mt_tensor *shared = mt_full(MT_SHAPE(3), MT_F32, mt_test_device(), 8.0);
+    mt_tensor *row =
+        mt_from_data((const float[]){4, 8, 12}, MT_F32, MT_SHAPE(1, 3), mt_test_device());
     mt_tensor *expanded = mt_expand(row, MT_SHAPE(2, 3));
     assert_int_equal(mt_set_grad(a, shared), 0);
     assert_int_equal(mt_set_grad(b, shared), 0);
@@ -613,19 +616,19 @@ static void test_kernels_dtypes_layouts(void **state) {
     const mt_dtype dts[4] = {MT_F32, MT_F16, MT_BF16, MT_F64};
     mt_tensor *ps[5];
     for (int i = 0; i < 4; i++) {
-        ps[i] = mt_zeros(MT_SHAPE(3, 2), dts[i], MT_CPU);
+        ps[i] = mt_zeros(MT_SHAPE(3, 2), dts[i], mt_test_device());
         mt_set_requires_grad(ps[i], true);
         /* grad = transpose of a [2, 3] tensor holding 16 * (1..6): non-contiguous */
-        mt_tensor *src =
-            mt_from_data((const double[]){16, 32, 48, 64, 80, 96}, MT_F64, MT_SHAPE(2, 3), MT_CPU);
+        mt_tensor *src = mt_from_data((const double[]){16, 32, 48, 64, 80, 96}, MT_F64,
+                                      MT_SHAPE(2, 3), mt_test_device());
         mt_tensor *g = mt_transpose(mt_cast(src, dts[i]), 0, 1);
         assert_false(mt_is_contiguous(g));
         assert_int_equal(mt_set_grad(ps[i], g), 0);
     }
     int64_t n = 100000;
-    ps[4] = mt_zeros(MT_SHAPE(n), MT_F32, MT_CPU);
+    ps[4] = mt_zeros(MT_SHAPE(n), MT_F32, mt_test_device());
     mt_set_requires_grad(ps[4], true);
-    assert_int_equal(mt_set_grad(ps[4], mt_full(MT_SHAPE(n), MT_F32, MT_CPU, 8.0)), 0);
+    assert_int_equal(mt_set_grad(ps[4], mt_full(MT_SHAPE(n), MT_F32, mt_test_device(), 8.0)), 0);
     mt_optimizer *o = mt_sgd_new(ps, 5, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 16});
     assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
@@ -782,12 +785,12 @@ static void test_disabled(void **state) {
 static void check_training(mt_dtype low, mt_amp_level level, bool scaler_on) {
     mt_manual_seed(3);
     mt_scope_begin();
-    mt_tensor *x = mt_randn(MT_SHAPE(32, 4), MT_F32, MT_CPU);
-    mt_tensor *wt =
-        mt_from_data((const float[]){0.5f, -1.0f, 2.0f, 0.25f}, MT_F32, MT_SHAPE(1, 4), MT_CPU);
+    mt_tensor *x = mt_randn(MT_SHAPE(32, 4), MT_F32, mt_test_device());
+    mt_tensor *wt = mt_from_data((const float[]){0.5f, -1.0f, 2.0f, 0.25f}, MT_F32, MT_SHAPE(1, 4),
+                                 mt_test_device());
     mt_tensor *t = mt_matmul(x, mt_transpose(wt, 0, 1));
-    mt_tensor *w = mt_zeros(MT_SHAPE(1, 4), MT_F32, MT_CPU);
-    mt_tensor *b = mt_zeros(MT_SHAPE(1), MT_F32, MT_CPU);
+    mt_tensor *w = mt_zeros(MT_SHAPE(1, 4), MT_F32, mt_test_device());
+    mt_tensor *b = mt_zeros(MT_SHAPE(1), MT_F32, mt_test_device());
     mt_set_requires_grad(w, true);
     mt_set_requires_grad(b, true);
     mt_tensor *params[2] = {w, b};

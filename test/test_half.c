@@ -6,7 +6,7 @@
 
 /* The value a one-element tensor of dtype dt holds after storing v. */
 static double stored(double v, mt_dtype dt) {
-    mt_tensor *t = mt_full(MT_SHAPE(1), dt, MT_CPU, v);
+    mt_tensor *t = mt_full(MT_SHAPE(1), dt, mt_test_device(), v);
     double r = mt_item(t);
     mt_release(t);
     assert_no_error();
@@ -14,7 +14,7 @@ static double stored(double v, mt_dtype dt) {
 }
 
 static uint16_t stored_bits(double v, mt_dtype dt) {
-    mt_tensor *t = mt_full(MT_SHAPE(1), dt, MT_CPU, v);
+    mt_tensor *t = mt_full(MT_SHAPE(1), dt, mt_test_device(), v);
     uint16_t h = 0;
     assert_int_equal(mt_copy_to_host(t, &h, sizeof h), 0);
     mt_release(t);
@@ -25,8 +25,8 @@ static void test_f16_small_update_lost(void **state) {
     (void)state;
     /* 1 + 0.0001: the spacing of F16 at 1 is 2^-10 ~ 0.000977, so the update is lost */
     assert_true(stored(1.0001, MT_F16) == 1.0);
-    mt_tensor *one = mt_ones(MT_SHAPE(4), MT_F16, MT_CPU);
-    mt_tensor *small = mt_full(MT_SHAPE(4), MT_F16, MT_CPU, 0.0001);
+    mt_tensor *one = mt_ones(MT_SHAPE(4), MT_F16, mt_test_device());
+    mt_tensor *small = mt_full(MT_SHAPE(4), MT_F16, mt_test_device(), 0.0001);
     mt_tensor *s1 = mt_add_scalar(one, 0.0001);
     mt_tensor *s2 = mt_add(one, small);
     assert_no_error();
@@ -63,7 +63,7 @@ static void test_f16_range(void **state) {
     assert_int_equal(stored_bits(INFINITY, MT_F16), 0x7c00);
     assert_int_equal(stored_bits(-INFINITY, MT_F16), 0xfc00);
     /* arithmetic that overflows F16 storage gives inf even though FP32 holds it */
-    mt_tensor *big = mt_full(MT_SHAPE(2), MT_F16, MT_CPU, 60000);
+    mt_tensor *big = mt_full(MT_SHAPE(2), MT_F16, mt_test_device(), 60000);
     mt_tensor *twice = mt_add(big, big);
     double inf2[2] = {INFINITY, INFINITY};
     assert_tensor_close(twice, inf2, 2, 0, 0);
@@ -93,7 +93,7 @@ static void test_f16_subnormals(void **state) {
     assert_true(stored(ldexp(5, -25), MT_F16) == ldexp(2, -24));
     assert_true(stored(ldexp(7, -25), MT_F16) == ldexp(4, -24));
     /* a subnormal F16 read back into FP32 arithmetic is exact */
-    mt_tensor *t = mt_full(MT_SHAPE(3), MT_F16, MT_CPU, tiny);
+    mt_tensor *t = mt_full(MT_SHAPE(3), MT_F16, mt_test_device(), tiny);
     mt_tensor *d = mt_mul_scalar(t, 1024);
     double e[3] = {ldexp(1, -14), ldexp(1, -14), ldexp(1, -14)};
     assert_tensor_close(d, e, 3, 0, 0);
@@ -113,7 +113,7 @@ static void test_f16_ties_to_even(void **state) {
     assert_true(stored(2049.01, MT_F16) == 2050);
     assert_true(stored(-2051, MT_F16) == -2052);
     /* a result computed in FP32 rounds once on store: 1024 + 0.5 ties to 1024 */
-    mt_tensor *a = mt_full(MT_SHAPE(2), MT_F16, MT_CPU, 1024);
+    mt_tensor *a = mt_full(MT_SHAPE(2), MT_F16, mt_test_device(), 1024);
     mt_tensor *b = mt_add_scalar(a, 0.5), *c = mt_add_scalar(a, 1.5);
     double eb[2] = {1024, 1024}, ec[2] = {1026, 1026};
     assert_tensor_close(b, eb, 2, 0, 0);
@@ -129,7 +129,8 @@ static void test_nan_stays_nan(void **state) {
     assert_true(isnan(stored(-NAN, MT_F16)));
     assert_true(isnan(stored(NAN, MT_BF16)));
     /* NaN through arithmetic and casts between the storage dtypes */
-    mt_tensor *n = mt_full(MT_SHAPE(9), MT_F16, MT_CPU, NAN); /* > 8: vector and tail paths */
+    mt_tensor *n =
+        mt_full(MT_SHAPE(9), MT_F16, mt_test_device(), NAN); /* > 8: vector and tail paths */
     mt_tensor *s = mt_add_scalar(n, 1), *f = mt_cast(s, MT_F32), *bf = mt_cast(f, MT_BF16);
     mt_tensor *back = mt_cast(bf, MT_F16);
     double nan9[9];
@@ -203,12 +204,12 @@ static void test_f16_to_f32_all_patterns(void **state) {
 #endif
     }
     /* the public path: a tensor of every F16 pattern cast to F32 */
-    mt_tensor *t = mt_from_data(h, MT_F16, MT_SHAPE(65536), MT_CPU);
+    mt_tensor *t = mt_from_data(h, MT_F16, MT_SHAPE(65536), mt_test_device());
     mt_tensor *f = mt_cast(t, MT_F32);
     assert_no_error();
-    const float *fp = mt_data_ptr(f);
+    assert_int_equal(mt_copy_to_host(f, v, 65536 * sizeof *v), 0);
     for (uint32_t i = 0; i < 65536; i++)
-        if (!same_value(fp[i], mt_f16_to_f32((uint16_t)i))) fail_msg("mt_cast f16 0x%04x", i);
+        if (!same_value(v[i], mt_f16_to_f32((uint16_t)i))) fail_msg("mt_cast f16 0x%04x", i);
     mt_release(t);
     mt_release(f);
     free(h);
@@ -264,6 +265,19 @@ static void test_f32_to_f16_sweep(void **state) {
     mt_cpu_f32_to_f16(x + 3, h, 13);
     for (int i = 0; i < 13; i++)
         if (!isnan(x[3 + i])) assert_int_equal(h[i], mt_f32_to_f16(x[3 + i]));
+    /* the public path on the device under test: the sweep cast to F16 by mt_cast */
+    mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(n), mt_test_device());
+    mt_tensor *c = mt_cast(t, MT_F16);
+    assert_int_equal(mt_copy_to_host(c, h, (size_t)n * sizeof *h), 0);
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t ref = mt_f32_to_f16(x[i]);
+        bool nan_ref = (ref & 0x7c00) == 0x7c00 && (ref & 0x3ff);
+        bool nan_got = (h[i] & 0x7c00) == 0x7c00 && (h[i] & 0x3ff);
+        if (nan_ref ? !nan_got : h[i] != ref)
+            fail_msg("mt_cast f32 %a to f16: 0x%04x, expected 0x%04x", (double)x[i], h[i], ref);
+    }
+    mt_release(c);
+    mt_release(t);
     free(x);
     free(h);
 }
@@ -300,6 +314,17 @@ static void test_bf16_sweep(void **state) {
             if (!same_value(mt_bf16_to_f32(mt_f32_to_bf16(probes[k])), bf16_ref(probes[k])))
                 fail_msg("bf16 rounding of %a", (double)probes[k]);
     }
+    /* the public path on the device under test: the sweep cast to BF16 and back by mt_cast */
+    mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(n), mt_test_device());
+    mt_tensor *c = mt_cast(t, MT_BF16), *b = mt_cast(c, MT_F32);
+    assert_int_equal(mt_copy_to_host(b, back, (size_t)n * sizeof *back), 0);
+    for (int64_t i = 0; i < n; i++)
+        if (!same_value(back[i], bf16_ref(x[i])))
+            fail_msg("mt_cast f32 %a to bf16 gave %a, expected %a", (double)x[i], (double)back[i],
+                     (double)bf16_ref(x[i]));
+    mt_release(b);
+    mt_release(c);
+    mt_release(t);
     free(x);
     free(h);
     free(back);

@@ -40,7 +40,7 @@ static void test_cat_values(void **state) {
     /* along dim 0, with a transposed (non-contiguous) input and an empty one */
     mt_tensor *a = iota_from(0, MT_F32, MT_SHAPE(3, 2));
     mt_tensor *at = mt_transpose(a, 0, 1); /* [2, 3] */
-    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F32, MT_CPU);
+    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F32, mt_test_device());
     mt_tensor *in2[3] = {at, e, in[0]};
     mt_tensor *c0 = mt_cat(in2, 3, 0);
     assert_shape(c0, 4, 3);
@@ -53,7 +53,7 @@ static void test_cat_values(void **state) {
     assert_tensor_close(c0, expect0, 12, 0, 0);
     /* one input: a copy, not an alias */
     mt_tensor *c1 = mt_cat(in, 1, 0);
-    assert_ptr_not_equal(mt_data_ptr(c1), mt_data_ptr(in[0]));
+    assert_ptr_not_equal(mt_test_data_addr(c1), mt_test_data_addr(in[0]));
     assert_tensor_close(c1, expect0 + 6, 6, 0, 0);
     assert_no_error();
     release_all(in, 3);
@@ -91,7 +91,8 @@ static void test_stack_values(void **state) {
         mt_release(s);
     }
     /* 0-d tensors stack into a vector */
-    mt_tensor *sc[2] = {mt_scalar(1.5, MT_F32, MT_CPU), mt_scalar(-2, MT_F32, MT_CPU)};
+    mt_tensor *sc[2] = {mt_scalar(1.5, MT_F32, mt_test_device()),
+                        mt_scalar(-2, MT_F32, mt_test_device())};
     mt_tensor *v = mt_stack(sc, 2, 0);
     assert_shape(v, 2);
     double ev[2] = {1.5, -2};
@@ -261,9 +262,9 @@ static void test_gradcheck_join(void **state) {
         /* shapes: stack needs [3, 2] everywhere; cat along 0 varies rows, along 1 columns */
         int64_t s0[2] = {cat0 ? 1 : 3, cat1 ? 4 : 2};
         int64_t s2[2] = {cat0 ? 2 : 3, cat1 ? 1 : 2};
-        mt_tensor *in[3] = {mt_randn(2, s0, MT_F64, MT_CPU),
-                            mt_randn(MT_SHAPE(2, 3), MT_F64, MT_CPU),
-                            mt_randn(2, s2, MT_F64, MT_CPU)};
+        mt_tensor *in[3] = {mt_randn(2, s0, MT_F64, mt_test_device()),
+                            mt_randn(MT_SHAPE(2, 3), MT_F64, mt_test_device()),
+                            mt_randn(2, s2, MT_F64, mt_test_device())};
         mt_set_requires_grad(in[0], true);
         mt_set_requires_grad(in[1], true); /* in[2] takes no gradient */
         int rc = mt_gradcheck(join_fn, in, 3, (void *)&cases[k], NULL);
@@ -301,7 +302,7 @@ static void test_errors(void **state) {
     assert_error(MT_ERR_INVALID, "mt_cat: arg 2: needs at least one tensor, got 0");
     assert_null(mt_stack(NULL, 2, 0));
     assert_error(MT_ERR_INVALID, "mt_stack: arg 2");
-    mt_tensor *s = mt_scalar(1, MT_F32, MT_CPU);
+    mt_tensor *s = mt_scalar(1, MT_F32, mt_test_device());
     mt_tensor *ss[2] = {s, s};
     assert_null(mt_cat(ss, 2, 0));
     assert_error(MT_ERR_SHAPE, "0-d");
@@ -310,7 +311,8 @@ static void test_errors(void **state) {
     mt_tensor *ii[2] = {i32, i64};
     assert_null(mt_cat(ii, 2, 0));
     assert_error(MT_ERR_DTYPE, "mt_cat: arg 1: tensor 1 has dtype i64 but tensor 0 has i32");
-    mt_tensor *big = mt_zeros(8, (const int64_t[]){1, 1, 1, 1, 1, 1, 1, 1}, MT_F32, MT_CPU);
+    mt_tensor *big =
+        mt_zeros(8, (const int64_t[]){1, 1, 1, 1, 1, 1, 1, 1}, MT_F32, mt_test_device());
     mt_tensor *bb[1] = {big};
     assert_null(mt_stack(bb, 1, 0));
     assert_error(MT_ERR_SHAPE, "would exceed 8");

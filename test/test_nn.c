@@ -9,10 +9,12 @@ static double *values(const mt_tensor *t) {
 static void test_init_shapes_and_flags(void **state) {
     (void)state;
     mt_linear_layer l;
-    assert_int_equal(mt_linear_layer_init(&l, 128, 64, true, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&l, 128, 64, true, MT_F32, mt_test_device()), 0);
     assert_shape(l.weight, 64, 128);
     assert_shape(l.bias, 64);
     assert_int_equal(mt_dtype_of(l.weight), MT_F32);
+    assert_on_test_device(l.weight);
+    assert_on_test_device(l.bias);
     assert_true(mt_requires_grad(l.weight) && mt_requires_grad(l.bias));
     assert_true(mt_is_leaf(l.weight) && mt_is_leaf(l.bias));
     mt_linear_layer_free(&l);
@@ -20,7 +22,7 @@ static void test_init_shapes_and_flags(void **state) {
     assert_null(l.bias);
     mt_linear_layer_free(&l); /* twice is harmless */
 
-    assert_int_equal(mt_linear_layer_init(&l, 3, 2, false, MT_BF16, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&l, 3, 2, false, MT_BF16, mt_test_device()), 0);
     assert_null(l.bias);
     assert_int_equal(mt_dtype_of(l.weight), MT_BF16);
     mt_linear_layer_free(&l);
@@ -32,7 +34,7 @@ static void test_init_distribution(void **state) {
     mt_manual_seed(7);
     mt_linear_layer l;
     int64_t in = 100, out = 200;
-    assert_int_equal(mt_linear_layer_init(&l, in, out, true, MT_F64, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&l, in, out, true, MT_F64, mt_test_device()), 0);
     double bound = 1.0 / sqrt((double)in);
     double *w = values(l.weight), *b = values(l.bias);
     double lo = 1, hi = -1, mean = 0, sq = 0;
@@ -65,10 +67,10 @@ static void test_init_seeded(void **state) {
     (void)state;
     mt_linear_layer l1, l2, l3;
     mt_manual_seed(42);
-    assert_int_equal(mt_linear_layer_init(&l1, 8, 4, true, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&l1, 8, 4, true, MT_F32, mt_test_device()), 0);
     mt_manual_seed(42);
-    assert_int_equal(mt_linear_layer_init(&l2, 8, 4, true, MT_F32, MT_CPU), 0);
-    assert_int_equal(mt_linear_layer_init(&l3, 8, 4, true, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&l2, 8, 4, true, MT_F32, mt_test_device()), 0);
+    assert_int_equal(mt_linear_layer_init(&l3, 8, 4, true, MT_F32, mt_test_device()), 0);
     double *a = values(l1.weight), *b = values(l2.weight), *c = values(l3.weight);
     assert_memory_equal(a, b, 32 * sizeof(double));
     assert_memory_not_equal(a, c, 32 * sizeof(double));
@@ -86,8 +88,8 @@ static void test_forward_reference(void **state) {
     const double tol[] = {1e-12, 1e-5, 4e-3, 3e-2};
     for (int d = 0; d < 4; d++) {
         mt_linear_layer l;
-        assert_int_equal(mt_linear_layer_init(&l, 6, 5, true, dts[d], MT_CPU), 0);
-        mt_tensor *x = mt_randn(MT_SHAPE(2, 3, 6), dts[d], MT_CPU);
+        assert_int_equal(mt_linear_layer_init(&l, 6, 5, true, dts[d], mt_test_device()), 0);
+        mt_tensor *x = mt_randn(MT_SHAPE(2, 3, 6), dts[d], mt_test_device());
         mt_tensor *y = mt_linear_layer_forward(&l, x);
         assert_shape(y, 2, 3, 5);
         assert_int_equal(mt_dtype_of(y), dts[d]);
@@ -117,8 +119,8 @@ static mt_tensor *fn_layer(mt_tensor *const *in, void *ctx) {
 static void test_gradcheck_layer(void **state) {
     (void)state;
     mt_linear_layer l;
-    assert_int_equal(mt_linear_layer_init(&l, 4, 3, true, MT_F64, MT_CPU), 0);
-    mt_tensor *x = mt_randn(MT_SHAPE(2, 5, 4), MT_F64, MT_CPU);
+    assert_int_equal(mt_linear_layer_init(&l, 4, 3, true, MT_F64, mt_test_device()), 0);
+    mt_tensor *x = mt_randn(MT_SHAPE(2, 5, 4), MT_F64, mt_test_device());
     mt_set_requires_grad(x, true);
     gc_layer = &l;
     mt_tensor *in[3] = {x, l.weight, l.bias};
@@ -132,9 +134,9 @@ static void test_training_reduces_loss(void **state) {
     (void)state;
     mt_manual_seed(3);
     mt_linear_layer l;
-    assert_int_equal(mt_linear_layer_init(&l, 8, 2, true, MT_F32, MT_CPU), 0);
-    mt_tensor *x = mt_randn(MT_SHAPE(32, 8), MT_F32, MT_CPU);
-    mt_tensor *t = mt_randn(MT_SHAPE(32, 2), MT_F32, MT_CPU);
+    assert_int_equal(mt_linear_layer_init(&l, 8, 2, true, MT_F32, mt_test_device()), 0);
+    mt_tensor *x = mt_randn(MT_SHAPE(32, 8), MT_F32, mt_test_device());
+    mt_tensor *t = mt_randn(MT_SHAPE(32, 2), MT_F32, mt_test_device());
     double first = 0, last = 0;
     for (int step = 0; step < 20; step++) {
         mt_scope_begin();
@@ -166,8 +168,8 @@ static void test_training_reduces_loss(void **state) {
 static void test_autocast_layer(void **state) {
     (void)state;
     mt_linear_layer l;
-    assert_int_equal(mt_linear_layer_init(&l, 16, 8, true, MT_F32, MT_CPU), 0);
-    mt_tensor *x = mt_randn(MT_SHAPE(4, 16), MT_F32, MT_CPU);
+    assert_int_equal(mt_linear_layer_init(&l, 16, 8, true, MT_F32, mt_test_device()), 0);
+    mt_tensor *x = mt_randn(MT_SHAPE(4, 16), MT_F32, mt_test_device());
     mt_autocast_begin(MT_BF16, MT_AMP_O1);
     mt_tensor *y = mt_linear_layer_forward(&l, x);
     assert_int_equal(mt_dtype_of(y), MT_BF16);
@@ -187,24 +189,26 @@ static void test_autocast_layer(void **state) {
 static void test_errors(void **state) {
     (void)state;
     mt_linear_layer l = {0};
-    assert_int_equal(mt_linear_layer_init(&l, 0, 3, true, MT_F32, MT_CPU), MT_ERR_INVALID);
+    assert_int_equal(mt_linear_layer_init(&l, 0, 3, true, MT_F32, mt_test_device()),
+                     MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID,
                  "mt_linear_layer_init: in_features and out_features must be positive");
-    assert_int_equal(mt_linear_layer_init(&l, 3, -1, true, MT_F32, MT_CPU), MT_ERR_INVALID);
+    assert_int_equal(mt_linear_layer_init(&l, 3, -1, true, MT_F32, mt_test_device()),
+                     MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "out -1");
-    assert_int_equal(mt_linear_layer_init(&l, 3, 2, true, MT_I64, MT_CPU), MT_ERR_DTYPE);
+    assert_int_equal(mt_linear_layer_init(&l, 3, 2, true, MT_I64, mt_test_device()), MT_ERR_DTYPE);
     assert_error(MT_ERR_DTYPE, "parameters must be floating, got i64");
-    assert_int_equal(mt_linear_layer_init(NULL, 3, 2, true, MT_F32, MT_CPU), MT_ERR_NULL);
+    assert_int_equal(mt_linear_layer_init(NULL, 3, 2, true, MT_F32, mt_test_device()), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "layer is NULL");
     assert_null(l.weight);
 
-    mt_tensor *x = mt_randn(MT_SHAPE(2, 3), MT_F32, MT_CPU);
+    mt_tensor *x = mt_randn(MT_SHAPE(2, 3), MT_F32, mt_test_device());
     assert_null(mt_linear_layer_forward(NULL, x));
     assert_error(MT_ERR_NULL, "mt_linear_layer_forward: arg 1: layer is NULL");
     assert_null(mt_linear_layer_forward(&l, x));
     assert_error(MT_ERR_STATE, "not initialised");
 
-    assert_int_equal(mt_linear_layer_init(&l, 4, 2, false, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_linear_layer_init(&l, 4, 2, false, MT_F32, mt_test_device()), 0);
     assert_null(mt_linear_layer_forward(&l, NULL));
     assert_int_equal(mt_last_status(), MT_OK);
     assert_null(mt_linear_layer_forward(&l, x));
@@ -213,7 +217,7 @@ static void test_errors(void **state) {
 
     /* out of memory while drawing the weight: nothing is kept, nothing leaks */
     mt_debug_set_alloc_limit(1024);
-    assert_true(mt_linear_layer_init(&l, 64, 64, true, MT_F32, MT_CPU) == MT_ERR_OOM);
+    assert_true(mt_linear_layer_init(&l, 64, 64, true, MT_F32, mt_test_device()) == MT_ERR_OOM);
     mt_debug_set_alloc_limit(0);
     assert_error(MT_ERR_OOM, "out of memory");
     assert_null(l.weight);

@@ -87,7 +87,9 @@ static mt_optimizer *make_opt(const ref_opt *r, mt_tensor **ps, int n, bool mp) 
 
 /* ---------------------------------------------------------------- helpers */
 
-/* x rounded to dt's storage (through the library's own conversion). */
+/* x rounded to dt's storage (through the library's own conversion). A reference value, so it
+   is computed on the host (MT_CPU), independently of the device under test; test_half checks
+   the host conversion against src/math bit for bit. */
 static double round_to(double x, mt_dtype dt) {
     mt_tensor *t = mt_scalar(x, dt, MT_CPU);
     double v = mt_item(t);
@@ -150,6 +152,7 @@ static void check_kind(mt_optim_kind kind, bool nesterov, mt_dtype dt, bool mp) 
             mt_tensor *m = mt_optimizer_master(o, 0);
             assert_non_null(m);
             assert_int_equal(mt_dtype_of(m), MT_F32);
+            assert_on_test_device(m); /* the master lives with its parameter */
             assert_tensor_close(m, p, N, atol, rtol);
             /* the parameter is exactly the master rounded */
             mt_tensor *mr = mt_cast(m, dt);
@@ -269,9 +272,9 @@ static void test_found_inf_skips(void **state) {
             double before[4 * N + 1] = {0}, after[4 * N + 1] = {0};
             snapshot(o, before);
             set_grad(w, (double[]){1, 2, 3, 4, 5});
-            mt_tensor *inf = mt_scalar(1.0, MT_F32, MT_CPU);
-            mt_tensor *nan = mt_scalar(NAN, MT_F32, MT_CPU);
-            mt_tensor *half = mt_scalar(0.5, MT_F32, MT_CPU);
+            mt_tensor *inf = mt_scalar(1.0, MT_F32, mt_test_device());
+            mt_tensor *nan = mt_scalar(NAN, MT_F32, mt_test_device());
+            mt_tensor *half = mt_scalar(0.5, MT_F32, mt_test_device());
             assert_int_equal(mt_optimizer_step_ex(o, inf, NULL), 0);
             assert_int_equal(mt_optimizer_step_ex(o, inf, half), 0);
             assert_int_equal(mt_optimizer_step_ex(o, nan, half), 0);
@@ -279,7 +282,7 @@ static void test_found_inf_skips(void **state) {
             assert_memory_equal(before, after, sizeof before);
             if (o->step_count) assert_float_equal(mt_item(o->step_count), 1.0, 0);
             /* a clear flag steps */
-            mt_tensor *zero = mt_scalar(0.0, MT_F32, MT_CPU);
+            mt_tensor *zero = mt_scalar(0.0, MT_F32, mt_test_device());
             assert_int_equal(mt_optimizer_step_ex(o, zero, NULL), 0);
             snapshot(o, after);
             assert_memory_not_equal(before, after, sizeof before);
@@ -309,7 +312,7 @@ static void test_inv_scale_folding(void **state) {
             mt_tensor *b = make_param(p, dts[d], MT_SHAPE(N));
             ref_opt r = ref_of(kind, false);
             mt_optimizer *oa = make_opt(&r, &a, 1, true), *ob = make_opt(&r, &b, 1, true);
-            mt_tensor *inv = mt_scalar(1.0 / 1024, MT_F32, MT_CPU);
+            mt_tensor *inv = mt_scalar(1.0 / 1024, MT_F32, mt_test_device());
             for (int s = 0; s < 3; s++) {
                 for (int i = 0; i < N; i++) g[i] = grad_value(i, s), gs[i] = 1024 * g[i];
                 set_grad(a, g);
@@ -579,7 +582,7 @@ static void test_clip_grad_norm(void **state) {
 static void test_clip_expanded_grad(void **state) {
     (void)state;
     mt_tensor *w = make_param((double[]){0, 0, 0, 0}, MT_F32, MT_SHAPE(4));
-    mt_tensor *one = mt_scalar(2.0, MT_F32, MT_CPU);
+    mt_tensor *one = mt_scalar(2.0, MT_F32, mt_test_device());
     mt_tensor *g = mt_tensor_expand_to(one, 1, (int64_t[]){4});
     assert_int_equal(mt_set_grad(w, g), 0);
     mt_optimizer *o = mt_sgd_new(&w, 1, NULL);
@@ -675,7 +678,7 @@ static void test_decorate_after_optimizer(void **state) {
 static void test_decorate_errors(void **state) {
     (void)state;
     mt_tensor *w = make_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
-    mt_tensor *i64 = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
+    mt_tensor *i64 = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
     mt_tensor *y = mt_mul_scalar(w, 2.0);
     assert_int_equal(mt_amp_decorate(NULL, 1, MT_F16, NULL), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "mt_amp_decorate: arg 1: params is NULL");
@@ -704,8 +707,8 @@ static void test_decorate_errors(void **state) {
 static void test_create_errors(void **state) {
     (void)state;
     mt_tensor *w = make_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
-    mt_tensor *nog = mt_ones(MT_SHAPE(2), MT_F32, MT_CPU);
-    mt_tensor *i64 = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
+    mt_tensor *nog = mt_ones(MT_SHAPE(2), MT_F32, mt_test_device());
+    mt_tensor *i64 = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
     mt_tensor *y = mt_mul_scalar(w, 2.0);
     assert_non_null(y);
 
@@ -729,15 +732,21 @@ static void test_create_errors(void **state) {
     ps[1] = w;
     assert_null(mt_sgd_new(ps, 2, NULL));
     assert_error(MT_ERR_INVALID, "params[0] and params[1] are the same tensor");
-    /* a parameter on another device: a header copy marked cuda:0 (never retained) */
+    /* a parameter on another device: a header copy (never retained) marked with a device
+       other than the one under test, deliberately a literal: cuda:0 when testing the CPU, the
+       CPU when testing a GPU */
     mt_tensor fake;
     memcpy(&fake, w, sizeof fake);
-    fake.device = MT_CUDA(0);
+    fake.device = mt_test_device_is_cpu() ? MT_CUDA(0) : MT_CPU;
     ps[1] = &fake;
     assert_null(mt_sgd_new(ps, 2, NULL));
-    assert_error(MT_ERR_DEVICE, "params[1] is on cuda:0 but params[0] is on cpu:0");
+    char want[96];
+    snprintf(want, sizeof want, "params[1] is on %s:%d but params[0] is on %s:%d",
+             fake.device.type == MT_DEVICE_CPU ? "cpu" : "cuda", fake.device.index,
+             mt_test_device_is_cpu() ? "cpu" : "cuda", mt_test_device().index);
+    assert_error(MT_ERR_DEVICE, want);
     /* an expanded parameter cannot be updated in place */
-    mt_tensor *s = mt_scalar(1.0, MT_F32, MT_CPU);
+    mt_tensor *s = mt_scalar(1.0, MT_F32, mt_test_device());
     mt_tensor *ex = mt_tensor_expand_to(s, 1, (int64_t[]){3});
     mt_set_requires_grad(ex, true);
     assert_null(mt_sgd_new(&ex, 1, NULL));
@@ -780,7 +789,8 @@ static void test_use_errors(void **state) {
 
     assert_int_equal(mt_optimizer_step(NULL), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "mt_optimizer_step: arg 1: optimizer is NULL");
-    mt_tensor *f64 = mt_scalar(0, MT_F64, MT_CPU), *two = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU);
+    mt_tensor *f64 = mt_scalar(0, MT_F64, mt_test_device()),
+              *two = mt_zeros(MT_SHAPE(2), MT_F32, mt_test_device());
     assert_int_equal(mt_optimizer_step_ex(o, f64, NULL), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "arg 2: found_inf must be a one-element f32 tensor, got f64");
     assert_int_equal(mt_optimizer_step_ex(o, NULL, two), MT_ERR_INVALID);
@@ -833,7 +843,7 @@ static void test_use_errors(void **state) {
 static void test_scope(void **state) {
     (void)state;
     mt_tensor *w = make_param((double[]){1, 2}, MT_BF16, MT_SHAPE(2));
-    mt_tensor *g = mt_ones(MT_SHAPE(2), MT_BF16, MT_CPU);
+    mt_tensor *g = mt_ones(MT_SHAPE(2), MT_BF16, mt_test_device());
     int64_t live = mt_live_tensors();
     mt_scope_begin();
     mt_optimizer *o = mt_adam_new(&w, 1, &(mt_adam_opts){.multi_precision = true});

@@ -139,7 +139,7 @@ static void test_all_and_scalar(void **state) {
     mt_release(s);
     mt_release(t);
     /* 0-d input: dims 0 / -1 are accepted like torch */
-    mt_tensor *z = mt_scalar(2.5, MT_F32, MT_CPU);
+    mt_tensor *z = mt_scalar(2.5, MT_F32, mt_test_device());
     s = mt_sum(z, MT_DIMS(-1), false);
     assert_no_error();
     assert_int_equal(mt_ndim(s), 0);
@@ -153,7 +153,7 @@ static void test_all_and_scalar(void **state) {
 
 static void test_empty(void **state) {
     (void)state;
-    mt_tensor *t = mt_zeros(MT_SHAPE(0, 3), MT_F32, MT_CPU);
+    mt_tensor *t = mt_zeros(MT_SHAPE(0, 3), MT_F32, mt_test_device());
     mt_tensor *s = mt_sum(t, MT_DIMS(0), false), *m = mt_mean(t, MT_DIMS(0), false);
     assert_no_error();
     assert_tensor_close(s, ((const double[]){0, 0, 0}), 3, 0, 0);
@@ -256,7 +256,7 @@ static void test_large_sum_accuracy(void **state) {
     (void)state;
     /* 2^24 + 1000 ones: a plain FP32 running sum stalls at 16777216 */
     int64_t n = (1 << 24) + 1000;
-    mt_tensor *t = mt_ones(MT_SHAPE(n), MT_F32, MT_CPU);
+    mt_tensor *t = mt_ones(MT_SHAPE(n), MT_F32, mt_test_device());
     mt_tensor *s = mt_sum_all(t);
     assert_no_error();
     assert_true(mt_item(s) == (double)(float)n);
@@ -264,7 +264,7 @@ static void test_large_sum_accuracy(void **state) {
     mt_release(t);
     /* one million uniform values against a double sum */
     mt_manual_seed(7);
-    t = mt_rand(MT_SHAPE(1000, 1000), MT_F32, MT_CPU);
+    t = mt_rand(MT_SHAPE(1000, 1000), MT_F32, mt_test_device());
     double *v = mt_test_values(t), ref = 0;
     for (int64_t i = 0; i < 1000000; i++) ref += v[i];
     free(v);
@@ -284,7 +284,7 @@ static void test_low_precision_accumulates_in_fp32(void **state) {
     (void)state;
     /* 4096 x f16(0.1): a sum accumulated in F16 stalls at 256 (half an ulp there is 0.125);
        FP32 accumulation gives 409.5, exactly representable in F16 */
-    mt_tensor *t = mt_full(MT_SHAPE(4096), MT_F16, MT_CPU, 0.1);
+    mt_tensor *t = mt_full(MT_SHAPE(4096), MT_F16, mt_test_device(), 0.1);
     mt_tensor *s = mt_sum_all(t);
     assert_int_equal(mt_dtype_of(s), MT_F16);
     assert_true(mt_item(s) == 409.5);
@@ -292,7 +292,7 @@ static void test_low_precision_accumulates_in_fp32(void **state) {
     mt_release(t);
     /* mean of 100000 F16 values of 1.5 stays 1.5, even though the sum (150000) is beyond
        the F16 range; the sum itself overflows to inf when stored as F16, like torch */
-    t = mt_full(MT_SHAPE(100000), MT_F16, MT_CPU, 1.5);
+    t = mt_full(MT_SHAPE(100000), MT_F16, mt_test_device(), 1.5);
     mt_tensor *m = mt_mean_all(t);
     s = mt_sum_all(t);
     assert_true(mt_item(m) == 1.5);
@@ -303,7 +303,7 @@ static void test_low_precision_accumulates_in_fp32(void **state) {
     /* BF16: 3000 x 1.0 accumulated in BF16 would stall at 256; FP32 gives 3000, stored as
        3008 (BF16 has 8 significant bits; 3000 is a tie between 2992 and 3008, to even) as
        torch gives */
-    t = mt_ones(MT_SHAPE(3000), MT_BF16, MT_CPU);
+    t = mt_ones(MT_SHAPE(3000), MT_BF16, mt_test_device());
     s = mt_sum_all(t);
     assert_true(mt_item(s) == 3008.0);
     mt_release(s);
@@ -312,7 +312,7 @@ static void test_low_precision_accumulates_in_fp32(void **state) {
 
 static void test_autocast_dtypes(void **state) {
     (void)state;
-    mt_tensor *t = mt_full(MT_SHAPE(100000), MT_F16, MT_CPU, 1.5);
+    mt_tensor *t = mt_full(MT_SHAPE(100000), MT_F16, mt_test_device(), 1.5);
     mt_set_requires_grad(t, true);
     mt_autocast_begin(MT_F16, MT_AMP_O1);
     mt_tensor *s = mt_sum_all(t), *m = mt_mean(t, MT_DIMS(0), true), *mx = mt_max_all(t);
@@ -443,7 +443,7 @@ static void test_gradcheck_all_reductions(void **state) {
     double *x = test_values(24);
     for (int i = 0; i < 24; i++) x[i] += 0.001 * i; /* a unique maximum */
     mt_tensor *t = mt_test_tensor(x, MT_F64, MT_SHAPE(2, 3, 4));
-    mt_tensor *z = mt_scalar(0.75, MT_F64, MT_CPU);
+    mt_tensor *z = mt_scalar(0.75, MT_F64, mt_test_device());
     mt_set_requires_grad(t, true);
     mt_set_requires_grad(z, true);
     for (int op = SUM; op <= MAX; op++)
@@ -512,7 +512,7 @@ static void test_softmax_layouts_and_sizes(void **state) {
     for (size_t k = 0; k < 3; k++) {
         int64_t n = shapes[k][0] * shapes[k][1];
         mt_manual_seed(11 + k);
-        mt_tensor *r = mt_randn(MT_SHAPE(shapes[k][0], shapes[k][1]), MT_F32, MT_CPU);
+        mt_tensor *r = mt_randn(MT_SHAPE(shapes[k][0], shapes[k][1]), MT_F32, mt_test_device());
         mt_tensor *t = mt_mul_scalar(r, 8.0);
         double *x = mt_test_values(t), *y = malloc((size_t)n * sizeof *y);
         for (int lg = 0; lg < 2; lg++) {
@@ -552,7 +552,7 @@ static void test_softmax_stability(void **state) {
     mt_release(s);
     mt_release(t);
     /* a 0-d input is a row of one element */
-    mt_tensor *z = mt_scalar(3.0, MT_F32, MT_CPU);
+    mt_tensor *z = mt_scalar(3.0, MT_F32, mt_test_device());
     s = mt_softmax(z, 0);
     l = mt_log_softmax(z, -1);
     assert_true(mt_item(s) == 1.0 && mt_item(l) == 0.0);
@@ -575,7 +575,7 @@ static mt_tensor *sm_fn(mt_tensor *const *in, void *vctx) {
 static void test_gradcheck_softmax(void **state) {
     (void)state;
     mt_manual_seed(3);
-    mt_tensor *t = mt_randn(MT_SHAPE(2, 3, 4), MT_F64, MT_CPU);
+    mt_tensor *t = mt_randn(MT_SHAPE(2, 3, 4), MT_F64, mt_test_device());
     mt_set_requires_grad(t, true);
     for (int lg = 0; lg < 2; lg++)
         for (int d = -1; d < 3; d++)
@@ -591,8 +591,8 @@ static void test_gradcheck_softmax(void **state) {
 static void test_softmax_backward_f32(void **state) {
     (void)state;
     mt_manual_seed(5);
-    mt_tensor *t = mt_randn(MT_SHAPE(6, 300), MT_F32, MT_CPU);
-    mt_tensor *v = mt_randn(MT_SHAPE(6, 300), MT_F32, MT_CPU);
+    mt_tensor *t = mt_randn(MT_SHAPE(6, 300), MT_F32, mt_test_device());
+    mt_tensor *v = mt_randn(MT_SHAPE(6, 300), MT_F32, mt_test_device());
     double *x = mt_test_values(t), *cv = mt_test_values(v), y[1800], ref[1800];
     mt_set_requires_grad(t, true);
     for (int lg = 0; lg < 2; lg++) {
@@ -638,7 +638,7 @@ static void test_softmax_backward_f32(void **state) {
 
 static void test_errors(void **state) {
     (void)state;
-    mt_tensor *t = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU);
+    mt_tensor *t = mt_zeros(MT_SHAPE(2, 3), MT_F32, mt_test_device());
     assert_null(mt_sum(t, MT_DIMS(2), false));
     assert_error(MT_ERR_INVALID, "mt_sum");
     assert_null(mt_mean(t, MT_DIMS(-3), false));
@@ -657,7 +657,7 @@ static void test_errors(void **state) {
     assert_error(MT_ERR_INVALID, "mt_softmax");
     assert_null(mt_log_softmax(t, -3));
     assert_error(MT_ERR_INVALID, "mt_log_softmax");
-    mt_tensor *i = mt_zeros(MT_SHAPE(4), MT_I64, MT_CPU);
+    mt_tensor *i = mt_zeros(MT_SHAPE(4), MT_I64, mt_test_device());
     assert_null(mt_sum_all(i));
     assert_error(MT_ERR_DTYPE, "i64");
     assert_null(mt_softmax(i, 0));
@@ -684,7 +684,7 @@ static void test_errors(void **state) {
     assert_null(mt_mean(t, MT_DIMS(0, -2), false));
     assert_error(MT_ERR_INVALID, "mt_mean: arg 3");
     /* softmax of a 0-d tensor accepts dim 0 and -1 only */
-    mt_tensor *z = mt_scalar(1, MT_F32, MT_CPU);
+    mt_tensor *z = mt_scalar(1, MT_F32, mt_test_device());
     assert_null(mt_softmax(z, 1));
     assert_error(MT_ERR_INVALID, "mt_softmax: arg 2");
     mt_release(z);
@@ -699,9 +699,11 @@ static void test_errors(void **state) {
 
 static void test_out_of_memory(void **state) {
     (void)state;
-    mt_tensor *t = mt_ones(MT_SHAPE(64, 1000), MT_F32, MT_CPU);
+    mt_tensor *t = mt_ones(MT_SHAPE(64, 1000), MT_F32, mt_test_device());
     mt_set_requires_grad(t, true);
-    mt_debug_set_alloc_limit(4096);
+    /* below every output's size (the [1000] sum is 4000 bytes), so each op fails on any
+       device whatever scratch its kernels need */
+    mt_debug_set_alloc_limit(2048);
     assert_null(mt_softmax(t, 1));
     assert_error(MT_ERR_OOM, "");
     assert_null(mt_sum(t, MT_DIMS(0), false));

@@ -68,11 +68,12 @@ static mt_tensor *simplenet_forward(mt_linear_layer *l, mt_tensor *x) {
    the final losses compare the precisions and not chaos. */
 static void dataset_make(dataset *d) {
     mt_manual_seed(DATA_SEED);
-    for (int b = 0; b < N_BATCHES; b++) d->x[b] = mt_randn(MT_SHAPE(BATCH, HIDDEN), MT_F32, MT_CPU);
+    for (int b = 0; b < N_BATCHES; b++)
+        d->x[b] = mt_randn(MT_SHAPE(BATCH, HIDDEN), MT_F32, mt_test_device());
     mt_manual_seed(TEACHER_SEED);
     mt_linear_layer teacher[N_LAYERS] = {0};
     for (int i = 0; i < N_LAYERS; i++)
-        mt_linear_layer_init(&teacher[i], HIDDEN, HIDDEN, true, MT_F32, MT_CPU);
+        mt_linear_layer_init(&teacher[i], HIDDEN, HIDDEN, true, MT_F32, mt_test_device());
     bool was = mt_set_grad_enabled(false);
     for (int b = 0; b < N_BATCHES; b++) {
         mt_scope_begin();
@@ -142,7 +143,8 @@ static void train(const dataset *d, const mode *m, int inject_at, result *r) {
     mt_linear_layer layers[N_LAYERS] = {0};
     mt_tensor *params[N_PARAMS];
     for (int i = 0; i < N_LAYERS; i++) {
-        assert_int_equal(mt_linear_layer_init(&layers[i], HIDDEN, HIDDEN, true, MT_F32, MT_CPU), 0);
+        assert_int_equal(
+            mt_linear_layer_init(&layers[i], HIDDEN, HIDDEN, true, MT_F32, mt_test_device()), 0);
         params[2 * i] = layers[i].weight;
         params[2 * i + 1] = layers[i].bias;
     }

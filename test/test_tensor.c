@@ -14,10 +14,10 @@ static void test_filled_creation(void **state) {
     const mt_dtype dts[] = {MT_F32, MT_F16, MT_BF16, MT_F64, MT_I64, MT_I32, MT_BOOL};
     for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
         mt_dtype dt = dts[k];
-        mt_tensor *z = mt_zeros(MT_SHAPE(2, 3), dt, MT_CPU),
-                  *o = mt_ones(MT_SHAPE(2, 3), dt, MT_CPU);
-        mt_tensor *f = mt_full(MT_SHAPE(2, 3), dt, MT_CPU, 5.0),
-                  *e = mt_empty(MT_SHAPE(2, 3), dt, MT_CPU);
+        mt_tensor *z = mt_zeros(MT_SHAPE(2, 3), dt, mt_test_device()),
+                  *o = mt_ones(MT_SHAPE(2, 3), dt, mt_test_device());
+        mt_tensor *f = mt_full(MT_SHAPE(2, 3), dt, mt_test_device(), 5.0),
+                  *e = mt_empty(MT_SHAPE(2, 3), dt, mt_test_device());
         assert_no_error();
         assert_shape(z, 2, 3);
         assert_shape(e, 2, 3);
@@ -42,36 +42,36 @@ static void test_filled_creation(void **state) {
         mt_release(ol);
         mt_release(el);
     }
-    mt_tensor *s = mt_scalar(-2.5, MT_F32, MT_CPU);
+    mt_tensor *s = mt_scalar(-2.5, MT_F32, mt_test_device());
     assert_int_equal(mt_ndim(s), 0);
     assert_int_equal(mt_numel(s), 1);
     assert_true(mt_item(s) == -2.5);
     mt_release(s);
     /* bf16 rounds to 8 significant bits: 1 + 2^-9 becomes 1 */
-    mt_tensor *b = mt_full(MT_SHAPE(1), MT_BF16, MT_CPU, 1.0 + 1.0 / 512);
+    mt_tensor *b = mt_full(MT_SHAPE(1), MT_BF16, mt_test_device(), 1.0 + 1.0 / 512);
     assert_true(mt_item(b) == 1.0);
     mt_release(b);
 }
 
 static void test_arange(void **state) {
     (void)state;
-    mt_tensor *a = mt_arange(0, 5, 1, MT_F32, MT_CPU);
+    mt_tensor *a = mt_arange(0, 5, 1, MT_F32, mt_test_device());
     assert_shape(a, 5);
     double e[5] = {0, 1, 2, 3, 4};
     assert_tensor_close(a, e, 5, 0, 0);
-    mt_tensor *b = mt_arange(1, 2, 0.25, MT_F64, MT_CPU);
+    mt_tensor *b = mt_arange(1, 2, 0.25, MT_F64, mt_test_device());
     double eb[4] = {1, 1.25, 1.5, 1.75};
     assert_tensor_close(b, eb, 4, 0, 0);
-    mt_tensor *c = mt_arange(3, -3, -2, MT_I64, MT_CPU);
+    mt_tensor *c = mt_arange(3, -3, -2, MT_I64, mt_test_device());
     double ec[3] = {3, 1, -1};
     assert_int_equal(mt_dtype_of(c), MT_I64);
     assert_tensor_close(c, ec, 3, 0, 0);
-    mt_tensor *empty = mt_arange(2, 2, 1, MT_F32, MT_CPU);
+    mt_tensor *empty = mt_arange(2, 2, 1, MT_F32, mt_test_device());
     assert_shape(empty, 0);
     assert_no_error();
-    assert_null(mt_arange(0, 1, 0, MT_F32, MT_CPU));
+    assert_null(mt_arange(0, 1, 0, MT_F32, mt_test_device()));
     assert_error(MT_ERR_INVALID, "mt_arange: start 0, end 1, step 0");
-    assert_null(mt_arange(0, 5, -1, MT_F32, MT_CPU));
+    assert_null(mt_arange(0, 5, -1, MT_F32, mt_test_device()));
     assert_error(MT_ERR_INVALID, "finite range");
     mt_release(a);
     mt_release(b);
@@ -101,7 +101,7 @@ static void test_random_statistics(void **state) {
     const mt_dtype dts[] = {MT_F32, MT_F64, MT_F16, MT_BF16};
     for (size_t k = 0; k < 4; k++) {
         double mean, var, lo, hi;
-        mt_tensor *u = mt_rand(MT_SHAPE(200, 500), dts[k], MT_CPU);
+        mt_tensor *u = mt_rand(MT_SHAPE(200, 500), dts[k], mt_test_device());
         assert_int_equal(mt_dtype_of(u), dts[k]);
         stats(u, &mean, &var, &lo, &hi);
         /* 1e5 draws: the standard error of the mean is 0.0009 */
@@ -110,7 +110,7 @@ static void test_random_statistics(void **state) {
         assert_true(lo >= 0.0);
         assert_true(hi <= 1.0); /* < 1 in f32; low precision may round up to 1 */
         if (dts[k] == MT_F32 || dts[k] == MT_F64) assert_true(hi < 1.0);
-        mt_tensor *g = mt_randn(MT_SHAPE(100000), dts[k], MT_CPU);
+        mt_tensor *g = mt_randn(MT_SHAPE(100000), dts[k], mt_test_device());
         stats(g, &mean, &var, &lo, &hi);
         assert_true(fabs(mean) < 0.015);
         assert_true(fabs(var - 1.0) < 0.02);
@@ -118,23 +118,26 @@ static void test_random_statistics(void **state) {
         mt_release(u);
         mt_release(g);
     }
-    assert_null(mt_randn(MT_SHAPE(2), MT_I64, MT_CPU));
+    assert_null(mt_randn(MT_SHAPE(2), MT_I64, mt_test_device()));
     assert_error(MT_ERR_DTYPE, "mt_randn: dtype i64 is not a floating dtype");
 }
 
 static void test_random_determinism(void **state) {
     (void)state;
     mt_manual_seed(42);
-    mt_tensor *a = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
-    mt_tensor *a2 = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    mt_tensor *a = mt_randn(MT_SHAPE(3, 7), MT_F32, mt_test_device());
+    mt_tensor *a2 = mt_randn(MT_SHAPE(3, 7), MT_F32, mt_test_device());
     mt_manual_seed(42);
-    mt_tensor *b = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
-    mt_tensor *b2 = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
+    mt_tensor *b = mt_randn(MT_SHAPE(3, 7), MT_F32, mt_test_device());
+    mt_tensor *b2 = mt_randn(MT_SHAPE(3, 7), MT_F32, mt_test_device());
     mt_manual_seed(43);
-    mt_tensor *c = mt_randn(MT_SHAPE(3, 7), MT_F32, MT_CPU);
-    float *pa = mt_data_ptr(a), *pa2 = mt_data_ptr(a2), *pb = mt_data_ptr(b),
-          *pb2 = mt_data_ptr(b2);
-    float *pc = mt_data_ptr(c);
+    mt_tensor *c = mt_randn(MT_SHAPE(3, 7), MT_F32, mt_test_device());
+    float pa[21], pa2[21], pb[21], pb2[21], pc[21];
+    assert_int_equal(mt_copy_to_host(a, pa, sizeof pa), 0);
+    assert_int_equal(mt_copy_to_host(a2, pa2, sizeof pa2), 0);
+    assert_int_equal(mt_copy_to_host(b, pb, sizeof pb), 0);
+    assert_int_equal(mt_copy_to_host(b2, pb2, sizeof pb2), 0);
+    assert_int_equal(mt_copy_to_host(c, pc, sizeof pc), 0);
     assert_memory_equal(pa, pb, 21 * sizeof(float));
     assert_memory_equal(pa2, pb2, 21 * sizeof(float));
     int same_next = 0, same_seed = 0;
@@ -146,7 +149,7 @@ static void test_random_determinism(void **state) {
     assert_true(same_seed < 2);
     /* the same draw in another dtype is the same numbers, rounded */
     mt_manual_seed(42);
-    mt_tensor *d = mt_randn(MT_SHAPE(3, 7), MT_F64, MT_CPU);
+    mt_tensor *d = mt_randn(MT_SHAPE(3, 7), MT_F64, mt_test_device());
     double *vd = mt_test_values(d);
     for (int i = 0; i < 21; i++) assert_true(fabs(vd[i] - pa[i]) <= 1e-6 * (1 + fabs(pa[i])));
     free(vd);
@@ -163,11 +166,11 @@ static void test_random_determinism(void **state) {
 static void test_from_data_round_trip(void **state) {
     (void)state;
     const float f[6] = {1.5f, -2.0f, 3.25f, 0.0f, 1e-3f, 65504.0f};
-    mt_tensor *t = mt_from_data(f, MT_F32, MT_SHAPE(2, 3), MT_CPU);
+    mt_tensor *t = mt_from_data(f, MT_F32, MT_SHAPE(2, 3), mt_test_device());
     float back[6];
     assert_int_equal(mt_copy_to_host(t, back, sizeof back), 0);
     assert_memory_equal(f, back, sizeof f);
-    assert_ptr_not_equal(mt_data_ptr(t), (void *)f); /* copied */
+    assert_ptr_not_equal(mt_test_data_addr(t), (const void *)f); /* copied */
     /* a transposed view comes back contiguous in logical order */
     mt_tensor *tt = mt_transpose(t, 0, 1);
     float tb[6];
@@ -175,12 +178,12 @@ static void test_from_data_round_trip(void **state) {
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 2; j++) assert_true(tb[i * 2 + j] == f[j * 3 + i]);
     const int64_t big[3] = {INT64_MAX, -7, (int64_t)1 << 60};
-    mt_tensor *ti = mt_from_data(big, MT_I64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *ti = mt_from_data(big, MT_I64, MT_SHAPE(3), mt_test_device());
     int64_t bi[3];
     assert_int_equal(mt_copy_to_host(ti, bi, sizeof bi), 0);
     assert_memory_equal(big, bi, sizeof big);
     const uint8_t bools[2] = {1, 0};
-    mt_tensor *tb2 = mt_from_data(bools, MT_BOOL, MT_SHAPE(2), MT_CPU);
+    mt_tensor *tb2 = mt_from_data(bools, MT_BOOL, MT_SHAPE(2), mt_test_device());
     mt_tensor *one = mt_narrow(tb2, 0, 0, 1);
     assert_true(mt_item(one) == 1.0);
     mt_tensor *el = mt_slice(t, 1, 2, 3, 1), *el2 = mt_narrow(el, 0, 1, 1); /* t[1][2] */
@@ -191,9 +194,9 @@ static void test_from_data_round_trip(void **state) {
     assert_error(MT_ERR_INVALID, "buffer of 23 bytes is smaller than the tensor's 24 bytes");
     assert_true(isnan(mt_item(t)));
     assert_error(MT_ERR_SHAPE, "mt_item: tensor of shape [2, 3] has 6 elements, expected 1");
-    assert_null(mt_from_data(NULL, MT_F32, MT_SHAPE(2), MT_CPU));
+    assert_null(mt_from_data(NULL, MT_F32, MT_SHAPE(2), mt_test_device()));
     assert_error(MT_ERR_NULL, "mt_from_data: arg 1: src is NULL");
-    assert_null(mt_from_data(f, MT_F32, MT_SHAPE(2, -3), MT_CPU));
+    assert_null(mt_from_data(f, MT_F32, MT_SHAPE(2, -3), mt_test_device()));
     assert_error(MT_ERR_SHAPE, "negative size in shape [2, -3]");
     mt_release(t);
     mt_release(tt);
@@ -206,7 +209,7 @@ static void test_from_data_round_trip(void **state) {
 
 static void test_accessors(void **state) {
     (void)state;
-    mt_tensor *t = mt_zeros(MT_SHAPE(2, 3, 4), MT_BF16, MT_CPU);
+    mt_tensor *t = mt_zeros(MT_SHAPE(2, 3, 4), MT_BF16, mt_test_device());
     assert_int_equal(mt_ndim(t), 3);
     assert_int_equal(mt_dim(t, 0), 2);
     assert_int_equal(mt_dim(t, -1), 4);
@@ -215,7 +218,17 @@ static void test_accessors(void **state) {
     assert_int_equal(mt_shape(t)[1], 3);
     assert_int_equal(mt_numel(t), 24);
     assert_true(mt_is_contiguous(t));
-    assert_int_equal(mt_device_of(t).type, MT_DEVICE_CPU);
+    assert_on_test_device(t);
+    /* mt_data_ptr hands out host memory only: a device tensor is refused, never a device
+       address the host would crash on */
+    void *p = mt_data_ptr(t);
+    if (mt_test_device_is_cpu()) {
+        assert_non_null(p);
+        assert_ptr_equal(p, mt_test_data_addr(t)); /* the helper the view tests compare with */
+    } else {
+        assert_null(p);
+        assert_error(MT_ERR_DEVICE, "mt_data_ptr: tensor is on cuda");
+    }
     assert_int_equal(mt_dtype_size(MT_BF16), 2);
     assert_string_equal(mt_dtype_name(MT_BF16), "bf16");
     assert_true(mt_dtype_is_floating(MT_F16));
@@ -238,7 +251,7 @@ static void test_accessors(void **state) {
 static void test_refcounts_and_live_counters(void **state) {
     (void)state;
     int64_t t0 = mt_live_tensors(), b0 = mt_live_bytes();
-    mt_tensor *a = mt_zeros(MT_SHAPE(10, 10), MT_F64, MT_CPU);
+    mt_tensor *a = mt_zeros(MT_SHAPE(10, 10), MT_F64, mt_test_device());
     assert_int_equal(mt_live_tensors(), t0 + 1);
     assert_true(mt_live_bytes() >= b0 + 800);
     int64_t b1 = mt_live_bytes();
@@ -254,7 +267,7 @@ static void test_refcounts_and_live_counters(void **state) {
     assert_int_equal(mt_live_tensors(), t0);
     assert_int_equal(mt_live_bytes(), b0);
     mt_peak_bytes_reset();
-    mt_tensor *big = mt_empty(MT_SHAPE(1000), MT_F32, MT_CPU);
+    mt_tensor *big = mt_empty(MT_SHAPE(1000), MT_F32, mt_test_device());
     assert_true(mt_peak_bytes() >= b0 + 4000);
     mt_release(big);
     mt_release(NULL); /* fine */
@@ -266,7 +279,7 @@ static void test_scopes(void **state) {
     int64_t t0 = mt_live_tensors();
     assert_int_equal(mt_scope_depth(), 0);
     mt_scope_begin();
-    mt_tensor *a = mt_ones(MT_SHAPE(4), MT_F32, MT_CPU);
+    mt_tensor *a = mt_ones(MT_SHAPE(4), MT_F32, mt_test_device());
     mt_tensor *b = mt_add(a, a);
     mt_tensor *kept = mt_retain(mt_mul(b, b));
     assert_int_equal(mt_live_tensors(), t0 + 3);
@@ -308,7 +321,7 @@ static void test_scopes(void **state) {
 
 static void test_scope_keeps_backward_working(void **state) {
     (void)state;
-    mt_tensor *x = mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 2.0);
+    mt_tensor *x = mt_full(MT_SHAPE(3), MT_F32, mt_test_device(), 2.0);
     mt_set_requires_grad(x, true);
     mt_scope_begin();
     mt_tensor *y = mt_retain(mt_sum_all(mt_mul(mt_exp(x), x)));
@@ -324,8 +337,21 @@ static void test_scope_keeps_backward_working(void **state) {
 
 /* ------------------------------------------------------------------ printing */
 
-static void assert_format(const mt_tensor *t, const char *want) {
-    char buf[1024];
+/* want as printed for a tensor on the device under test: a CUDA tensor names its device
+   before the dtype ("..., device=cuda:0, dtype=f32, ..."), a CPU tensor does not. */
+static const char *on_device(const char *want, char *buf, size_t cap) {
+    const char *at = strstr(want, ", dtype=");
+    if (mt_test_device_is_cpu() || !at) {
+        snprintf(buf, cap, "%s", want);
+    } else {
+        snprintf(buf, cap, "%.*s, device=%s%s", (int)(at - want), want, mt_test_device_name(), at);
+    }
+    return buf;
+}
+
+static void assert_format(const mt_tensor *t, const char *want_on_cpu) {
+    char buf[1024], wbuf[1024];
+    const char *want = on_device(want_on_cpu, wbuf, sizeof wbuf);
     int n = mt_format(t, buf, sizeof buf);
     assert_no_error();
     if (strcmp(buf, want) != 0) fail_msg("got  \"%s\"\nwant \"%s\"", buf, want);
@@ -351,14 +377,14 @@ static void test_format_basic(void **state) {
     mt_tensor *ti = from_doubles(iv, MT_I32, MT_SHAPE(3));
     assert_format(ti, "tensor([-3, 0, 12], dtype=i32, shape=[3])");
     const int64_t big[2] = {((int64_t)1 << 60) + 1, -1};
-    mt_tensor *tl = mt_from_data(big, MT_I64, MT_SHAPE(2), MT_CPU);
+    mt_tensor *tl = mt_from_data(big, MT_I64, MT_SHAPE(2), mt_test_device());
     assert_format(tl, "tensor([1152921504606846977, -1], dtype=i64, shape=[2])");
     const double bv[3] = {1, 0, 1};
     mt_tensor *tb = from_doubles(bv, MT_BOOL, MT_SHAPE(3, 1));
     assert_format(tb, "tensor([[true], [false], [true]], dtype=bool, shape=[3, 1])");
-    mt_tensor *s = mt_scalar(-0.5, MT_F32, MT_CPU);
+    mt_tensor *s = mt_scalar(-0.5, MT_F32, mt_test_device());
     assert_format(s, "tensor(-0.5000, dtype=f32, shape=[])");
-    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F16, MT_CPU);
+    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F16, mt_test_device());
     assert_format(e, "tensor([], dtype=f16, shape=[0, 3])");
     const double sv[3] = {1e-5, 1, NAN};
     mt_tensor *sci = from_doubles(sv, MT_F64, MT_SHAPE(3));
@@ -379,9 +405,10 @@ static void test_format_basic(void **state) {
 
 static void test_format_summary_and_autograd(void **state) {
     (void)state;
-    mt_tensor *a = mt_arange(0, 10, 1, MT_I64, MT_CPU);
+    mt_tensor *a = mt_arange(0, 10, 1, MT_I64, mt_test_device());
     assert_format(a, "tensor([0, 1, 2, ..., 7, 8, 9], dtype=i64, shape=[10])");
-    mt_tensor *b = mt_arange(0, 64, 1, MT_F32, MT_CPU), *m = mt_reshape(b, MT_SHAPE(8, 8));
+    mt_tensor *b = mt_arange(0, 64, 1, MT_F32, mt_test_device()),
+              *m = mt_reshape(b, MT_SHAPE(8, 8));
     mt_tensor *mt = mt_transpose(m, 0, 1);
     char buf[1024];
     mt_format(mt, buf, sizeof buf);
@@ -393,9 +420,11 @@ static void test_format_summary_and_autograd(void **state) {
                                "[1.0000, 9.0000, 17.0000, ..., 41.0000, 49.0000, 57.0000], "
                                "[2.0000, ")) == 0);
     assert_non_null(strstr(buf, "], ..., [5.0000, 13.0000"));
-    assert_non_null(strstr(buf, "63.0000]], dtype=f32, shape=[8, 8])"));
+    char wbuf[128];
+    assert_non_null(
+        strstr(buf, on_device("63.0000]], dtype=f32, shape=[8, 8])", wbuf, sizeof wbuf)));
     /* a big tensor prints quickly and briefly */
-    mt_tensor *big = mt_zeros(MT_SHAPE(1000, 1000, 10), MT_BF16, MT_CPU);
+    mt_tensor *big = mt_zeros(MT_SHAPE(1000, 1000, 10), MT_BF16, mt_test_device());
     char bigbuf[4096];
     int n = mt_format(big, bigbuf, sizeof bigbuf);
     assert_true(n > 0 && n < (int)sizeof bigbuf); /* 6 x 6 x 6 values shown */
@@ -421,7 +450,9 @@ static void test_format_truncation_and_print(void **state) {
     (void)state;
     const double v[3] = {1, 2, 3};
     mt_tensor *t = from_doubles(v, MT_F32, MT_SHAPE(3));
-    const char *full = "tensor([1.0000, 2.0000, 3.0000], dtype=f32, shape=[3])";
+    char fbuf[128];
+    const char *full =
+        on_device("tensor([1.0000, 2.0000, 3.0000], dtype=f32, shape=[3])", fbuf, sizeof fbuf);
     assert_int_equal(mt_format(t, NULL, 0), (int)strlen(full));
     char small[10];
     memset(small, 'x', sizeof small);
@@ -454,7 +485,7 @@ static void test_format_truncation_and_print(void **state) {
 
 static void test_inplace_values(void **state) {
     (void)state;
-    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU);
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, mt_test_device());
     assert_int_equal(mt_fill(a, 2.5), 0);
     double e1[6] = {2.5, 2.5, 2.5, 2.5, 2.5, 2.5};
     assert_tensor_close(a, e1, 6, 0, 0);
@@ -467,9 +498,9 @@ static void test_inplace_values(void **state) {
     double e3[6] = {-7, -9, -11, -7, -9, -11};
     assert_tensor_close(a, e3, 6, 0, 0);
     /* copy: broadcast and convert into an f16 column view */
-    mt_tensor *h = mt_zeros(MT_SHAPE(3, 2), MT_F16, MT_CPU);
+    mt_tensor *h = mt_zeros(MT_SHAPE(3, 2), MT_F16, mt_test_device());
     mt_tensor *col = mt_narrow(h, 1, 1, 1); /* [3, 1], strided */
-    mt_tensor *c0 = mt_scalar(1.0 + 1.0 / 4096, MT_F64, MT_CPU);
+    mt_tensor *c0 = mt_scalar(1.0 + 1.0 / 4096, MT_F64, mt_test_device());
     assert_int_equal(mt_copy(col, c0), 0);
     double e4[6] = {0, 1, 0, 1, 0, 1}; /* rounded to f16 */
     assert_tensor_close(h, e4, 6, 0, 0);
@@ -486,8 +517,8 @@ static void test_inplace_values(void **state) {
     double e6[4] = {2, 5, 5, 8};
     assert_tensor_close(s, e6, 4, 0, 0);
     /* an int destination */
-    mt_tensor *iv = mt_zeros(MT_SHAPE(2), MT_I64, MT_CPU);
-    mt_tensor *src = mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 7.0);
+    mt_tensor *iv = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
+    mt_tensor *src = mt_full(MT_SHAPE(2), MT_F32, mt_test_device(), 7.0);
     assert_int_equal(mt_copy(iv, src), 0);
     double e7[2] = {7, 7};
     assert_tensor_close(iv, e7, 2, 0, 0);
@@ -505,21 +536,22 @@ static void test_inplace_values(void **state) {
 
 static void test_inplace_errors(void **state) {
     (void)state;
-    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU),
-              *b = mt_zeros(MT_SHAPE(4), MT_F32, MT_CPU);
+    mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, mt_test_device()),
+              *b = mt_zeros(MT_SHAPE(4), MT_F32, mt_test_device());
     assert_true(mt_add_inplace(a, b) == MT_ERR_SHAPE);
     assert_error(MT_ERR_SHAPE, "mt_add_inplace: shapes [2, 3] and [4] do not broadcast");
-    mt_tensor *wide = mt_zeros(MT_SHAPE(4, 2, 3), MT_F32, MT_CPU);
+    mt_tensor *wide = mt_zeros(MT_SHAPE(4, 2, 3), MT_F32, mt_test_device());
     assert_true(mt_copy(a, wide) == MT_ERR_SHAPE);
     assert_error(
         MT_ERR_SHAPE,
         "mt_copy: arg 2: shape [4, 2, 3] does not broadcast to the destination shape [2, 3]");
-    mt_tensor *r = mt_zeros(MT_SHAPE(1, 3), MT_F32, MT_CPU), *ex = mt_expand(r, MT_SHAPE(2, 3));
+    mt_tensor *r = mt_zeros(MT_SHAPE(1, 3), MT_F32, mt_test_device()),
+              *ex = mt_expand(r, MT_SHAPE(2, 3));
     assert_true(mt_add_inplace(ex, a) == MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "elements that share memory");
     assert_true(mt_copy(ex, a) == MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "mt_copy: arg 1");
-    mt_tensor *i = mt_zeros(MT_SHAPE(2, 3), MT_I32, MT_CPU);
+    mt_tensor *i = mt_zeros(MT_SHAPE(2, 3), MT_I32, mt_test_device());
     assert_true(mt_mul_scalar_inplace(i, 2) == MT_ERR_DTYPE);
     assert_error(MT_ERR_DTYPE, "mt_mul_scalar_inplace: arg 1: dtype i32 is not a floating dtype");
     assert_true(mt_add_inplace(a, i) == MT_ERR_DTYPE);
@@ -546,8 +578,8 @@ static void test_inplace_errors(void **state) {
 static void test_to_clone_detach(void **state) {
     (void)state;
     double v[6] = {1, -2, 3.5, 4, -5, 6};
-    mt_tensor *a = mt_from_data(v, MT_F64, MT_SHAPE(2, 3), MT_CPU);
-    mt_tensor *same = mt_to(a, MT_CPU);
+    mt_tensor *a = mt_from_data(v, MT_F64, MT_SHAPE(2, 3), mt_test_device());
+    mt_tensor *same = mt_to(a, mt_test_device());
     assert_ptr_equal(same, a); /* same device: a new reference to a */
     mt_release(same);
     mt_tensor *t = mt_transpose(a, 0, 1), *c = mt_clone(t), *k = mt_contiguous(t);
@@ -557,19 +589,37 @@ static void test_to_clone_detach(void **state) {
     assert_tensor_close(k, vt, 6, 0, 0);
     assert_tensor_close(d, vt, 6, 0, 0);
     assert_true(mt_is_contiguous(c) && mt_is_contiguous(k) && !mt_is_contiguous(d));
-    assert_ptr_not_equal(mt_data_ptr(c), mt_data_ptr(t)); /* copies */
-    assert_ptr_equal(mt_data_ptr(d), mt_data_ptr(t));     /* shares storage */
+    assert_ptr_not_equal(mt_test_data_addr(c), mt_test_data_addr(t)); /* copies */
+    assert_ptr_equal(mt_test_data_addr(d), mt_test_data_addr(t));     /* shares storage */
     assert_int_equal(mt_fill(d, 0), 0);
     double zero[6] = {0};
     assert_tensor_close(a, zero, 6, 0, 0); /* writes through the detached alias */
     assert_tensor_close(c, vt, 6, 0, 0);   /* the copies kept their values */
+    /* Deliberately across devices (hence the literal MT_CPU / MT_CUDA): the other device is
+       the host when testing a GPU, cuda:0 when testing the CPU on a GPU machine; without a GPU
+       there is none, and asking for cuda:0 is the error. */
     if (!mt_cuda_available()) {
         assert_null(mt_to(a, MT_CUDA(0)));
         assert_int_equal(mt_last_status(), MT_ERR_DEVICE);
         assert_error(MT_ERR_DEVICE, "mt_to");
+    } else {
+        mt_device other = mt_test_device_is_cpu() ? MT_CUDA(0) : MT_CPU;
+        mt_tensor *ct = mt_transpose(c, 0, 1); /* a non-contiguous source */
+        mt_tensor *o = mt_to(ct, other), *back = mt_to(o, mt_test_device());
+        assert_no_error();
+        assert_int_equal(mt_device_of(o).type, other.type);
+        assert_on_test_device(back);
+        double vc[6] = {1, -2, 3.5, 4, -5, 6};
+        assert_tensor_close(o, vc, 6, 0, 0);
+        assert_tensor_close(back, vc, 6, 0, 0);
+        assert_null(mt_add(o, ct)); /* ops do not move data behind the user's back */
+        assert_error(MT_ERR_DEVICE, "mt_add: tensors are on different devices");
+        mt_release(back);
+        mt_release(o);
+        mt_release(ct);
     }
     /* integer tensors can be cloned and moved too */
-    mt_tensor *i = mt_arange(0, 4, 1, MT_I64, MT_CPU), *ic = mt_clone(i);
+    mt_tensor *i = mt_arange(0, 4, 1, MT_I64, mt_test_device()), *ic = mt_clone(i);
     assert_int_equal(mt_dtype_of(ic), MT_I64);
     assert_tensor_close(ic, ((const double[]){0, 1, 2, 3}), 4, 0, 0);
     mt_release(ic);
@@ -584,7 +634,7 @@ static void test_to_clone_detach(void **state) {
 /* mt_zero refuses autograd tensors like the other in-place ops, naming itself. */
 static void test_zero_errors(void **state) {
     (void)state;
-    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
     mt_set_requires_grad(w, true);
     assert_int_equal(mt_zero(w), MT_ERR_STATE);
     assert_error(MT_ERR_STATE, "mt_zero: arg 1");
@@ -597,7 +647,7 @@ static void test_zero_errors(void **state) {
     assert_int_equal(mt_copy(NULL, w), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "mt_copy: arg 1");
     /* a read-only source is fine: copying from a parameter into a plain tensor */
-    mt_tensor *dst = mt_zeros(MT_SHAPE(3), MT_F64, MT_CPU);
+    mt_tensor *dst = mt_zeros(MT_SHAPE(3), MT_F64, mt_test_device());
     assert_int_equal(mt_copy(dst, w), 0);
     assert_tensor_close(dst, ((const double[]){1, 1, 1}), 3, 0, 0);
     mt_release(dst);
@@ -606,7 +656,7 @@ static void test_zero_errors(void **state) {
 
 static void test_inplace_autograd_refusal(void **state) {
     (void)state;
-    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, MT_CPU);
+    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
     mt_set_requires_grad(w, true);
     assert_true(mt_mul_scalar_inplace(w, 2) == MT_ERR_STATE);
     assert_error(MT_ERR_STATE, "mt_mul_scalar_inplace: arg 1: a leaf tensor that requires grad "
@@ -675,18 +725,19 @@ static void test_inplace_version_counter(void **state) {
 static void test_out_of_memory(void **state) {
     (void)state;
     int64_t t0 = mt_live_tensors(), b0 = mt_live_bytes();
-    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 45), MT_F32, MT_CPU)); /* 128 TiB */
+    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 45), MT_F32, mt_test_device())); /* 128 TiB */
     assert_error(MT_ERR_OOM, "mt_empty: out of memory allocating");
 #ifndef __SANITIZE_ADDRESS__ /* ASan aborts on requests over its own 1 TiB ceiling */
-    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 40), MT_F32, MT_CPU)); /* 4 TiB */
+    assert_null(mt_empty(MT_SHAPE((int64_t)1 << 40), MT_F32, mt_test_device())); /* 4 TiB */
     assert_error(MT_ERR_OOM, "out of memory");
 #endif
-    assert_null(mt_zeros(MT_SHAPE((int64_t)1 << 40, (int64_t)1 << 40), MT_F32, MT_CPU));
+    assert_null(mt_zeros(MT_SHAPE((int64_t)1 << 40, (int64_t)1 << 40), MT_F32, mt_test_device()));
     assert_error(MT_ERR_OOM, "is too large to allocate");
     mt_debug_set_alloc_limit(1 << 20);
-    assert_null(mt_zeros(MT_SHAPE(1 << 20), MT_F32, MT_CPU));
+    assert_null(mt_zeros(MT_SHAPE(1 << 20), MT_F32, mt_test_device()));
     assert_error(MT_ERR_OOM, "mt_zeros: out of memory allocating 4194304 bytes");
-    mt_tensor *ok = mt_ones(MT_SHAPE(1 << 17), MT_F32, MT_CPU); /* 512 KiB: under the limit */
+    mt_tensor *ok =
+        mt_ones(MT_SHAPE(1 << 17), MT_F32, mt_test_device()); /* 512 KiB: under the limit */
     assert_non_null(ok);
     /* an op whose output cannot be allocated fails cleanly, recording nothing */
     mt_set_requires_grad(ok, true);
@@ -707,7 +758,7 @@ static void test_out_of_memory(void **state) {
 
 static void test_null_inputs(void **state) {
     (void)state;
-    mt_tensor *a = mt_ones(MT_SHAPE(2), MT_F32, MT_CPU);
+    mt_tensor *a = mt_ones(MT_SHAPE(2), MT_F32, mt_test_device());
     assert_null(mt_add(NULL, a));
     assert_null(mt_mul(a, NULL));
     assert_null(mt_exp(NULL));
@@ -731,8 +782,10 @@ static void test_null_inputs(void **state) {
     mt_release(a);
 }
 
-/* The block cache: freed large blocks are kept (not counted as live), mt_empty_cache gives
-   them back, and allocation works the same afterwards. Under ASan the cache is off. */
+/* The host block cache: freed large blocks are kept (not counted as live), mt_empty_cache gives
+   them back, and allocation works the same afterwards. Under ASan the cache is off. This is
+   about host memory itself, hence MT_CPU; test_device_memory_stats covers the device under
+   test. */
 static void test_empty_cache(void **state) {
     (void)state;
     mt_tensor *t = mt_zeros(MT_SHAPE(1024, 256), MT_F32, MT_CPU); /* 1 MiB */
@@ -749,6 +802,29 @@ static void test_empty_cache(void **state) {
     mt_release(s);
     mt_release(t);
     assert_no_error();
+}
+
+/* One device's figures (mt_memory_stats_get): a tensor's bytes are live while it is, count
+   in the peak, and mt_device_empty_cache leaves no cached block behind. */
+static void test_device_memory_stats(void **state) {
+    (void)state;
+    const int64_t mib = 1 << 20;
+    mt_device dev = mt_test_device();
+    mt_memory_stats before, during, after;
+    assert_int_equal(mt_memory_stats_get(dev, &before), 0);
+    mt_memory_peak_reset(dev);
+    mt_tensor *t = mt_zeros(MT_SHAPE(mib / 4), MT_F32, dev);
+    assert_int_equal(mt_memory_stats_get(dev, &during), 0);
+    assert_true(during.live_bytes >= before.live_bytes + mib);
+    assert_true(during.peak_bytes >= during.live_bytes);
+    mt_release(t);
+    assert_int_equal(mt_device_empty_cache(dev), 0);
+    assert_int_equal(mt_memory_stats_get(dev, &after), 0);
+    assert_true(after.live_bytes <= during.live_bytes - mib);
+    assert_int_equal(after.cached_bytes, 0);
+    assert_true(after.peak_bytes >= before.live_bytes + mib); /* the peak remembers */
+    assert_int_equal(mt_memory_stats_get(dev, NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_memory_stats_get: arg 2");
 }
 
 int main(void) {
@@ -774,6 +850,7 @@ int main(void) {
         MT_TEST(test_out_of_memory),
         MT_TEST(test_null_inputs),
         MT_TEST(test_empty_cache),
+        MT_TEST(test_device_memory_stats),
     };
     return MT_RUN_TESTS(tests);
 }

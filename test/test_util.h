@@ -10,8 +10,100 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 #include <cmocka.h>
 #include "mixtape.h"
+#include "../src/tensor/tensor_impl.h" /* mt_test_data_addr only: see there */
+
+/* ---- the device under test
+   Every test program runs against one device, named by the environment variable
+   MT_TEST_DEVICE: "cpu" (the default when unset or empty), "cuda" (cuda:0) or "cuda:N". The
+   harness runs each program once per built device (test/meson.build). A device that was asked
+   for but is not there ends the program with a TAP "Bail out!": silently testing the CPU
+   instead would report a GPU run that never happened. */
+
+/* The parsed device and its name: one per program (each test program is one translation
+   unit), filled once by mt_test_device_init and only read afterwards. */
+typedef struct {
+    mt_device dev;
+    char name[32]; /* "cpu", "cuda:0" */
+} mt_test_device_info;
+
+static inline mt_test_device_info *mt_test_device_slot(void) {
+    static mt_test_device_info info;
+    return &info;
+}
+
+/* Ends the program with a TAP "Bail out!" line (meson reports the program as failed). */
+static inline void mt_test_bail_out(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2), noreturn));
+static inline void mt_test_bail_out(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("Bail out! ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    exit(1);
+}
+
+static inline void mt_test_device_init(void) {
+    const char *env = getenv("MT_TEST_DEVICE");
+    mt_test_device_info *info = mt_test_device_slot();
+    info->dev = MT_CPU;
+    snprintf(info->name, sizeof info->name, "cpu");
+    if (!env || !*env || strcmp(env, "cpu") == 0) return;
+    long index = 0;
+    if (strcmp(env, "cuda") != 0) {
+        /* "cuda:" and decimal digits only: a typo must not fall back to the CPU */
+        const char *p = strncmp(env, "cuda:", 5) == 0 ? env + 5 : NULL;
+        char *end = NULL;
+        if (p && *p >= '0' && *p <= '9') index = strtol(p, &end, 10);
+        if (!end || *end || index > 1 << 20)
+            mt_test_bail_out("MT_TEST_DEVICE=%s is not one of cpu, cuda, cuda:N", env);
+    }
+    if (!mt_cuda_available())
+        mt_test_bail_out("MT_TEST_DEVICE=%s but no CUDA device is available: mt_cuda_available() "
+                         "is false (no GPU or driver, or a build without the CUDA backend)",
+                         env);
+    int count = mt_cuda_device_count();
+    if (index >= count)
+        mt_test_bail_out("MT_TEST_DEVICE=%s but the index is out of range: this machine has %d "
+                         "CUDA device(s)",
+                         env, count);
+    info->dev = MT_CUDA((int)index);
+    snprintf(info->name, sizeof info->name, "cuda:%d", (int)index);
+}
+
+static inline const mt_test_device_info *mt_test_device_get(void) {
+    static once_flag once = ONCE_FLAG_INIT; /* test threads may ask first */
+    call_once(&once, mt_test_device_init);
+    return mt_test_device_slot();
+}
+
+/* The device under test. */
+static inline mt_device mt_test_device(void) {
+    return mt_test_device_get()->dev;
+}
+
+/* "cpu" or "cuda:N", for messages. */
+static inline const char *mt_test_device_name(void) {
+    return mt_test_device_get()->name;
+}
+
+static inline bool mt_test_device_is_cpu(void) {
+    return mt_test_device().type == MT_DEVICE_CPU;
+}
+
+/* Where t's first element lives in its device's memory: the address mt_data_ptr gives for a
+   host tensor, but for any device. Only to compare (never to dereference), when a test checks
+   that a view shares its base's memory at the right offset. Reads the tensor struct, since the
+   public API hands out host pointers only. */
+static inline const void *mt_test_data_addr(const mt_tensor *t) {
+    if (!t) return NULL;
+    return mt_tensor_data(t);
+}
 
 /* Per-test fixture: every test starts with no error and must end with no new live tensor
    and no new live byte. */
@@ -42,8 +134,16 @@ static inline int mt_test_teardown(void **state) {
 
 #define MT_TEST(fn) cmocka_unit_test_setup_teardown(fn, mt_test_setup, mt_test_teardown)
 
+/* Names the device under test once, as a TAP comment, before the plan (and bails out there
+   when the requested device is missing, before any test runs). */
+static inline void mt_test_announce_device(void) {
+    printf("# device: %s\n", mt_test_device_name());
+    fflush(stdout);
+}
+
 #define MT_RUN_TESTS(tests)                                                                        \
-    (cmocka_set_message_output(CM_OUTPUT_TAP), cmocka_run_group_tests(tests, NULL, NULL))
+    (mt_test_announce_device(), cmocka_set_message_output(CM_OUTPUT_TAP),                          \
+     cmocka_run_group_tests(tests, NULL, NULL))
 
 /* Fails the test with the library's message when an error is pending. */
 #define assert_no_error()                                                                          \
@@ -61,6 +161,55 @@ static inline int mt_test_teardown(void **state) {
         mt_clear_error();                                                                          \
     } while (0)
 
+/* Checks an error that only a kernel can see in the data (a cross-entropy label out of range).
+   The CPU finds it in the op itself, which returns NULL with the error. A device finds it
+   while running the queued kernel, so the op returns a tensor with no error, and the next
+   synchronisation (mt_synchronize here) fails with it. Either way the error must have this
+   status and mention both op and needle; on the CPU only the first way is right (its
+   contract: reported by the op). Takes the op's result (released here, unless a scope owns
+   it) and clears the error. */
+static inline void mt_test_assert_deferred_error(mt_tensor *result, mt_status status,
+                                                 const char *op, const char *needle,
+                                                 const char *file, int line) {
+    if (result) {
+        mt_device dev = mt_device_of(result);
+        bool host = dev.type == MT_DEVICE_CPU;
+        mt_status early = mt_last_status();
+        int rc = host ? MT_OK : mt_synchronize(dev);
+        if (mt_scope_depth() == 0) mt_release(result);
+        if (host)
+            fail_msg("%s:%d: %s returned a tensor: the CPU reports a bad value in the data from "
+                     "the op itself (expected \"%s\")",
+                     file, line, op, needle);
+        if (early != MT_OK)
+            fail_msg("%s:%d: %s returned a tensor and also an error (%s)", file, line, op,
+                     mt_last_error());
+        if (rc != (int)status)
+            fail_msg("%s:%d: mt_synchronize after %s returned %d (%s), expected %s (\"%s\")", file,
+                     line, op, rc, mt_last_error(), mt_status_name(status), needle);
+    }
+    if (mt_last_status() != status)
+        fail_msg("%s:%d: %s, expected %s (\"%s\")", file, line,
+                 mt_last_status() ? mt_last_error() : "no error", mt_status_name(status), needle);
+    if (!strstr(mt_last_error(), op) || !strstr(mt_last_error(), needle))
+        fail_msg("%s:%d: error \"%s\" does not mention \"%s\" and \"%s\"", file, line,
+                 mt_last_error(), op, needle);
+    mt_clear_error();
+}
+#define assert_deferred_error(result, status, op, needle)                                          \
+    mt_test_assert_deferred_error((result), (status), (op), (needle), __FILE__, __LINE__)
+
+/* Asserts that t lives on the device under test (where the library was asked to put it, or
+   where its inputs are). */
+static inline void mt_test_assert_on_device(const mt_tensor *t, const char *file, int line) {
+    if (!t) fail_msg("%s:%d: tensor is NULL (%s)", file, line, mt_last_error());
+    mt_device d = mt_device_of(t), want = mt_test_device();
+    if (d.type != want.type || d.index != want.index)
+        fail_msg("%s:%d: tensor on device type %d index %d, expected %s", file, line, d.type,
+                 d.index, mt_test_device_name());
+}
+#define assert_on_test_device(t) mt_test_assert_on_device((t), __FILE__, __LINE__)
+
 /* Releases a temporary made by the test: op results belong to the innermost scope when one
    is open (the scope releases them), and to the caller only when none is. */
 static inline void mt_test_drop(mt_tensor *t) {
@@ -77,10 +226,11 @@ static inline double *mt_test_values(const mt_tensor *t) {
     return v;
 }
 
-/* A tensor of dtype dt from doubles; owned like any op result (by the open scope, if any). */
+/* A tensor of dtype dt from doubles, on the device under test; owned like any op result (by
+   the open scope, if any). */
 static inline mt_tensor *mt_test_tensor(const double *v, mt_dtype dt, int ndim,
                                         const int64_t *shape) {
-    mt_tensor *d = mt_from_data(v, MT_F64, ndim, shape, MT_CPU);
+    mt_tensor *d = mt_from_data(v, MT_F64, ndim, shape, mt_test_device());
     mt_tensor *t = mt_cast(d, dt);
     mt_test_drop(d);
     return t;

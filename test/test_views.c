@@ -17,8 +17,10 @@ static void assert_strides(const mt_tensor *t, int ndim, const int64_t *strides)
     for (int i = 0; i < ndim; i++) assert_int_equal(mt_strides(t)[i], strides[i]);
 }
 
-static char *elem_ptr(const mt_tensor *base, int64_t elem) {
-    return (char *)mt_data_ptr(base) + elem * (int64_t)mt_dtype_size(mt_dtype_of(base));
+/* The address of element `elem` of a contiguous base, in its device's memory (compared only:
+   views must start at the right element of their base's memory). */
+static const char *elem_ptr(const mt_tensor *base, int64_t elem) {
+    return (const char *)mt_test_data_addr(base) + elem * (int64_t)mt_dtype_size(mt_dtype_of(base));
 }
 
 /* ------------------------------------------------------------------ reshape / view */
@@ -30,23 +32,27 @@ static void test_reshape_view_shares_storage(void **state) {
     assert_no_error();
     assert_shape(r, 4, 6);
     assert_strides(r, MT_SHAPE(6, 1));
-    assert_ptr_equal(mt_data_ptr(r), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(r), mt_test_data_addr(a));
     double expect[24];
     for (int i = 0; i < 24; i++) expect[i] = i;
     assert_tensor_close(r, expect, 24, 0, 0);
-    /* writes through the view are seen by the base */
-    ((float *)mt_data_ptr(r))[7] = 100.0f;
-    assert_true(((float *)mt_data_ptr(a))[7] == 100.0f);
+    /* writes through the view are seen by the base (r[1][1] is element 7) */
+    mt_tensor *row = mt_narrow(r, 0, 1, 1), *r7 = mt_narrow(row, 1, 1, 1);
+    assert_int_equal(mt_fill(r7, 100.0), 0);
+    expect[7] = 100;
+    assert_tensor_close(a, expect, 24, 0, 0);
+    mt_release(r7);
+    mt_release(row);
 
     mt_tensor *v = mt_view(a, MT_SHAPE(-1));
     assert_shape(v, 24);
-    assert_ptr_equal(mt_data_ptr(v), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(v), mt_test_data_addr(a));
     mt_tensor *s = mt_reshape(a, MT_SHAPE(2, 1, 3, 1, 4));
     assert_shape(s, 2, 1, 3, 1, 4);
-    assert_ptr_equal(mt_data_ptr(s), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(s), mt_test_data_addr(a));
     mt_tensor *f = mt_flatten(a);
     assert_shape(f, 24);
-    assert_ptr_equal(mt_data_ptr(f), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(f), mt_test_data_addr(a));
     assert_no_error();
     mt_release(a);
     mt_release(r);
@@ -57,7 +63,7 @@ static void test_reshape_view_shares_storage(void **state) {
 
 static void test_reshape_scalar_and_empty(void **state) {
     (void)state;
-    mt_tensor *s = mt_scalar(3.5, MT_F64, MT_CPU);
+    mt_tensor *s = mt_scalar(3.5, MT_F64, mt_test_device());
     mt_tensor *r = mt_reshape(s, MT_SHAPE(1, 1));
     assert_shape(r, 1, 1);
     assert_true(mt_item(r) == 3.5);
@@ -65,7 +71,7 @@ static void test_reshape_scalar_and_empty(void **state) {
     assert_int_equal(mt_ndim(back), 0);
     mt_tensor *f = mt_flatten(s);
     assert_shape(f, 1);
-    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F32, MT_CPU);
+    mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F32, mt_test_device());
     mt_tensor *e2 = mt_reshape(e, MT_SHAPE(3, 0, 2));
     assert_shape(e2, 3, 0, 2);
     assert_no_error();
@@ -88,7 +94,7 @@ static void test_reshape_noncontiguous_copies(void **state) {
     mt_tensor *r = mt_reshape(t, MT_SHAPE(12));
     assert_no_error();
     assert_true(mt_is_contiguous(r));
-    assert_ptr_not_equal(mt_data_ptr(r), mt_data_ptr(a));
+    assert_ptr_not_equal(mt_test_data_addr(r), mt_test_data_addr(a));
     double expect[12];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 3; j++) expect[i * 3 + j] = j * 4 + i;
@@ -100,7 +106,7 @@ static void test_reshape_noncontiguous_copies(void **state) {
     mt_tensor *v = mt_view(t, MT_SHAPE(2, 2, 3));
     assert_no_error();
     assert_strides(v, MT_SHAPE(2, 1, 4));
-    assert_ptr_equal(mt_data_ptr(v), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(v), mt_test_data_addr(a));
     assert_tensor_close(v, expect, 12, 0, 0);
     mt_release(a);
     mt_release(t);
@@ -116,7 +122,7 @@ static void test_reshape_strided_view(void **state) {
     mt_tensor *r = mt_view(s, MT_SHAPE(3, 6));
     assert_no_error();
     assert_strides(r, MT_SHAPE(12, 1));
-    assert_ptr_equal(mt_data_ptr(r), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(r), mt_test_data_addr(a));
     double expect[18];
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 6; j++) expect[i * 6 + j] = 2 * i * 6 + j;
@@ -159,7 +165,7 @@ static void test_transpose(void **state) {
     assert_no_error();
     assert_shape(t, 4, 3, 2);
     assert_strides(t, MT_SHAPE(1, 4, 12));
-    assert_ptr_equal(mt_data_ptr(t), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(t), mt_test_data_addr(a));
     double expect[24];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 3; j++)
@@ -186,7 +192,7 @@ static void test_permute(void **state) {
     assert_int_equal(mt_dtype_of(p), MT_BF16);
     assert_shape(p, 3, 4, 2);
     assert_strides(p, MT_SHAPE(4, 1, 12));
-    assert_ptr_equal(mt_data_ptr(p), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(p), mt_test_data_addr(a));
     double expect[24];
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 4; j++)
@@ -211,13 +217,13 @@ static void test_narrow(void **state) {
     assert_no_error();
     assert_shape(n, 4, 3);
     assert_strides(n, MT_SHAPE(5, 1));
-    assert_ptr_equal(mt_data_ptr(n), elem_ptr(a, 1));
+    assert_ptr_equal(mt_test_data_addr(n), elem_ptr(a, 1));
     double expect[12];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 3; j++) expect[i * 3 + j] = i * 5 + j + 1;
     assert_tensor_close(n, expect, 12, 0, 0);
     mt_tensor *m = mt_narrow(a, 0, -2, 2); /* last two rows */
-    assert_ptr_equal(mt_data_ptr(m), elem_ptr(a, 10));
+    assert_ptr_equal(mt_test_data_addr(m), elem_ptr(a, 10));
     mt_tensor *z = mt_narrow(a, 0, 4, 0); /* empty at the end is fine */
     assert_shape(z, 0, 5);
     assert_no_error();
@@ -268,14 +274,14 @@ static void test_slice_python_rules(void **state) {
         mt_release(s);
     }
     mt_tensor *rows = mt_slice(a, -2, 1, 3, 1);
-    assert_ptr_equal(mt_data_ptr(rows), elem_ptr(a, 7));
+    assert_ptr_equal(mt_test_data_addr(rows), elem_ptr(a, 7));
     assert_null(mt_slice(a, 0, 0, 3, 0));
     assert_error(MT_ERR_INVALID, "mt_slice: arg 5: step must be positive, got 0");
     assert_null(mt_slice(a, 0, 0, 3, -1));
     assert_error(MT_ERR_INVALID, "step must be positive");
     assert_null(mt_slice(a, 2, 0, 3, 1));
     assert_error(MT_ERR_INVALID, "mt_slice: arg 2");
-    mt_tensor *s0 = mt_scalar(1, MT_F32, MT_CPU);
+    mt_tensor *s0 = mt_scalar(1, MT_F32, mt_test_device());
     assert_null(mt_slice(s0, 0, 0, 1, 1));
     assert_error(MT_ERR_INVALID, "0-d");
     mt_release(s0);
@@ -292,7 +298,7 @@ static void test_expand(void **state) {
     assert_no_error();
     assert_shape(e, 2, 3, 4);
     assert_strides(e, MT_SHAPE(0, 1, 0));
-    assert_ptr_equal(mt_data_ptr(e), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(e), mt_test_data_addr(a));
     double expect[24];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 3; j++)
@@ -329,7 +335,7 @@ static void test_squeeze_unsqueeze(void **state) {
     mt_tensor *s = mt_squeeze(a, -2);
     assert_shape(s, 2, 3);
     assert_strides(s, MT_SHAPE(3, 1));
-    assert_ptr_equal(mt_data_ptr(s), mt_data_ptr(a));
+    assert_ptr_equal(mt_test_data_addr(s), mt_test_data_addr(a));
     mt_tensor *same = mt_squeeze(a, 0); /* size 2: no-op as in torch */
     assert_shape(same, 2, 1, 3);
     mt_tensor *u = mt_unsqueeze(s, -1); /* [2, 3, 1] */
@@ -342,7 +348,7 @@ static void test_squeeze_unsqueeze(void **state) {
     assert_shape(u1, 2, 1, 3);
     double expect[6] = {0, 1, 2, 3, 4, 5};
     assert_tensor_close(u1, expect, 6, 0, 0);
-    mt_tensor *sc = mt_scalar(2, MT_F64, MT_CPU);
+    mt_tensor *sc = mt_scalar(2, MT_F64, mt_test_device());
     mt_tensor *su = mt_unsqueeze(sc, 0);
     assert_shape(su, 1);
     mt_tensor *ss = mt_squeeze(su, 0);
@@ -356,7 +362,8 @@ static void test_squeeze_unsqueeze(void **state) {
     assert_error(MT_ERR_INVALID, "mt_unsqueeze: arg 2: dim 4 is out of range for a 4-d tensor");
     assert_null(mt_unsqueeze(a, -5));
     assert_error(MT_ERR_INVALID, "mt_unsqueeze");
-    mt_tensor *big = mt_zeros(8, (const int64_t[]){1, 1, 1, 1, 1, 1, 1, 1}, MT_F32, MT_CPU);
+    mt_tensor *big =
+        mt_zeros(8, (const int64_t[]){1, 1, 1, 1, 1, 1, 1, 1}, MT_F32, mt_test_device());
     assert_null(mt_unsqueeze(big, 0));
     assert_error(MT_ERR_INVALID, "already has 8 dims");
     mt_release(big);
@@ -381,7 +388,7 @@ static void test_views_share_version_and_outlive_base(void **state) {
     mt_release(a); /* the views keep the storage alive */
     mt_tensor *u = mt_unsqueeze(s, 0);
     mt_tensor *e = mt_expand(u, MT_SHAPE(2, 2, 4));
-    assert_ptr_equal(mt_data_ptr(e), mt_data_ptr(s));
+    assert_ptr_equal(mt_test_data_addr(e), mt_test_data_addr(s));
     mt_release(u);
     mt_release(e);
     assert_int_equal(mt_fill(s, 7.0), 0);
@@ -404,7 +411,9 @@ static void test_inplace_through_view_detected(void **state) {
     mt_tensor *dt = mt_transpose(d, 0, 1);
     mt_tensor *row = mt_narrow(dt, 0, 1, 1); /* x[:, 1] */
     assert_int_equal(mt_fill(row, 5.0), 0);  /* d is history-free: allowed with grad on */
-    assert_true(((double *)mt_data_ptr(x))[1] == 5.0);
+    double *xv = mt_test_values(x);
+    assert_true(xv[1] == 5.0); /* x[0][1], seen through the base */
+    free(xv);
     mt_tensor *g = mt_ones_like(y);
     assert_true(mt_backward(y, g) < 0);
     assert_error(MT_ERR_STATE, "modified in place");
@@ -492,7 +501,7 @@ static mt_tensor *view_fn(mt_tensor *const *in, void *vctx) {
 static void test_gradcheck_views(void **state) {
     (void)state;
     mt_manual_seed(3);
-    mt_tensor *x = mt_randn(MT_SHAPE(3, 4), MT_F64, MT_CPU);
+    mt_tensor *x = mt_randn(MT_SHAPE(3, 4), MT_F64, mt_test_device());
     mt_set_requires_grad(x, true);
     for (int w = 0; w <= 11; w++) {
         view_case c = {w};
@@ -516,7 +525,7 @@ static void test_grad_fn_names_and_slice_grad_values(void **state) {
     mt_tensor *e = mt_expand(u, MT_SHAPE(4, 3));
     assert_string_equal(mt_grad_fn_name(e), "expand");
     mt_release(u);
-    mt_tensor *g = mt_ones(MT_SHAPE(4, 3), MT_F32, MT_CPU);
+    mt_tensor *g = mt_ones(MT_SHAPE(4, 3), MT_F32, mt_test_device());
     assert_int_equal(mt_backward(e, g), 0);
     mt_tensor *gx = mt_grad(x);
     assert_non_null(gx);

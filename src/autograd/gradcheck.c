@@ -2,10 +2,13 @@
    fn(inputs) with a fixed pseudo-random cotangent v; the numeric side perturbs each element
    of each input that requires grad by +-eps and differentiates <fn(x), v> by central
    differences. fn runs inside its own scope, so it may be written like a training step
-   (no releases). */
+   (no releases). Device-generic: the host reads values only through mt_copy_to_host, and
+   writes a perturbed element through the backend's fill kernel on a one-element header of
+   the input, so inputs may live in memory the host cannot touch. */
 #include <math.h>
 #include <stdlib.h>
 #include "../math/philox.h"
+#include "../tensor/backend.h"
 #include "node.h"
 
 /* <y, v> on the host in FP64. */
@@ -40,14 +43,20 @@ static int eval_dot(mt_gradcheck_fn fn, mt_tensor *const *inputs, void *ctx, con
     return rc;
 }
 
-/* Address of logical element i of t (host, any strides). */
-static double *element_ptr(mt_tensor *t, int64_t i) {
+/* Sets logical element i of t (F64, any strides) to value, on t's device: the backend's fill
+   on a one-element header over t's storage (it holds no reference and dies here; the kernel
+   call takes what it needs). Not mt_fill, on purpose: the input is a leaf that requires grad,
+   which mt_fill refuses, and a version bump would make a tape of the caller's that saved this
+   input refuse its backward although the values are back. F64 to F64: the restore is exact. */
+static int set_element(const mt_backend *be, mt_tensor *t, int64_t i, double value) {
     int64_t off = 0;
     for (int d = t->ndim - 1; d >= 0; d--) {
         off += (i % t->shape[d]) * t->strides[d];
         i /= t->shape[d];
     }
-    return (double *)t->storage->data + t->offset + off;
+    mt_tensor h;
+    mt_tensor_header_init(&h, t->storage, MT_F64, 1, (const int64_t[]){1}, NULL, t->offset + off);
+    return be->fill(&h, value);
 }
 
 static bool has_overlap(const mt_tensor *t) {
@@ -69,9 +78,6 @@ static int check_inputs(mt_tensor *const *inputs, int n) {
             return mt_error_set(MT_ERR_DTYPE,
                                 "mt_gradcheck: arg 2: input %d is %s; finite differences need f64",
                                 i, mt_dtype_name(t->dtype));
-        if (t->device.type != MT_DEVICE_CPU)
-            return mt_error_set(MT_ERR_DEVICE, "mt_gradcheck: arg 2: input %d is not on the cpu",
-                                i);
         if (t->grad_fn)
             return mt_error_set(MT_ERR_INVALID, "mt_gradcheck: arg 2: input %d is not a leaf", i);
         if (has_overlap(t))
@@ -137,18 +143,26 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
            scope open: released here, it must not also be tracked by the caller's scope */
         mt_api_enter();
         mt_tensor *g64 = x->grad ? mt_cast(x->grad, MT_F64) : NULL;
-        double *ga = calloc((size_t)(x->numel ? x->numel : 1), sizeof *ga);
-        if (!ga) rc = mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
+        size_t bytes = (size_t)(x->numel ? x->numel : 1) * sizeof(double);
+        double *ga = calloc(1, bytes), *x0 = malloc(bytes);
+        if (!ga || !x0) rc = mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
         if (rc == 0 && g64) rc = mt_copy_to_host(g64, ga, (size_t)x->numel * sizeof *ga);
         mt_release(g64);
         mt_api_exit_status(0);
+        /* the input's values, read once (one wait for a device, not one per element) */
+        if (rc == 0) rc = mt_copy_to_host(x, x0, (size_t)x->numel * sizeof *x0);
+        const mt_backend *be = rc == 0 ? mt_backend_for("mt_gradcheck", x->device) : NULL;
+        if (rc == 0 && !be) rc = mt_last_status();
         for (int64_t j = 0; rc == 0 && j < x->numel; j++) {
-            double *p = element_ptr(x, j), orig = *p, fp = 0, fm = 0;
-            *p = orig + eps;
-            rc = eval_dot(fn, inputs, ctx, v, vn, &fp);
-            *p = orig - eps;
+            double orig = x0[j], fp = 0, fm = 0;
+            rc = set_element(be, x, j, orig + eps);
+            if (rc == 0) rc = eval_dot(fn, inputs, ctx, v, vn, &fp);
+            if (rc == 0) rc = set_element(be, x, j, orig - eps);
             if (rc == 0) rc = eval_dot(fn, inputs, ctx, v, vn, &fm);
-            *p = orig;
+            /* always put the element back, also after a failure: the caller's input must
+               come out of the check unchanged */
+            int restored = set_element(be, x, j, orig);
+            if (rc == 0) rc = restored;
             if (rc) break;
             double num = (fp - fm) / (2 * eps);
             if (!(fabs(num - ga[j]) <= atol + rtol * fabs(num)))
@@ -157,6 +171,7 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
                                   "numeric %.10g (atol %g, rtol %g)",
                                   i, (long long)j, ga[j], num, atol, rtol);
         }
+        free(x0);
         free(ga);
     }
     for (int i = 0; i < n; i++) {
