@@ -153,7 +153,8 @@ int mt_device_empty_cache(mt_device dev);
    other scaler/optimizer queries documented as "may sync", and mt_clip_grad_norm's return
    value. Errors that a kernel finds in the data (a cross-entropy label out of range) cannot
    be returned by the op that queued it: they are reported, naming that op, by the next of
-   these waiting calls, which then fails (on the CPU they are reported by the op itself). */
+   these waiting calls, which then fails (on the CPU they are reported by the op itself).
+   With several bad rows, a device names one of them (the CPU names the first). */
 int mt_synchronize(mt_device dev);
 /* How many times the library has waited for a device (stream syncs and device-to-host
    copies) since the program started: a training step that stays on the device adds 0. */

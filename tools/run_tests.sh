@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Builds mixtape twice with warnings as errors -- a normal (release) build and an
-# AddressSanitizer + UndefinedBehaviorSanitizer build -- runs `meson test` in both, and ends
-# with one line: "N passed, N failed, N skipped", summed over both runs.
+# Builds mixtape three times with warnings as errors and runs `meson test` in each, ending
+# with one line: "N passed, N failed, N skipped", summed over the runs:
+#   release   the normal build; where nvcc exists it also compiles the CUDA kernels through
+#             the compile gate (sm_80/sm_90, spills and local memory as errors); tests on the
+#             CPU, and on the GPU too when one is there (MT_TEST_DEVICES=cpu,cuda);
+#   asan      AddressSanitizer + UndefinedBehaviorSanitizer, with the CUDA backend on the
+#             emulated device (test/cuda_emu): every test program on the CPU and on MT_CUDA(0);
+#   emu       the emulated device in a release build: every test program on MT_CUDA(0), with
+#             threads in program order and reversed (a missing barrier gives a wrong answer).
 #
 # Counting: meson 1.0.1 writes one JSON object per test program to meson-logs/testlog.json
 # (no separate entries for TAP subtests), but keeps the program's TAP output in "stdout".
@@ -12,7 +18,8 @@
 #
 # Usage: tools/run_tests.sh [extra `meson test` arguments, e.g. a test name]
 # Environment: MT_BUILD_DIR (default build), MT_ASAN_BUILD_DIR (default build-asan),
-#              MT_SKIP_ASAN=1 to run the normal build only.
+#              MT_EMU_BUILD_DIR (default build-emu), MT_SKIP_ASAN=1 / MT_SKIP_EMU=1 to leave
+#              those builds out, MT_TEST_DEVICES (release build's devices, default auto).
 # Exit status: 0 when nothing failed.
 set -uo pipefail
 
@@ -22,6 +29,10 @@ cd "$root" || exit 1
 
 build=${MT_BUILD_DIR:-build}
 asan_build=${MT_ASAN_BUILD_DIR:-build-asan}
+emu_build=${MT_EMU_BUILD_DIR:-build-emu}
+# The emulated device needs the CUDA toolkit's headers (nvcc's tree), not a GPU.
+have_cuda_headers=false
+command -v nvcc >/dev/null 2>&1 && have_cuda_headers=true
 
 # LeakSanitizer is on by default with ASan on Linux; say so explicitly, and make UBSan
 # findings fail the test instead of only printing.
@@ -117,7 +128,7 @@ run_suite() {
     local name=$1 dir=$2 log counts p f s
     shift 2
     local multiplier=1
-    [[ "$name" == asan ]] && multiplier=4
+    [[ "$name" == asan ]] && multiplier=6
     echo "==== $name build ($dir) ===="
     log="$dir/meson-logs/testlog.json"
     rm -f "$log"
@@ -145,9 +156,20 @@ run_suite() {
 }
 
 test_args=("$@")
-run_suite release "$build" -Dwerror=true -Db_sanitize=none
+run_suite release "$build" -Dwerror=true -Db_sanitize=none -Demulate_cuda=false \
+    -Dtest_devices="${MT_TEST_DEVICES:-auto}"
+emu_args=(-Demulate_cuda=false -Dtest_devices=cpu)
+if $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
+    emu_args=(-Demulate_cuda=true -Dtest_devices=cpu,cuda)
+fi
 if [[ "${MT_SKIP_ASAN:-0}" != 1 ]]; then
-    run_suite asan "$asan_build" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false
+    run_suite asan "$asan_build" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
+        "${emu_args[@]}"
+fi
+if $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
+    run_suite emu "$emu_build" -Dwerror=true -Db_sanitize=none -Demulate_cuda=true -Dtest_devices=cuda
+elif [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
+    echo "emu: no CUDA toolkit (nvcc) on this machine: the emulated-device build was not run"
 fi
 
 echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
