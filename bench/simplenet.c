@@ -1,5 +1,6 @@
 /* SimpleNet side by side: mixtape (samples/simplenet_amp) and PyTorch (bench/simplenet.py),
- * the same network, sizes and loop, on the CPU, in the same run.
+ * the same network, sizes and loop, on the CPU (the default) or on one CUDA GPU
+ * (--device cuda[:N], below), in the same run.
  *
  * Every (implementation, mode, thread count) runs in its own child process, so that each
  * resident-set figure is its own. The sweep runs --repeat times (default 3), mixtape and torch
@@ -12,8 +13,19 @@
  * set); "RSS growth" is ru_maxrss after training minus ru_maxrss after the data were made, for
  * both implementations (it also counts allocator caching and library pages first touched).
  *
- * Usage: simplenet [--hidden N] [--batch N] [--steps N] [--epochs N] [--threads 1,2]
- *                  [--repeat N] [--python PATH] [--no-torch] */
+ * --device cuda[:N]: the AMP guide's sizes by default (hidden 4096, batch 512, 50 batches x 5
+ * epochs), --warmup steps (default 5) untimed on both sides. Each round runs every mixtape mode
+ * in its own child process and all torch modes (CUDA autocast FP16 + GradScaler, model.half()
+ * with FP32 master weights + GradScaler, autocast BF16, FP32; TF32 off on both sides) in one
+ * child; ms/step is the mean between two device synchronizations (mt_synchronize,
+ * torch.cuda.synchronize); for each mode the fastest round is reported. Memory: the GPU's
+ * peak during the mode minus the data set (mixtape: mt_memory_stats_get; torch:
+ * torch.cuda.max_memory_allocated minus torch.cuda.memory_allocated before the model).
+ * Ratios: mixtape / torch ms per step and GPU peak for each mode, mixtape's AMP speedups over
+ * its FP32, and torch's for reference.
+ *
+ * Usage: simplenet [--device cpu|cuda[:N]] [--hidden N] [--batch N] [--steps N] [--epochs N]
+ *                  [--threads 1,2] [--warmup N] [--repeat N] [--python PATH] [--no-torch] */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -41,11 +53,13 @@ typedef struct {
     int threads;
     double ms, loss;
     double lib_peak, rss; /* bytes; NAN when not measured */
+    double syncs;         /* host syncs per timed step (mixtape); NAN when not reported */
 } row;
 
 typedef struct {
     row rows[MAX_ROWS];
     int n;
+    char gpu[128]; /* the GPU's name, as torch reported it */
 } table;
 
 /* Finds "key": in a flat JSON object written by our own scripts and copies its value
@@ -96,7 +110,7 @@ static int run_json(const char *cmd, const char *impl, const char *mode, table *
         }
         if (t->n == MAX_ROWS) continue;
         row *r = &t->rows[t->n];
-        *r = (row){.supported = true, .lib_peak = NAN, .rss = NAN};
+        *r = (row){.supported = true, .lib_peak = NAN, .rss = NAN, .syncs = NAN};
         snprintf(r->impl, sizeof r->impl, "%s", impl);
         char buf[64];
         if (!json_get(line, "mode", r->mode, sizeof r->mode)) continue;
@@ -115,13 +129,15 @@ static int run_json(const char *cmd, const char *impl, const char *mode, table *
         r->rss = json_num(line, "rss_delta_bytes");
         double peak = json_num(line, "peak_bytes"), data = json_num(line, "data_bytes");
         if (isfinite(peak) && isfinite(data)) r->lib_peak = peak - data;
+        r->syncs = json_num(line, "host_syncs_per_step");
+        if (!t->gpu[0]) json_get(line, "gpu", t->gpu, sizeof t->gpu);
         t->n++;
         added++;
     }
     int status = pclose(f);
     if (status != 0 && added == 0 && mode && t->n < MAX_ROWS) {
         row *r = &t->rows[t->n++];
-        *r = (row){.supported = false, .lib_peak = NAN, .rss = NAN};
+        *r = (row){.supported = false, .lib_peak = NAN, .rss = NAN, .syncs = NAN};
         snprintf(r->impl, sizeof r->impl, "%s", impl);
         snprintf(r->mode, sizeof r->mode, "%s", mode);
         snprintf(r->reason, sizeof r->reason, "failed: %s", last_msg);
@@ -163,14 +179,112 @@ static void print_ratio(const char *what, const row *num, const row *den, const 
         printf(" - | not measured |\n");
 }
 
+/* Ratio of the two rows' peak memory (lib peak: data set excluded). */
+static void print_mem_ratio(const char *what, const row *num, const row *den) {
+    printf("| %s |", what);
+    if (num && den && num->supported && den->supported && isfinite(num->lib_peak) &&
+        isfinite(den->lib_peak) && den->lib_peak > 0)
+        printf(" %.2f | < 1: mixtape uses less |\n", num->lib_peak / den->lib_peak);
+    else
+        printf(" - | not measured |\n");
+}
+
 static bool safe_for_shell(const char *s) {
     return !strchr(s, '\'');
 }
 
+/* --device cuda: mixtape and torch on the same GPU, same sizes, same warm-up. */
+static int run_cuda(const char *device, long hidden, long batch, long steps, long epochs,
+                    long warmup, long repeat, const char *python, const char *sample, bool torch) {
+    static table t;
+    char sizes[160], cmd[2048];
+    snprintf(sizes, sizeof sizes, "--hidden %ld --batch %ld --steps %ld --epochs %ld --warmup %ld",
+             hidden, batch, steps, epochs, warmup);
+    printf("SimpleNet on %s: 3 x Linear(%ld, %ld), ReLU, MSE, SGD; batch %ld; %ld batches x %ld "
+           "epochs; %ld warm-up step(s) untimed; best of %ld round(s)\n\n",
+           device, hidden, hidden, batch, steps, epochs, warmup, repeat);
+    fflush(stdout);
+    const char *modes[] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
+    const char *labels[] = {"FP32", "AMP-O1 FP16", "AMP-O2 FP16", "AMP-O1 BF16"};
+    enum { NM = 4 };
+    for (long round = 1; round <= repeat; round++) {
+        for (int m = 0; m < NM; m++) {
+            snprintf(cmd, sizeof cmd, "'%s' --json --device %s --modes %s %s", sample, device,
+                     modes[m], sizes);
+            fprintf(stderr, "round %ld/%ld: mixtape %s on %s...\n", round, repeat, modes[m],
+                    device);
+            run_json(cmd, "mixtape", modes[m], &t);
+        }
+        if (torch) {
+            snprintf(cmd, sizeof cmd,
+                     "'%s' '%s/simplenet.py' --device %s --modes fp32,o1-fp16,o2-fp16,o1-bf16 %s",
+                     python, MT_BENCH_DIR, device, sizes);
+            fprintf(stderr, "round %ld/%ld: torch fp32, o1-fp16, o2-fp16, o1-bf16 on %s...\n",
+                    round, repeat, device);
+            if (run_json(cmd, "torch", NULL, &t) == 0)
+                fprintf(stderr,
+                        "simplenet bench: no torch results (is PyTorch with CUDA installed for "
+                        "%s?)\n",
+                        python);
+        }
+    }
+    if (t.gpu[0]) printf("GPU: %s\n\n", t.gpu);
+    printf("| implementation | mode | ms/step (mean) | final loss | GPU peak MiB (data excluded) "
+           "| host syncs/step |\n|---|---|---|---|---|---|\n");
+    const char *impls[] = {"mixtape", "torch"};
+    for (int k = 0; k < 2; k++) {
+        for (int m = 0; m < NM; m++) {
+            const row *r = best(&t, impls[k], modes[m]);
+            if (!r) continue;
+            if (!r->supported) {
+                printf("| %s | %s | %s | | | |\n", r->impl, modes[m], r->reason);
+                continue;
+            }
+            printf("| %s | %s | %.3f | %.6g |", r->impl, labels[m], r->ms, r->loss);
+            print_mib(r->lib_peak);
+            if (isfinite(r->syncs))
+                printf(" %.2f |\n", r->syncs);
+            else
+                printf(" - |\n");
+        }
+    }
+    printf("\n| ratio | value | meaning |\n|---|---|---|\n");
+    char what[128];
+    for (int m = 0; m < NM; m++) {
+        snprintf(what, sizeof what, "ms/step mixtape / torch, %s", labels[m]);
+        print_ratio(what, best(&t, "mixtape", modes[m]), best(&t, "torch", modes[m]),
+                    "< 1: mixtape faster");
+    }
+    const row *mf = best(&t, "mixtape", "fp32"), *tf = best(&t, "torch", "fp32");
+    for (int m = 1; m < NM; m++) {
+        snprintf(what, sizeof what, "mixtape %s speedup over mixtape FP32 (FP32 / %s ms)",
+                 labels[m], labels[m]);
+        print_ratio(what, mf, best(&t, "mixtape", modes[m]), "> 1: AMP faster than FP32");
+    }
+    for (int m = 1; m < NM; m++) {
+        snprintf(what, sizeof what, "torch %s speedup over torch FP32 (reference)", labels[m]);
+        print_ratio(what, tf, best(&t, "torch", modes[m]), "> 1: AMP faster than FP32");
+    }
+    for (int m = 0; m < NM; m++) {
+        snprintf(what, sizeof what, "GPU peak mixtape / torch, %s", labels[m]);
+        print_mem_ratio(what, best(&t, "mixtape", modes[m]), best(&t, "torch", modes[m]));
+    }
+    /* Exit status 1 when a mode did not run on either side (what a GPU test run checks). */
+    int missing = 0;
+    for (int k = 0; k < (torch ? 2 : 1); k++)
+        for (int m = 0; m < NM; m++) {
+            const row *r = best(&t, impls[k], modes[m]);
+            if (!r || !r->supported) missing++;
+        }
+    if (missing) printf("\n%d (implementation, mode) pair(s) did not run.\n", missing);
+    return missing ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
-    long hidden = 1024, batch = 256, steps = 10, epochs = 2;
+    long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = -1; /* 0, -1: the default */
     long repeat = 3;
     const char *threads = "1,2", *python = MT_TORCH_PYTHON, *sample = MT_SIMPLENET_AMP;
+    const char *device = "cpu";
     bool torch = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -179,8 +293,9 @@ int main(int argc, char **argv) {
             continue;
         }
         if (!v) {
-            fprintf(stderr, "usage: simplenet [--hidden N] [--batch N] [--steps N] [--epochs N] "
-                            "[--threads 1,2] [--repeat N] [--python PATH] [--no-torch]\n");
+            fprintf(stderr, "usage: simplenet [--device cpu|cuda[:N]] [--hidden N] [--batch N] "
+                            "[--steps N] [--epochs N] [--threads 1,2] [--warmup N] [--repeat N] "
+                            "[--python PATH] [--no-torch]\n");
             return 2;
         }
         i++;
@@ -196,6 +311,10 @@ int main(int argc, char **argv) {
             threads = v;
         else if (strcmp(a, "--repeat") == 0)
             repeat = strtol(v, NULL, 10);
+        else if (strcmp(a, "--warmup") == 0)
+            warmup = strtol(v, NULL, 10);
+        else if (strcmp(a, "--device") == 0)
+            device = v;
         else if (strcmp(a, "--python") == 0)
             python = v;
         else {
@@ -203,10 +322,24 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    bool cuda = strncmp(device, "cuda", 4) == 0 &&
+                (device[4] == 0 || (device[4] == ':' && device[5] &&
+                                    strspn(device + 5, "0123456789") == strlen(device + 5)));
+    if (!cuda && strcmp(device, "cpu") != 0) {
+        fprintf(stderr, "simplenet bench: --device: expected cpu or cuda[:N], got \"%s\"\n",
+                device);
+        return 2;
+    }
+    /* The AMP guide's sizes on a GPU; the CPU's scaled-down run as before. */
+    hidden = hidden ? hidden : (cuda ? 4096 : 1024);
+    batch = batch ? batch : (cuda ? 512 : 256);
+    steps = steps ? steps : (cuda ? 50 : 10);
+    epochs = epochs ? epochs : (cuda ? 5 : 2);
+    if (warmup < 0) warmup = cuda ? 5 : 1;
     if (hidden <= 0 || batch <= 0 || steps <= 0 || epochs <= 0 || repeat <= 0 || repeat > 8 ||
-        strspn(threads, "0123456789,") != strlen(threads)) {
-        fprintf(stderr, "simplenet bench: sizes must be positive, --repeat 1..8, --threads a "
-                        "comma list\n");
+        (cuda && warmup >= steps * epochs) || strspn(threads, "0123456789,") != strlen(threads)) {
+        fprintf(stderr, "simplenet bench: sizes must be positive, --warmup below steps x epochs, "
+                        "--repeat 1..8, --threads a comma list\n");
         return 2;
     }
     if (!safe_for_shell(python) || !safe_for_shell(sample)) {
@@ -217,6 +350,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "simplenet bench: %s not found; build it first (ninja -C <build dir>)\n",
                 sample);
         return 1;
+    }
+    if (cuda)
+        return run_cuda(device, hidden, batch, steps, epochs, warmup, repeat, python, sample,
+                        torch);
+    if (warmup != 1) {
+        fprintf(stderr, "simplenet bench: --warmup is for --device cuda (the CPU runs time all "
+                        "but the first step)\n");
+        return 2;
     }
 
     static table t;

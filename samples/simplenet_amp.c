@@ -8,7 +8,12 @@
  *            FP32 master weights (multi_precision)
  *   o1-bf16  autocast O1 to BF16; BF16 has FP32's exponent range, so no loss scaling
  *
- * Each training step is one scope; errors are checked once per step.
+ * Each training step is one scope; errors are checked once per step. On a CUDA device ops
+ * return before the device has run them, so the clock is read only after mt_synchronize (at
+ * the end of the warm-up steps and after the last step), and the memory figures are the
+ * device's own (mt_memory_stats_get): the GPU's peak, comparable with
+ * torch.cuda.max_memory_allocated. mt_host_sync_count tells how often a step made the host
+ * wait for the device (0 for a step that stays on the device).
  * Run with --help for the options. */
 #include <errno.h>
 #include <getopt.h>
@@ -44,6 +49,7 @@ enum { N_MODES = sizeof MODES / sizeof MODES[0], N_LAYERS = 3 };
 typedef struct {
     int64_t hidden, batch;
     int steps, epochs; /* batches per epoch, epochs */
+    int warmup;        /* untimed steps at the start */
     int threads;       /* 0: library default */
     mt_device dev;
     bool json;
@@ -55,7 +61,10 @@ typedef struct {
     double ms_per_step, loss;
     double ms_median; /* median step time; CPU only (device work is asynchronous) */
     int timed_steps;
-    int64_t peak_bytes, data_bytes, rss_delta_bytes, skipped;
+    /* peak_bytes, data_bytes, cached_bytes: the training device's figures (mt_memory_stats);
+       peak_bytes_all: mt_peak_bytes, every device and the host together */
+    int64_t peak_bytes, data_bytes, cached_bytes, peak_bytes_all, rss_delta_bytes, skipped;
+    int64_t host_syncs; /* host waits for the device during the timed steps */
 } result;
 
 static const char *device_name(mt_device d) {
@@ -95,6 +104,7 @@ static void usage(FILE *f) {
                "  --batch N       batch size (GPU default 512, CPU 256)\n"
                "  --steps N       batches per epoch (GPU default 50, CPU 10)\n"
                "  --epochs N      epochs (GPU default 5, CPU 2)\n"
+               "  --warmup N      untimed steps at the start (default 1)\n"
                "  --threads N     CPU threads for kernels and BLAS (default: all cores)\n"
                "  --seed N        seed for data and weights (default 2023)\n"
                "  --json          one JSON object per mode and line on stdout, nothing else\n");
@@ -138,6 +148,7 @@ static void parse_args(int argc, char **argv, config *c) {
         O_BATCH,
         O_STEPS,
         O_EPOCHS,
+        O_WARMUP,
         O_MODES,
         O_DEVICE,
         O_THREADS,
@@ -145,18 +156,14 @@ static void parse_args(int argc, char **argv, config *c) {
         O_JSON,
         O_HELP
     };
-    static const struct option opts[] = {{"hidden", required_argument, 0, O_HIDDEN},
-                                         {"batch", required_argument, 0, O_BATCH},
-                                         {"steps", required_argument, 0, O_STEPS},
-                                         {"epochs", required_argument, 0, O_EPOCHS},
-                                         {"modes", required_argument, 0, O_MODES},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"seed", required_argument, 0, O_SEED},
-                                         {"json", no_argument, 0, O_JSON},
-                                         {"help", no_argument, 0, O_HELP},
-                                         {0, 0, 0, 0}};
-    long hidden = 0, batch = 0, steps = 0, epochs = 0;
+    static const struct option opts[] = {
+        {"hidden", required_argument, 0, O_HIDDEN}, {"batch", required_argument, 0, O_BATCH},
+        {"steps", required_argument, 0, O_STEPS},   {"epochs", required_argument, 0, O_EPOCHS},
+        {"warmup", required_argument, 0, O_WARMUP}, {"modes", required_argument, 0, O_MODES},
+        {"device", required_argument, 0, O_DEVICE}, {"threads", required_argument, 0, O_THREADS},
+        {"seed", required_argument, 0, O_SEED},     {"json", no_argument, 0, O_JSON},
+        {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
+    long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = 1;
     bool dev_given = false;
     *c = (config){.seed = 2023, .dev = MT_CPU};
     for (int k = 0; k < N_MODES; k++) c->run[k] = true;
@@ -174,6 +181,9 @@ static void parse_args(int argc, char **argv, config *c) {
             break;
         case O_EPOCHS:
             epochs = parse_long("--epochs", optarg, 1, 1 << 20);
+            break;
+        case O_WARMUP:
+            warmup = parse_long("--warmup", optarg, 0, 1 << 20);
             break;
         case O_MODES:
             parse_modes(optarg, c->run);
@@ -226,6 +236,9 @@ static void parse_args(int argc, char **argv, config *c) {
     c->batch = batch ? batch : (gpu ? 512 : 256);
     c->steps = steps ? (int)steps : (gpu ? 50 : 10);
     c->epochs = epochs ? (int)epochs : (gpu ? 5 : 2);
+    /* At least one step is timed: a one-step run times its only step, warm-up included. */
+    int64_t total = (int64_t)c->steps * c->epochs;
+    c->warmup = warmup < total ? (int)warmup : (int)(total - 1);
     if (!gpu && !(hidden || batch || steps || epochs)) {
         fprintf(
             c->json ? stderr : stdout,
@@ -274,7 +287,11 @@ static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_opt
 static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor **ys, result *r) {
     int64_t tensors_before = mt_live_tensors();
     mt_peak_bytes_reset();
-    r->data_bytes = mt_live_bytes();
+    mt_memory_peak_reset(c->dev);
+    mt_memory_stats ms0 = {0};
+    /* Before the model exists the device holds the data set alone. */
+    if (mt_memory_stats_get(c->dev, &ms0) < 0) check("mt_memory_stats_get");
+    r->data_bytes = ms0.live_bytes;
     int64_t rss0 = maxrss_bytes();
 
     mt_manual_seed(c->seed + 1); /* the same initial weights in every mode */
@@ -301,13 +318,25 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
 
     int total = c->steps * c->epochs;
     /* On the CPU every op has finished when it returns, so single steps can be timed too; their
-       median shrugs off the odd step slowed by another process. */
+       median shrugs off the odd step slowed by another process. On a GPU a step's ops return
+       before the device has run them: only whole runs between two mt_synchronize are timed. */
     bool per_step = c->dev.type == MT_DEVICE_CPU;
     double *step_ms = per_step ? calloc((size_t)total, sizeof *step_ms) : NULL;
+    /* The data copies and the weights' initialization are not part of any step. */
+    mt_synchronize(c->dev);
+    check("mt_synchronize");
     double t0 = now_s(), last = 0;
+    int64_t syncs0 = mt_host_sync_count();
+    mt_tensor *final_loss = NULL;
     for (int s = 0; s < total; s++) {
+        if (s == c->warmup && s > 0) {
+            /* The warm-up steps (caches, allocators, cuBLAS handles) have finished. */
+            mt_synchronize(c->dev);
+            check("mt_synchronize");
+            t0 = now_s();
+            syncs0 = mt_host_sync_count();
+        }
         double ts = now_s();
-        if (s == 1) t0 = ts; /* the first step warms up caches and allocators */
         mt_scope_begin();
         mt_tensor *loss = train_step(m, layers, opt, scaler, xs[s % c->steps], ys[s % c->steps]);
         if (!loss && mt_last_status() == MT_OK) {
@@ -317,15 +346,22 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
                     m->name, s);
             exit(1);
         }
-        /* mt_item waits for the device, so the clock reads finished work. */
-        if (s == 0 || s == total - 1) r->loss = mt_item(loss);
+        /* The loss is read after the clock stops: mt_item would wait for the device. */
+        if (s == total - 1) final_loss = mt_retain(loss);
         mt_scope_end();
         if (step_ms) step_ms[s] = 1e3 * (now_s() - ts);
         check(m->name);
         progress(m, s + 1, total, &last);
     }
+    /* Host waits the steps made themselves, before our own wait below. */
+    r->host_syncs = mt_host_sync_count() - syncs0;
+    mt_synchronize(c->dev);
+    check("mt_synchronize");
     double t1 = now_s();
-    r->timed_steps = total > 1 ? total - 1 : 1;
+    r->loss = mt_item(final_loss);
+    check("mt_item");
+    mt_release(final_loss);
+    r->timed_steps = total - c->warmup;
     r->ms_per_step = 1e3 * (t1 - t0) / r->timed_steps;
     r->ms_median = NAN;
     if (step_ms) {
@@ -337,7 +373,11 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     }
     r->skipped = scaler ? mt_grad_scaler_skipped_steps(scaler) : 0;
     check("mt_grad_scaler_skipped_steps");
-    r->peak_bytes = mt_peak_bytes();
+    mt_memory_stats ms1 = {0};
+    if (mt_memory_stats_get(c->dev, &ms1) < 0) check("mt_memory_stats_get");
+    r->peak_bytes = ms1.peak_bytes;
+    r->cached_bytes = ms1.cached_bytes;
+    r->peak_bytes_all = mt_peak_bytes();
     r->rss_delta_bytes = maxrss_bytes() - rss0;
 
     mt_grad_scaler_free(scaler);
@@ -366,9 +406,13 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
     printf(", \"loss\": ");
     print_json_number(r->loss);
     printf(", \"peak_bytes\": %lld, \"data_bytes\": %lld, \"rss_delta_bytes\": %lld, "
-           "\"skipped\": %lld}\n",
+           "\"skipped\": %lld, \"warmup\": %d, \"timed_steps\": %d, \"cached_bytes\": %lld, "
+           "\"peak_bytes_all\": %lld, \"host_syncs\": %lld, \"host_syncs_per_step\": ",
            (long long)r->peak_bytes, (long long)r->data_bytes, (long long)r->rss_delta_bytes,
-           (long long)r->skipped);
+           (long long)r->skipped, c->warmup, r->timed_steps, (long long)r->cached_bytes,
+           (long long)r->peak_bytes_all, (long long)r->host_syncs);
+    print_json_number((double)r->host_syncs / r->timed_steps);
+    printf("}\n");
     fflush(stdout);
 }
 
@@ -401,8 +445,8 @@ int main(int argc, char **argv) {
                "%d batches x %d epochs on %s (%d threads)\n",
                (long long)c.hidden, (long long)c.hidden, (long long)c.batch, c.steps, c.epochs,
                device_name(c.dev), mt_get_num_threads());
-        printf("%-28s %10s %12s %9s %10s %8s\n", "mode", "ms/step", "final loss", "speedup",
-               "peak MiB", "skipped");
+        printf("%-28s %10s %12s %9s %10s %8s %10s\n", "mode", "ms/step", "final loss", "speedup",
+               "peak MiB", "skipped", "syncs/step");
         fflush(stdout);
     }
     double fp32_ms = NAN;
@@ -419,14 +463,18 @@ int main(int argc, char **argv) {
         }
         char speedup[32] = "-";
         if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r.ms_per_step);
-        printf("%-28s %10.2f %12.7g %9s %10.1f %8lld\n", MODES[k].label, r.ms_per_step, r.loss,
-               speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped);
+        printf("%-28s %10.2f %12.7g %9s %10.1f %8lld %10.2f\n", MODES[k].label, r.ms_per_step,
+               r.loss, speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped,
+               (double)r.host_syncs / r.timed_steps);
         fflush(stdout);
     }
     if (!c.json) {
-        printf("ms/step excludes the first (warm-up) step; peak MiB is mt_peak_bytes during the "
-               "mode, including the %.1f MiB data set.\n",
-               (double)data_bytes / (1 << 20));
+        printf("ms/step excludes the first %d (warm-up) step(s)%s; peak MiB is the %s's peak "
+               "(mt_memory_stats_get) during the mode, including the %.1f MiB data set; "
+               "syncs/step: host waits for the device per timed step (mt_host_sync_count).\n",
+               c.warmup,
+               c.dev.type == MT_DEVICE_CPU ? "" : ", timed between two mt_synchronize calls",
+               c.dev.type == MT_DEVICE_CPU ? "host" : "GPU", (double)data_bytes / (1 << 20));
         if (c.dev.type == MT_DEVICE_CPU)
             printf("On a CPU, FP16/BF16 are storage formats computed in FP32 registers: expect "
                    "less memory traffic, not tensor-core speedups.\n");
