@@ -15,20 +15,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels.h"
-#include "../math/half.h"
+#include "element_access.cuh"
 
-#define MT_DEV  static __device__ __forceinline__
-#define MT_FULL 0xffffffffu
 // Threads to aim for when splitting a reduction (132 SMs x 2048: a full H100). A constant,
 // not the device's SM count: the split shape sets the rounding, so results are the same
 // bits on every GPU; on smaller GPUs the extra splits only queue.
 #define MT_SPLIT_THREADS (132 * 2048)
-#ifdef __CUDACC__
-#define MT_UNROLL _Pragma("unroll")
-#else
-#define MT_UNROLL
-#endif
 
 // ---------------------------------------------------------------- element access
 
@@ -55,48 +47,6 @@ MT_DEV float mt_widen(mt_f16_tag v) {
 }
 MT_DEV float mt_widen(mt_bf16_tag v) {
     return mt_bf16_to_f32(v.b);
-}
-
-// Any floating element widened to A (the output side and the rarely-hot loads).
-template <typename A> MT_DEV A mt_load(const char *p, mt_dtype dt, int64_t i) {
-    switch (dt) {
-    case MT_F64:
-        return (A)((const double *)p)[i];
-    case MT_F16:
-        return (A)mt_f16_to_f32(((const uint16_t *)p)[i]);
-    case MT_BF16:
-        return (A)mt_bf16_to_f32(((const uint16_t *)p)[i]);
-    default:
-        return (A)((const float *)p)[i];
-    }
-}
-
-// Rounded to nearest even on store; a double goes through FP32 for F16/BF16, as the CPU does.
-template <typename A> MT_DEV void mt_store(char *p, mt_dtype dt, int64_t i, A v) {
-    switch (dt) {
-    case MT_F64:
-        ((double *)p)[i] = (double)v;
-        break;
-    case MT_F16:
-        ((uint16_t *)p)[i] = mt_f32_to_f16((float)v);
-        break;
-    case MT_BF16:
-        ((uint16_t *)p)[i] = mt_f32_to_bf16((float)v);
-        break;
-    default:
-        ((float *)p)[i] = (float)v;
-        break;
-    }
-}
-
-static bool mt_is_floating(mt_dtype dt) {
-    return dt == MT_F32 || dt == MT_F64 || dt == MT_F16 || dt == MT_BF16;
-}
-
-static int mt_pow2_at_least(int64_t n, int cap) {
-    int p = 1;
-    while (p < n && p < cap) p *= 2;
-    return p;
 }
 
 // ---------------------------------------------------------------- folds

@@ -14,61 +14,8 @@
 #include "cuda_compat.h"
 #include <math.h>
 #include <string.h>
-#include "kernels.h"
-#include "../math/half.h"
+#include "element_access.cuh"
 #include "../math/scalar_ops.h"
-
-#define MT_DEV  static __device__ __forceinline__
-#define MT_FULL 0xffffffffu
-#ifdef __CUDACC__
-#define MT_UNROLL _Pragma("unroll")
-#else
-#define MT_UNROLL
-#endif
-
-// ---------------------------------------------------------------- element access
-// (the same conversions as reduce.cu: F16/BF16 widened with half.h, stores rounded to
-// nearest even, a double going through FP32 for F16/BF16 as the CPU does)
-
-template <typename A> MT_DEV A mt_load(const char *p, mt_dtype dt, int64_t i) {
-    switch (dt) {
-    case MT_F64:
-        return (A)((const double *)p)[i];
-    case MT_F16:
-        return (A)mt_f16_to_f32(((const uint16_t *)p)[i]);
-    case MT_BF16:
-        return (A)mt_bf16_to_f32(((const uint16_t *)p)[i]);
-    default:
-        return (A)((const float *)p)[i];
-    }
-}
-
-template <typename A> MT_DEV void mt_store(char *p, mt_dtype dt, int64_t i, A v) {
-    switch (dt) {
-    case MT_F64:
-        ((double *)p)[i] = (double)v;
-        break;
-    case MT_F16:
-        ((uint16_t *)p)[i] = mt_f32_to_f16((float)v);
-        break;
-    case MT_BF16:
-        ((uint16_t *)p)[i] = mt_f32_to_bf16((float)v);
-        break;
-    default:
-        ((float *)p)[i] = (float)v;
-        break;
-    }
-}
-
-static bool mt_is_floating(mt_dtype dt) {
-    return dt == MT_F32 || dt == MT_F64 || dt == MT_F16 || dt == MT_BF16;
-}
-
-static int mt_pow2_at_least(int64_t n, int cap) {
-    int p = 1;
-    while (p < n && p < cap) p *= 2;
-    return p;
-}
 
 // src/math's exp and log for FP32 (the CPU backend's formulas), libm's for F64
 MT_DEV float mt_exp(float x) {
