@@ -10,6 +10,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../tensor/gemm_geom.h"
 #include "cpu.h"
 
 /* OpenBLAS runs a GEMM with m*n*k at most this on one thread (SMP_THRESHOLD_MIN times
@@ -18,89 +19,6 @@
 #define BLAS_SINGLE_THREAD_MNK 262144.0
 /* Below this many multiply-adds in the whole batch a parallel region costs more than it saves. */
 #define BATCH_PARALLEL_MIN_FLOPS 131072.0
-
-/* One matrix of an operand: first element and strides in elements. */
-typedef struct {
-    const char *p;
-    int64_t rs, cs;
-} mat;
-
-static inline int64_t imax(int64_t a, int64_t b) {
-    return a > b ? a : b;
-}
-static inline int64_t imin(int64_t a, int64_t b) {
-    return a < b ? a : b;
-}
-
-/* How BLAS reads a rows x cols matrix with strides (rs, cs): 0 row-major, 1 column-major
-   (a transposed row-major matrix), -1 neither (needs a copy). *ld gets the leading dim. */
-static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t *ld) {
-    int64_t l;
-    int kind;
-    if ((cols == 1 || cs == 1) && (rows == 1 || rs >= cols)) {
-        kind = 0;
-        l = rows == 1 ? imax(cols, 1) : rs;
-    } else if ((rows == 1 || rs == 1) && (cols == 1 || cs >= rows)) {
-        kind = 1;
-        l = cols == 1 ? imax(rows, 1) : cs;
-    } else {
-        return -1;
-    }
-    if (l > INT_MAX) return -1;
-    *ld = l;
-    return kind;
-}
-
-/* ------------------------------------------------------------------ batch geometry */
-
-typedef struct {
-    int nb;                     /* batch dims (of c) */
-    int64_t shape[MT_MAX_DIMS]; /* c's batch shape */
-    int64_t astr[MT_MAX_DIMS];  /* a's batch strides aligned to c (0: broadcast) */
-    int64_t bstr[MT_MAX_DIMS];
-    int64_t count; /* batch entries */
-    int64_t M, N, K;
-    mat a, b; /* the first matrix of each operand */
-    char *c;
-    size_t es;
-} geom;
-
-/* Batch strides of operand t aligned to c's batch dims; -1 when a dim does not fit. */
-static int align_batch(const mt_tensor *t, const geom *g, int64_t *str) {
-    int tb = t->ndim - 2, off = g->nb - tb;
-    if (tb < 0 || off < 0) return -1;
-    for (int i = 0; i < g->nb; i++) {
-        if (i < off) {
-            str[i] = 0;
-            continue;
-        }
-        int64_t s = t->shape[i - off];
-        if (s != g->shape[i] && s != 1) return -1;
-        str[i] = s == 1 ? 0 : t->strides[i - off];
-    }
-    return 0;
-}
-
-/* When b is the same matrix for every batch entry and a's batch dims and rows collapse into
-   one row dim (a contiguous batch of row-major matrices), the batch is one GEMM with
-   count * M rows: stores the row stride in *rs and returns true. */
-static bool batch_folds(const geom *g, int64_t *rs) {
-    if (g->count <= 1) return false;
-    for (int i = 0; i < g->nb; i++)
-        if (g->bstr[i] != 0 && g->shape[i] != 1) return false;
-    /* chain of (size, stride) over the batch dims and M, size-1 dims skipped */
-    int64_t inner_size = g->M, inner_stride = g->a.rs;
-    bool have_inner = g->M != 1;
-    for (int i = g->nb - 1; i >= 0; i--) {
-        if (g->shape[i] == 1) continue;
-        if (have_inner && g->astr[i] != inner_size * inner_stride) return false;
-        if (!have_inner) inner_stride = g->astr[i];
-        inner_size = have_inner ? inner_size * g->shape[i] : g->shape[i];
-        have_inner = true;
-    }
-    *rs = inner_stride;
-    return true;
-}
 
 /* ------------------------------------------------------------------ FP32 conversion */
 
@@ -205,7 +123,7 @@ static int64_t block_size(int64_t n, int64_t cap) {
 typedef struct {
     mt_dtype dt;
     int64_t M, N, K;
-    mat a, b;
+    mt_gemm_mat a, b;
     char *c;
     int64_t ldc;
     float alpha, beta;
@@ -251,7 +169,7 @@ static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
     if (best < 0) p.tm = p.tn = 1;
     p.bm = (M + p.tm - 1) / p.tm;
     p.bn = (N + p.tn - 1) / p.tn;
-    int64_t budget = imax(LP_BUDGET_FLOATS / (p.tm * p.tn), LP_THREAD_MIN);
+    int64_t budget = mt_gemm_imax(LP_BUDGET_FLOATS / (p.tm * p.tn), LP_THREAD_MIN);
     /* search k-block, loop order and the outer tile size; the inner tile takes the rest of
        the budget: outer*kb (its operand) + kb*inner (the other) + outer*inner (tile) */
     static const int64_t kb_caps[] = {2048, 1024, 512, 256, 128};
@@ -261,11 +179,11 @@ static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
         for (int order = 0; order < 2; order++) {
             p.n_outer = order == 1;
             int64_t bo = p.n_outer ? p.bn : p.bm, bi = p.n_outer ? p.bm : p.bn;
-            int64_t step = imax(16, (bo / 64 + 15) & ~(int64_t)15);
+            int64_t step = mt_gemm_imax(16, (bo / 64 + 15) & ~(int64_t)15);
             for (int64_t to = bo; to >= 1; to = to == bo ? (bo - 1) / step * step : to - step) {
                 int64_t ti = (budget - to * p.kb) / (p.kb + to);
                 if (ti >= 1 && (ti >= 16 || ti >= bi)) {
-                    int64_t o = block_size(bo, to), i = block_size(bi, imin(bi, ti));
+                    int64_t o = block_size(bo, to), i = block_size(bi, mt_gemm_imin(bi, ti));
                     p.mt = p.n_outer ? i : o;
                     p.nt = p.n_outer ? o : i;
                     double cost = lp_cost(&p, K);
@@ -281,8 +199,8 @@ static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
     if (best < 0) { /* budget below one minimal tile: take 16 x 16 tiles of 128-deep blocks */
         best_p = p;
         best_p.kb = block_size(K, 128);
-        best_p.mt = imin(p.bm, 16);
-        best_p.nt = imin(p.bn, 16);
+        best_p.mt = mt_gemm_imin(p.bm, 16);
+        best_p.nt = mt_gemm_imin(p.bn, 16);
         best_p.n_outer = false;
     }
     best_p.per = best_p.mt * best_p.kb + best_p.kb * best_p.nt + best_p.mt * best_p.nt;
@@ -302,10 +220,10 @@ static void lp_block(const lp_job *j, const lp_plan *p, float *scratch, int64_t 
     for (int64_t o = 0; o < olen; o += ostep) {
         for (int64_t i = 0; i < ilen; i += istep) {
             int64_t m0 = r0 + (p->n_outer ? i : o), n0 = c0 + (p->n_outer ? o : i);
-            int64_t mc = imin(p->mt, r1 - m0), nc = imin(p->nt, c1 - n0);
+            int64_t mc = mt_gemm_imin(p->mt, r1 - m0), nc = mt_gemm_imin(p->nt, c1 - n0);
             char *ct = j->c + (m0 * j->ldc + n0) * es;
             for (int64_t k0 = 0; k0 < K; k0 += p->kb) {
-                int64_t kc = imin(p->kb, K - k0);
+                int64_t kc = mt_gemm_imin(p->kb, K - k0);
                 blk A = {j->a.p + (m0 * j->a.rs + k0 * j->a.cs) * es, mc, kc, j->a.rs, j->a.cs};
                 blk B = {j->b.p + (k0 * j->b.rs + n0 * j->b.cs) * es, kc, nc, j->b.rs, j->b.cs};
                 if (held_a != A.p || kc != K) {
@@ -340,8 +258,8 @@ static int lp_gemm(const lp_job *j, int threads) {
 #pragma omp parallel for num_threads(used) if (used > 1) schedule(static, 1)
     for (int t = 0; t < used; t++) {
         int64_t r0 = (t / p.tn) * p.bm, c0 = (t % p.tn) * p.bn;
-        lp_block(j, &p, scratch + (size_t)t * (size_t)p.per, r0, imin(r0 + p.bm, j->M), c0,
-                 imin(c0 + p.bn, j->N));
+        lp_block(j, &p, scratch + (size_t)t * (size_t)p.per, r0, mt_gemm_imin(r0 + p.bm, j->M), c0,
+                 mt_gemm_imin(c0 + p.bn, j->N));
     }
     mt_host_free(scratch, (size_t)used * (size_t)p.per * sizeof(float));
     return 0;
@@ -365,14 +283,15 @@ static void small_gemm(float *ab, const lp_job *j) {
 /* ------------------------------------------------------------------ F32 / F64 on BLAS */
 
 /* A contiguous copy of a strided matrix for F64 operands BLAS cannot read. */
-static void copy_f64(const mat *m, int64_t rows, int64_t cols, double *dst) {
+static void copy_f64(const mt_gemm_mat *m, int64_t rows, int64_t cols, double *dst) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < cols; k++)
             dst[r * cols + k] = *(const double *)(m->p + (r * m->rs + k * m->cs) * 8);
 }
 
-static void blas_gemm(mt_dtype dt, int64_t M, int64_t N, int64_t K, mat a, int al, int64_t lda,
-                      mat b, int bl, int64_t ldb, char *c, int64_t ldc, double alpha, double beta) {
+static void blas_gemm(mt_dtype dt, int64_t M, int64_t N, int64_t K, mt_gemm_mat a, int al,
+                      int64_t lda, mt_gemm_mat b, int bl, int64_t ldb, char *c, int64_t ldc,
+                      double alpha, double beta) {
     CBLAS_TRANSPOSE ta = al ? CblasTrans : CblasNoTrans, tb = bl ? CblasTrans : CblasNoTrans;
     if (dt == MT_F32)
         cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, (float)alpha, (const float *)a.p,
@@ -396,17 +315,17 @@ static void scale_c(mt_tensor *c, double beta) {
     }
     double buf[256];
     for (int64_t i = 0; i < c->numel; i += 256) {
-        int64_t n = imin(256, c->numel - i);
+        int64_t n = mt_gemm_imin(256, c->numel - i);
         mt_cpu_load_f64(p + i * (int64_t)es, (int64_t)es, c->dtype, n, buf);
         for (int64_t j = 0; j < n; j++) buf[j] = beta == 0.0 ? 0.0 : buf[j] * beta;
         mt_cpu_store_f64(p + i * (int64_t)es, (int64_t)es, c->dtype, n, buf);
     }
 }
 
-static int gemm_f64(const geom *g, double alpha, double beta) {
+static int gemm_f64(const mt_gemm_geom *g, double alpha, double beta) {
     int64_t lda, ldb;
-    int al = blas_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
-    int bl = blas_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
+    int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
+    int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
     double *ta = NULL, *tb = NULL;
     size_t na = (size_t)(g->M * g->K), nbb = (size_t)(g->K * g->N);
     if (al < 0 && !(ta = mt_host_alloc(na * 8))) goto oom;
@@ -415,25 +334,26 @@ static int gemm_f64(const geom *g, double alpha, double beta) {
     for (int64_t bi = 0; bi < g->count; bi++) {
         int64_t ao, bo;
         mt_cpu_offsets2(g->nb, g->shape, g->astr, g->bstr, bi, &ao, &bo);
-        mat a = {g->a.p + ao * 8, g->a.rs, g->a.cs}, b = {g->b.p + bo * 8, g->b.rs, g->b.cs};
+        mt_gemm_mat a = {g->a.p + ao * 8, g->a.rs, g->a.cs},
+                    b = {g->b.p + bo * 8, g->b.rs, g->b.cs};
         int la = al, lb = bl;
         int64_t xa = lda, xb = ldb;
         if (al < 0) { /* copy once per distinct source matrix */
             if (held_a != a.p) copy_f64(&a, g->M, g->K, ta);
             held_a = a.p;
-            a = (mat){(const char *)ta, g->K, 1};
+            a = (mt_gemm_mat){(const char *)ta, g->K, 1};
             la = 0;
-            xa = imax(g->K, 1);
+            xa = mt_gemm_imax(g->K, 1);
         }
         if (bl < 0) {
             if (held_b != b.p) copy_f64(&b, g->K, g->N, tb);
             held_b = b.p;
-            b = (mat){(const char *)tb, g->N, 1};
+            b = (mt_gemm_mat){(const char *)tb, g->N, 1};
             lb = 0;
-            xb = imax(g->N, 1);
+            xb = mt_gemm_imax(g->N, 1);
         }
         blas_gemm(MT_F64, g->M, g->N, g->K, a, la, xa, b, lb, xb, g->c + bi * g->M * g->N * 8,
-                  imax(g->N, 1), alpha, beta);
+                  mt_gemm_imax(g->N, 1), alpha, beta);
     }
     mt_host_free(ta, ta ? na * 8 : 0);
     mt_host_free(tb, tb ? nbb * 8 : 0);
@@ -444,20 +364,20 @@ oom:
                         (long long)(al < 0 ? g->M : g->K), (long long)(al < 0 ? g->K : g->N));
 }
 
-static void gemm_f32_entry(const geom *g, int64_t bi, int al, int64_t lda, int bl, int64_t ldb,
-                           double alpha, double beta) {
+static void gemm_f32_entry(const mt_gemm_geom *g, int64_t bi, int al, int64_t lda, int bl,
+                           int64_t ldb, double alpha, double beta) {
     int64_t ao, bo;
     mt_cpu_offsets2(g->nb, g->shape, g->astr, g->bstr, bi, &ao, &bo);
-    mat a = {g->a.p + ao * 4, 0, 0}, b = {g->b.p + bo * 4, 0, 0};
+    mt_gemm_mat a = {g->a.p + ao * 4, 0, 0}, b = {g->b.p + bo * 4, 0, 0};
     blas_gemm(MT_F32, g->M, g->N, g->K, a, al, lda, b, bl, ldb, g->c + bi * g->M * g->N * 4,
-              imax(g->N, 1), alpha, beta);
+              mt_gemm_imax(g->N, 1), alpha, beta);
 }
 
 /* F32 with both operands readable by BLAS: no copies at all. Large matrices are left to
    OpenBLAS's threads, called outside any parallel region (inside one, even an inactive one,
    it runs slower); batches of small ones are spread over our threads. */
-static void gemm_f32_direct(const geom *g, int al, int64_t lda, int bl, int64_t ldb, double alpha,
-                            double beta) {
+static void gemm_f32_direct(const mt_gemm_geom *g, int al, int64_t lda, int bl, int64_t ldb,
+                            double alpha, double beta) {
     double mnk = (double)g->M * (double)g->N * (double)g->K;
     int nt = mt_cpu_num_threads();
     if (g->count > 1 && mnk <= BLAS_SINGLE_THREAD_MNK &&
@@ -472,7 +392,7 @@ static void gemm_f32_direct(const geom *g, int al, int64_t lda, int bl, int64_t 
 
 /* The FP32-panel path over the batch: small matrices are spread over the threads, large
    ones are split by lp_gemm. */
-static int gemm_panels(const geom *g, mt_dtype dt, double alpha, double beta) {
+static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double beta) {
     int64_t es = (int64_t)g->es;
     double mnk = (double)g->M * (double)g->N * (double)g->K;
     int nt = mt_cpu_num_threads();
@@ -492,7 +412,7 @@ static int gemm_panels(const geom *g, mt_dtype dt, double alpha, double beta) {
         return 0;
     }
     bool par = mnk * (double)g->count >= BATCH_PARALLEL_MIN_FLOPS && nt > 1;
-    int threads = par ? (int)imin(nt, g->count) : 1;
+    int threads = par ? (int)mt_gemm_imin(nt, g->count) : 1;
     float *buf = mt_host_alloc((size_t)threads * per * sizeof(float));
     if (!buf)
         return mt_error_set(MT_ERR_OOM,
@@ -521,21 +441,8 @@ int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alp
         return mt_error_set(MT_ERR_INTERNAL, "mt_cpu_gemm: bad operands (%s, %s -> %s, %d-d)",
                             mt_dtype_name(a->dtype), mt_dtype_name(b->dtype), mt_dtype_name(dt),
                             c->ndim);
-    geom g;
-    memset(&g, 0, sizeof g);
-    g.nb = c->ndim - 2;
-    g.M = c->shape[c->ndim - 2];
-    g.N = c->shape[c->ndim - 1];
-    g.K = a->shape[a->ndim - 1];
-    g.es = mt_dtype_size(dt);
-    g.count = 1;
-    for (int i = 0; i < g.nb; i++) {
-        g.shape[i] = c->shape[i];
-        g.count *= c->shape[i];
-    }
-    if (align_batch(a, &g, g.astr) < 0 || align_batch(b, &g, g.bstr) < 0 ||
-        a->shape[a->ndim - 2] != g.M || b->shape[b->ndim - 2] != g.K ||
-        b->shape[b->ndim - 1] != g.N)
+    mt_gemm_geom g;
+    if (mt_gemm_geom_init(&g, c, a, b) < 0)
         return mt_error_set(MT_ERR_INTERNAL, "mt_cpu_gemm: operand shapes do not fit the output");
     if (g.count == 0 || g.M == 0 || g.N == 0) return 0;
     if (g.K == 0) {
@@ -546,12 +453,10 @@ int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alp
         return mt_error_set(MT_ERR_UNSUPPORTED,
                             "mt_matmul: a %lld x %lld x %lld matmul exceeds the BLAS int range",
                             (long long)g.M, (long long)g.K, (long long)g.N);
-    g.a = (mat){mt_tensor_data(a), a->strides[a->ndim - 2], a->strides[a->ndim - 1]};
-    g.b = (mat){mt_tensor_data(b), b->strides[b->ndim - 2], b->strides[b->ndim - 1]};
-    g.c = mt_tensor_data(c);
 
     int64_t frs;
-    if (batch_folds(&g, &frs) && g.count * g.M <= INT_MAX) { /* one GEMM for the whole batch */
+    if (mt_gemm_batch_folds(&g, &frs) &&
+        g.count * g.M <= INT_MAX) { /* one GEMM for the whole batch */
         g.M *= g.count;
         g.a.rs = frs;
         g.count = 1;
@@ -560,8 +465,8 @@ int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alp
     if (dt == MT_F64) return gemm_f64(&g, alpha, beta);
     if (dt == MT_F32) {
         int64_t lda, ldb;
-        int al = blas_layout(g.M, g.K, g.a.rs, g.a.cs, &lda);
-        int bl = blas_layout(g.K, g.N, g.b.rs, g.b.cs, &ldb);
+        int al = mt_gemm_layout(g.M, g.K, g.a.rs, g.a.cs, &lda);
+        int bl = mt_gemm_layout(g.K, g.N, g.b.rs, g.b.cs, &ldb);
         if (al >= 0 && bl >= 0) {
             gemm_f32_direct(&g, al, lda, bl, ldb, alpha, beta);
             return 0;

@@ -1,7 +1,7 @@
 /* CUDA GEMM on cuBLAS. Tensors are row-major and cuBLAS is column-major, so c = a @ b is
    asked as c^T = b^T a^T: a row-major matrix is its transpose read column-major, so the
    operands are swapped and each one's op and leading dim come from its strides (as
-   blas_layout in cpu_gemm.c). Batch dims that advance each operand by one stride (0 for a
+   mt_gemm_layout in cpu_gemm.c). Batch dims that advance each operand by one stride (0 for a
    broadcast operand) become one cublasGemmStridedBatchedEx; the remaining outer batch dims
    are a host loop of such calls. An operand whose matrix strides cuBLAS cannot express is
    first copied to a contiguous device temporary. F16/BF16 run on tensor cores with FP32
@@ -9,97 +9,17 @@
    Everything is queued on the device's stream: nothing here waits for the device. */
 #include <limits.h>
 #include <string.h>
+#include "../tensor/gemm_geom.h"
 #include "cuda_impl.h"
 
 /* The op users see in messages (the CPU backend reports as mt_matmul too). */
 #define GEMM_OP "mt_matmul"
 
-/* One matrix of an operand: first element and strides in elements. */
-typedef struct {
-    char *p;
-    int64_t rs, cs;
-} mat;
-
-typedef struct {
-    int nb;                     /* batch dims (of c) */
-    int64_t shape[MT_MAX_DIMS]; /* c's batch shape */
-    int64_t astr[MT_MAX_DIMS];  /* a's batch strides aligned to c (0: broadcast) */
-    int64_t bstr[MT_MAX_DIMS];
-    int64_t count; /* batch entries */
-    int64_t M, N, K;
-    mat a, b; /* the first matrix of each operand */
-    char *c;
-    mt_dtype dt;
-} geom;
-
-static inline int64_t imax(int64_t a, int64_t b) {
-    return a > b ? a : b;
-}
-static inline int64_t imin(int64_t a, int64_t b) {
-    return a < b ? a : b;
-}
-
-/* How BLAS reads a rows x cols matrix with strides (rs, cs): 0 row-major, 1 column-major
-   (a transposed row-major matrix), -1 neither (needs a copy). *ld gets the leading dim.
-   The same rule as cpu_gemm.c, so both backends take the same layouts without a copy. */
-static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int64_t *ld) {
-    int64_t l;
-    int kind;
-    if ((cols == 1 || cs == 1) && (rows == 1 || rs >= cols)) {
-        kind = 0;
-        l = rows == 1 ? imax(cols, 1) : rs;
-    } else if ((rows == 1 || rs == 1) && (cols == 1 || cs >= rows)) {
-        kind = 1;
-        l = cols == 1 ? imax(rows, 1) : cs;
-    } else {
-        return -1;
-    }
-    if (l > INT_MAX) return -1;
-    *ld = l;
-    return kind;
-}
-
-/* Batch strides of operand t aligned to c's batch dims; -1 when a dim does not fit. */
-static int align_batch(const mt_tensor *t, const geom *g, int64_t *str) {
-    int tb = t->ndim - 2, off = g->nb - tb;
-    if (tb < 0 || off < 0) return -1;
-    for (int i = 0; i < g->nb; i++) {
-        if (i < off) {
-            str[i] = 0;
-            continue;
-        }
-        int64_t s = t->shape[i - off];
-        if (s != g->shape[i] && s != 1) return -1;
-        str[i] = s == 1 ? 0 : t->strides[i - off];
-    }
-    return 0;
-}
-
-/* When b is the same matrix for every batch entry and a's batch dims and rows collapse into
-   one row dim, the batch is one GEMM with count * M rows (a linear layer over [B, T, C]):
-   stores that row stride in *rs and returns true. cuBLAS runs one large GEMM faster than a
-   batch of thin ones. */
-static bool batch_folds(const geom *g, int64_t *rs) {
-    if (g->count <= 1) return false;
-    for (int i = 0; i < g->nb; i++)
-        if (g->bstr[i] != 0 && g->shape[i] != 1) return false;
-    int64_t inner_size = g->M, inner_stride = g->a.rs;
-    bool have_inner = g->M != 1;
-    for (int i = g->nb - 1; i >= 0; i--) {
-        if (g->shape[i] == 1) continue;
-        if (have_inner && g->astr[i] != inner_size * inner_stride) return false;
-        if (!have_inner) inner_stride = g->astr[i];
-        inner_size = have_inner ? inner_size * g->shape[i] : g->shape[i];
-        have_inner = true;
-    }
-    *rs = inner_stride;
-    return true;
-}
-
 /* The innermost batch dims [*split, nb) in which both operands advance by one stride per
    entry (*sa, *sb; 0 when broadcast): they are one strided-batched call of *inner entries.
    Negative strides stop the run (cuBLAS batch strides are read as offsets forward). */
-static void batch_split(const geom *g, int *split, int64_t *sa, int64_t *sb, int64_t *inner) {
+static void batch_split(const mt_gemm_geom *g, int *split, int64_t *sa, int64_t *sb,
+                        int64_t *inner) {
     int64_t ea = 0, eb = 0, n = 1;
     bool first = true;
     int d = g->nb - 1;
@@ -135,12 +55,12 @@ typedef struct {
 
 /* inner entries of c = a @ b (row-major) from the given first matrices, as column-major
    c^T = b^T a^T: cuBLAS's A is our b, its B our a, m = N, n = M. */
-static int gemm_enqueue(const call_plan *p, const geom *g, const char *a, int64_t sa, const char *b,
-                        int64_t sb, char *c, int64_t inner) {
+static int gemm_enqueue(const call_plan *p, const mt_gemm_geom *g, const char *a, int64_t sa,
+                        const char *b, int64_t sb, char *c, int64_t inner) {
     int m = (int)g->N, n = (int)g->M, k = (int)g->K;
     int64_t es = (int64_t)mt_dtype_size(g->dt), sc = g->M * g->N;
     for (int64_t done = 0; done < inner;) {
-        int chunk = (int)imin(inner - done, INT_MAX);
+        int chunk = (int)mt_gemm_imin(inner - done, INT_MAX);
         cublasStatus_t s;
         if (chunk == 1)
             s = cublasGemmEx(p->h, p->opb, p->opa, m, n, k, p->alpha, b, p->type, p->ldb, a,
@@ -174,10 +94,10 @@ static cudaDataType blas_type(mt_dtype dt) {
 
 /* Every batch entry: the outer batch dims (those before the split) are a host loop of
    strided-batched calls over the inner ones. */
-static int gemm_run(mt_cuda_device_ctx *ctx, const geom *g, double alpha, double beta) {
+static int gemm_run(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, double alpha, double beta) {
     int64_t lda = 0, ldb = 0;
-    int al = blas_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
-    int bl = blas_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
+    int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
+    int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
     if (al < 0 || bl < 0) /* operand_prepare made both readable */
         return mt_error_set(MT_ERR_INTERNAL, "mt_cuda_gemm: operand layout left unreadable");
     float alpha32 = (float)alpha, beta32 = (float)beta;
@@ -254,38 +174,15 @@ static int dense_copy(mt_cuda_device_ctx *ctx, const mt_tensor *t, mt_tensor **o
 /* Points g's operand (a when is_a) at a dense copy of t when cuBLAS cannot read its matrix
    strides; *tmp receives the copy (released by the caller once the GEMM is queued: stream
    order keeps it alive for the queued work). */
-static int operand_prepare(mt_cuda_device_ctx *ctx, geom *g, const mt_tensor *t, bool is_a,
+static int operand_prepare(mt_cuda_device_ctx *ctx, mt_gemm_geom *g, const mt_tensor *t, bool is_a,
                            mt_tensor **tmp) {
     int64_t ld, rows = is_a ? g->M : g->K, cols = is_a ? g->K : g->N;
-    mat *m = is_a ? &g->a : &g->b;
-    if (blas_layout(rows, cols, m->rs, m->cs, &ld) >= 0) return 0;
+    mt_gemm_mat *m = is_a ? &g->a : &g->b;
+    if (mt_gemm_layout(rows, cols, m->rs, m->cs, &ld) >= 0) return 0;
     int rc = dense_copy(ctx, t, tmp);
     if (rc) return rc;
-    align_batch(*tmp, g, is_a ? g->astr : g->bstr); /* t's shape or 1: cannot fail */
-    *m = (mat){mt_tensor_data(*tmp), cols, 1};
-    return 0;
-}
-
-/* Geometry of c = a @ b; MT_ERR_INTERNAL when the operands do not fit c. */
-static int geom_init(geom *g, mt_tensor *c, const mt_tensor *a, const mt_tensor *b) {
-    memset(g, 0, sizeof *g);
-    g->dt = c->dtype;
-    g->nb = c->ndim - 2;
-    g->M = c->shape[c->ndim - 2];
-    g->N = c->shape[c->ndim - 1];
-    g->K = a->shape[a->ndim - 1];
-    g->count = 1;
-    for (int i = 0; i < g->nb; i++) {
-        g->shape[i] = c->shape[i];
-        g->count *= c->shape[i];
-    }
-    if (a->ndim < 2 || b->ndim < 2 || align_batch(a, g, g->astr) < 0 ||
-        align_batch(b, g, g->bstr) < 0 || a->shape[a->ndim - 2] != g->M ||
-        b->shape[b->ndim - 2] != g->K || b->shape[b->ndim - 1] != g->N)
-        return mt_error_set(MT_ERR_INTERNAL, "mt_cuda_gemm: operand shapes do not fit the output");
-    g->a = (mat){mt_tensor_data(a), a->strides[a->ndim - 2], a->strides[a->ndim - 1]};
-    g->b = (mat){mt_tensor_data(b), b->strides[b->ndim - 2], b->strides[b->ndim - 1]};
-    g->c = mt_tensor_data(c);
+    mt_gemm_align_batch(*tmp, g, is_a ? g->astr : g->bstr); /* t's shape or 1: cannot fail */
+    *m = (mt_gemm_mat){mt_tensor_data(*tmp), cols, 1};
     return 0;
 }
 
@@ -298,9 +195,10 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
         return mt_error_set(MT_ERR_INTERNAL, "mt_cuda_gemm: bad operands (%s, %s -> %s, %d-d)",
                             mt_dtype_name(a->dtype), mt_dtype_name(b->dtype), mt_dtype_name(dt),
                             c->ndim);
-    geom g;
-    int rc = geom_init(&g, c, a, b);
-    if (rc) return rc;
+    mt_gemm_geom g;
+    if (mt_gemm_geom_init(&g, c, a, b) < 0)
+        return mt_error_set(MT_ERR_INTERNAL, "mt_cuda_gemm: operand shapes do not fit the output");
+    int rc;
     if (g.count == 0 || g.M == 0 || g.N == 0) return 0;
     mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(GEMM_OP, c->device.index);
     if (!ctx) return MT_ERR_DEVICE;
@@ -314,8 +212,8 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
     if (!rc) rc = operand_prepare(ctx, &g, b, false, &tb);
     if (!rc) {
         int64_t frs, ld;
-        if (batch_folds(&g, &frs) && g.count * g.M <= INT_MAX &&
-            blas_layout(g.count * g.M, g.K, frs, g.a.cs, &ld) >= 0) {
+        if (mt_gemm_batch_folds(&g, &frs) && g.count * g.M <= INT_MAX &&
+            mt_gemm_layout(g.count * g.M, g.K, frs, g.a.cs, &ld) >= 0) {
             g.M *= g.count; /* one GEMM for the whole batch */
             g.a.rs = frs;
             g.count = 1;
