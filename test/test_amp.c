@@ -112,7 +112,7 @@ static void test_table_matches_ops_def(void **state) {
     int seen = 0;
     while (fgets(line, sizeof line, f)) {
         char id[64], name[64], r[32];
-        if (sscanf(line, "MT_OP(%63[^,], %63[^,], %31[^)])", id, name, r) != 3) continue;
+        if (sscanf(line, "MT_OP(%63[^,], %63[^,], %31[^,)]", id, name, r) != 3) continue;
         const op_rule *e = find_expected(name);
         if (!e) fail_msg("op \"%s\" of ops.def has no row in test_amp.c", name);
         rule want = strcmp(r, "LOWER") == 0     ? R_LOWER

@@ -124,13 +124,9 @@ static int abs_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 static int sign_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return give(n, 0, mt_zeros_like(g), gi);
 }
-/* relu, sigmoid, tanh (saved output) and gelu (saved input): fused backward kernels */
+/* ops with a fused backward kernel (ops.def): one pass from the gradient and the saved tensor */
 static int fused_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
-    mt_op_id bw = n->op == MT_OP_RELU      ? MT_OP_RELU_BACKWARD
-                  : n->op == MT_OP_SIGMOID ? MT_OP_SIGMOID_BACKWARD
-                  : n->op == MT_OP_TANH    ? MT_OP_TANH_BACKWARD
-                  : n->op == MT_OP_GELU    ? MT_OP_GELU_BACKWARD
-                                           : MT_OP_GELU_TANH_BACKWARD;
+    mt_op_id bw = (mt_op_id)mt_op_fused_backward(n->op);
     return give(n, 0, mt_binary_op_internal(bw, g, n->saved[0]), gi);
 }
 static int add_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
@@ -261,11 +257,11 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     mt_backward_fn bw = binary_backward_fn(op);
     if (rc == 0 && bw) {
         mt_node *node = mt_record(op, bw, c, 2, out, &rc);
-        if (node && (op == MT_OP_MUL || op == MT_OP_POW || op == MT_OP_MAXIMUM ||
-                     op == MT_OP_MINIMUM || op == MT_OP_DIV)) {
+        mt_op_saves saves = mt_op_saved(op);
+        if (node && saves != MT_SAVES_NOTHING) {
             rc = mt_node_save(node, 0, c[0]);
             if (!rc) rc = mt_node_save(node, 1, c[1]);
-            if (!rc && (op == MT_OP_POW || op == MT_OP_DIV)) rc = mt_node_save(node, 2, out);
+            if (!rc && saves == MT_SAVES_INPUTS_OUTPUT) rc = mt_node_save(node, 2, out);
         }
     }
     if (rc) {
@@ -278,6 +274,7 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
 }
 
 static mt_backward_fn unary_backward_fn(mt_op_id op) {
+    if (mt_op_fused_backward(op) != MT_OP_NONE) return fused_backward;
     switch (op) {
     case MT_OP_NEG:
         return neg_backward;
@@ -293,12 +290,6 @@ static mt_backward_fn unary_backward_fn(mt_op_id op) {
         return abs_backward;
     case MT_OP_SIGN:
         return sign_backward;
-    case MT_OP_RELU:
-    case MT_OP_GELU:
-    case MT_OP_GELU_TANH:
-    case MT_OP_SIGMOID:
-    case MT_OP_TANH:
-        return fused_backward;
     case MT_OP_ADD_SCALAR:
         return add_scalar_backward;
     case MT_OP_MUL_SCALAR:
@@ -311,29 +302,6 @@ static mt_backward_fn unary_backward_fn(mt_op_id op) {
         return pow_scalar_backward;
     default:
         return NULL;
-    }
-}
-
-/* Which tensor the backward formula needs: 1 = input, 2 = output, 3 = both. */
-static int unary_saves(mt_op_id op) {
-    switch (op) {
-    case MT_OP_EXP:
-    case MT_OP_SQRT:
-    case MT_OP_RSQRT:
-    case MT_OP_RELU:
-    case MT_OP_SIGMOID:
-    case MT_OP_TANH:
-        return 2;
-    case MT_OP_LOG:
-    case MT_OP_ABS:
-    case MT_OP_GELU:
-    case MT_OP_GELU_TANH:
-    case MT_OP_POW_SCALAR:
-        return 1;
-    case MT_OP_RDIV_SCALAR:
-        return 3;
-    default:
-        return 0;
     }
 }
 
@@ -351,10 +319,11 @@ mt_tensor *mt_unary_op_internal(mt_op_id op, mt_tensor *a, double p) {
         mt_node *node = mt_record(op, bw, &c, 1, out, &rc);
         if (node) {
             node->scalars[0] = p;
-            int saves = unary_saves(op);
-            if (saves == 2) rc = mt_node_save(node, 0, out);
-            if (saves & 1) rc = mt_node_save(node, 0, c);
-            if (saves == 3 && !rc) rc = mt_node_save(node, 1, out);
+            mt_op_saves saves = mt_op_saved(op);
+            if (saves == MT_SAVES_OUTPUT) rc = mt_node_save(node, 0, out);
+            if (saves == MT_SAVES_INPUT || saves == MT_SAVES_INPUT_OUTPUT)
+                rc = mt_node_save(node, 0, c);
+            if (saves == MT_SAVES_INPUT_OUTPUT && !rc) rc = mt_node_save(node, 1, out);
         }
     }
     if (rc) {
