@@ -350,6 +350,26 @@ static void test_scope_and_version(void **state) {
     mt_release(a);
 }
 
+/* Four expanded views of 2^62 elements: the joined size does not fit in int64, which is an
+   error, not a wrapped (tiny) output that the copies would overrun. */
+static void test_cat_size_overflow(void **state) {
+    (void)state;
+    mt_tensor *z = mt_zeros(MT_SHAPE(1), MT_F32, mt_test_device());
+    mt_tensor *e = mt_expand(z, MT_SHAPE((int64_t)1 << 62));
+    assert_non_null(e);
+    mt_tensor *four[] = {e, e, e, e};
+    assert_null(mt_cat(four, 4, 0));
+    assert_error(MT_ERR_SHAPE, "add up to more than 2^63");
+    /* two views of 2^61 fit the index type but not any memory: out of memory, cleanly */
+    mt_tensor *h = mt_expand(z, MT_SHAPE((int64_t)1 << 61));
+    mt_tensor *two[] = {h, h};
+    assert_null(mt_cat(two, 2, 0));
+    assert_error(MT_ERR_OOM, "too large to allocate");
+    mt_release(h);
+    mt_release(e);
+    mt_release(z);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_cat_values),
@@ -361,6 +381,7 @@ int main(void) {
         MT_TEST(test_gradcheck_join),
         MT_TEST(test_errors),
         MT_TEST(test_scope_and_version),
+        MT_TEST(test_cat_size_overflow),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -568,6 +568,32 @@ static void test_views_low_precision_grad(void **state) {
     mt_release(x);
 }
 
+/* Sizes near INT64_MAX: every shape, stride and length computation is overflow-checked, so
+   such requests fail with a clear error instead of wrapping into a small (or zero) view. */
+static void test_overflow_safe_shapes(void **state) {
+    (void)state;
+    mt_tensor *t = mt_zeros(MT_SHAPE(10), MT_F32, mt_test_device());
+    assert_null(mt_narrow(t, 0, 1, INT64_MAX)); /* start + length overflows */
+    assert_error(MT_ERR_INVALID, "exceeds dim 0");
+    mt_tensor *s = mt_slice(t, 0, 0, 10, INT64_MAX); /* Python: t[0:10:huge] is one element */
+    assert_non_null(s);
+    assert_shape(s, 1);
+    mt_release(s);
+    s = mt_slice(t, 0, 3, INT64_MAX, INT64_MAX - 1);
+    assert_non_null(s);
+    assert_shape(s, 1);
+    mt_release(s);
+    mt_tensor *one = mt_zeros(MT_SHAPE(1, 1), MT_F32, mt_test_device());
+    assert_null(mt_expand(one, MT_SHAPE((int64_t)1 << 40, (int64_t)1 << 40)));
+    assert_error(MT_ERR_SHAPE, "more than 2^63 elements");
+    assert_null(mt_reshape(one, MT_SHAPE((int64_t)1 << 62, 4, -1)));
+    assert_error(MT_ERR_SHAPE, "more than 2^63 elements");
+    assert_null(mt_view(one, MT_SHAPE((int64_t)1 << 62, 4, 4)));
+    assert_error(MT_ERR_SHAPE, "more than 2^63 elements");
+    mt_release(one);
+    mt_release(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_reshape_view_shares_storage),
@@ -588,6 +614,7 @@ int main(void) {
         MT_TEST(test_gradcheck_views),
         MT_TEST(test_grad_fn_names_and_slice_grad_values),
         MT_TEST(test_views_low_precision_grad),
+        MT_TEST(test_overflow_safe_shapes),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -97,17 +97,6 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
             return NULL;
         }
 
-    mt_tensor *small[8], **cast = n <= 8 ? small : malloc((size_t)n * sizeof *cast);
-    if (!cast) {
-        mt_error_set(MT_ERR_OOM, "%s: out of memory for %d inputs", name, n);
-        return NULL;
-    }
-    mt_tensor *out = NULL;
-    int compute = mt_dispatch_inputs(op, ts, n, cast);
-    if (compute < 0) goto done;
-    /* integer inputs next to floating ones are converted by the copy kernel */
-    mt_dtype out_dt = any_float ? (mt_dtype)compute : t0->dtype;
-
     int nd = stack ? t0->ndim + 1 : t0->ndim;
     int64_t shape[MT_MAX_DIMS];
     for (int k = 0, j = 0; k < nd; k++) {
@@ -119,8 +108,25 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
     }
     if (!stack) {
         shape[d] = 0;
-        for (int i = 0; i < n; i++) shape[d] += ts[i]->shape[d];
+        for (int i = 0; i < n; i++) {
+            if (__builtin_add_overflow(shape[d], ts[i]->shape[d], &shape[d])) {
+                mt_error_set(MT_ERR_SHAPE, "%s: the sizes along dim %d add up to more than 2^63",
+                             name, d);
+                return NULL;
+            }
+        }
     }
+    mt_tensor *small[8], **cast = n <= 8 ? small : malloc((size_t)n * sizeof *cast);
+    if (!cast) {
+        mt_error_set(MT_ERR_OOM, "%s: out of memory for %d inputs", name, n);
+        return NULL;
+    }
+    mt_tensor *out = NULL;
+    int compute = mt_dispatch_inputs(op, ts, n, cast);
+    if (compute < 0) goto done;
+    /* integer inputs next to floating ones are converted by the copy kernel */
+    mt_dtype out_dt = any_float ? (mt_dtype)compute : t0->dtype;
+
     out = mt_tensor_new(name, nd, shape, out_dt, t0->device);
     int rc = out ? 0 : MT_ERR_OOM;
     const mt_backend *be = mt_backend_get(t0->device);

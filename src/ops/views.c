@@ -123,8 +123,9 @@ static int resolve_shape(const char *op, const mt_tensor *t, int ndim, const int
         } else if (shape[i] < 0) {
             return mt_error_set(MT_ERR_SHAPE, "%s: arg 3: invalid size %lld in shape %s", op,
                                 (long long)shape[i], mt_dims_str(ndim, shape, b1, sizeof b1));
-        } else {
-            known *= shape[i];
+        } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+            return mt_error_set(MT_ERR_SHAPE, "%s: arg 3: shape %s has more than 2^63 elements",
+                                op, mt_dims_str(ndim, shape, b1, sizeof b1));
         }
         out[i] = shape[i];
     }
@@ -289,7 +290,7 @@ mt_tensor *mt_narrow(mt_tensor *t, int dim, int64_t start, int64_t length) {
         return mt_api_exit(NULL);
     }
     if (start < 0) start += size;
-    if (length < 0 || start + length > size) {
+    if (length < 0 || length > size - start) { /* (start + length would overflow) */
         mt_error_set(MT_ERR_INVALID,
                      "mt_narrow: arg 4: length %lld from start %lld exceeds dim %d of shape %s",
                      (long long)length, (long long)start, d, mt_shape_str(t, b1, sizeof b1));
@@ -318,7 +319,7 @@ mt_tensor *mt_slice(mt_tensor *t, int dim, int64_t start, int64_t end, int64_t s
     if (end < 0) end = end + size < 0 ? 0 : end + size;
     if (start > size) start = size;
     if (end > size) end = size;
-    int64_t len = end > start ? (end - start + step - 1) / step : 0;
+    int64_t len = end > start ? (end - start - 1) / step + 1 : 0; /* no overflow for any step */
     return mt_api_exit(slice_view(t, d, start, len, step));
 }
 
@@ -370,6 +371,8 @@ mt_tensor *mt_expand(mt_tensor *t, int ndim, const int64_t *shape) {
             return mt_api_exit(NULL);
         }
     }
+    int64_t numel;
+    if (mt_shape_numel_checked("mt_expand", ndim, ns, &numel) < 0) return mt_api_exit(NULL);
     mt_tensor *out = mt_tensor_view_of(t, ndim, ns, st, t->offset);
     return mt_api_exit(finish(MT_OP_EXPAND, expand_backward, t, out, NULL, 0));
 }

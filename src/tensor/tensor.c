@@ -39,6 +39,19 @@ int64_t mt_shape_numel(int ndim, const int64_t *shape) {
     return n;
 }
 
+int mt_shape_numel_checked(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (__builtin_mul_overflow(n, shape[i], &n)) {
+            char buf[MT_SHAPE_BUF];
+            return mt_error_set(MT_ERR_SHAPE, "%s: shape %s has more than 2^63 elements", op,
+                                mt_dims_str(ndim, shape, buf, sizeof buf));
+        }
+    }
+    *numel = n;
+    return 0;
+}
+
 bool mt_same_shape(const mt_tensor *a, const mt_tensor *b) {
     if (a->ndim != b->ndim) return false;
     for (int i = 0; i < a->ndim; i++)

@@ -70,6 +70,9 @@ void mt_tensor_header_init(mt_tensor *h, mt_storage *st, mt_dtype dt, int ndim,
 mt_tensor *mt_tensor_alias(const mt_tensor *t);
 void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 int64_t mt_shape_numel(int ndim, const int64_t *shape);
+/* The element count of a shape of non-negative sizes, or an MT_ERR_SHAPE naming op and the
+   shape when it does not fit in int64 (every view's numel is computed from its shape). */
+int mt_shape_numel_checked(const char *op, int ndim, const int64_t *shape, int64_t *numel);
 bool mt_same_shape(const mt_tensor *a, const mt_tensor *b);
 static inline void *mt_tensor_data(const mt_tensor *t) {
     return (char *)t->storage->data + t->offset * (int64_t)mt_dtype_size(t->dtype);
