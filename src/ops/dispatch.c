@@ -3,7 +3,7 @@
 /* Built at compile time from ops.def: a table filled lazily on first use would be written by
    one thread while another reads it (a data race, even if every writer stores the same bytes). */
 static const char *const op_fullnames[MT_OP_COUNT] = {
-#define MT_OP(id, name, rule) [MT_OP_##id] = "mt_" #name,
+#define MT_OP(id, name, rule, saves, fused) [MT_OP_##id] = "mt_" #name,
 #include "../tensor/ops.def"
 #undef MT_OP
 };

@@ -124,8 +124,8 @@ static int resolve_shape(const char *op, const mt_tensor *t, int ndim, const int
             return mt_error_set(MT_ERR_SHAPE, "%s: arg 3: invalid size %lld in shape %s", op,
                                 (long long)shape[i], mt_dims_str(ndim, shape, b1, sizeof b1));
         } else if (__builtin_mul_overflow(known, shape[i], &known)) {
-            return mt_error_set(MT_ERR_SHAPE, "%s: arg 3: shape %s has more than 2^63 elements",
-                                op, mt_dims_str(ndim, shape, b1, sizeof b1));
+            return mt_error_set(MT_ERR_SHAPE, "%s: arg 3: shape %s has more than 2^63 elements", op,
+                                mt_dims_str(ndim, shape, b1, sizeof b1));
         }
         out[i] = shape[i];
     }
