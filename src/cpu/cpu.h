@@ -66,8 +66,8 @@ int mt_cpu_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool log);
 int mt_cpu_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
                             int dim, bool log);
 int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
-int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
-                         const mt_tensor *logits, const mt_tensor *labels, int64_t ignore_index);
+int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, const mt_tensor *logits,
+                         const mt_tensor *labels, int64_t ignore_index);
 int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,
                                   const mt_tensor *labels, const mt_tensor *lse,
                                   const mt_tensor *scale, int64_t ignore_index);

@@ -494,8 +494,8 @@ static int ce_rows(void *ctx, int64_t rb, int64_t re) {
     return 0;
 }
 
-int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
-                         const mt_tensor *logits, const mt_tensor *labels, int64_t ignore_index) {
+int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, const mt_tensor *logits,
+                         const mt_tensor *labels, int64_t ignore_index) {
     ce_args A = {.logits = logits,
                  .labels = labels,
                  .lse = lse,

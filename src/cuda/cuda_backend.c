@@ -145,8 +145,8 @@ static int cuda_random(mt_tensor *out, bool normal, uint64_t seed, uint64_t offs
     if (out->numel == 0) return 0;
     mt_cuda_device_ctx *c = ctx_of("random", out);
     if (!c) return MT_ERR_DEVICE;
-    return launched("random", mt_cuda_random(&c->kctx, mt_tensor_data(out), out->dtype,
-                                             out->numel, normal, seed, offset));
+    return launched("random", mt_cuda_random(&c->kctx, mt_tensor_data(out), out->dtype, out->numel,
+                                             normal, seed, offset));
 }
 
 /* A debug check (the numerics checker): waits for the device to read its flag. */
@@ -195,8 +195,8 @@ static int cuda_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool log) {
     return launched(name, mt_cuda_softmax(&c->kctx, &o, &x, dim, log));
 }
 
-static int cuda_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out,
-                                 const mt_tensor *y, int dim, bool log) {
+static int cuda_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
+                                 int dim, bool log) {
     if (grad_in->numel == 0) return 0;
     const char *name = log ? "mt_log_softmax" : "mt_softmax";
     mt_cuda_device_ctx *c = ctx_of(name, grad_in);

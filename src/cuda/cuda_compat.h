@@ -15,8 +15,9 @@
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
 /* MT_LAUNCH(kernel, grid, block, shared_bytes, stream, args...) */
-#define MT_LAUNCH(k, grid, block, smem, stream, ...) k<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
-#define MT_SHARED(T, name, n)                        __shared__ T name[n]
+#define MT_LAUNCH(k, grid, block, smem, stream, ...)                                               \
+    k<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define MT_SHARED(T, name, n) __shared__ T name[n]
 #define MT_DYN_SHARED(T, name)                                                                     \
     extern __shared__ __align__(16) unsigned char mt_dyn_smem_[];                                  \
     T *name = reinterpret_cast<T *>(mt_dyn_smem_)

@@ -57,14 +57,14 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
     /* non-blocking: the legacy default stream must not serialise with ours */
     if (!rc) rc = mt_cuda_check(op, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (!rc)
-        rc = mt_cuda_check(op, cudaHostAlloc((void **)&c->fault_host, sizeof *c->fault_host,
-                                             cudaHostAllocMapped));
+        rc = mt_cuda_check(
+            op, cudaHostAlloc((void **)&c->fault_host, sizeof *c->fault_host, cudaHostAllocMapped));
     if (!rc) rc = mt_cuda_check(op, cudaHostGetDevicePointer(&fault_dev, c->fault_host, 0));
     if (!rc) rc = mt_cublas_check(op, cublasCreate(&c->blas));
     if (!rc) rc = mt_cublas_check(op, cublasSetStream(c->blas, c->stream));
     int sms = 1;
-    if (!rc) rc = mt_cuda_check(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
-                                                           index));
+    if (!rc)
+        rc = mt_cuda_check(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index));
     if (rc) {
         ctx_destroy(c);
         return NULL;

@@ -47,8 +47,7 @@ void mt_cuda_array_of(const mt_tensor *t, mt_cuda_array *out);
 void mt_cuda_iter_init(mt_cuda_iter *it, int nops, const mt_tensor *const *ts);
 
 /* ---- GEMM (cuda_gemm.c): the backend's gemm family */
-int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
-                 double beta);
+int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
 
 extern const mt_backend mt_cuda_backend;
 #endif

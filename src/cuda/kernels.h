@@ -23,8 +23,8 @@ extern "C" {
    it; the host reads it at the next synchronisation and reports it naming the op. It lives
    in mapped pinned host memory, so reading it after a sync costs no copy. */
 typedef struct {
-    int code;        /* 0: none; MT_CUDA_FAULT_* */
-    int op;          /* mt_op_id of the op whose kernel found it */
+    int code;          /* 0: none; MT_CUDA_FAULT_* */
+    int op;            /* mt_op_id of the op whose kernel found it */
     long long a, b, c; /* what the message needs (row, value, bound) */
 } mt_cuda_fault;
 enum { MT_CUDA_FAULT_NONE = 0, MT_CUDA_FAULT_LABEL_RANGE = 1 };
@@ -90,8 +90,8 @@ int mt_cuda_has_nonfinite(const mt_cuda_ctx *c, const mt_cuda_iter *it, int *fla
 int mt_cuda_reduce(const mt_cuda_ctx *c, mt_op_id op, const mt_cuda_array *out,
                    const mt_cuda_array *a, uint32_t mask);
 /* out contiguous, same shape as a (any layout) */
-int mt_cuda_softmax(const mt_cuda_ctx *c, const mt_cuda_array *out, const mt_cuda_array *a,
-                    int dim, bool log);
+int mt_cuda_softmax(const mt_cuda_ctx *c, const mt_cuda_array *out, const mt_cuda_array *a, int dim,
+                    bool log);
 int mt_cuda_softmax_backward(const mt_cuda_ctx *c, const mt_cuda_array *grad_in,
                              const mt_cuda_array *grad_out, const mt_cuda_array *y, int dim,
                              bool log);
@@ -99,24 +99,22 @@ int mt_cuda_softmax_backward(const mt_cuda_ctx *c, const mt_cuda_array *grad_in,
    count of rows whose label != ignore_index. A label outside [0, C) that is not ignore_index
    sets c->fault (MT_CUDA_FAULT_LABEL_RANGE, op MT_OP_CROSS_ENTROPY, a = row, b = label,
    c = C) and that row's loss is NaN. */
-int mt_cuda_cross_entropy(const mt_cuda_ctx *c, const mt_cuda_array *loss,
-                          const mt_cuda_array *lse, const mt_cuda_array *valid,
-                          const mt_cuda_array *logits, const mt_cuda_array *labels,
-                          int64_t ignore_index);
+int mt_cuda_cross_entropy(const mt_cuda_ctx *c, const mt_cuda_array *loss, const mt_cuda_array *lse,
+                          const mt_cuda_array *valid, const mt_cuda_array *logits,
+                          const mt_cuda_array *labels, int64_t ignore_index);
 /* grad = (softmax(logits) - onehot(label)) * scale[0]; ignored rows 0; scale 0-d FP32 or F64 */
 int mt_cuda_cross_entropy_backward(const mt_cuda_ctx *c, const mt_cuda_array *grad,
                                    const mt_cuda_array *logits, const mt_cuda_array *labels,
                                    const mt_cuda_array *lse, const mt_cuda_array *scale,
                                    int64_t ignore_index);
 /* out (F32 0-d) = sum over the n tensors of sum(x^2) */
-int mt_cuda_sq_norm(const mt_cuda_ctx *c, const mt_cuda_array *ts, int n,
-                    const mt_cuda_array *out);
+int mt_cuda_sq_norm(const mt_cuda_ctx *c, const mt_cuda_array *ts, int n, const mt_cuda_array *out);
 
 /* ---- mixed precision and optimizers (multi_tensor.cu), multi_tensor_apply style */
 /* g *= *inv_scale in place for every tensor (skipped when *inv_scale == 1); *found_inf := 1
    when any element is inf/nan, never cleared. inv_scale, found_inf: device F32 scalars. */
-int mt_cuda_unscale(const mt_cuda_ctx *c, const mt_cuda_array *grads, int n,
-                    const float *inv_scale, float *found_inf);
+int mt_cuda_unscale(const mt_cuda_ctx *c, const mt_cuda_array *grads, int n, const float *inv_scale,
+                    float *found_inf);
 typedef struct {
     float *scale, *good_steps, *bad_steps, *skipped_steps; /* device F32 scalars */
     const float *found_inf;
@@ -132,9 +130,9 @@ typedef struct {
     mt_optim_kind kind;
     int n;
     const mt_cuda_array *params, *grads, *masters, *moment1, *moment2; /* arrays of n */
-    const float *found_inf; /* NULL: never skip */
-    const float *inv_scale; /* NULL: 1 */
-    float *step_count;      /* Adam/AdamW */
+    const float *found_inf;                                            /* NULL: never skip */
+    const float *inv_scale;                                            /* NULL: 1 */
+    float *step_count;                                                 /* Adam/AdamW */
     double lr, momentum, beta1, beta2, eps, weight_decay;
     bool nesterov;
 } mt_cuda_optim_args;

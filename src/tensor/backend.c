@@ -103,8 +103,7 @@ static int no_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
     return unsupported("cross_entropy", loss->device);
 }
 static int no_cross_entropy_backward(mt_tensor *g, const mt_tensor *x, const mt_tensor *labels,
-                                     const mt_tensor *lse, const mt_tensor *scale,
-                                     int64_t ignore) {
+                                     const mt_tensor *lse, const mt_tensor *scale, int64_t ignore) {
     (void)x, (void)labels, (void)lse, (void)scale, (void)ignore;
     return unsupported("cross_entropy_backward", g->device);
 }

@@ -83,8 +83,8 @@ typedef struct mt_backend {
        counted rows, on the device. A label outside [0, C) that is not ignore_index is an
        error (MT_ERR_INVALID naming mt_cross_entropy, the row and the label): at once on the
        CPU, at the next synchronize on a device. */
-    int (*cross_entropy)(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid,
-                         const mt_tensor *logits, const mt_tensor *labels, int64_t ignore_index);
+    int (*cross_entropy)(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, const mt_tensor *logits,
+                         const mt_tensor *labels, int64_t ignore_index);
     /* grad_logits = (softmax(logits) - onehot(label)) * scale, from the saved lse; ignored rows
        get zeros. scale is a 0-d FP32 tensor (grad_out / valid; F64 for F64 logits). */
     int (*cross_entropy_backward)(mt_tensor *grad_logits, const mt_tensor *logits,
