@@ -546,6 +546,26 @@ static void test_gradcheck_strided_input_restored(void **state) {
     mt_release(base);
 }
 
+/* A gradient that is the tensor itself, or holds it as its own gradient, would be a reference
+   cycle that frees neither: refused, and nothing leaks (the fixture checks). */
+static void test_set_grad_refuses_cycles(void **state) {
+    (void)state;
+    mt_tensor *a = mt_zeros(MT_SHAPE(3), MT_F32, mt_test_device());
+    mt_tensor *b = mt_zeros(MT_SHAPE(3), MT_F32, mt_test_device());
+    assert_int_equal(mt_set_grad(a, a), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "reference cycle");
+    assert_int_equal(mt_set_grad(a, b), 0);
+    assert_int_equal(mt_set_grad(b, a), MT_ERR_INVALID); /* b -> a -> b */
+    assert_error(MT_ERR_INVALID, "reference cycle");
+    mt_tensor *v = mt_reshape(a, MT_SHAPE(3)); /* a view shares storage, not the tensor: fine */
+    assert_int_equal(mt_set_grad(b, v), 0);
+    mt_release(v);
+    assert_int_equal(mt_set_grad(a, NULL), 0);
+    assert_int_equal(mt_set_grad(b, NULL), 0);
+    mt_release(a);
+    mt_release(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_diamond_order),
@@ -567,6 +587,7 @@ int main(void) {
         MT_TEST(test_gradcheck_inside_scope),
         MT_TEST(test_gradcheck_catches_and_refuses),
         MT_TEST(test_gradcheck_strided_input_restored),
+        MT_TEST(test_set_grad_refuses_cycles),
     };
     return MT_RUN_TESTS(tests);
 }

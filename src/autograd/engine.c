@@ -299,6 +299,13 @@ int mt_set_grad(mt_tensor *t, mt_tensor *grad) {
                             mt_dtype_name(grad->dtype), mt_shape_str(grad, b1, sizeof b1),
                             mt_dtype_name(t->dtype), mt_shape_str(t, b2, sizeof b2));
     }
+    /* t's gradient holding t (directly or through its own gradient) would be a reference
+       cycle that never frees either */
+    for (const mt_tensor *g = grad; g; g = g->grad)
+        if (g == t)
+            return mt_error_set(MT_ERR_INVALID,
+                                "mt_set_grad: arg 2: the gradient is the tensor itself, or holds "
+                                "it as its own gradient (a reference cycle)");
     mt_release(t->grad);
     t->grad = mt_retain(grad);
     return 0;

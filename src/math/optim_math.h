@@ -7,6 +7,7 @@
    correction. Each update returns the new parameter and updates its state in place. */
 #ifndef MT_MATH_OPTIM_MATH_H
 #define MT_MATH_OPTIM_MATH_H
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include "hd.h"
@@ -94,8 +95,9 @@ MT_OPTIM_FORMULAS(double, d, sqrt)
 /* The dynamic loss scale after one step (torch's GradScaler.update, plus backoff_after and
    bounds): an inf/nan step counts as bad and skipped and, after backoff_after bad steps in a
    row, multiplies the scale by backoff_factor (not below min_scale); growth_interval good
-   steps in a row multiply it by growth_factor (to at most max_scale, and only to a finite
-   value). The counters are whole numbers held in doubles. */
+   steps in a row multiply it by growth_factor, to at most max_scale; a growth whose result
+   is not finite in FP32 (the scale's storage) keeps the old scale, as torch and Paddle do.
+   The counters are whole numbers held in doubles. */
 MT_HD void mt_loss_scale_update(bool found_inf, double *scale, double *good_steps,
                                 double *bad_steps, double *skipped_steps, double growth_factor,
                                 double backoff_factor, int growth_interval, int backoff_after,
@@ -113,7 +115,7 @@ MT_HD void mt_loss_scale_update(bool found_inf, double *scale, double *good_step
         *bad_steps = 0;
         if (*good_steps >= growth_interval) {
             double grown = *scale * growth_factor;
-            *scale = isfinite(grown) && grown <= max_scale ? grown : max_scale;
+            if (grown <= FLT_MAX) *scale = grown <= max_scale ? grown : max_scale;
             *good_steps = 0;
         }
     }
