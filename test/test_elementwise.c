@@ -1095,6 +1095,31 @@ static void test_errors(void **state) {
     mt_release(bo);
 }
 
+/* pow's gradients at base 0 as torch 1.13 gives them (values printed by python3-torch for
+   the same inputs): the base gradient is 0 where the exponent is 0 (0^0 included), the
+   exponent gradient 0 where the base is 0 and the exponent >= 0, not 0 * inf = nan. */
+static void test_pow_grad_at_zero(void **state) {
+    (void)state;
+    mt_tensor *a = mt_test_tensor((const double[]){0, 0, 2, 0}, MT_F64, MT_SHAPE(4));
+    mt_tensor *b = mt_test_tensor((const double[]){0, 2, 3, -1}, MT_F64, MT_SHAPE(4));
+    mt_set_requires_grad(a, true);
+    mt_set_requires_grad(b, true);
+    mt_tensor *y = mt_pow(a, b), *s = mt_sum_all(y);
+    assert_int_equal(mt_backward(s, NULL), 0);
+    mt_tensor *ga = mt_grad(a), *gb = mt_grad(b);
+    assert_tensor_close(ga, ((const double[]){0, 0, 12, -INFINITY}), 4, 0, 1e-12);
+    assert_tensor_close(gb, ((const double[]){0, 0, 8 * log(2.0), -INFINITY}), 4, 0, 1e-12);
+    mt_tensor *x = mt_test_tensor((const double[]){0, 0, 2, 0}, MT_F64, MT_SHAPE(4));
+    mt_set_requires_grad(x, true);
+    mt_tensor *p = mt_pow_scalar(x, 0.0), *ps = mt_sum_all(p);
+    assert_int_equal(mt_backward(ps, NULL), 0);
+    mt_tensor *gx = mt_grad(x);
+    assert_tensor_close(gx, ((const double[]){0, 0, 0, 0}), 4, 0, 0);
+    mt_tensor *rel[] = {a, b, y, s, ga, gb, x, p, ps, gx};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) mt_release(rel[i]);
+    assert_no_error();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_binary_same_shape),
@@ -1116,6 +1141,7 @@ int main(void) {
         MT_TEST(test_gradcheck_copies),
         MT_TEST(test_errors),
         MT_TEST(test_errors_every_op),
+        MT_TEST(test_pow_grad_at_zero),
     };
     return MT_RUN_TESTS(tests);
 }

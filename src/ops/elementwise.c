@@ -45,25 +45,48 @@ static int div_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return give(n, 1, v, gi);
 }
 
+/* r where cond is false, 0 where it is true (torch's masked gradients); takes r. */
+static mt_tensor *zero_where(mt_tensor *cond, mt_tensor *r) {
+    mt_tensor *zero = r ? mt_zeros(0, NULL, r->dtype, r->device) : NULL;
+    mt_tensor *out = cond && zero ? mt_where(cond, zero, r) : NULL;
+    mt_release(zero);
+    mt_release(r);
+    return out;
+}
+
+/* As torch: the base gradient b * a^(b-1) is 0 where b == 0 (0^0 included), and the exponent
+   gradient y * log(a) is 0 where a == 0 and b >= 0 (not 0 * -inf = nan). */
 static int pow_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *a = n->saved[0], *b = n->saved[1], *y = n->saved[2];
+    mt_tensor *zero = mt_zeros(0, NULL, a->dtype, a->device);
+    if (!zero) return mt_backward_failed();
     int rc = 0;
-    if (mt_node_needs(n, 0)) { /* b * a^(b-1) */
+    if (mt_node_needs(n, 0)) {
         mt_tensor *bm1 = mt_add_scalar(b, -1.0), *p = bm1 ? mt_pow(a, bm1) : NULL;
         mt_tensor *q = p ? mt_mul(p, b) : NULL;
         mt_release(bm1);
         mt_release(p);
-        mt_tensor *r = q ? mt_mul(g, q) : NULL;
+        mt_tensor *r = q ? mt_mul(g, q) : NULL, *b0 = mt_eq(b, zero);
         mt_release(q);
-        rc = give(n, 0, r, gi);
+        rc = give(n, 0, zero_where(b0, r), gi);
+        mt_release(b0);
     }
-    if (rc == 0 && mt_node_needs(n, 1)) { /* y * log(a) */
+    if (rc == 0 && mt_node_needs(n, 1)) {
         mt_tensor *l = mt_log(a), *q = l ? mt_mul(y, l) : NULL;
         mt_release(l);
         mt_tensor *r = q ? mt_mul(g, q) : NULL;
         mt_release(q);
-        rc = give(n, 1, r, gi);
+        mt_tensor *a0 = mt_eq(a, zero), *bnn = mt_ge(b, zero);
+        /* 0 where b >= 0, taken only where a == 0 */
+        mt_tensor *masked = r ? zero_where(bnn, mt_retain(r)) : NULL;
+        mt_tensor *r2 = masked && a0 ? mt_where(a0, masked, r) : NULL;
+        mt_release(masked);
+        mt_release(r);
+        mt_release(a0);
+        mt_release(bnn);
+        rc = give(n, 1, r2, gi);
     }
+    mt_release(zero);
     return rc;
 }
 
@@ -148,6 +171,7 @@ static int rdiv_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 }
 static int pow_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     double s = n->scalars[0];
+    if (s == 0.0) return give(n, 0, mt_zeros_like(g), gi); /* x^0: 0 everywhere, x = 0 too */
     mt_tensor *p = s == 2.0 ? mt_retain(n->saved[0]) : mt_pow_scalar(n->saved[0], s - 1.0);
     mt_tensor *d = p ? mt_mul_scalar(p, s) : NULL;
     mt_release(p);
