@@ -603,6 +603,33 @@ static void test_scope_and_tape(void **state) {
     mt_release(w);
 }
 
+/* Zero-size operands as torch: [3,5]@[5,0] is a [3,0] result, a [0,5] linear weight gives
+   [3,0], and the backward of [3,0]@[0,4] (K = 0: the product is all zeros) gives zero-size
+   and zero gradients. A fresh zero-size tensor counts as contiguous. */
+static void test_zero_size_operands(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_tensor *a = mt_ones(MT_SHAPE(3, 5), MT_F32, dev), *b = mt_ones(MT_SHAPE(5, 0), MT_F32, dev);
+    assert_true(mt_is_contiguous(b));
+    mt_tensor *c = mt_matmul(a, b);
+    assert_shape(c, 3, 0);
+    mt_tensor *w = mt_ones(MT_SHAPE(0, 5), MT_F32, dev);
+    mt_tensor *l = mt_linear(a, w, NULL);
+    assert_shape(l, 3, 0);
+    mt_tensor *x = mt_ones(MT_SHAPE(3, 0), MT_F32, dev), *y = mt_ones(MT_SHAPE(0, 4), MT_F32, dev);
+    mt_set_requires_grad(x, true);
+    mt_set_requires_grad(y, true);
+    mt_tensor *z = mt_matmul(x, y), *s = mt_sum_all(z);
+    assert_tensor_close(z, ((const double[12]){0}), 12, 0, 0);
+    assert_int_equal(mt_backward(s, NULL), 0);
+    mt_tensor *gx = mt_grad(x), *gy = mt_grad(y);
+    assert_shape(gx, 3, 0);
+    assert_shape(gy, 0, 4);
+    assert_no_error();
+    mt_tensor *rel[] = {a, b, c, w, l, x, y, z, s, gx, gy};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) mt_release(rel[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_cases_all_dtypes),
@@ -620,6 +647,7 @@ int main(void) {
         MT_TEST(test_promotion),
         MT_TEST(test_errors),
         MT_TEST(test_out_of_memory),
+        MT_TEST(test_zero_size_operands),
         MT_TEST(test_scope_and_tape),
     };
     return MT_RUN_TESTS(tests);

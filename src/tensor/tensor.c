@@ -296,6 +296,7 @@ int64_t mt_dim(const mt_tensor *t, int i) {
 
 bool mt_is_contiguous(const mt_tensor *t) {
     if (!t) return false;
+    if (t->numel == 0) return true; /* no element is out of place (torch agrees) */
     int64_t s = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != s) return false;
