@@ -491,6 +491,12 @@ static void test_gradcheck_catches_and_refuses(void **state) {
     mt_tensor *g = mt_grad(a);
     assert_ptr_equal(g, kept); /* restored, not accumulated into */
     mt_release(g);
+    /* the same tensor given twice: its gradient is still restored, not freed */
+    assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){a, a}, 2, NULL, NULL), 0);
+    g = mt_grad(a);
+    assert_ptr_equal(g, kept);
+    assert_tensor_close(g, ((const double[]){7, 7, 7}), 3, 0, 0);
+    mt_release(g);
     /* the correct function passes on the same inputs */
     assert_int_equal(mt_gradcheck(gradcheck_mul_tanh, (mt_tensor *[]){a, b}, 2, NULL, NULL), 0);
 

@@ -174,7 +174,9 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
         free(x0);
         free(ga);
     }
-    for (int i = 0; i < n; i++) {
+    /* in reverse: an input given twice kept its gradient in its first slot (the later slot
+       saw NULL), so the first slot must be restored last */
+    for (int i = n - 1; i >= 0; i--) {
         mt_release(inputs[i]->grad);
         inputs[i]->grad = kept[i];
     }
