@@ -307,6 +307,25 @@ static void test_skip_overflow_after_scaling(void **state) {
     mt_scope_end();
 }
 
+/* step without a prior unscale leaves the true gradients behind, as torch's step does
+   (the unscale is folded into the update for precision, then applied to .grad in place). */
+static void test_step_leaves_true_gradients(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *p = param((const double[]){1, 2, 3}, 3, MT_F32);
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.5});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
+    set_grad(p, (const double[]){2, -4, 0.25}, 1024, 0);
+    assert_int_equal(mt_grad_scaler_step(s, o), 0);
+    assert_tensor_close(mt_grad(p), ((const double[]){2, -4, 0.25}), 3, 0, 0);
+    assert_tensor_close(p, ((const double[]){0, 4, 2.875}), 3, 0, 0);
+    assert_int_equal(mt_grad_scaler_update(s), 0);
+    mt_optimizer_free(o);
+    mt_grad_scaler_free(s);
+    assert_no_error();
+    mt_scope_end();
+}
+
 /* step without unscale folds 1/scale into the optimizer kernel: an FP16 gradient whose true
    value is subnormal in FP16 reaches the FP32 master without being rounded to FP16 again. */
 static void test_step_folds_unscale(void **state) {
@@ -856,6 +875,7 @@ int main(void) {
         MT_TEST(test_skip_nan_adam),
         MT_TEST(test_skip_overflow_after_scaling),
         MT_TEST(test_step_folds_unscale),
+        MT_TEST(test_step_leaves_true_gradients),
         MT_TEST(test_growth),
         MT_TEST(test_backoff_default),
         MT_TEST(test_bounds),

@@ -343,11 +343,16 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
                          "mt_grad_scaler_update after each step",
                          fn));
     /* Not unscaled yet: a check-only pass sets found (the optimizer kernel could not know of
-       an inf in a gradient it has not reached yet) and the unscale folds into the step. */
+       an inf in a gradient it has not reached yet) and the unscale folds into the step, so a
+       low-precision gradient reaches the FP32 master without a second rounding. Afterwards
+       the gradients are unscaled in place, as torch's step leaves them: read after the step
+       they are the true gradients. */
     mt_tensor *inv = NULL;
-    int rc = st->unscaled ? 0 : unscale_pass(s, st, fn, false, &inv);
+    bool folded = !st->unscaled;
+    int rc = folded ? unscale_pass(s, st, fn, false, &inv) : 0;
     if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, inv);
     mt_release(inv);
+    if (rc == 0 && folded) rc = unscale_pass(s, st, fn, true, NULL);
     if (rc == 0) st->unscaled = st->stepped = true;
     return mt_api_exit_status(rc);
 }
