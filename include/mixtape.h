@@ -380,9 +380,16 @@ double mt_optimizer_get_lr(const mt_optimizer *o);
 /* The FP32 master copy of parameter i (new reference), or NULL when it has none (no error;
    also NULL with no error for a NULL optimizer). */
 mt_tensor *mt_optimizer_master(mt_optimizer *o, int i);
-/* Scales gradients so their global L2 norm is at most max_norm; returns the norm before
-   clipping (NAN and an error on failure). Call after mt_grad_scaler_unscale. */
+/* Scales gradients so their global L2 norm is at most max_norm (by max_norm / (norm + 1e-6),
+   as torch.nn.utils.clip_grad_norm_); returns the norm before clipping. A non-finite norm is
+   returned and applied like torch: an inf norm scales by 0, a NaN norm makes the gradients
+   NaN (the GradScaler skips such a step). NAN with an error set means the call failed; NAN
+   with no error is a NaN norm. Waits for the device (the norm is a host number). Call after
+   mt_grad_scaler_unscale. */
 double mt_clip_grad_norm(mt_optimizer *o, double max_norm);
+/* error_if_nonfinite: a non-finite norm is an MT_ERR_INVALID error instead, and the
+   gradients are left as they are. */
+double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite);
 /* O2 (Paddle's decorate): casts the parameters to `low` in place, except those marked as
    norm parameters (keep_fp32[i] true); an optimizer made afterwards with multi_precision
    creates their FP32 masters from the low values (O2 master weights). */

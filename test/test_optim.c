@@ -555,15 +555,31 @@ static void test_clip_grad_norm(void **state) {
         mt_release(ga);
         mt_release(gb);
         assert_float_equal(mt_clip_grad_norm(o, 100), 6.5, dts[d] == MT_F16 ? 1e-2 : 1e-5);
-        /* non-finite: returned, gradients left for the scaler to skip */
+        /* non-finite with error_if_nonfinite: an error, gradients untouched */
         set_grad(b, (double[]){INFINITY});
-        assert_true(isinf(mt_clip_grad_norm(o, 1.0)));
-        set_grad(b, (double[]){NAN});
-        assert_true(isnan(mt_clip_grad_norm(o, 1.0)));
-        assert_no_error();
+        assert_true(isnan(mt_clip_grad_norm_ex(o, 1.0, true)));
+        assert_error(MT_ERR_INVALID, "total norm of the gradients is inf");
         ga = mt_grad(a);
         assert_tensor_close(ga, ((double[]){3 * coef, 4 * coef}), 2, 0, tol);
         mt_release(ga);
+        /* non-finite otherwise, as torch: returned, and applied (inf: coefficient 0, so an
+           inf element becomes nan; nan: every gradient nan), with no error */
+        assert_true(isinf(mt_clip_grad_norm(o, 1.0)));
+        assert_no_error();
+        ga = mt_grad(a);
+        gb = mt_grad(b);
+        assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
+        assert_tensor_close(gb, ((double[]){NAN}), 1, 0, 0);
+        mt_release(ga);
+        mt_release(gb);
+        set_grad(a, (double[]){3, 4});
+        set_grad(b, (double[]){NAN});
+        assert_true(isnan(mt_clip_grad_norm(o, 1.0)));
+        assert_no_error(); /* a NaN norm is a value, not an error */
+        ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){NAN, NAN}), 2, 0, 0);
+        mt_release(ga);
+        set_grad(a, (double[]){3, 4});
         /* max_norm 0 zeroes the gradients */
         set_grad(b, (double[]){1});
         assert_true(mt_clip_grad_norm(o, 0.0) > 0);

@@ -50,6 +50,10 @@ static int scale_grads(const char *op, mt_optimizer *o, double coef) {
 }
 
 double mt_clip_grad_norm(mt_optimizer *o, double max_norm) {
+    return mt_clip_grad_norm_ex(o, max_norm, false);
+}
+
+double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite) {
     static const char op[] = "mt_clip_grad_norm";
     if (!o) {
         mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
@@ -74,8 +78,14 @@ double mt_clip_grad_norm(mt_optimizer *o, double max_norm) {
     mt_release(sq);
     if (rc == 0) {
         norm = sqrt((double)sq_host);
-        /* inf/nan: the gradients stay as they are and the scaler will skip this step */
-        if (isfinite(norm) && norm > max_norm)
+        if (!isfinite(norm) && error_if_nonfinite)
+            rc = mt_error_set(MT_ERR_INVALID,
+                              "%s: the total norm of the gradients is %g (error_if_nonfinite); "
+                              "the gradients were left as they are",
+                              op, norm);
+        /* as torch, a non-finite norm scales too: by 0 for inf (inf elements become nan), by
+           nan for nan; a GradScaler that saw the inf/nan skips the step anyway */
+        else if (!(norm <= max_norm))
             rc = scale_grads(op, o, max_norm / (norm + CLIP_EPS));
     }
     for (int i = 0; i < o->n; i++) o->grad_buf[i] = NULL;
