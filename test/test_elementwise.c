@@ -1120,6 +1120,31 @@ static void test_pow_grad_at_zero(void **state) {
     assert_no_error();
 }
 
+/* maximum/minimum gradients with a NaN operand and a tie, as torch 1.13 gives them (values
+   printed by python3-torch): a NaN makes every comparison false, so both inputs get the whole
+   gradient; a tie splits it. */
+static void test_minmax_grad_nan(void **state) {
+    (void)state;
+    for (int is_max = 0; is_max < 2; is_max++) {
+        mt_tensor *a = mt_test_tensor((const double[]){1, NAN, 2, 3}, MT_F64, MT_SHAPE(4));
+        mt_tensor *b = mt_test_tensor((const double[]){2, 1, NAN, 3}, MT_F64, MT_SHAPE(4));
+        mt_set_requires_grad(a, true);
+        mt_set_requires_grad(b, true);
+        mt_tensor *y = is_max ? mt_maximum(a, b) : mt_minimum(a, b), *s = mt_sum_all(y);
+        assert_int_equal(mt_backward(s, NULL), 0);
+        mt_tensor *ga = mt_grad(a), *gb = mt_grad(b);
+        assert_tensor_close(
+            ga, (is_max ? (const double[]){0, 1, 1, 0.5} : (const double[]){1, 1, 1, 0.5}), 4, 0,
+            0);
+        assert_tensor_close(
+            gb, (is_max ? (const double[]){1, 1, 1, 0.5} : (const double[]){0, 1, 1, 0.5}), 4, 0,
+            0);
+        mt_tensor *rel[] = {a, b, y, s, ga, gb};
+        for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) mt_release(rel[i]);
+    }
+    assert_no_error();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_binary_same_shape),
@@ -1142,6 +1167,7 @@ int main(void) {
         MT_TEST(test_errors),
         MT_TEST(test_errors_every_op),
         MT_TEST(test_pow_grad_at_zero),
+        MT_TEST(test_minmax_grad_nan),
     };
     return MT_RUN_TESTS(tests);
 }

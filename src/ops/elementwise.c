@@ -90,29 +90,37 @@ static int pow_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return rc;
 }
 
-/* maximum/minimum: the gradient goes to the selected input; ties split it evenly (torch). */
+/* The weight of one input's gradient in maximum/minimum, as torch: 1 - [it lost] - [tie] / 2,
+   where `lost` compares it with the other input. Ties split the gradient; a NaN operand
+   makes every comparison false, so both inputs get the whole gradient (torch does too). */
+static mt_tensor *minmax_weight(mt_tensor *lost, mt_tensor *tie, mt_dtype dt) {
+    mt_tensor *lf = lost ? mt_cast(lost, dt) : NULL, *tf = tie ? mt_cast(tie, dt) : NULL;
+    mt_tensor *half = tf ? mt_mul_scalar(tf, 0.5) : NULL;
+    mt_tensor *sum = lf && half ? mt_add(lf, half) : NULL;
+    mt_tensor *w = sum ? mt_rsub_scalar(sum, 1.0) : NULL;
+    mt_release(lf);
+    mt_release(tf);
+    mt_release(half);
+    mt_release(sum);
+    return w;
+}
+
 static int minmax_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *a = n->saved[0], *b = n->saved[1];
     bool is_max = n->op == MT_OP_MAXIMUM;
-    mt_tensor *win = is_max ? mt_gt(a, b) : mt_lt(a, b), *tie = mt_eq(a, b);
-    mt_tensor *wf = win ? mt_cast(win, g->dtype) : NULL, *tf = tie ? mt_cast(tie, g->dtype) : NULL;
-    mt_release(win);
-    mt_release(tie);
-    mt_tensor *half = tf ? mt_mul_scalar(tf, 0.5) : NULL;
-    mt_release(tf);
-    mt_tensor *wa = wf && half ? mt_add(wf, half) : NULL; /* weight of a: 1, 0.5 or 0 */
-    mt_release(wf);
-    mt_release(half);
-    int rc = mt_backward_failed();
-    if (wa) {
-        rc = mt_node_needs(n, 0) ? give(n, 0, mt_mul(g, wa), gi) : 0;
-        if (rc == 0 && mt_node_needs(n, 1)) {
-            mt_tensor *wb = mt_rsub_scalar(wa, 1.0);
-            rc = give(n, 1, wb ? mt_mul(g, wb) : NULL, gi);
-            mt_release(wb);
-        }
+    mt_tensor *tie = mt_eq(a, b);
+    int rc = 0;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        if (!mt_node_needs(n, i)) continue;
+        /* input i lost when it is below (max) or above (min) the other */
+        mt_tensor *x = i == 0 ? a : b, *y = i == 0 ? b : a;
+        mt_tensor *lost = is_max ? mt_lt(x, y) : mt_gt(x, y);
+        mt_tensor *w = minmax_weight(lost, tie, g->dtype);
+        mt_release(lost);
+        rc = give(n, i, w ? mt_mul(g, w) : NULL, gi);
+        mt_release(w);
     }
-    mt_release(wa);
+    mt_release(tie);
     return rc;
 }
 
