@@ -722,6 +722,31 @@ static void test_out_of_memory(void **state) {
     mt_release(t);
 }
 
+/* A NaN maximum sends the gradient to the NaN element(s), as torch's max() does (values
+   printed by python3-torch 1.13: max_all of [[1, nan, 3], [2, 5, 5]] gives [[0, 1, 0],
+   [0, 0, 0]]); the same rule per row for mt_max over a dim (torch 1.13's amax gives the NaN
+   row nan everywhere instead: the NaN element is the useful answer). Ties share evenly. */
+static void test_max_grad_nan(void **state) {
+    (void)state;
+    const double v[] = {1, NAN, 3, 2, 5, 5};
+    mt_tensor *x = mt_test_tensor(v, MT_F64, MT_SHAPE(2, 3));
+    mt_set_requires_grad(x, true);
+    mt_tensor *m = mt_max_all(x);
+    assert_int_equal(mt_backward(m, NULL), 0);
+    mt_tensor *g = mt_grad(x);
+    assert_tensor_close(g, ((const double[]){0, 1, 0, 0, 0, 0}), 6, 0, 0);
+    mt_release(g);
+    mt_release(m);
+    assert_int_equal(mt_set_grad(x, NULL), 0);
+    mt_tensor *r = mt_max(x, MT_DIMS(1), false), *s = mt_sum_all(r);
+    assert_int_equal(mt_backward(s, NULL), 0);
+    g = mt_grad(x);
+    assert_tensor_close(g, ((const double[]){0, 1, 0, 0, 0.5, 0.5}), 6, 0, 0);
+    mt_tensor *rel[] = {g, r, s, x};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) mt_release(rel[i]);
+    assert_no_error();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_forward_all_dims_f32_f64),
@@ -745,6 +770,7 @@ int main(void) {
         MT_TEST(test_softmax_backward_f32),
         MT_TEST(test_errors),
         MT_TEST(test_out_of_memory),
+        MT_TEST(test_max_grad_nan),
     };
     return MT_RUN_TESTS(tests);
 }

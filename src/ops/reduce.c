@@ -129,9 +129,17 @@ static int max_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     int dims[MT_MAX_DIMS], nd = 0;
     for (int d = 0; d < x->ndim; d++)
         if (mask & (1u << d)) dims[nd++] = d;
-    mt_tensor *hit = mt_eq(x, y); /* broadcasts y over the reduced dims */
-    mt_tensor *w = hit ? mt_cast(hit, x->dtype) : NULL;
-    mt_release(hit);
+    /* the elements that are the maximum (y broadcasts over the reduced dims); a NaN maximum
+       is the NaN elements themselves (x != x), which x == y would never find, so that the
+       gradient goes to them as torch's max does, not NaN to every element */
+    mt_tensor *hit = mt_eq(x, y), *xnan = mt_ne(x, x), *ynan = mt_ne(y, y);
+    mt_tensor *wh = hit ? mt_cast(hit, x->dtype) : NULL,
+              *wx = xnan ? mt_cast(xnan, x->dtype) : NULL;
+    mt_tensor *wy = ynan ? mt_cast(ynan, x->dtype) : NULL;
+    mt_tensor *wn = wx && wy ? mt_mul(wx, wy) : NULL;
+    mt_tensor *w = wh && wn ? mt_add(wh, wn) : NULL;
+    mt_tensor *tmp[] = {hit, xnan, ynan, wh, wx, wy, wn};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mt_release(tmp[i]);
     mt_tensor *cnt = w ? (nd ? mt_sum(w, nd, dims, true) : mt_retain(w)) : NULL;
     mt_tensor *share = cnt ? mt_div(w, cnt) : NULL;
     mt_release(w);
