@@ -1,6 +1,7 @@
 /* The backward engine: order, accumulation, grad mode, detach, tape lifetime, version
    counters, errors, long chains, scopes and reference cycles. */
 #include <pthread.h>
+#include <threads.h>
 #include "test_util.h"
 
 static mt_tensor *leaf_from(const double *v, int ndim, const int64_t *shape) {
@@ -572,6 +573,44 @@ static void test_set_grad_refuses_cycles(void **state) {
     mt_release(b);
 }
 
+/* Two threads running backward into one shared leaf at the same time lose no update (torch
+   documents this as safe): the leaf's gradient is exactly the sum of every backward. */
+typedef struct {
+    mt_tensor *w;
+    double scale;
+    int steps, failed;
+} shared_leaf_job;
+static int shared_leaf_worker(void *arg) {
+    shared_leaf_job *j = arg;
+    for (int i = 0; i < j->steps; i++) {
+        mt_scope_begin();
+        mt_tensor *y = mt_sum_all(mt_mul_scalar(j->w, j->scale));
+        if (mt_backward(y, NULL) != 0) j->failed = 1;
+        mt_scope_end();
+    }
+    if (mt_last_status() != MT_OK) j->failed = 1;
+    return 0;
+}
+static void test_shared_leaf_threads(void **state) {
+    (void)state;
+    mt_tensor *w = mt_ones(MT_SHAPE(1 << 20), MT_F64, mt_test_device());
+    mt_set_requires_grad(w, true);
+    shared_leaf_job jobs[2] = {{w, 1.0, 40, 0}, {w, 2.0, 40, 0}};
+    thrd_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(thrd_create(&t[i], shared_leaf_worker, &jobs[i]), thrd_success);
+    for (int i = 0; i < 2; i++) thrd_join(t[i], NULL);
+    assert_false(jobs[0].failed || jobs[1].failed);
+    mt_tensor *g = mt_grad(w);
+    double *v = mt_test_values(g);
+    for (int i = 0; i < (1 << 20); i++)
+        if (v[i] != 120.0)
+            fail_msg("element %d of the shared gradient is %g, expected 120", i, v[i]);
+    free(v);
+    mt_release(g);
+    mt_release(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_diamond_order),
@@ -594,6 +633,7 @@ int main(void) {
         MT_TEST(test_gradcheck_catches_and_refuses),
         MT_TEST(test_gradcheck_strided_input_restored),
         MT_TEST(test_set_grad_refuses_cycles),
+        MT_TEST(test_shared_leaf_threads),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -4,6 +4,7 @@
    .grad across calls until zeroed. */
 #include <stdlib.h>
 #include <string.h>
+#include <threads.h>
 #include "../tensor/backend.h"
 #include "node.h"
 
@@ -79,14 +80,39 @@ static int accumulate(mt_tensor **acc, mt_tensor *g) {
     return rc;
 }
 
+/* Leaf gradients may be shared between threads that run backward at the same time (torch
+   allows it): each leaf's read-modify-write of .grad holds one of a few striped locks, picked
+   by the leaf's address, so unrelated leaves rarely wait for each other. */
+#define LEAF_LOCKS 64
+static mtx_t leaf_locks[LEAF_LOCKS];
+static once_flag leaf_locks_once = ONCE_FLAG_INIT;
+static void leaf_locks_init(void) {
+    for (int i = 0; i < LEAF_LOCKS; i++) mtx_init(&leaf_locks[i], mtx_plain);
+}
+static mtx_t *leaf_lock(const mt_tensor *leaf) {
+    call_once(&leaf_locks_once, leaf_locks_init);
+    return &leaf_locks[((uintptr_t)leaf >> 6) % LEAF_LOCKS];
+}
+
+static int accumulate_leaf_locked(mt_tensor *leaf, mt_tensor *g);
+
 static int accumulate_leaf(mt_tensor *leaf, mt_tensor *g) {
-    int rc = 0;
     if (g->dtype != leaf->dtype) {
         mt_tensor *c = mt_cast(g, leaf->dtype);
         mt_release(g);
         if (!c) return mt_backward_status();
         g = c;
     }
+    mtx_t *lock = leaf_lock(leaf);
+    mtx_lock(lock);
+    int rc = accumulate_leaf_locked(leaf, g);
+    mtx_unlock(lock);
+    return rc;
+}
+
+/* leaf.grad += g (g already in the leaf's dtype); takes g. */
+static int accumulate_leaf_locked(mt_tensor *leaf, mt_tensor *g) {
+    int rc = 0;
     if (!leaf->grad) {
         if (exclusively_owned(g)) {
             leaf->grad = g; /* adopt: no copy */
