@@ -116,6 +116,10 @@ mt_tensor *mt_retain(mt_tensor *t); /* returns t */
 void mt_release(mt_tensor *t);      /* NULL is fine */
 void mt_scope_begin(void);
 void mt_scope_end(void);
+/* Ends the innermost scope like mt_scope_end but keeps `keep` (any tensor, NULL allowed):
+   it then belongs to the enclosing scope, or to the caller when none is open. Lets an
+   evaluation loop free each batch's intermediates and keep only its result. */
+mt_tensor *mt_scope_end_keep(mt_tensor *keep);
 int mt_scope_depth(void);
 
 /* Live counters, for leak checks: tensors alive, and bytes of storage held on every device

@@ -827,6 +827,36 @@ static void test_device_memory_stats(void **state) {
     assert_error(MT_ERR_NULL, "mt_memory_stats_get: arg 2");
 }
 
+/* mt_scope_end_keep: the inner scope's other results are freed at once, the kept one moves
+   to the enclosing scope (freed at its end), or to the caller when no scope is open. */
+static void test_scope_end_keep(void **state) {
+    (void)state;
+    int64_t before = mt_live_tensors();
+    mt_scope_begin();
+    mt_scope_begin();
+    mt_tensor *a = mt_ones(MT_SHAPE(4), MT_F32, mt_test_device());
+    mt_tensor *b = mt_mul_scalar(a, 3.0);
+    mt_tensor *k = mt_scope_end_keep(b);
+    assert_ptr_equal(k, b);
+    assert_int_equal(mt_live_tensors(), before + 1); /* a is gone, b lives on */
+    assert_int_equal(mt_scope_depth(), 1);
+    assert_tensor_close(k, ((const double[]){3, 3, 3, 3}), 4, 0, 0);
+    mt_scope_end(); /* the outer scope now owns it */
+    assert_int_equal(mt_live_tensors(), before);
+    /* with no scope left, the caller owns it */
+    mt_scope_begin();
+    mt_tensor *c = mt_zeros(MT_SHAPE(2), MT_F32, mt_test_device());
+    mt_tensor *kept = mt_scope_end_keep(c);
+    assert_int_equal(mt_scope_depth(), 0);
+    assert_int_equal(mt_live_tensors(), before + 1);
+    mt_release(kept);
+    mt_scope_begin();
+    assert_null(mt_scope_end_keep(NULL)); /* NULL is fine: a plain mt_scope_end */
+    assert_int_equal(mt_scope_depth(), 0);
+    assert_int_equal(mt_live_tensors(), before);
+    assert_no_error();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_filled_creation),
@@ -851,6 +881,7 @@ int main(void) {
         MT_TEST(test_null_inputs),
         MT_TEST(test_empty_cache),
         MT_TEST(test_device_memory_stats),
+        MT_TEST(test_scope_end_keep),
     };
     return MT_RUN_TESTS(tests);
 }

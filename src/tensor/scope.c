@@ -112,6 +112,17 @@ void mt_scope_end(void) {
     if (n_frames == 0 && !registered) frames_free(NULL); /* no exit hook: free now */
 }
 
+mt_tensor *mt_scope_end_keep(mt_tensor *keep) {
+    if (keep) mt_retain(keep);
+    mt_scope_end();
+    /* handed on like an op result made now: to the enclosing scope, or to the caller */
+    if (keep && n_frames > 0 && !scope_track(keep)) {
+        mt_release(keep);
+        return NULL;
+    }
+    return keep;
+}
+
 int mt_scope_depth(void) {
     return n_frames + lost_frames;
 }
