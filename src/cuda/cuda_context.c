@@ -98,7 +98,6 @@ mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index) {
     }
     /* The current device is per host thread: set it when there is more than one. */
     if (mt_cuda_device_count() > 1 && mt_cuda_check(op, cudaSetDevice(index)) < 0) return NULL;
-    c->tf32 = mt_cuda_allow_tf32();
     return c;
 }
 

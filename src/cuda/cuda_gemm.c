@@ -106,9 +106,9 @@ static int gemm_run(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, double alpha
         .h = ctx->blas,
         .type = blas_type(g->dt),
         /* F32 in full FP32 unless TF32 was allowed; F16/BF16 accumulate in FP32 */
-        .compute = f64                            ? CUBLAS_COMPUTE_64F
-                   : g->dt == MT_F32 && ctx->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                  : CUBLAS_COMPUTE_32F,
+        .compute = f64                                       ? CUBLAS_COMPUTE_64F
+                   : g->dt == MT_F32 && mt_cuda_allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                             : CUBLAS_COMPUTE_32F,
         .alpha = f64 ? (const void *)&alpha : (const void *)&alpha32,
         .beta = f64 ? (const void *)&beta : (const void *)&beta32,
         /* a row-major (kind 0) matrix read column-major is its transpose: no op */

@@ -16,7 +16,6 @@ typedef struct {
     cublasHandle_t blas;
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
     mt_cuda_ctx kctx;
-    bool tf32; /* allow TF32 tensor cores for F32 GEMM (off: F32 matches the CPU) */
 } mt_cuda_device_ctx;
 
 /* The context of device `index`, created on first use; NULL with an error naming op. */
