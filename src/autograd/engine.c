@@ -160,6 +160,7 @@ static void free_saved(mt_node *n) {
         mt_release(n->saved[s]);
         n->saved[s] = NULL;
     }
+    mt_node_free_state(n);
     n->freed = true;
 }
 

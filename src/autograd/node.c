@@ -71,6 +71,21 @@ int mt_node_save(mt_node *n, int slot, const mt_tensor *t) {
     return 0;
 }
 
+void mt_node_set_state(mt_node *n, void *state, void (*state_free)(void *state)) {
+    mt_node_free_state(n);
+    n->state = state;
+    n->state_free = state_free;
+    n->has_saved = true;
+}
+
+void mt_node_free_state(mt_node *n) {
+    if (!n->state) return;
+    if (n->state_free) n->state_free(n->state);
+    else free(n->state);
+    n->state = NULL;
+    n->state_free = NULL;
+}
+
 void mt_node_attach(mt_node *n, mt_tensor *out) {
     out->grad_fn = n;
     out->requires_grad = true;
@@ -101,6 +116,7 @@ void mt_node_release(mt_node *n) {
     while (n) {
         if (atomic_fetch_sub_explicit(&n->refcount, 1, memory_order_acq_rel) == 1) {
             for (int s = 0; s < MT_NODE_SAVED; s++) mt_release(n->saved[s]);
+            mt_node_free_state(n);
             mt_release(n->grad_acc);
             for (int i = 0; i < n->n_inputs; i++) {
                 mt_release(n->edges[i].leaf);

@@ -24,7 +24,9 @@ typedef struct {
     mt_dtype dtype;
 } mt_input_meta;
 
-#define MT_NODE_SAVED 4
+/* Slots for saved tensors; fused normalisation ops need up to six (input, weight, bias,
+   statistics, output). Larger per-op state goes in `state`. */
+#define MT_NODE_SAVED 8
 
 struct mt_node {
     atomic_int refcount;
@@ -40,9 +42,13 @@ struct mt_node {
     /* what the backward formula needs */
     mt_tensor *saved[MT_NODE_SAVED];
     uint64_t saved_version[MT_NODE_SAVED];
-    double scalars[2];
+    double scalars[4];
     int64_t ints[MT_MAX_DIMS + 2];
     int n_ints;
+    /* per-op state the fixed fields cannot hold (convolution parameters, a chosen
+       algorithm, a reserve space); owned by the node, freed with state_free */
+    void *state;
+    void (*state_free)(void *state);
     /* engine scratch (valid during one backward) */
     int deps;
     uint64_t visit_mark;
@@ -61,6 +67,12 @@ bool mt_autograd_wanted(mt_tensor *const *inputs, int n);
 mt_node *mt_node_new(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, int n);
 /* Saves t (as a history-free alias) in slot, with its current version. */
 int mt_node_save(mt_node *n, int slot, const mt_tensor *t);
+/* Hands the node an op-specific state block, freed with state_free (may be NULL for plain
+   malloc'd blocks: free() is used) when the node dies or its saved data is freed after a
+   backward without retain_graph. */
+void mt_node_set_state(mt_node *n, void *state, void (*state_free)(void *state));
+/* Frees the state block now (no-op without one). */
+void mt_node_free_state(mt_node *n);
 /* Makes n the grad_fn of out (out takes the creating reference) and records out's metadata. */
 void mt_node_attach(mt_node *n, mt_tensor *out);
 /* Releases a reference; frees the node and its references at zero. */
