@@ -331,12 +331,110 @@ static void test_oom_alloc_limit(void **state) {
     mt_release(w);
 }
 
+/* loss = sum(a) + sum(b * b) (or the other way round, so that each branch runs first once):
+   the backward of b's branch needs a 256 KiB block, a's needs none. */
+static mt_tensor *two_branch_loss(mt_tensor *a, mt_tensor *b, bool b_first) {
+    mt_tensor *sa = mt_sum_all(a), *bb = mt_mul(b, b), *sb = mt_sum_all(bb);
+    mt_tensor *loss = b_first ? mt_add(sb, sa) : mt_add(sa, sb);
+    mt_release(sa);
+    mt_release(bb);
+    mt_release(sb);
+    return loss;
+}
+
+static void assert_all(mt_tensor *t, double v, const char *what) {
+    mt_tensor *h = mt_to(t, MT_CPU), *f = mt_cast(h, MT_F64);
+    const double *d = mt_data_ptr(f);
+    for (int64_t i = 0; i < mt_numel(f); i++)
+        if (d[i] != v) fail_msg("%s[%lld] = %g, expected %g", what, (long long)i, d[i], v);
+    mt_release(h);
+    mt_release(f);
+}
+
+/* A backward that fails half-way leaves every .grad as it was before the call (an unchecked
+   loop would otherwise step half a gradient), and its message names mt_backward and the op
+   whose backward failed. */
+static void test_failed_backward_changes_no_grad(void **state) {
+    (void)state;
+    for (int b_first = 0; b_first < 2; b_first++) {
+        mt_device dev = mt_test_device();
+        mt_tensor *a = mt_ones(MT_SHAPE(4), MT_F32, dev),
+                  *b = mt_ones(MT_SHAPE(1 << 16), MT_F32, dev);
+        mt_set_requires_grad(a, true);
+        mt_set_requires_grad(b, true);
+        mt_tensor *loss = two_branch_loss(a, b, b_first);
+        assert_int_equal(mt_backward(loss, NULL), 0);
+        mt_release(loss);
+        loss = two_branch_loss(a, b, b_first);
+        assert_no_error();
+        mt_debug_set_alloc_limit(64 << 10);
+        assert_true(mt_backward(loss, NULL) < 0);
+        mt_debug_set_alloc_limit(0);
+        if (strncmp(mt_last_error(), "mt_backward: in the backward of mt_", 35) != 0 ||
+            strstr(mt_last_error(), "mt_sum: mt_sum") || strstr(mt_last_error(), "mt_mul: mt_mul"))
+            fail_msg("message \"%s\" does not start with the entry point and the op",
+                     mt_last_error());
+        assert_error(MT_ERR_OOM, "out of memory");
+        mt_tensor *ga = mt_grad(a), *gb = mt_grad(b);
+        assert_all(ga, 1.0, "a.grad after the failed backward");
+        assert_all(gb, 2.0, "b.grad after the failed backward");
+        mt_release(ga);
+        mt_release(gb);
+        /* the same tape, retried without the limit, completes the accumulation once */
+        mt_release(loss);
+        loss = two_branch_loss(a, b, b_first);
+        assert_int_equal(mt_backward(loss, NULL), 0);
+        ga = mt_grad(a);
+        gb = mt_grad(b);
+        assert_all(ga, 2.0, "a.grad after the second backward");
+        assert_all(gb, 4.0, "b.grad after the second backward");
+        mt_release(ga);
+        mt_release(gb);
+        mt_release(loss);
+        mt_release(a);
+        mt_release(b);
+        assert_no_error();
+    }
+}
+
+/* An error inside a public call names that call first: the autocast cast made by mt_linear
+   reads "mt_linear: mt_cast: ...", not just "mt_cast". */
+static void test_error_names_entry_point(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_tensor *x = mt_ones(MT_SHAPE(2, 1 << 15), MT_F32, dev);
+    mt_tensor *w = mt_ones(MT_SHAPE(2, 1 << 15), MT_F32, dev);
+    mt_autocast_begin(MT_F16, MT_AMP_O1);
+    mt_debug_set_alloc_limit(64 << 10); /* the F16 copy of x (128 KiB) cannot be made */
+    assert_null(mt_linear(x, w, NULL));
+    mt_debug_set_alloc_limit(0);
+    mt_autocast_end();
+    if (strncmp(mt_last_error(), "mt_linear: ", 11) != 0)
+        fail_msg("message \"%s\" does not start with \"mt_linear: \"", mt_last_error());
+    assert_error(MT_ERR_OOM, "out of memory");
+    /* a message that already starts with the entry point is not prefixed twice */
+    mt_tensor *three = mt_ones(MT_SHAPE(3), MT_F32, dev);
+    assert_null(mt_add(x, three));
+    mt_release(three);
+    if (strncmp(mt_last_error(), "mt_add: ", 8) != 0 || strstr(mt_last_error(), "mt_add: mt_add"))
+        fail_msg("message \"%s\"", mt_last_error());
+    mt_clear_error();
+    mt_release(x);
+    mt_release(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_null_propagates),   MT_TEST(test_null_status_functions),
-        MT_TEST(test_unchecked_step),    MT_TEST(test_first_error_sticks),
-        MT_TEST(test_errors_per_thread), MT_TEST(test_messages),
-        MT_TEST(test_oom_huge),          MT_TEST(test_oom_alloc_limit),
+        MT_TEST(test_null_propagates),
+        MT_TEST(test_null_status_functions),
+        MT_TEST(test_unchecked_step),
+        MT_TEST(test_first_error_sticks),
+        MT_TEST(test_errors_per_thread),
+        MT_TEST(test_messages),
+        MT_TEST(test_oom_huge),
+        MT_TEST(test_oom_alloc_limit),
+        MT_TEST(test_failed_backward_changes_no_grad),
+        MT_TEST(test_error_names_entry_point),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -399,8 +399,9 @@ int mt_grad_scaler_update(mt_grad_scaler *s) {
 }
 
 int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o) {
+    mt_api_enter(); /* errors inside read "mt_grad_scaler_minimize: ..." */
     int rc = mt_grad_scaler_step(s, o);
-    return rc < 0 ? rc : mt_grad_scaler_update(s);
+    return mt_api_exit_status(rc < 0 ? rc : mt_grad_scaler_update(s));
 }
 
 /* ------------------------------------------------------------------ reading the state */

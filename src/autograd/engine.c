@@ -94,20 +94,97 @@ static mtx_t *leaf_lock(const mt_tensor *leaf) {
     return &leaf_locks[((uintptr_t)leaf >> 6) % LEAF_LOCKS];
 }
 
+/* g in the leaf's dtype; takes g. */
+static mt_tensor *leaf_dtype(const mt_tensor *leaf, mt_tensor *g) {
+    if (g->dtype == leaf->dtype) return g;
+    mt_tensor *c = mt_cast(g, leaf->dtype);
+    mt_release(g);
+    return c;
+}
+
 static int accumulate_leaf_locked(mt_tensor *leaf, mt_tensor *g);
 
+/* leaf.grad += g under the leaf's lock; takes g. */
 static int accumulate_leaf(mt_tensor *leaf, mt_tensor *g) {
-    if (g->dtype != leaf->dtype) {
-        mt_tensor *c = mt_cast(g, leaf->dtype);
-        mt_release(g);
-        if (!c) return mt_backward_status();
-        g = c;
-    }
+    if (!(g = leaf_dtype(leaf, g))) return mt_backward_status();
     mtx_t *lock = leaf_lock(leaf);
     mtx_lock(lock);
     int rc = accumulate_leaf_locked(leaf, g);
     mtx_unlock(lock);
     return rc;
+}
+
+/* A failed backward must leave every .grad as it was (a half-applied gradient would be
+   stepped by an unchecked training loop), so leaf gradients are summed per leaf while the
+   tape runs and added to .grad only once every node succeeded. The table is keyed by the
+   leaf's address (open addressing, sized from the number of leaf edges). */
+typedef struct {
+    mt_tensor *leaf; /* borrowed: the tape's edges hold it for the whole backward */
+    mt_tensor *grad; /* owned: this backward's sum for the leaf, in the leaf's dtype */
+} pending_grad;
+
+typedef struct {
+    pending_grad *slots;
+    size_t cap; /* a power of two, at least twice the number of leaf edges */
+} pending_table;
+
+static int pending_init(pending_table *t, size_t leaf_edges) {
+    size_t cap = 16;
+    while (cap < 2 * leaf_edges) cap *= 2;
+    t->slots = calloc(cap, sizeof *t->slots);
+    t->cap = cap;
+    return t->slots ? 0 : mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
+}
+
+static pending_grad *pending_slot(pending_table *t, const mt_tensor *leaf) {
+    size_t i = (size_t)(((uintptr_t)leaf >> 4) * 0x9E3779B97F4A7C15ull) & (t->cap - 1);
+    while (t->slots[i].leaf && t->slots[i].leaf != leaf) i = (i + 1) & (t->cap - 1);
+    return &t->slots[i];
+}
+
+/* This backward's gradient for leaf += g; takes g. */
+static int pending_add(pending_table *t, mt_tensor *leaf, mt_tensor *g) {
+    if (!(g = leaf_dtype(leaf, g))) return mt_backward_status();
+    pending_grad *p = pending_slot(t, leaf);
+    p->leaf = leaf;
+    return accumulate(&p->grad, g);
+}
+
+/* Adds every pending sum to its leaf's .grad. What can fail (copies, casts) happens first: a
+   sum that a gradless leaf would adopt but that aliases other memory is copied; then the
+   adds are in place or adoptions (only a user-set expanded .grad still needs an allocation,
+   and another thread's backward into the same leaf can race the copy decision). */
+static int pending_commit(pending_table *t) {
+    for (size_t i = 0; i < t->cap; i++) {
+        pending_grad *p = &t->slots[i];
+        if (!p->grad || exclusively_owned(p->grad)) continue;
+        mtx_t *lock = leaf_lock(p->leaf);
+        mtx_lock(lock);
+        bool adopts = p->leaf->grad == NULL; /* else the sum is added in place: no copy */
+        mtx_unlock(lock);
+        if (!adopts) continue;
+        mt_tensor *c = mt_clone(p->grad);
+        if (!c) return mt_backward_status();
+        mt_release(p->grad);
+        p->grad = c;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < t->cap; i++) {
+        pending_grad *p = &t->slots[i];
+        if (!p->grad) continue;
+        mtx_t *lock = leaf_lock(p->leaf);
+        mtx_lock(lock);
+        int r = accumulate_leaf_locked(p->leaf, p->grad);
+        mtx_unlock(lock);
+        p->grad = NULL;
+        if (r < 0 && rc == 0) rc = r;
+    }
+    return rc;
+}
+
+static void pending_free(pending_table *t) {
+    for (size_t i = 0; i < t->cap; i++) mt_release(t->slots[i].grad);
+    free(t->slots);
 }
 
 /* leaf.grad += g (g already in the leaf's dtype); takes g. */
@@ -176,9 +253,11 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
     int rc = list_push(&all, root->grad_fn);
     root->grad_fn->deps = 0;
     root->grad_fn->visit_mark = mark;
+    size_t leaf_edges = 0;
     for (size_t i = 0; rc == 0 && i < all.len; i++) {
         mt_node *n = all.items[i];
         for (int e = 0; e < n->n_inputs && rc == 0; e++) {
+            leaf_edges += n->edges[e].leaf != NULL;
             mt_node *m = n->edges[e].fn;
             if (!m) continue;
             if (m->visit_mark != mark) {
@@ -189,6 +268,8 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
             m->deps++;
         }
     }
+    pending_table pending = {0};
+    if (rc == 0) rc = pending_init(&pending, leaf_edges);
     /* 2. Kahn's order from the root */
     mt_node *root_fn = root->grad_fn;
     if (rc == 0) {
@@ -205,7 +286,9 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
             n->n_inputs <= 8 ? grad_in_small : calloc((size_t)n->n_inputs, sizeof *grad_in);
         if (!grad_in) rc = mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
         if (rc == 0 && g) {
+            mt_api_set_backward_op(mt_op_name(n->op));
             rc = n->backward(n, g, grad_in);
+            mt_api_set_backward_op(NULL);
             if (rc > 0) rc = MT_ERR_INTERNAL;
         }
         mt_release(g);
@@ -216,7 +299,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
                 continue;
             }
             if (n->edges[i].leaf) {
-                if (gi) rc = accumulate_leaf(n->edges[i].leaf, gi);
+                if (gi) rc = pending_add(&pending, n->edges[i].leaf, gi);
             } else {
                 mt_node *m = n->edges[i].fn;
                 if (gi) rc = accumulate(&m->grad_acc, gi);
@@ -226,6 +309,9 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
         if (grad_in && grad_in != grad_in_small) free(grad_in);
         if (!retain && rc == 0) free_saved(n);
     }
+    /* 3. every node succeeded: the leaves get their gradients; on error they keep theirs */
+    if (rc == 0) rc = pending_commit(&pending);
+    if (pending.slots) pending_free(&pending);
     /* on error, drop partial sums */
     for (size_t i = 0; i < all.len; i++) {
         mt_release(all.items[i]->grad_acc);
@@ -277,7 +363,8 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
 }
 
 int mt_backward(mt_tensor *root, mt_tensor *grad) {
-    return mt_backward_ex(root, grad, false);
+    mt_api_enter(); /* errors inside read "mt_backward: ..." */
+    return mt_api_exit_status(mt_backward_ex(root, grad, false));
 }
 
 void mt_set_requires_grad(mt_tensor *t, bool on) {

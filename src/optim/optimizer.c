@@ -316,7 +316,7 @@ static int step_check(const char *op, mt_optimizer *o, int i) {
     return 0;
 }
 
-int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale) {
+static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale) {
     static const char op[] = "mt_optimizer_step";
     if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
     /* A step written without checks after a failed forward or backward must not apply
@@ -377,8 +377,14 @@ int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_t
     return rc < 0 ? rc : 0;
 }
 
+int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale) {
+    mt_api_enter();
+    return mt_api_exit_status(optimizer_step(o, found_inf, inv_scale));
+}
+
 int mt_optimizer_step(mt_optimizer *o) {
-    return mt_optimizer_step_ex(o, NULL, NULL);
+    mt_api_enter();
+    return mt_api_exit_status(optimizer_step(o, NULL, NULL));
 }
 
 void mt_optimizer_zero_grad(mt_optimizer *o) {

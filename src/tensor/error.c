@@ -2,17 +2,38 @@
    whole training step can run unchecked and be checked once. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include "tensor_impl.h"
 
 static _Thread_local mt_status err_status = MT_OK;
 static _Thread_local char err_msg[512];
 
+/* "<entry>: [in the backward of mt_<op>: ]" when the error is raised inside a public call
+   whose name the message does not already start with. */
+static size_t context_prefix(const char *msg, char *buf, size_t cap) {
+    const char *entry = mt_api_entry(), *bw = mt_api_backward_op();
+    if (!entry) return 0;
+    size_t len = strlen(entry);
+    if (!bw && strncmp(msg, entry, len) == 0 && msg[len] == ':') return 0;
+    int n = bw ? snprintf(buf, cap, "%s: in the backward of mt_%s: ", entry, bw)
+               : snprintf(buf, cap, "%s: ", entry);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
 int mt_error_set(mt_status status, const char *fmt, ...) {
     if (err_status == MT_OK) {
+        char msg[sizeof err_msg];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+        vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
+        size_t n = context_prefix(msg, err_msg, sizeof err_msg);
+        /* "in the backward of mt_sum: mt_sum: ..." says the op once */
+        const char *bw = mt_api_backward_op(), *body = msg;
+        if (n && bw && strncmp(msg, "mt_", 3) == 0 && strncmp(msg + 3, bw, strlen(bw)) == 0 &&
+            strncmp(msg + 3 + strlen(bw), ": ", 2) == 0)
+            body = msg + 3 + strlen(bw) + 2;
+        snprintf(err_msg + n, sizeof err_msg - n, "%s", body);
         err_status = status;
     }
     return (int)status;

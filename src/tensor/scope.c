@@ -12,6 +12,8 @@ typedef struct {
 } scope_frame;
 
 static _Thread_local int api_depth;
+static _Thread_local const char *api_entry;       /* the outermost public function */
+static _Thread_local const char *api_backward_op; /* the node whose backward is running */
 static _Thread_local scope_frame *frames;
 static _Thread_local int n_frames, cap_frames;
 static _Thread_local int lost_frames; /* scopes whose begin failed: their end does nothing */
@@ -33,8 +35,18 @@ static void frames_init(void) {
     frames_key_ok = tss_create(&frames_key, frames_free) == thrd_success;
 }
 
-void mt_api_enter(void) {
-    api_depth++;
+void mt_api_enter_at(const char *entry) {
+    if (api_depth++ == 0) api_entry = entry;
+}
+
+const char *mt_api_entry(void) {
+    return api_depth > 0 ? api_entry : NULL;
+}
+const char *mt_api_backward_op(void) {
+    return api_depth > 0 ? api_backward_op : NULL;
+}
+void mt_api_set_backward_op(const char *op_name) {
+    api_backward_op = op_name;
 }
 
 /* False when the scope cannot grow: the caller then gets NULL (and the OOM error) rather than
@@ -56,7 +68,8 @@ static bool scope_track(mt_tensor *t) {
 }
 
 mt_tensor *mt_api_exit(mt_tensor *result) {
-    if (--api_depth == 0 && result && n_frames > 0 && !scope_track(result)) {
+    if (--api_depth == 0) api_backward_op = NULL;
+    if (api_depth == 0 && result && n_frames > 0 && !scope_track(result)) {
         mt_release(result);
         return NULL;
     }
@@ -64,7 +77,7 @@ mt_tensor *mt_api_exit(mt_tensor *result) {
 }
 
 int mt_api_exit_status(int status) {
-    api_depth--;
+    if (--api_depth == 0) api_backward_op = NULL;
     return status;
 }
 

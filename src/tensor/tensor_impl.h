@@ -47,8 +47,18 @@ char *mt_dims_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 /* ---- the API boundary (src/tensor/scope.c)
    Every public function that returns a tensor runs between mt_api_enter() and
    mt_api_exit(): calls from inside the library (depth > 1) return plain owned references,
-   and only the outermost call hands its result to the innermost open scope. */
-void mt_api_enter(void);
+   and only the outermost call hands its result to the innermost open scope. The outermost
+   call's name (the public function the user called, from __func__) prefixes the messages
+   of errors raised inside it, so an OOM deep in a cast made by mt_linear reads
+   "mt_linear: mt_cast: out of memory". */
+#define mt_api_enter() mt_api_enter_at(__func__)
+void mt_api_enter_at(const char *entry);
+/* The public function the user called (NULL outside the API) and, during a backward, the op
+   whose backward formula is running (NULL otherwise). */
+const char *mt_api_entry(void);
+const char *mt_api_backward_op(void);
+/* Set by the autograd engine around each node's backward (NULL to clear). */
+void mt_api_set_backward_op(const char *op_name);
 mt_tensor *mt_api_exit(mt_tensor *result);
 /* Leaves the API without a tensor result (int-returning functions). */
 int mt_api_exit_status(int status);
