@@ -7,7 +7,9 @@
  * mt_clear_error(). int functions return 0 or a negative mt_status; given a NULL tensor they
  * return MT_ERR_NULL and record it naming the argument (an earlier error's message is kept,
  * since the first error sticks). Accessors given NULL return a neutral value (-1 for counts,
- * NULL pointers, false, MT_F32, MT_CPU) with no error. */
+ * NULL pointers, false, MT_F32, MT_CPU) with no error. An error raised inside a call names
+ * that call first ("mt_linear: mt_cast: out of memory ...", "mt_backward: in the backward of
+ * mt_sum: ..."). */
 #ifndef MIXTAPE_H
 #define MIXTAPE_H
 
@@ -113,7 +115,15 @@ int mt_format(const mt_tensor *t, char *buf, size_t cap);
 /* ---------------------------------------------------------------- ownership */
 
 mt_tensor *mt_retain(mt_tensor *t); /* returns t */
-void mt_release(mt_tensor *t);      /* NULL is fine */
+/* NULL is fine. Releasing a result that an open scope of this thread holds takes the scope's
+   reference (the scope will not release it again), so it is safe, not a double free. Scopes
+   are per thread: a tensor one thread's scope holds must not be released by another thread.
+   MT_CHECK_OWNERSHIP=1 in the environment (read once, at the first release) turns on checked
+   mode: a release or retain of a tensor already freed is an MT_ERR_STATE error naming the op
+   that made it (freed headers are kept, never reused), and a tensor retained inside a scope
+   and still held when the scope ends is reported on stderr (hand results out with
+   mt_scope_end_keep instead). mt_debug_ownership_reports() counts the reports. */
+void mt_release(mt_tensor *t);
 void mt_scope_begin(void);
 void mt_scope_end(void);
 /* Ends the innermost scope like mt_scope_end but keeps `keep` (any tensor, NULL allowed):
@@ -132,6 +142,7 @@ void mt_peak_bytes_reset(void); /* peak := live */
    storage and kernel scratch; not small bookkeeping), fail, to test out-of-memory paths
    (0 = no limit). */
 void mt_debug_set_alloc_limit(size_t bytes);
+int64_t mt_debug_ownership_reports(void); /* checked mode's reports so far (mt_release) */
 /* The host allocator keeps freed large blocks (up to 512 MiB) for reuse, so a training loop
    pays no page faults per step; they are not counted in mt_live_bytes. mt_empty_cache gives
    them (and the calling thread's small-block lists) back to the system, like
@@ -264,7 +275,9 @@ int mt_mul_scalar_inplace(mt_tensor *a, double s);
 void mt_set_requires_grad(mt_tensor *t, bool on); /* leaves only */
 bool mt_requires_grad(const mt_tensor *t);
 bool mt_is_leaf(const mt_tensor *t);
-/* grad NULL: root must hold one element and the seed is 1. Frees the tape. */
+/* grad NULL: root must hold one element and the seed is 1. Frees the tape. All or nothing:
+   leaf gradients are added to .grad only after every node's backward succeeded, so a failed
+   backward (out of memory, a modified saved tensor) leaves every .grad as it was. */
 int mt_backward(mt_tensor *root, mt_tensor *grad);
 int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph);
 mt_tensor *mt_grad(mt_tensor *t);               /* new reference, or NULL (no error) when none */

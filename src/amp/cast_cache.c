@@ -28,12 +28,12 @@ mt_tensor *mt_autocast_cast(mt_tensor *t, mt_dtype dt) {
         if (e->src == t && e->cast->dtype == dt) {
             if (e->version == mt_tensor_version(t)) {
                 hits++;
-                return mt_retain(e->cast);
+                return mt_tensor_ref(e->cast);
             }
             mt_tensor *fresh = mt_cast(t, dt); /* parameter changed in place: recast */
             if (!fresh) return NULL;
-            mt_release(e->cast);
-            e->cast = mt_retain(fresh);
+            mt_tensor_unref(e->cast);
+            e->cast = mt_tensor_ref(fresh);
             e->version = mt_tensor_version(t);
             misses++;
             return fresh;
@@ -49,14 +49,14 @@ mt_tensor *mt_autocast_cast(mt_tensor *t, mt_dtype dt) {
         entries = ne;
         cap_entries = cap;
     }
-    entries[n_entries++] = (cache_entry){mt_retain(t), mt_retain(c), mt_tensor_version(t)};
+    entries[n_entries++] = (cache_entry){mt_tensor_ref(t), mt_tensor_ref(c), mt_tensor_version(t)};
     return c;
 }
 
 void mt_cast_cache_clear(void) {
     for (int i = 0; i < n_entries; i++) {
-        mt_release(entries[i].cast);
-        mt_release(entries[i].src);
+        mt_tensor_unref(entries[i].cast);
+        mt_tensor_unref(entries[i].src);
     }
     free(entries);
     entries = NULL;

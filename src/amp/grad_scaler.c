@@ -48,13 +48,13 @@ static bool same_device(mt_device a, mt_device b) {
 }
 
 static void clear_step(mt_grad_scaler *s) {
-    for (int i = 0; i < s->n_opts; i++) mt_release(s->opts[i].found);
+    for (int i = 0; i < s->n_opts; i++) mt_tensor_unref(s->opts[i].found);
     s->n_opts = 0;
 }
 
 static void release_tensors(mt_grad_scaler *s) {
     for (int i = 0; i < N_STATE; i++) {
-        mt_release(s->t[i]);
+        mt_tensor_unref(s->t[i]);
         s->t[i] = NULL;
     }
 }
@@ -75,14 +75,14 @@ static int ensure_state(mt_grad_scaler *s, const char *fn, mt_device dev) {
         for (int i = 0; i < N_STATE; i++) {
             moved[i] = mt_to(s->t[i], dev);
             if (!moved[i]) {
-                for (int k = 0; k < i; k++) mt_release(moved[k]);
+                for (int k = 0; k < i; k++) mt_tensor_unref(moved[k]);
                 return mt_error_set(mt_last_status() ? mt_last_status() : MT_ERR_DEVICE,
                                     "%s: cannot move the scaler state to %s:%d", fn, dev_name(dev),
                                     dev.index);
             }
         }
         for (int i = 0; i < N_STATE; i++) {
-            mt_release(s->t[i]);
+            mt_tensor_unref(s->t[i]);
             s->t[i] = moved[i];
         }
         s->device = dev;
@@ -173,7 +173,7 @@ mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
     if (check_scaler(s, fn) < 0) return NULL;
     if (!loss) return NULL; /* NULL in, NULL out: the error of whatever made it stays */
     mt_api_enter();
-    if (s->disabled) return mt_api_exit(mt_retain(loss));
+    if (s->disabled) return mt_api_exit(mt_tensor_ref(loss));
     if (!mt_dtype_is_floating(loss->dtype)) {
         mt_error_set(MT_ERR_DTYPE, "%s: arg 2: loss must be a floating tensor, got %s", fn,
                      mt_dtype_name(loss->dtype));
@@ -182,14 +182,14 @@ mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
     if (!s->t[SCALE] && ensure_state(s, fn, loss->device) < 0) return mt_api_exit(NULL);
     /* The multiply runs on the device (no host read of the scale) in the loss's dtype, with
        autocast off so an enclosing O2 region cannot lower an FP32 loss. */
-    mt_tensor *sc = same_device(s->device, loss->device) ? mt_retain(s->t[SCALE])
+    mt_tensor *sc = same_device(s->device, loss->device) ? mt_tensor_ref(s->t[SCALE])
                                                          : mt_to(s->t[SCALE], loss->device);
     mt_tensor *sd = sc ? mt_cast(sc, loss->dtype) : NULL;
-    mt_release(sc);
+    mt_tensor_unref(sc);
     mt_autocast_begin(MT_F32, MT_AMP_O1);
     mt_tensor *out = sd ? mt_mul(loss, sd) : NULL;
     mt_autocast_end();
-    mt_release(sd);
+    mt_tensor_unref(sd);
     return mt_api_exit(out);
 }
 
@@ -264,9 +264,9 @@ static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn, bool a
                time: the parameter gets a dense copy first */
             mt_tensor *dense = mt_clone(g);
             mt_tensor *plain = dense ? mt_detach(dense) : NULL; /* no history on a .grad */
-            mt_release(dense);
+            mt_tensor_unref(dense);
             rc = plain ? mt_set_grad(o->params[i], plain) : mt_last_status();
-            mt_release(plain);
+            mt_tensor_unref(plain);
             if (rc == 0) n = mt_optimizer_grads(o, grads); /* borrowed pointers changed */
         }
     }
@@ -287,9 +287,9 @@ static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn, bool a
     if (rc == 0 && apply)
         for (int i = 0; i < n; i++)
             if (grads[i]) mt_tensor_bump_version(grads[i]);
-    mt_release(one);
-    if (rc == 0 && inv_out) *inv_out = mt_retain(inv);
-    mt_release(inv);
+    mt_tensor_unref(one);
+    if (rc == 0 && inv_out) *inv_out = mt_tensor_ref(inv);
+    mt_tensor_unref(inv);
     if (grads != small) free(grads);
     return rc;
 }
@@ -351,7 +351,7 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
     bool folded = !st->unscaled;
     int rc = folded ? unscale_pass(s, st, fn, false, &inv) : 0;
     if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, inv);
-    mt_release(inv);
+    mt_tensor_unref(inv);
     if (rc == 0 && folded) rc = unscale_pass(s, st, fn, true, NULL);
     if (rc == 0) st->unscaled = st->stepped = true;
     return mt_api_exit_status(rc);

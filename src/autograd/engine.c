@@ -72,11 +72,11 @@ static int accumulate(mt_tensor **acc, mt_tensor *g) {
         if (!sum)
             rc = mt_backward_status();
         else {
-            mt_release(*acc);
+            mt_tensor_unref(*acc);
             *acc = sum;
         }
     }
-    mt_release(g);
+    mt_tensor_unref(g);
     return rc;
 }
 
@@ -98,7 +98,7 @@ static mtx_t *leaf_lock(const mt_tensor *leaf) {
 static mt_tensor *leaf_dtype(const mt_tensor *leaf, mt_tensor *g) {
     if (g->dtype == leaf->dtype) return g;
     mt_tensor *c = mt_cast(g, leaf->dtype);
-    mt_release(g);
+    mt_tensor_unref(g);
     return c;
 }
 
@@ -165,7 +165,7 @@ static int pending_commit(pending_table *t) {
         if (!adopts) continue;
         mt_tensor *c = mt_clone(p->grad);
         if (!c) return mt_backward_status();
-        mt_release(p->grad);
+        mt_tensor_unref(p->grad);
         p->grad = c;
     }
     int rc = 0;
@@ -183,7 +183,7 @@ static int pending_commit(pending_table *t) {
 }
 
 static void pending_free(pending_table *t) {
-    for (size_t i = 0; i < t->cap; i++) mt_release(t->slots[i].grad);
+    for (size_t i = 0; i < t->cap; i++) mt_tensor_unref(t->slots[i].grad);
     free(t->slots);
 }
 
@@ -196,21 +196,21 @@ static int accumulate_leaf_locked(mt_tensor *leaf, mt_tensor *g) {
             return 0;
         }
         leaf->grad = mt_clone(g);
-        mt_release(g);
+        mt_tensor_unref(g);
         return leaf->grad ? 0 : mt_backward_status();
     }
     if (has_overlap(leaf->grad)) { /* a user-set expanded grad: adding in place would
                                       update shared elements once per alias */
         mt_tensor *sum = mt_add(leaf->grad, g);
-        mt_release(g);
+        mt_tensor_unref(g);
         if (!sum) return mt_backward_status();
-        mt_release(leaf->grad);
+        mt_tensor_unref(leaf->grad);
         leaf->grad = sum;
         return 0;
     }
     rc = mt_backend_get(leaf->device)->binary(MT_OP_ADD, leaf->grad, leaf->grad, g);
     mt_tensor_bump_version(leaf->grad);
-    mt_release(g);
+    mt_tensor_unref(g);
     return rc;
 }
 
@@ -234,7 +234,7 @@ static int check_saved(mt_node *n) {
 
 static void free_saved(mt_node *n) {
     for (int s = 0; s < MT_NODE_SAVED; s++) {
-        mt_release(n->saved[s]);
+        mt_tensor_unref(n->saved[s]);
         n->saved[s] = NULL;
     }
     mt_node_free_state(n);
@@ -242,7 +242,7 @@ static void free_saved(mt_node *n) {
 }
 
 static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
-    if (!root->grad_fn) return accumulate_leaf(root, mt_retain(seed));
+    if (!root->grad_fn) return accumulate_leaf(root, mt_tensor_ref(seed));
 
     /* 1. every node reachable from the root, and its number of consumers */
     static atomic_uint_fast64_t visit_counter;
@@ -273,7 +273,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
     /* 2. Kahn's order from the root */
     mt_node *root_fn = root->grad_fn;
     if (rc == 0) {
-        root_fn->grad_acc = mt_retain(seed);
+        root_fn->grad_acc = mt_tensor_ref(seed);
         rc = list_push(&ready, root_fn);
     }
     while (rc == 0 && ready.len) {
@@ -291,11 +291,11 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
             mt_api_set_backward_op(NULL);
             if (rc > 0) rc = MT_ERR_INTERNAL;
         }
-        mt_release(g);
+        mt_tensor_unref(g);
         for (int i = 0; i < n->n_inputs; i++) {
             mt_tensor *gi = grad_in ? grad_in[i] : NULL;
             if (rc != 0 || !mt_node_needs(n, i)) {
-                mt_release(gi);
+                mt_tensor_unref(gi);
                 continue;
             }
             if (n->edges[i].leaf) {
@@ -314,7 +314,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
     if (pending.slots) pending_free(&pending);
     /* on error, drop partial sums */
     for (size_t i = 0; i < all.len; i++) {
-        mt_release(all.items[i]->grad_acc);
+        mt_tensor_unref(all.items[i]->grad_acc);
         all.items[i]->grad_acc = NULL;
     }
     list_free(&all);
@@ -343,7 +343,7 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
                          root->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", root->device.index);
             return mt_api_exit_status(MT_ERR_DEVICE);
         }
-        seed = grad->dtype == root->dtype ? mt_retain(grad) : mt_cast(grad, root->dtype);
+        seed = grad->dtype == root->dtype ? mt_tensor_ref(grad) : mt_cast(grad, root->dtype);
     } else {
         if (root->numel != 1) {
             mt_error_set(MT_ERR_SHAPE,
@@ -358,7 +358,7 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
     bool prev = mt_set_grad_enabled(false);
     int rc = run_backward(root, seed, retain_graph);
     mt_set_grad_enabled(prev);
-    mt_release(seed);
+    mt_tensor_unref(seed);
     return mt_api_exit_status(rc);
 }
 
@@ -396,7 +396,7 @@ bool mt_is_leaf(const mt_tensor *t) {
 mt_tensor *mt_grad(mt_tensor *t) {
     if (!t || !t->grad) return NULL;
     mt_api_enter();
-    return mt_api_exit(mt_retain(t->grad));
+    return mt_api_exit(mt_tensor_ref(t->grad));
 }
 
 int mt_set_grad(mt_tensor *t, mt_tensor *grad) {
@@ -420,14 +420,14 @@ int mt_set_grad(mt_tensor *t, mt_tensor *grad) {
             return mt_error_set(MT_ERR_INVALID,
                                 "mt_set_grad: arg 2: the gradient is the tensor itself, or holds "
                                 "it as its own gradient (a reference cycle)");
-    mt_release(t->grad);
-    t->grad = mt_retain(grad);
+    mt_tensor_unref(t->grad);
+    t->grad = mt_tensor_ref(grad);
     return 0;
 }
 
 void mt_zero_grad(mt_tensor *t) {
     if (!t) return;
-    mt_release(t->grad);
+    mt_tensor_unref(t->grad);
     t->grad = NULL;
 }
 

@@ -147,7 +147,7 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
         double *ga = calloc(1, bytes), *x0 = malloc(bytes);
         if (!ga || !x0) rc = mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
         if (rc == 0 && g64) rc = mt_copy_to_host(g64, ga, (size_t)x->numel * sizeof *ga);
-        mt_release(g64);
+        mt_tensor_unref(g64);
         mt_api_exit_status(0);
         /* the input's values, read once (one wait for a device, not one per element) */
         if (rc == 0) rc = mt_copy_to_host(x, x0, (size_t)x->numel * sizeof *x0);
@@ -177,7 +177,7 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
     /* in reverse: an input given twice kept its gradient in its first slot (the later slot
        saw NULL), so the first slot must be restored last */
     for (int i = n - 1; i >= 0; i--) {
-        mt_release(inputs[i]->grad);
+        mt_tensor_unref(inputs[i]->grad);
         inputs[i]->grad = kept[i];
     }
     free(kept);

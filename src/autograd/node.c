@@ -55,7 +55,7 @@ mt_node *mt_node_new(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, i
             node->edges[i].fn = t->grad_fn;
             atomic_fetch_add_explicit(&t->grad_fn->refcount, 1, memory_order_relaxed);
         } else {
-            node->edges[i].leaf = mt_retain(t);
+            node->edges[i].leaf = mt_tensor_ref(t);
         }
     }
     return node;
@@ -64,7 +64,7 @@ mt_node *mt_node_new(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, i
 int mt_node_save(mt_node *n, int slot, const mt_tensor *t) {
     mt_tensor *alias = mt_tensor_alias(t);
     if (!alias) return MT_ERR_OOM;
-    mt_release(n->saved[slot]);
+    mt_tensor_unref(n->saved[slot]);
     n->saved[slot] = alias;
     n->saved_version[slot] = mt_tensor_version(t);
     n->has_saved = true;
@@ -115,11 +115,11 @@ void mt_node_release(mt_node *n) {
     size_t len = 0, cap = 0;
     while (n) {
         if (atomic_fetch_sub_explicit(&n->refcount, 1, memory_order_acq_rel) == 1) {
-            for (int s = 0; s < MT_NODE_SAVED; s++) mt_release(n->saved[s]);
+            for (int s = 0; s < MT_NODE_SAVED; s++) mt_tensor_unref(n->saved[s]);
             mt_node_free_state(n);
-            mt_release(n->grad_acc);
+            mt_tensor_unref(n->grad_acc);
             for (int i = 0; i < n->n_inputs; i++) {
-                mt_release(n->edges[i].leaf);
+                mt_tensor_unref(n->edges[i].leaf);
                 if (n->edges[i].fn) {
                     if (len == cap) {
                         size_t nc = cap ? cap * 2 : 16;
@@ -149,16 +149,16 @@ mt_tensor *mt_grad_reduce_to_input(mt_node *n, int i, mt_tensor *g) {
         if (d < lead || (m->shape[d - lead] == 1 && g->shape[d] != 1)) dims[nd++] = d;
     mt_tensor *r;
     if (nd == 0) {
-        r = mt_retain(g);
+        r = mt_tensor_ref(g);
     } else {
         mt_tensor *s = mt_sum(g, nd, dims, true);
         if (!s) return NULL;
         r = mt_reshape(s, m->ndim, m->shape);
-        mt_release(s);
+        mt_tensor_unref(s);
     }
     if (r && r->dtype != m->dtype) {
         mt_tensor *c = mt_cast(r, m->dtype);
-        mt_release(r);
+        mt_tensor_unref(r);
         r = c;
     }
     return r;

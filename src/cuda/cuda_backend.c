@@ -80,7 +80,7 @@ static int cuda_upload(mt_tensor *dst, const void *src) {
     int rc = mt_cuda_check("upload", cudaMemcpyAsync(mt_tensor_data(tmp), src, nbytes_of(tmp),
                                                      cudaMemcpyHostToDevice, c->stream));
     if (!rc) rc = cuda_copy(dst, tmp);
-    mt_release(tmp); /* stream order keeps it alive for the queued copy */
+    mt_tensor_unref(tmp); /* stream order keeps it alive for the queued copy */
     return rc;
 }
 
@@ -95,7 +95,7 @@ static int cuda_download(const mt_tensor *src, void *dst) {
         if (!tmp) return MT_ERR_OOM;
         int rc = cuda_copy(tmp, src);
         if (rc) {
-            mt_release(tmp);
+            mt_tensor_unref(tmp);
             return rc;
         }
         from = tmp;
@@ -103,7 +103,7 @@ static int cuda_download(const mt_tensor *src, void *dst) {
     int rc = mt_cuda_check("download", cudaMemcpyAsync(dst, mt_tensor_data(from), nbytes_of(from),
                                                        cudaMemcpyDeviceToHost, c->stream));
     if (!rc) rc = mt_cuda_sync("download", c);
-    mt_release(tmp);
+    mt_tensor_unref(tmp);
     return rc;
 }
 

@@ -164,7 +164,7 @@ static int dense_copy(mt_cuda_device_ctx *ctx, const mt_tensor *t, mt_tensor **o
     mt_cuda_iter_init(&it, 2, ops);
     int rc = mt_cuda_check(GEMM_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
     if (rc) {
-        mt_release(d);
+        mt_tensor_unref(d);
         return rc;
     }
     *out = d;
@@ -221,7 +221,7 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
         }
         rc = gemm_run(ctx, &g, alpha, beta);
     }
-    mt_release(ta); /* stream order keeps them alive for the queued GEMMs */
-    mt_release(tb);
+    mt_tensor_unref(ta); /* stream order keeps them alive for the queued GEMMs */
+    mt_tensor_unref(tb);
     return rc;
 }

@@ -9,11 +9,11 @@ static mt_tensor *uniform_param(int ndim, const int64_t *shape, double bound, mt
     mt_dtype draw = dt == MT_F64 ? MT_F64 : MT_F32;
     mt_tensor *u = mt_rand(ndim, shape, draw, dev);
     mt_tensor *s = u ? mt_mul_scalar(u, 2.0 * bound) : NULL;
-    mt_release(u);
+    mt_tensor_unref(u);
     mt_tensor *v = s ? mt_add_scalar(s, -bound) : NULL;
-    mt_release(s);
+    mt_tensor_unref(s);
     mt_tensor *p = v ? mt_cast(v, dt) : NULL;
-    mt_release(v);
+    mt_tensor_unref(v);
     if (p) mt_set_requires_grad(p, true);
     return p;
 }
@@ -62,7 +62,7 @@ mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x) {
 
 void mt_linear_layer_free(mt_linear_layer *l) {
     if (!l) return;
-    mt_release(l->weight);
-    mt_release(l->bias);
+    mt_tensor_unref(l->weight);
+    mt_tensor_unref(l->bias);
     l->weight = l->bias = NULL;
 }

@@ -15,7 +15,7 @@ static int to_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 
 static int identity_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     (void)n;
-    gi[0] = mt_retain(g);
+    gi[0] = mt_tensor_ref(g);
     return 0;
 }
 
@@ -30,18 +30,18 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
         rc = mt_backend_get(dev)->copy(out, t);
     } else if (t->device.type == MT_DEVICE_CPU) { /* host -> device */
         mt_tensor *src =
-            mt_is_contiguous(t) && t->dtype == dt ? mt_retain(t) : copy_as(op, t, dt, MT_CPU, NULL);
+            mt_is_contiguous(t) && t->dtype == dt ? mt_tensor_ref(t) : copy_as(op, t, dt, MT_CPU, NULL);
         rc = src ? mt_backend_get(dev)->upload(out, mt_tensor_data(src)) : MT_ERR_OOM;
-        mt_release(src);
+        mt_tensor_unref(src);
     } else if (dev.type == MT_DEVICE_CPU) { /* device -> host */
         mt_tensor *host = mt_tensor_new(name, t->ndim, t->shape, t->dtype, MT_CPU);
         rc = host ? mt_backend_get(t->device)->download(t, mt_tensor_data(host)) : MT_ERR_OOM;
         if (rc == 0) rc = mt_cpu_backend.copy(out, host);
-        mt_release(host);
+        mt_tensor_unref(host);
     } else { /* device -> device through the host */
         mt_tensor *host = copy_as(op, t, dt, MT_CPU, NULL);
         rc = host ? mt_backend_get(dev)->upload(out, mt_tensor_data(host)) : MT_ERR_OOM;
-        mt_release(host);
+        mt_tensor_unref(host);
     }
     if (rc == 0 && bw) {
         mt_node *node = mt_record(op, bw, &t, 1, out, &rc);
@@ -51,7 +51,7 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
         }
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         return NULL;
     }
     return out;
@@ -64,7 +64,7 @@ mt_tensor *mt_cast(mt_tensor *t, mt_dtype dt) {
         mt_error_set(MT_ERR_DTYPE, "mt_cast: arg 2: invalid dtype %d", (int)dt);
         return mt_api_exit(NULL);
     }
-    if (t->dtype == dt) return mt_api_exit(mt_retain(t));
+    if (t->dtype == dt) return mt_api_exit(mt_tensor_ref(t));
     bool differentiable = mt_dtype_is_floating(dt) && mt_dtype_is_floating(t->dtype);
     mt_tensor *out = copy_as(MT_OP_CAST, t, dt, t->device, differentiable ? cast_backward : NULL);
     mt_dispatch_done(MT_OP_CAST, dt, out, &t, 1);
@@ -75,7 +75,7 @@ mt_tensor *mt_to(mt_tensor *t, mt_device dev) {
     if (!t) return NULL;
     mt_api_enter();
     if (t->device.type == dev.type && t->device.index == dev.index)
-        return mt_api_exit(mt_retain(t));
+        return mt_api_exit(mt_tensor_ref(t));
     if (!mt_backend_for("mt_to", dev)) return mt_api_exit(NULL);
     mt_tensor *out = copy_as(MT_OP_TO, t, t->dtype, dev, to_backward);
     return mt_api_exit(out);
@@ -90,7 +90,7 @@ mt_tensor *mt_clone(mt_tensor *t) {
 mt_tensor *mt_contiguous(mt_tensor *t) {
     if (!t) return NULL;
     mt_api_enter();
-    if (mt_is_contiguous(t)) return mt_api_exit(mt_retain(t));
+    if (mt_is_contiguous(t)) return mt_api_exit(mt_tensor_ref(t));
     return mt_api_exit(copy_as(MT_OP_CONTIGUOUS, t, t->dtype, t->device, identity_backward));
 }
 

@@ -20,14 +20,14 @@ int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cas
             widest == MT_DTYPE_COUNT ? in[i]->dtype : mt_promote_floating(widest, in[i]->dtype);
     }
     if (widest == MT_DTYPE_COUNT) { /* no floating input: nothing to cast */
-        for (int i = 0; i < n; i++) cast[i] = mt_retain(in[i]);
+        for (int i = 0; i < n; i++) cast[i] = mt_tensor_ref(in[i]);
         return n > 0 && in[0] ? (int)in[0]->dtype : (int)MT_F32;
     }
     mt_dtype compute = mt_autocast_decide(op, widest);
     for (int i = 0; i < n; i++) {
         mt_tensor *t = in[i];
         if (!t || !mt_dtype_is_floating(t->dtype) || t->dtype == compute) {
-            cast[i] = mt_retain(t);
+            cast[i] = mt_tensor_ref(t);
             continue;
         }
         cast[i] = mt_autocast_cast(t, compute);
@@ -41,7 +41,7 @@ int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cas
 
 void mt_dispatch_release(mt_tensor **cast, int n) {
     for (int i = 0; i < n; i++) {
-        mt_release(cast[i]);
+        mt_tensor_unref(cast[i]);
         cast[i] = NULL;
     }
 }
@@ -55,6 +55,6 @@ int mt_dispatch_upcast_input(mt_op_id op, mt_tensor *t, mt_tensor **cast) {
     mt_dtype want = mt_autocast_decide(op, t->dtype);
     if (want != t->dtype && !exact_upcast(t->dtype, want))
         return mt_dispatch_inputs(op, &t, 1, cast);
-    *cast = mt_retain(t);
+    *cast = mt_tensor_ref(t);
     return (int)want;
 }

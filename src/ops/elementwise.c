@@ -9,21 +9,21 @@
 static int give(mt_node *n, int i, mt_tensor *g, mt_tensor **grad_in) {
     if (!g) return mt_backward_failed();
     if (!mt_node_needs(n, i)) {
-        mt_release(g);
+        mt_tensor_unref(g);
         return 0;
     }
     grad_in[i] = mt_grad_reduce_to_input(n, i, g);
-    mt_release(g);
+    mt_tensor_unref(g);
     return grad_in[i] ? 0 : mt_backward_failed();
 }
 
 static int add_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
-    int rc = give(n, 0, mt_retain(g), gi);
-    return rc ? rc : give(n, 1, mt_retain(g), gi);
+    int rc = give(n, 0, mt_tensor_ref(g), gi);
+    return rc ? rc : give(n, 1, mt_tensor_ref(g), gi);
 }
 
 static int sub_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
-    int rc = give(n, 0, mt_retain(g), gi);
+    int rc = give(n, 0, mt_tensor_ref(g), gi);
     return rc ? rc : mt_node_needs(n, 1) ? give(n, 1, mt_neg(g), gi) : 0;
 }
 
@@ -39,9 +39,9 @@ static int div_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     if (rc || !mt_node_needs(n, 1)) return rc;
     /* d(a/b)/db = -(a/b)/b = -y/b */
     mt_tensor *t = mt_div(y, b), *u = t ? mt_mul(g, t) : NULL;
-    mt_release(t);
+    mt_tensor_unref(t);
     mt_tensor *v = u ? mt_neg(u) : NULL;
-    mt_release(u);
+    mt_tensor_unref(u);
     return give(n, 1, v, gi);
 }
 
@@ -49,8 +49,8 @@ static int div_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 static mt_tensor *zero_where(mt_tensor *cond, mt_tensor *r) {
     mt_tensor *zero = r ? mt_zeros(0, NULL, r->dtype, r->device) : NULL;
     mt_tensor *out = cond && zero ? mt_where(cond, zero, r) : NULL;
-    mt_release(zero);
-    mt_release(r);
+    mt_tensor_unref(zero);
+    mt_tensor_unref(r);
     return out;
 }
 
@@ -64,29 +64,29 @@ static int pow_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     if (mt_node_needs(n, 0)) {
         mt_tensor *bm1 = mt_add_scalar(b, -1.0), *p = bm1 ? mt_pow(a, bm1) : NULL;
         mt_tensor *q = p ? mt_mul(p, b) : NULL;
-        mt_release(bm1);
-        mt_release(p);
+        mt_tensor_unref(bm1);
+        mt_tensor_unref(p);
         mt_tensor *r = q ? mt_mul(g, q) : NULL, *b0 = mt_eq(b, zero);
-        mt_release(q);
+        mt_tensor_unref(q);
         rc = give(n, 0, zero_where(b0, r), gi);
-        mt_release(b0);
+        mt_tensor_unref(b0);
     }
     if (rc == 0 && mt_node_needs(n, 1)) {
         mt_tensor *l = mt_log(a), *q = l ? mt_mul(y, l) : NULL;
-        mt_release(l);
+        mt_tensor_unref(l);
         mt_tensor *r = q ? mt_mul(g, q) : NULL;
-        mt_release(q);
+        mt_tensor_unref(q);
         mt_tensor *a0 = mt_eq(a, zero), *bnn = mt_ge(b, zero);
         /* 0 where b >= 0, taken only where a == 0 */
-        mt_tensor *masked = r ? zero_where(bnn, mt_retain(r)) : NULL;
+        mt_tensor *masked = r ? zero_where(bnn, mt_tensor_ref(r)) : NULL;
         mt_tensor *r2 = masked && a0 ? mt_where(a0, masked, r) : NULL;
-        mt_release(masked);
-        mt_release(r);
-        mt_release(a0);
-        mt_release(bnn);
+        mt_tensor_unref(masked);
+        mt_tensor_unref(r);
+        mt_tensor_unref(a0);
+        mt_tensor_unref(bnn);
         rc = give(n, 1, r2, gi);
     }
-    mt_release(zero);
+    mt_tensor_unref(zero);
     return rc;
 }
 
@@ -98,10 +98,10 @@ static mt_tensor *minmax_weight(mt_tensor *lost, mt_tensor *tie, mt_dtype dt) {
     mt_tensor *half = tf ? mt_mul_scalar(tf, 0.5) : NULL;
     mt_tensor *sum = lf && half ? mt_add(lf, half) : NULL;
     mt_tensor *w = sum ? mt_rsub_scalar(sum, 1.0) : NULL;
-    mt_release(lf);
-    mt_release(tf);
-    mt_release(half);
-    mt_release(sum);
+    mt_tensor_unref(lf);
+    mt_tensor_unref(tf);
+    mt_tensor_unref(half);
+    mt_tensor_unref(sum);
     return w;
 }
 
@@ -116,11 +116,11 @@ static int minmax_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
         mt_tensor *x = i == 0 ? a : b, *y = i == 0 ? b : a;
         mt_tensor *lost = is_max ? mt_lt(x, y) : mt_gt(x, y);
         mt_tensor *w = minmax_weight(lost, tie, g->dtype);
-        mt_release(lost);
+        mt_tensor_unref(lost);
         rc = give(n, i, w ? mt_mul(g, w) : NULL, gi);
-        mt_release(w);
+        mt_tensor_unref(w);
     }
-    mt_release(tie);
+    mt_tensor_unref(tie);
     return rc;
 }
 
@@ -136,20 +136,20 @@ static int log_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 static int sqrt_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *h = mt_mul_scalar(g, 0.5);
     int rc = give(n, 0, h ? mt_div(h, n->saved[0]) : NULL, gi); /* saved output */
-    mt_release(h);
+    mt_tensor_unref(h);
     return rc;
 }
 static int rsqrt_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *y3 = mt_pow_scalar(n->saved[0], 3.0), *d = y3 ? mt_mul_scalar(y3, -0.5) : NULL;
-    mt_release(y3);
+    mt_tensor_unref(y3);
     int rc = give(n, 0, d ? mt_mul(g, d) : NULL, gi);
-    mt_release(d);
+    mt_tensor_unref(d);
     return rc;
 }
 static int abs_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *s = mt_unary_op_internal(MT_OP_SIGN, n->saved[0], 0);
     int rc = give(n, 0, s ? mt_mul(g, s) : NULL, gi);
-    mt_release(s);
+    mt_tensor_unref(s);
     return rc;
 }
 static int sign_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
@@ -161,7 +161,7 @@ static int fused_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return give(n, 0, mt_binary_op_internal(bw, g, n->saved[0]), gi);
 }
 static int add_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
-    return give(n, 0, mt_retain(g), gi);
+    return give(n, 0, mt_tensor_ref(g), gi);
 }
 static int mul_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return give(n, 0, mt_mul_scalar(g, n->scalars[0]), gi);
@@ -172,19 +172,19 @@ static int rsub_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 static int rdiv_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     /* d(s/x)/dx = -s/x^2 = -y/x; saved x and y */
     mt_tensor *q = mt_div(n->saved[1], n->saved[0]), *r = q ? mt_mul(g, q) : NULL;
-    mt_release(q);
+    mt_tensor_unref(q);
     int rc = give(n, 0, r ? mt_neg(r) : NULL, gi);
-    mt_release(r);
+    mt_tensor_unref(r);
     return rc;
 }
 static int pow_scalar_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     double s = n->scalars[0];
     if (s == 0.0) return give(n, 0, mt_zeros_like(g), gi); /* x^0: 0 everywhere, x = 0 too */
-    mt_tensor *p = s == 2.0 ? mt_retain(n->saved[0]) : mt_pow_scalar(n->saved[0], s - 1.0);
+    mt_tensor *p = s == 2.0 ? mt_tensor_ref(n->saved[0]) : mt_pow_scalar(n->saved[0], s - 1.0);
     mt_tensor *d = p ? mt_mul_scalar(p, s) : NULL;
-    mt_release(p);
+    mt_tensor_unref(p);
     int rc = give(n, 0, d ? mt_mul(g, d) : NULL, gi);
-    mt_release(d);
+    mt_tensor_unref(d);
     return rc;
 }
 static int where_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
@@ -193,7 +193,7 @@ static int where_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     if (!zero) return mt_backward_failed();
     int rc = mt_node_needs(n, 1) ? give(n, 1, mt_where(cond, g, zero), gi) : 0;
     if (rc == 0 && mt_node_needs(n, 2)) rc = give(n, 2, mt_where(cond, zero, g), gi);
-    mt_release(zero);
+    mt_tensor_unref(zero);
     return rc;
 }
 
@@ -284,8 +284,8 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     if (rc == 0 && !mt_same_shape(c[1], out) && !(eb = mt_tensor_expand_to(c[1], nd, shape)))
         rc = MT_ERR_OOM;
     if (rc == 0) rc = mt_backend_get(a->device)->binary(op, out, ea ? ea : c[0], eb ? eb : c[1]);
-    mt_release(ea);
-    mt_release(eb);
+    mt_tensor_unref(ea);
+    mt_tensor_unref(eb);
     mt_backward_fn bw = binary_backward_fn(op);
     if (rc == 0 && bw) {
         mt_node *node = mt_record(op, bw, c, 2, out, &rc);
@@ -297,7 +297,7 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
         }
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, in, 2);
@@ -359,7 +359,7 @@ mt_tensor *mt_unary_op_internal(mt_op_id op, mt_tensor *a, double p) {
         }
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, &a, 1);
@@ -446,13 +446,13 @@ mt_tensor *mt_where(mt_tensor *cond, mt_tensor *a, mt_tensor *b) {
     for (int i = 0; i < 3 && rc == 0; i++)
         if (!(e[i] = mt_tensor_expand_to(c[i], nd2, shape))) rc = MT_ERR_OOM;
     if (rc == 0) rc = mt_backend_get(a->device)->where(out, e[0], e[1], e[2]);
-    for (int i = 0; i < 3; i++) mt_release(e[i]);
+    for (int i = 0; i < 3; i++) mt_tensor_unref(e[i]);
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_WHERE, where_backward, c, 3, out, &rc);
         if (node) rc = mt_node_save(node, 0, c[0]);
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(MT_OP_WHERE, (mt_dtype)compute, out, in, 3);

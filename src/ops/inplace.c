@@ -55,18 +55,18 @@ static mt_tensor *prepare_source(const char *op, mt_tensor *dst, mt_tensor *src,
     mt_tensor *s = mt_to(src, dst->device);
     if (s && s->dtype != dt) {
         mt_tensor *c = mt_cast(s, dt);
-        mt_release(s);
+        mt_tensor_unref(s);
         s = c;
     }
     if (s && s->storage == dst->storage) { /* overlapping memory: read from a copy */
         mt_tensor *c = mt_clone(s);
-        mt_release(s);
+        mt_tensor_unref(s);
         s = c;
     }
     mt_set_grad_enabled(prev);
     if (!s) return NULL;
     mt_tensor *e = mt_tensor_expand_to(s, dst->ndim, dst->shape);
-    mt_release(s);
+    mt_tensor_unref(s);
     return e;
 }
 
@@ -95,7 +95,7 @@ int mt_copy(mt_tensor *dst, mt_tensor *src) {
     mt_api_enter();
     mt_tensor *s = prepare_source("mt_copy", dst, src, src->dtype);
     rc = s ? mt_backend_get(dst->device)->copy(dst, s) : mt_backward_failed();
-    mt_release(s);
+    mt_tensor_unref(s);
     if (rc == 0) mt_tensor_bump_version(dst);
     return mt_api_exit_status(rc);
 }
@@ -113,7 +113,7 @@ int mt_add_inplace(mt_tensor *a, mt_tensor *b) {
     mt_api_enter();
     mt_tensor *s = prepare_source(op, a, b, a->dtype);
     rc = s ? mt_backend_get(a->device)->binary(MT_OP_ADD, a, a, s) : mt_backward_failed();
-    mt_release(s);
+    mt_tensor_unref(s);
     if (rc == 0) mt_tensor_bump_version(a);
     return mt_api_exit_status(rc);
 }

@@ -135,7 +135,7 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
         int64_t len = stack ? 1 : cast[i]->shape[d];
         mt_tensor *w = window(out, d, start, len, stack);
         rc = w ? be->copy(w, cast[i]) : MT_ERR_OOM;
-        mt_release(w);
+        mt_tensor_unref(w);
         start += len;
     }
     if (rc == 0) {
@@ -146,7 +146,7 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
         }
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, ts, n);

@@ -14,15 +14,15 @@ static int mse_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     double k = n->ints[0] ? 2.0 / (double)n->ints[0] : NAN;
     mt_tensor *s = mt_mul_scalar(g, k);
     mt_tensor *gp = s ? mt_mul(d, s) : NULL;
-    mt_release(s);
+    mt_tensor_unref(s);
     if (!gp) return mt_backward_failed();
     int rc = 0;
     if (mt_node_needs(n, 1)) {
         gi[1] = mt_neg(gp);
         if (!gi[1]) rc = mt_backward_failed();
     }
-    if (mt_node_needs(n, 0)) gi[0] = mt_retain(gp);
-    mt_release(gp);
+    if (mt_node_needs(n, 0)) gi[0] = mt_tensor_ref(gp);
+    mt_tensor_unref(gp);
     return rc;
 }
 
@@ -54,8 +54,8 @@ static mt_tensor *mse_loss(mt_tensor *pred, mt_tensor *target) {
     if (rc == 0) rc = be->reduce(MT_OP_MEAN, kept, sq, all);
     mt_tensor *out = rc == 0 ? mt_tensor_view_of(kept, 0, NULL, NULL, kept->offset) : NULL;
     if (rc == 0 && !out) rc = MT_ERR_OOM;
-    mt_release(sq);
-    mt_release(kept);
+    mt_tensor_unref(sq);
+    mt_tensor_unref(kept);
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_MSE_LOSS, mse_backward, c, 2, out, &rc);
         if (node) {
@@ -64,9 +64,9 @@ static mt_tensor *mse_loss(mt_tensor *pred, mt_tensor *target) {
             rc = mt_node_save(node, 0, d);
         }
     }
-    mt_release(d);
+    mt_tensor_unref(d);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(MT_OP_MSE_LOSS, (mt_dtype)compute, out, in, 2);
@@ -94,16 +94,16 @@ static int ce_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *ga = mt_cast(g, acc_dtype(x->dtype));
     /* valid == 0: the forward was nan (0/0) and so is every gradient, as torch */
     mt_tensor *scale = ga ? mt_div(ga, valid) : NULL;
-    mt_release(ga);
+    mt_tensor_unref(ga);
     mt_tensor *out =
         scale ? mt_tensor_new("mt_cross_entropy", x->ndim, x->shape, n->inputs[0].dtype, x->device)
               : NULL;
     int rc = out ? mt_backend_get(x->device)->cross_entropy_backward(out, x, labels, lse, scale,
                                                                      n->ints[0])
                  : mt_backward_failed();
-    mt_release(scale);
+    mt_tensor_unref(scale);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         return rc;
     }
     gi[0] = out;
@@ -189,9 +189,9 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
     /* the mean on the device; valid == 0 gives 0 / 0 = nan, like torch's mean over no rows */
     if (rc == 0) rc = be->binary(MT_OP_DIV, total0, total0, valid);
     if (rc == 0) rc = be->copy(out, total0);
-    mt_release(total0);
-    mt_release(loss);
-    mt_release(total);
+    mt_tensor_unref(total0);
+    mt_tensor_unref(loss);
+    mt_tensor_unref(total);
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_CROSS_ENTROPY, ce_backward, &c, 1, out, &rc);
         if (node) {
@@ -203,14 +203,14 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
             if (!rc) rc = mt_node_save(node, 3, valid);
         }
     }
-    mt_release(lse);
-    mt_release(valid);
+    mt_tensor_unref(lse);
+    mt_tensor_unref(valid);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(MT_OP_CROSS_ENTROPY, (mt_dtype)compute, out, &logits, 1);
-    mt_release(c);
+    mt_tensor_unref(c);
     return out;
 }
 

@@ -144,7 +144,7 @@ static const mt_backend *gemm_backend(const char *op, mt_device dev) {
 
 /* g in dtype dt (a new reference). */
 static mt_tensor *grad_as(mt_tensor *g, mt_dtype dt) {
-    return g->dtype == dt ? mt_retain(g) : mt_cast(g, dt);
+    return g->dtype == dt ? mt_tensor_ref(g) : mt_cast(g, dt);
 }
 
 /* ------------------------------------------------------------------ matmul */
@@ -183,7 +183,7 @@ static int matmul_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             grad_target(&oh, ga, nb, ma->ndim, ma->shape, M, K);
             rc = gemm_reduce(be, &oh, &gh, &xh, nb, batch);
             if (rc)
-                mt_release(ga);
+                mt_tensor_unref(ga);
             else
                 gi[0] = ga;
         }
@@ -198,12 +198,12 @@ static int matmul_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             grad_target(&oh, gb, nb, mb->ndim, mb->shape, K, N);
             rc = gemm_reduce(be, &oh, &xh, &gh, nb, batch);
             if (rc)
-                mt_release(gb);
+                mt_tensor_unref(gb);
             else
                 gi[1] = gb;
         }
     }
-    mt_release(gc);
+    mt_tensor_unref(gc);
     return rc;
 }
 
@@ -279,7 +279,7 @@ static mt_tensor *matmul_impl(mt_tensor *a, mt_tensor *b) {
         if (node && rc == 0 && mt_node_needs(node, 0)) rc = mt_node_save(node, 1, c[1]);
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(MT_OP_MATMUL, (mt_dtype)compute, out, in, 2);
@@ -318,7 +318,7 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             rows_matrix(&oh, gx);
             rc = be->gemm(&oh, &gh, n->saved[1], 1.0, 0.0);
             if (rc)
-                mt_release(gx);
+                mt_tensor_unref(gx);
             else
                 gi[0] = gx;
         }
@@ -336,7 +336,7 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             grad_target(&oh, gw, nb, 2, mw->shape, out_f, in_f);
             rc = gemm_reduce(be, &oh, &gt, &xh, nb, gt.shape);
             if (rc)
-                mt_release(gw);
+                mt_tensor_unref(gw);
             else
                 gi[1] = gw;
         }
@@ -357,12 +357,12 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
                 rc = be->reduce(MT_OP_SUM, &oh, gc, (1u << (gc->ndim - 1)) - 1u);
             }
             if (rc)
-                mt_release(gb);
+                mt_tensor_unref(gb);
             else
                 gi[2] = gb;
         }
     }
-    mt_release(gc);
+    mt_tensor_unref(gc);
     return rc;
 }
 
@@ -414,7 +414,7 @@ static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
     if (rc == 0 && c[2]) { /* the bias goes into the output first; the GEMM adds onto it */
         mt_tensor *eb = mt_tensor_expand_to(c[2], nd, shape);
         rc = eb ? be->copy(out, eb) : mt_backward_failed();
-        mt_release(eb);
+        mt_tensor_unref(eb);
         beta = 1.0;
     }
     if (rc == 0) { /* y = x @ W^T, W^T being W's strides swapped */
@@ -433,7 +433,7 @@ static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
         if (node && rc == 0 && mt_node_needs(node, 0)) rc = mt_node_save(node, 1, c[1]);
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(MT_OP_LINEAR, (mt_dtype)compute, out, in, 3);

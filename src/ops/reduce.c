@@ -61,7 +61,7 @@ static mt_tensor *squeeze_view(mt_tensor *k, uint32_t mask) {
 /* A view of g (the gradient of a result reduced over mask, keepdim or not) with the input's
    rank: size-1 reduced dims reinserted. */
 static mt_tensor *keepdim_view(mt_tensor *g, const mt_input_meta *m, uint32_t mask) {
-    if (g->ndim == m->ndim) return mt_retain(g);
+    if (g->ndim == m->ndim) return mt_tensor_ref(g);
     int64_t shape[MT_MAX_DIMS], strides[MT_MAX_DIMS];
     int j = 0;
     for (int d = 0; d < m->ndim; d++) {
@@ -88,7 +88,7 @@ static int expand_back(mt_node *n, mt_tensor *g, double scale, mt_tensor **grad_
         if (!gs) return mt_backward_failed();
         int rc = be->unary(MT_OP_MUL_SCALAR, gs, g, scale);
         if (rc) {
-            mt_release(gs);
+            mt_tensor_unref(gs);
             return rc;
         }
     }
@@ -98,11 +98,11 @@ static int expand_back(mt_node *n, mt_tensor *g, double scale, mt_tensor **grad_
     mt_tensor *out =
         e ? mt_tensor_new(mt_op_fullname(n->op), m->ndim, m->shape, m->dtype, g->device) : NULL;
     int rc = out ? be->copy(out, e) : mt_backward_failed();
-    mt_release(gs);
-    mt_release(k);
-    mt_release(e);
+    mt_tensor_unref(gs);
+    mt_tensor_unref(k);
+    mt_tensor_unref(e);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         return rc;
     }
     grad_in[0] = out;
@@ -139,19 +139,19 @@ static int max_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *wn = wx && wy ? mt_mul(wx, wy) : NULL;
     mt_tensor *w = wh && wn ? mt_add(wh, wn) : NULL;
     mt_tensor *tmp[] = {hit, xnan, ynan, wh, wx, wy, wn};
-    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mt_release(tmp[i]);
-    mt_tensor *cnt = w ? (nd ? mt_sum(w, nd, dims, true) : mt_retain(w)) : NULL;
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mt_tensor_unref(tmp[i]);
+    mt_tensor *cnt = w ? (nd ? mt_sum(w, nd, dims, true) : mt_tensor_ref(w)) : NULL;
     mt_tensor *share = cnt ? mt_div(w, cnt) : NULL;
-    mt_release(w);
-    mt_release(cnt);
+    mt_tensor_unref(w);
+    mt_tensor_unref(cnt);
     mt_tensor *k = share ? keepdim_view(g, &n->inputs[0], mask) : NULL;
     mt_tensor *r = k ? mt_mul(share, k) : NULL;
-    mt_release(share);
-    mt_release(k);
+    mt_tensor_unref(share);
+    mt_tensor_unref(k);
     if (!r) return mt_backward_failed();
     if (r->dtype != n->inputs[0].dtype) {
         mt_tensor *c = mt_cast(r, n->inputs[0].dtype);
-        mt_release(r);
+        mt_tensor_unref(r);
         r = c;
         if (!r) return mt_backward_failed();
     }
@@ -182,7 +182,7 @@ static mt_tensor *reduce_op(const char *name, mt_op_id op, mt_tensor *t, int ndi
     int rc = kept ? mt_backend_get(t->device)->reduce(op, kept, c, mask) : MT_ERR_OOM;
     mt_tensor *out = NULL;
     if (rc == 0) {
-        out = keepdim ? mt_retain(kept) : squeeze_view(kept, mask);
+        out = keepdim ? mt_tensor_ref(kept) : squeeze_view(kept, mask);
         if (!out) rc = MT_ERR_OOM;
     }
     if (rc == 0) {
@@ -200,13 +200,13 @@ static mt_tensor *reduce_op(const char *name, mt_op_id op, mt_tensor *t, int ndi
             }
         }
     }
-    mt_release(kept);
+    mt_tensor_unref(kept);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, &t, 1);
-    mt_release(c);
+    mt_tensor_unref(c);
     return out;
 }
 
@@ -233,18 +233,18 @@ static int softmax_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     bool log = n->op == MT_OP_LOG_SOFTMAX;
     mt_tensor *out = mt_tensor_new(mt_op_fullname(n->op), y->ndim, y->shape, y->dtype, y->device);
     if (!out) return mt_backward_failed();
-    mt_tensor *gc = g->dtype == y->dtype ? mt_retain(g) : mt_cast(g, y->dtype);
+    mt_tensor *gc = g->dtype == y->dtype ? mt_tensor_ref(g) : mt_cast(g, y->dtype);
     int rc = gc ? mt_backend_get(y->device)->softmax_backward(out, gc, y, (int)n->ints[0], log)
                 : mt_backward_failed();
-    mt_release(gc);
+    mt_tensor_unref(gc);
     if (rc == 0 && out->dtype != n->inputs[0].dtype) {
         mt_tensor *c = mt_cast(out, n->inputs[0].dtype);
-        mt_release(out);
+        mt_tensor_unref(out);
         out = c;
         if (!out) rc = mt_backward_failed();
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         return rc;
     }
     gi[0] = out;
@@ -271,11 +271,11 @@ static mt_tensor *softmax_op(mt_op_id op, mt_tensor *t, int dim) {
         }
     }
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         out = NULL;
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, &t, 1);
-    mt_release(c);
+    mt_tensor_unref(c);
     return out;
 }
 

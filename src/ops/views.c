@@ -38,9 +38,9 @@ static int slice_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     strides[dim] *= step;
     mt_tensor *v = mt_tensor_view_of(z, g->ndim, g->shape, strides, start * z->strides[dim]);
     int rc = v ? mt_backend_get(g->device)->copy(v, g) : MT_ERR_OOM;
-    mt_release(v);
+    mt_tensor_unref(v);
     if (rc) {
-        mt_release(z);
+        mt_tensor_unref(z);
         return rc;
     }
     gi[0] = z;
@@ -61,7 +61,7 @@ static mt_tensor *finish(mt_op_id op, mt_backward_fn bw, mt_tensor *t, mt_tensor
     int rc;
     mt_node *node = mt_record(op, bw, &t, 1, out, &rc);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         return NULL;
     }
     if (node) {
@@ -174,9 +174,9 @@ static mt_tensor *reshape_impl(mt_op_id op, mt_tensor *t, int ndim, const int64_
         mt_contiguous_strides(t->ndim, t->shape, cs);
         mt_tensor *dst = mt_tensor_view_of(out, t->ndim, t->shape, cs, 0);
         int rc = dst ? mt_backend_get(t->device)->copy(dst, t) : MT_ERR_OOM;
-        mt_release(dst);
+        mt_tensor_unref(dst);
         if (rc) {
-            mt_release(out);
+            mt_tensor_unref(out);
             return NULL;
         }
     }

@@ -18,10 +18,10 @@ static int own_grad(const char *op, mt_tensor *p) {
     if (!c) return mt_last_status();
     int rc = mt_backend_get(g->device)->copy(c, g);
     if (rc < 0) {
-        mt_release(c);
+        mt_tensor_unref(c);
         return rc;
     }
-    mt_release(p->grad);
+    mt_tensor_unref(p->grad);
     p->grad = c;
     return 0;
 }
@@ -43,8 +43,8 @@ static int scale_grads(const char *op, mt_optimizer *o, double coef) {
     if (rc == 0) rc = be->fill(s, coef);
     if (rc == 0) rc = be->fill(flag, 0.0);
     if (rc == 0) rc = be->unscale(o->grad_buf, k, s, flag);
-    mt_release(s);
-    mt_release(flag);
+    mt_tensor_unref(s);
+    mt_tensor_unref(flag);
     for (int i = 0; rc == 0 && i < k; i++) mt_tensor_bump_version(o->grad_buf[i]);
     return rc;
 }
@@ -75,7 +75,7 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
     float sq_host = NAN;
     int rc = sq ? be->sq_norm(o->grad_buf, k, sq) : mt_last_status();
     if (rc == 0) rc = be->download(sq, &sq_host);
-    mt_release(sq);
+    mt_tensor_unref(sq);
     if (rc == 0) {
         norm = sqrt((double)sq_host);
         if (!isfinite(norm) && error_if_nonfinite)

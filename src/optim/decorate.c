@@ -56,7 +56,7 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
         /* the gradient has the old dtype: drop it */
         mt_zero_grad(p);
     }
-    for (int i = 0; i < n; i++) mt_release(conv[i]);
+    for (int i = 0; i < n; i++) mt_tensor_unref(conv[i]);
     free(conv);
     return rc;
 }

@@ -146,12 +146,12 @@ static int option(const char *op, const char *name, double value, double def, do
 
 static void optimizer_free_state(mt_optimizer *o) {
     for (int i = 0; i < o->n; i++) {
-        if (o->params) mt_release(o->params[i]);
-        if (o->masters) mt_release(o->masters[i]);
-        if (o->moment1) mt_release(o->moment1[i]);
-        if (o->moment2) mt_release(o->moment2[i]);
+        if (o->params) mt_tensor_unref(o->params[i]);
+        if (o->masters) mt_tensor_unref(o->masters[i]);
+        if (o->moment1) mt_tensor_unref(o->moment1[i]);
+        if (o->moment2) mt_tensor_unref(o->moment2[i]);
     }
-    mt_release(o->step_count);
+    mt_tensor_unref(o->step_count);
     free(o->params);
     free(o->masters);
     free(o->moment1);
@@ -165,7 +165,7 @@ static mt_tensor *state_zeros(const char *op, int ndim, const int64_t *shape, mt
                               mt_device dev) {
     mt_tensor *t = mt_tensor_new(op, ndim, shape, dt, dev);
     if (t && mt_backend_get(dev)->fill(t, 0.0) < 0) {
-        mt_release(t);
+        mt_tensor_unref(t);
         return NULL;
     }
     return t;
@@ -202,7 +202,7 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
     if (!o->params || !o->grad_buf || (need_masters && !o->masters) || (m1 && !o->moment1) ||
         (m2 && !o->moment2))
         goto oom;
-    for (int i = 0; i < n; i++) o->params[i] = mt_retain(params[i]);
+    for (int i = 0; i < n; i++) o->params[i] = mt_tensor_ref(params[i]);
     if (need_masters) {
         for (int i = 0; i < n; i++) {
             mt_tensor *p = params[i];
@@ -425,7 +425,7 @@ mt_tensor *mt_optimizer_master(mt_optimizer *o, int i) {
                      o->n);
         return mt_api_exit(NULL);
     }
-    return mt_api_exit(o->masters && o->masters[i] ? mt_retain(o->masters[i]) : NULL);
+    return mt_api_exit(o->masters && o->masters[i] ? mt_tensor_ref(o->masters[i]) : NULL);
 }
 
 int mt_optimizer_grads(mt_optimizer *o, mt_tensor **grads) {

@@ -13,7 +13,7 @@ static mt_tensor *filled(const char *op, int ndim, const int64_t *shape, mt_dtyp
     mt_tensor *t = mt_tensor_new(op, ndim, shape, dt, dev);
     if (!t) return NULL;
     if (mt_backend_get(dev)->fill(t, value) < 0) {
-        mt_release(t);
+        mt_tensor_unref(t);
         return NULL;
     }
     return t;
@@ -86,17 +86,17 @@ mt_tensor *mt_arange(double start, double end, double step, mt_dtype dt, mt_devi
     mt_tensor *out = NULL;
     if (host && mt_cpu_backend.copy(host, t) == 0) {
         if (dev.type == MT_DEVICE_CPU) {
-            out = mt_retain(host);
+            out = mt_tensor_ref(host);
         } else {
             out = mt_tensor_new("mt_arange", 1, &n, dt, dev);
             if (out && mt_backend_get(dev)->upload(out, mt_tensor_data(host)) < 0) {
-                mt_release(out);
+                mt_tensor_unref(out);
                 out = NULL;
             }
         }
     }
-    mt_release(host);
-    mt_release(t);
+    mt_tensor_unref(host);
+    mt_tensor_unref(t);
     return mt_api_exit(out);
 }
 
@@ -115,7 +115,7 @@ static mt_tensor *random_tensor(const char *op, int ndim, const int64_t *shape, 
     uint64_t seed, offset;
     mt_rng_reserve((uint64_t)t->numel, &seed, &offset);
     if (mt_backend_get(dev)->random(t, normal, seed, offset) < 0) {
-        mt_release(t);
+        mt_tensor_unref(t);
         return NULL;
     }
     return t;
@@ -144,7 +144,7 @@ mt_tensor *mt_from_data(const void *src, mt_dtype dt, int ndim, const int64_t *s
     }
     mt_tensor *t = mt_tensor_new("mt_from_data", ndim, shape, dt, dev);
     if (t && mt_backend_get(dev)->upload(t, src) < 0) {
-        mt_release(t);
+        mt_tensor_unref(t);
         t = NULL;
     }
     return mt_api_exit(t);
@@ -184,10 +184,10 @@ double mt_item(const mt_tensor *t) {
             if (host && mt_backend_get(t->device)->download(src, raw) == 0 &&
                 mt_cpu_backend.upload(host, raw) == 0 && mt_cpu_backend.copy(one, host) == 0)
                 v = *(double *)mt_tensor_data(one);
-            mt_release(host);
+            mt_tensor_unref(host);
         }
     }
-    mt_release(src);
-    mt_release(one);
+    mt_tensor_unref(src);
+    mt_tensor_unref(one);
     return v;
 }

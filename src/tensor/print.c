@@ -54,12 +54,12 @@ static mt_tensor *gather_shown(const mt_tensor *t) {
                                                       half * EDGE * next->strides[d])
                                   : NULL;
             rc = src && dst ? be->copy(dst, src) : MT_ERR_OOM;
-            mt_release(src);
-            mt_release(dst);
+            mt_tensor_unref(src);
+            mt_tensor_unref(dst);
         }
-        mt_release(cur);
+        mt_tensor_unref(cur);
         cur = rc == 0 ? next : NULL;
-        if (rc) mt_release(next);
+        if (rc) mt_tensor_unref(next);
     }
     return cur;
 }
@@ -73,18 +73,18 @@ static mt_tensor *shown_on_host(const mt_tensor *t) {
     if (g->device.type != MT_DEVICE_CPU) {
         host = mt_tensor_new("mt_format", g->ndim, g->shape, g->dtype, MT_CPU);
         int rc = host ? mt_backend_get(g->device)->download(g, mt_tensor_data(host)) : MT_ERR_OOM;
-        mt_release(g);
+        mt_tensor_unref(g);
         if (rc) {
-            mt_release(host);
+            mt_tensor_unref(host);
             return NULL;
         }
     }
     if (host->dtype == want && mt_is_contiguous(host)) return host;
     mt_tensor *out = mt_tensor_new("mt_format", host->ndim, host->shape, want, MT_CPU);
     int rc = out ? mt_cpu_backend.copy(out, host) : MT_ERR_OOM;
-    mt_release(host);
+    mt_tensor_unref(host);
     if (rc) {
-        mt_release(out);
+        mt_tensor_unref(out);
         return NULL;
     }
     return out;
@@ -176,7 +176,7 @@ int mt_format(const mt_tensor *t, char *buf, size_t cap) {
             put_value(&s, &c, 0);
         else
             put_dim(&s, &c, 0, 0);
-        mt_release(h);
+        mt_tensor_unref(h);
     }
     put_suffix(&s, t);
     if (s.len > (size_t)INT32_MAX) return mt_error_set(MT_ERR_INVALID, "mt_format: text too long");

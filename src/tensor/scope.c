@@ -64,13 +64,38 @@ static bool scope_track(mt_tensor *t) {
         f->cap = cap;
     }
     f->items[f->len++] = t;
+    atomic_fetch_add_explicit(&t->scope_refs, 1, memory_order_relaxed);
     return true;
+}
+
+bool mt_scope_untrack(mt_tensor *t) {
+    for (int k = n_frames; k-- > 0;) {
+        scope_frame *f = &frames[k];
+        for (size_t i = f->len; i-- > 0;) {
+            if (f->items[i] != t) continue;
+            f->items[i] = NULL;
+            atomic_fetch_sub_explicit(&t->scope_refs, 1, memory_order_relaxed);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Checked mode: a tensor the user retained inside the scope and still holds when it ends is
+   reported (it outlives the scope: release it, or hand it out with mt_scope_end_keep). */
+static void report_kept(const mt_tensor *t) {
+    if (atomic_load_explicit(&t->user_refs, memory_order_relaxed) <= 0) return;
+    char buf[MT_SHAPE_BUF];
+    mt_ownership_report(false,
+                        "mt_scope_end: a %s tensor made by %s was retained in this scope and is "
+                        "still held: release it, or hand it out with mt_scope_end_keep",
+                        mt_shape_str(t, buf, sizeof buf), t->made_by ? t->made_by : "?");
 }
 
 mt_tensor *mt_api_exit(mt_tensor *result) {
     if (--api_depth == 0) api_backward_op = NULL;
     if (api_depth == 0 && result && n_frames > 0 && !scope_track(result)) {
-        mt_release(result);
+        mt_tensor_unref(result);
         return NULL;
     }
     return result;
@@ -114,7 +139,14 @@ void mt_scope_end(void) {
     if (n_frames == 0) return;
     scope_frame *f = &frames[n_frames - 1];
     /* release newest first: later results tend to depend on earlier ones */
-    for (size_t i = f->len; i-- > 0;) mt_release(f->items[i]);
+    bool checked = mt_ownership_checked();
+    for (size_t i = f->len; i-- > 0;) {
+        mt_tensor *t = f->items[i];
+        if (!t) continue; /* released by the user already (mt_scope_untrack) */
+        atomic_fetch_sub_explicit(&t->scope_refs, 1, memory_order_relaxed);
+        if (checked) report_kept(t);
+        mt_tensor_unref(t);
+    }
     f->len = 0;
     if (f->cap > 4096) { /* do not keep a huge list for the rest of the thread */
         free(f->items);
@@ -126,11 +158,11 @@ void mt_scope_end(void) {
 }
 
 mt_tensor *mt_scope_end_keep(mt_tensor *keep) {
-    if (keep) mt_retain(keep);
+    if (keep) mt_tensor_ref(keep);
     mt_scope_end();
     /* handed on like an op result made now: to the enclosing scope, or to the caller */
     if (keep && n_frames > 0 && !scope_track(keep)) {
-        mt_release(keep);
+        mt_tensor_unref(keep);
         return NULL;
     }
     return keep;

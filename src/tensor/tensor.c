@@ -1,4 +1,6 @@
 /* Tensor headers, storage, reference counts and layout helpers. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <threads.h>
@@ -170,6 +172,8 @@ static mt_tensor *header_new(const char *op) {
         return NULL;
     }
     atomic_init(&t->refcount, 1);
+    const char *entry = mt_api_entry(); /* a view is named by the public call that made it */
+    t->made_by = entry && strcmp(op, "view") == 0 ? entry : op;
     mt_tensor_count(1);
     return t;
 }
@@ -252,19 +256,106 @@ mt_tensor *mt_tensor_alias(const mt_tensor *t) {
     return mt_tensor_view_of(t, t->ndim, t->shape, t->strides, t->offset);
 }
 
-mt_tensor *mt_retain(mt_tensor *t) {
+/* ---- references: the library's own, then the user's (checked) */
+
+/* Checked mode keeps dead headers (never reused, marked with this count) so a second release
+   is recognised instead of corrupting the pool. */
+#define DEAD_REFCOUNT (-(1 << 29))
+
+static mtx_t dead_lock;
+static mt_tensor *dead_headers;
+
+mt_tensor *mt_tensor_ref(mt_tensor *t) {
     if (t) atomic_fetch_add_explicit(&t->refcount, 1, memory_order_relaxed);
     return t;
 }
 
-void mt_release(mt_tensor *t) {
+void mt_tensor_unref(mt_tensor *t) {
     if (!t) return;
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
     if (t->grad_fn) mt_node_release(t->grad_fn);
-    if (t->grad) mt_release(t->grad);
+    if (t->grad) mt_tensor_unref(t->grad);
     storage_release(t->storage);
-    pool_put(POOL_TENSOR, t);
     mt_tensor_count(-1);
+    if (mt_ownership_checked()) {
+        t->grad_fn = NULL;
+        t->storage = NULL;
+        atomic_store(&t->refcount, DEAD_REFCOUNT);
+        mtx_lock(&dead_lock); /* kept reachable (through .grad), so leak checkers stay quiet */
+        t->grad = dead_headers;
+        dead_headers = t;
+        mtx_unlock(&dead_lock);
+        return;
+    }
+    pool_put(POOL_TENSOR, t);
+}
+
+static once_flag checked_once = ONCE_FLAG_INIT;
+static bool checked_mode;
+static void checked_init(void) {
+    const char *v = getenv("MT_CHECK_OWNERSHIP");
+    checked_mode =
+        v && *v && strcmp(v, "0") != 0 && mtx_init(&dead_lock, mtx_plain) == thrd_success;
+}
+bool mt_ownership_checked(void) {
+    call_once(&checked_once, checked_init);
+    return checked_mode;
+}
+
+static atomic_llong ownership_reports;
+int64_t mt_debug_ownership_reports(void) {
+    return atomic_load(&ownership_reports);
+}
+
+/* Checked mode only: the report goes to stderr (the user asked for it) and is counted; a
+   misuse that would corrupt memory is also an MT_ERR_STATE error of the thread. */
+void mt_ownership_report(bool is_error, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&ownership_reports, 1);
+    fprintf(stderr, "mixtape: ownership: %s\n", msg);
+    if (is_error) mt_error_set(MT_ERR_STATE, "%s", msg);
+}
+
+static bool checked_alive(const char *fn, const mt_tensor *t) {
+    if (atomic_load_explicit(&t->refcount, memory_order_relaxed) > 0) return true;
+    mt_ownership_report(true, "%s: the tensor (made by %s) was already released", fn,
+                        t->made_by ? t->made_by : "?");
+    return false;
+}
+
+mt_tensor *mt_retain(mt_tensor *t) {
+    if (!t) return NULL;
+    if (mt_api_entry()) return mt_tensor_ref(t); /* the library's own, inside a public call */
+    if (mt_ownership_checked()) {
+        if (!checked_alive("mt_retain", t)) return t;
+        atomic_fetch_add_explicit(&t->user_refs, 1, memory_order_relaxed);
+    }
+    return mt_tensor_ref(t);
+}
+
+/* A release of a tensor that an open scope holds (the documented misuse that used to free
+   it twice) takes the scope's reference: the scope will not release it again. */
+void mt_release(mt_tensor *t) {
+    if (!t) return;
+    if (mt_api_entry()) { /* the library's own, inside a public call */
+        mt_tensor_unref(t);
+        return;
+    }
+    if (mt_ownership_checked()) {
+        if (!checked_alive("mt_release", t)) return;
+        int u = atomic_load_explicit(&t->user_refs, memory_order_relaxed);
+        if (u > 0) {
+            atomic_fetch_sub_explicit(&t->user_refs, 1, memory_order_relaxed);
+            mt_tensor_unref(t);
+            return;
+        }
+    }
+    if (atomic_load_explicit(&t->scope_refs, memory_order_relaxed) > 0) mt_scope_untrack(t);
+    mt_tensor_unref(t);
 }
 
 /* ---- accessors */

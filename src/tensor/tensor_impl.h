@@ -34,6 +34,10 @@ struct mt_tensor {
     bool requires_grad;      /* leaf flag set by the user, or "has grad_fn" for results */
     struct mt_node *grad_fn; /* strong; NULL for leaves */
     mt_tensor *grad;         /* accumulated gradient of a leaf */
+    /* ownership */
+    atomic_int scope_refs; /* how many of the references are held by open scopes */
+    atomic_int user_refs;  /* mt_retain calls by the user not yet released (checked mode) */
+    const char *made_by;   /* the op or public call that made the tensor, for reports */
 };
 
 /* ---- errors (src/tensor/error.c) */
@@ -62,6 +66,17 @@ void mt_api_set_backward_op(const char *op_name);
 mt_tensor *mt_api_exit(mt_tensor *result);
 /* Leaves the API without a tensor result (int-returning functions). */
 int mt_api_exit_status(int status);
+/* The library's own references: mt_retain/mt_release are the user's, and check what the user
+   may get wrong (releasing a reference an open scope holds, double releases in checked
+   mode); code inside the library takes and drops references with these. */
+mt_tensor *mt_tensor_ref(mt_tensor *t);
+void mt_tensor_unref(mt_tensor *t);
+/* Takes one reference to t out of the calling thread's open scopes (innermost first); false
+   when none holds it. */
+bool mt_scope_untrack(mt_tensor *t);
+/* MT_CHECK_OWNERSHIP=1 in the environment: ownership misuse is reported (see mixtape.h). */
+bool mt_ownership_checked(void);
+void mt_ownership_report(bool is_error, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- allocation and layout (src/tensor/tensor.c) */
 /* A new contiguous tensor; storage uninitialised. NULL with MT_ERR_OOM on failure. */
