@@ -335,6 +335,7 @@ void mt_amp_numerics_reset(void);
 
 typedef struct mt_optimizer mt_optimizer;
 typedef struct mt_grad_scaler mt_grad_scaler;
+/* 0 is no valid value for any of these fields: left out (0), a field takes its default. */
 typedef struct {
     double init_scale;     /* 0: 65536 */
     double growth_factor;  /* 0: 2 */
@@ -366,23 +367,38 @@ void mt_grad_scaler_free(mt_grad_scaler *s);
 
 /* ---------------------------------------------------------------- optim */
 
+/* Options: a field for which 0 is a valid value other than its default has the type
+   mt_opt_real. Left out of a designated initialiser it takes the default in its comment;
+   MT_SET(x) passes x exactly, 0 included (a plain number there does not compile, so
+   `.weight_decay = 0` can never silently mean 0.01):
+       mt_adamw_new(params, n, &(mt_adam_opts){.lr = MT_SET(3e-4), .weight_decay = MT_SET(0)});
+   To assign one later: `o.lr = (mt_opt_real)MT_SET(1e-4);`. Every other field either has
+   default 0/false or is one for which 0 is not a valid value (a GradScaler's init_scale),
+   and there 0 (left out) means the default. A NULL options pointer means all defaults. */
 typedef struct {
-    double lr;           /* 0: 1e-3 */
+    double value;
+    bool set;
+} mt_opt_real;
+#define MT_SET(x) {.value = (x), .set = true}
+
+typedef struct {
+    mt_opt_real lr;      /* default 1e-3 */
     double weight_decay; /* L2, added to the gradient */
     bool multi_precision;
 } mt_sgd_opts;
 typedef struct {
-    double lr;       /* 0: 1e-3 */
-    double momentum; /* 0: 0.9 */
+    mt_opt_real lr;       /* default 1e-3 */
+    mt_opt_real momentum; /* default 0.9 */
     double weight_decay;
     bool nesterov;
     bool multi_precision;
 } mt_momentum_opts;
 typedef struct {
-    double lr;           /* 0: 1e-3 */
-    double beta1, beta2; /* 0: 0.9, 0.999 */
-    double eps;          /* 0: 1e-8 */
-    double weight_decay; /* Adam: L2 into the gradient; AdamW: decoupled (0 means 0.01) */
+    mt_opt_real lr;           /* default 1e-3 */
+    mt_opt_real beta1, beta2; /* defaults 0.9, 0.999 */
+    mt_opt_real eps;          /* default 1e-8 */
+    mt_opt_real weight_decay; /* Adam: L2 into the gradient, default 0; AdamW: decoupled,
+                                 default 0.01 (torch's) */
     bool multi_precision;
 } mt_adam_opts;
 

@@ -307,8 +307,9 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         mt_amp_decorate(params, 2 * N_LAYERS, m->low, NULL);
         check("mt_amp_decorate");
     }
-    mt_optimizer *opt = mt_sgd_new(
-        params, 2 * N_LAYERS, &(mt_sgd_opts){.lr = 1e-4, .multi_precision = m->master_weights});
+    mt_optimizer *opt =
+        mt_sgd_new(params, 2 * N_LAYERS,
+                   &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = m->master_weights});
     check("mt_sgd_new");
     mt_grad_scaler *scaler = NULL;
     if (m->scaler) {

@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     mt_linear_layer_init(&l2, 64, 8, true, MT_F32, MT_CPU);
     if (mt_last_status() != MT_OK) return fail("making the model");
     mt_tensor *params[] = {l1.weight, l1.bias, l2.weight, l2.bias};
-    mt_optimizer *opt = mt_adamw_new(params, 4, &(mt_adam_opts){.lr = 1e-2});
+    mt_optimizer *opt = mt_adamw_new(params, 4, &(mt_adam_opts){.lr = MT_SET(1e-2)});
     mt_grad_scaler *scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
     if (mt_last_status() != MT_OK) return fail("making the optimizer");
 

@@ -89,7 +89,8 @@ static mlp *mlp_new_in(uint64_t seed, int64_t in) {
     int64_t lab[BATCH];
     for (int i = 0; i < BATCH; i++) lab[i] = (i * 7) % CLASSES;
     m->labels = mt_from_data(lab, MT_I64, MT_SHAPE(BATCH), m->dev);
-    m->opt = mt_adam_new(m->params, N_PARAMS, &(mt_adam_opts){.lr = 1e-3, .multi_precision = true});
+    m->opt = mt_adam_new(m->params, N_PARAMS,
+                         &(mt_adam_opts){.lr = MT_SET(1e-3), .multi_precision = true});
     m->scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = INIT_SCALE});
     assert_no_error();
     assert_non_null(m->x);

@@ -162,13 +162,15 @@ typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
 static mt_optimizer *make_opt(opt_kind k, mt_tensor **p, int n) {
     switch (k) {
     case OPT_SGD:
-        return mt_sgd_new(p, n,
-                          &(mt_sgd_opts){.lr = 0.1, .weight_decay = 0.01, .multi_precision = true});
+        return mt_sgd_new(
+            p, n, &(mt_sgd_opts){.lr = MT_SET(0.1), .weight_decay = 0.01, .multi_precision = true});
     case OPT_MOMENTUM:
-        return mt_momentum_new(
-            p, n, &(mt_momentum_opts){.lr = 0.1, .momentum = 0.9, .multi_precision = true});
+        return mt_momentum_new(p, n,
+                               &(mt_momentum_opts){.lr = MT_SET(0.1),
+                                                   .momentum = MT_SET(0.9),
+                                                   .multi_precision = true});
     case OPT_ADAM:
-        return mt_adam_new(p, n, &(mt_adam_opts){.lr = 0.01, .multi_precision = true});
+        return mt_adam_new(p, n, &(mt_adam_opts){.lr = MT_SET(0.01), .multi_precision = true});
     }
     return NULL;
 }
@@ -291,7 +293,7 @@ static void test_skip_overflow_after_scaling(void **state) {
     (void)state;
     mt_scope_begin();
     mt_tensor *p = param((const double[]){1, 2, 3}, 3, MT_F16);
-    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.1, .multi_precision = true});
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(0.1), .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(NULL);
     set_grad(p, (const double[]){2, 0, 0}, 65536, 0); /* 131072 is inf in f16 */
     assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
@@ -313,7 +315,7 @@ static void test_step_leaves_true_gradients(void **state) {
     (void)state;
     mt_scope_begin();
     mt_tensor *p = param((const double[]){1, 2, 3}, 3, MT_F32);
-    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.5});
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(0.5)});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
     set_grad(p, (const double[]){2, -4, 0.25}, 1024, 0);
     assert_int_equal(mt_grad_scaler_step(s, o), 0);
@@ -332,7 +334,7 @@ static void test_step_folds_unscale(void **state) {
     (void)state;
     mt_scope_begin();
     mt_tensor *p = param((const double[]){0.001}, 1, MT_F16);
-    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(1), .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(NULL);
     set_grad(p, (const double[]){1e-7}, 65536, 0);
     double *g16 = mt_test_values(mt_grad(p)); /* 1e-7 * 65536 rounded to f16 */
@@ -360,7 +362,7 @@ typedef struct {
 static rig rig_new(const mt_grad_scaler_opts *opts) {
     rig r;
     r.p = param((const double[]){1, 2}, 2, MT_F32);
-    r.o = mt_sgd_new(&r.p, 1, &(mt_sgd_opts){.lr = 0.01});
+    r.o = mt_sgd_new(&r.p, 1, &(mt_sgd_opts){.lr = MT_SET(0.01)});
     r.s = mt_grad_scaler_new(opts);
     assert_non_null(r.o);
     assert_non_null(r.s);
@@ -529,7 +531,7 @@ static void test_unscale_values(void **state) {
     mt_scope_begin();
     mt_tensor *p[NP];
     for (int i = 0; i < NP; i++) p[i] = param(p0[i], 3, pdt[i]);
-    mt_optimizer *o = mt_sgd_new(p, NP, &(mt_sgd_opts){.lr = 0.1, .multi_precision = true});
+    mt_optimizer *o = mt_sgd_new(p, NP, &(mt_sgd_opts){.lr = MT_SET(0.1), .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 4096});
     set_all(p, g1, 4096, -1, 0);
     assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
@@ -559,7 +561,7 @@ static void test_unscale_large(void **state) {
     mt_tensor *c = mt_zeros(MT_SHAPE(7), MT_F32, mt_test_device());
     mt_tensor *ps[3] = {a, b, c};
     for (int i = 0; i < 3; i++) mt_set_requires_grad(ps[i], true);
-    mt_optimizer *o = mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
+    mt_optimizer *o = mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = MT_SET(1), .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 8});
     for (int64_t pos = 0; pos < 3; pos++) {
         mt_tensor *ga = mt_full(MT_SHAPE(n), MT_F32, mt_test_device(), 8.0);
@@ -612,7 +614,7 @@ static void test_unscale_shared_and_expanded(void **state) {
     assert_int_equal(mt_set_grad(a, shared), 0);
     assert_int_equal(mt_set_grad(b, shared), 0);
     assert_int_equal(mt_set_grad(c, expanded), 0);
-    mt_optimizer *o = mt_sgd_new((mt_tensor *[]){a, b, c}, 3, &(mt_sgd_opts){.lr = 1});
+    mt_optimizer *o = mt_sgd_new((mt_tensor *[]){a, b, c}, 3, &(mt_sgd_opts){.lr = MT_SET(1)});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 4});
     assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
     assert_same(shared, ((const double[]){2, 2, 2}), 3);
@@ -649,7 +651,7 @@ static void test_kernels_dtypes_layouts(void **state) {
     ps[4] = mt_zeros(MT_SHAPE(n), MT_F32, mt_test_device());
     mt_set_requires_grad(ps[4], true);
     assert_int_equal(mt_set_grad(ps[4], mt_full(MT_SHAPE(n), MT_F32, mt_test_device(), 8.0)), 0);
-    mt_optimizer *o = mt_sgd_new(ps, 5, &(mt_sgd_opts){.lr = 1, .multi_precision = true});
+    mt_optimizer *o = mt_sgd_new(ps, 5, &(mt_sgd_opts){.lr = MT_SET(1), .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 16});
     assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
     for (int i = 0; i < 4; i++)
@@ -673,7 +675,7 @@ static void test_unscale_clip_step(void **state) {
     (void)state;
     mt_scope_begin();
     mt_tensor *p = param((const double[]){1, 1}, 2, MT_F32);
-    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.5});
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(0.5)});
     mt_grad_scaler *s = mt_grad_scaler_new(NULL);
     set_grad(p, (const double[]){3, 4}, 65536, 0);
     assert_int_equal(mt_grad_scaler_unscale(s, o), 0);
@@ -699,8 +701,8 @@ static void test_two_optimizers(void **state) {
     mt_scope_begin();
     mt_tensor *a = param((const double[]){1, 1}, 2, MT_F32),
               *b = param((const double[]){1, 1}, 2, MT_F32);
-    mt_optimizer *oa = mt_sgd_new(&a, 1, &(mt_sgd_opts){.lr = 1});
-    mt_optimizer *ob = mt_sgd_new(&b, 1, &(mt_sgd_opts){.lr = 1});
+    mt_optimizer *oa = mt_sgd_new(&a, 1, &(mt_sgd_opts){.lr = MT_SET(1)});
+    mt_optimizer *ob = mt_sgd_new(&b, 1, &(mt_sgd_opts){.lr = MT_SET(1)});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 2});
     set_grad(a, (const double[]){0.5, 0.5}, 2, INFINITY);
     set_grad(b, (const double[]){0.5, 0.5}, 2, 0);
@@ -772,7 +774,7 @@ static void test_disabled(void **state) {
     (void)state;
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.disabled = true});
     mt_tensor *p = param((const double[]){1, 2}, 2, MT_F32);
-    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = 0.5});
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(0.5)});
     mt_tensor *loss = mt_sum_all(p);
     mt_tensor *scaled = mt_grad_scaler_scale(s, loss);
     assert_ptr_equal(scaled, loss); /* a new reference to the loss itself */
@@ -815,7 +817,8 @@ static void check_training(mt_dtype low, mt_amp_level level, bool scaler_on) {
     mt_set_requires_grad(b, true);
     mt_tensor *params[2] = {w, b};
     if (level == MT_AMP_O2) assert_int_equal(mt_amp_decorate(params, 2, low, NULL), 0);
-    mt_optimizer *o = mt_sgd_new(params, 2, &(mt_sgd_opts){.lr = 0.1, .multi_precision = true});
+    mt_optimizer *o =
+        mt_sgd_new(params, 2, &(mt_sgd_opts){.lr = MT_SET(0.1), .multi_precision = true});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.disabled = !scaler_on});
     double first = 0, last = 0;
     for (int it = 0; it < 40; it++) {

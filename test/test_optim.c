@@ -63,21 +63,22 @@ static mt_optimizer *make_opt(const ref_opt *r, mt_tensor **ps, int n, bool mp) 
     switch (r->kind) {
     case MT_OPTIM_SGD:
         return mt_sgd_new(
-            ps, n, &(mt_sgd_opts){.lr = r->lr, .weight_decay = r->wd, .multi_precision = mp});
+            ps, n,
+            &(mt_sgd_opts){.lr = MT_SET(r->lr), .weight_decay = r->wd, .multi_precision = mp});
     case MT_OPTIM_MOMENTUM:
         return mt_momentum_new(ps, n,
-                               &(mt_momentum_opts){.lr = r->lr,
-                                                   .momentum = r->mom,
+                               &(mt_momentum_opts){.lr = MT_SET(r->lr),
+                                                   .momentum = MT_SET(r->mom),
                                                    .weight_decay = r->wd,
                                                    .nesterov = r->nesterov,
                                                    .multi_precision = mp});
     case MT_OPTIM_ADAM:
     case MT_OPTIM_ADAMW: {
-        mt_adam_opts o = {.lr = r->lr,
-                          .beta1 = r->b1,
-                          .beta2 = r->b2,
-                          .eps = r->eps,
-                          .weight_decay = r->wd,
+        mt_adam_opts o = {.lr = MT_SET(r->lr),
+                          .beta1 = MT_SET(r->b1),
+                          .beta2 = MT_SET(r->b2),
+                          .eps = MT_SET(r->eps),
+                          .weight_decay = MT_SET(r->wd),
                           .multi_precision = mp};
         return r->kind == MT_OPTIM_ADAM ? mt_adam_new(ps, n, &o) : mt_adamw_new(ps, n, &o);
     }
@@ -220,7 +221,8 @@ static void test_master_keeps_small_updates(void **state) {
     (void)state;
     for (int mp = 0; mp < 2; mp++) {
         mt_tensor *w = make_param((double[]){1.0}, MT_F16, MT_SHAPE(1));
-        mt_optimizer *o = mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = 1e-4, .multi_precision = mp});
+        mt_optimizer *o =
+            mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = mp});
         assert_non_null(o);
         for (int s = 0; s < 10; s++) {
             set_grad(w, (double[]){-1.0});
@@ -346,7 +348,7 @@ static void test_zero_grad_and_skip(void **state) {
     mt_tensor *a = make_param(pa, MT_F32, MT_SHAPE(3));
     mt_tensor *b = make_param(pb, MT_F32, MT_SHAPE(2));
     mt_tensor *ps[2] = {a, b};
-    mt_optimizer *o = mt_adam_new(ps, 2, &(mt_adam_opts){.lr = 0.1});
+    mt_optimizer *o = mt_adam_new(ps, 2, &(mt_adam_opts){.lr = MT_SET(0.1)});
     assert_non_null(o);
     /* no gradient at all: nothing moves, the step count stays */
     assert_int_equal(mt_optimizer_step(o), 0);
@@ -420,11 +422,60 @@ static void test_defaults(void **state) {
     o = mt_adamw_new(&w, 1, NULL);
     assert_float_equal(o->weight_decay, 0.01, 0); /* torch's AdamW default */
     mt_optimizer_free(o);
-    o = mt_adamw_new(&w, 1, &(mt_adam_opts){.weight_decay = 0.2});
+    o = mt_adamw_new(&w, 1, &(mt_adam_opts){.weight_decay = MT_SET(0.2)});
     assert_float_equal(o->weight_decay, 0.2, 0);
     mt_optimizer_free(o);
     mt_release(w);
     assert_no_error();
+}
+
+/* Zero, set explicitly, means zero for every option where torch accepts 0 (it used to select
+   the default): the update is the one the zero gives. */
+static void test_explicit_zero_options(void **state) {
+    (void)state;
+    mt_tensor *w = make_param((double[]){1, -1}, MT_F32, MT_SHAPE(2));
+    /* AdamW without decay and with beta1 = 0: the first step moves by lr * sign(g) exactly,
+       and nothing decays the weight */
+    mt_optimizer *o = mt_adamw_new(
+        &w, 1, &(mt_adam_opts){.lr = MT_SET(0.5), .beta1 = MT_SET(0), .weight_decay = MT_SET(0)});
+    assert_float_equal(o->weight_decay, 0, 0);
+    assert_float_equal(o->beta1, 0, 0);
+    set_grad(w, (double[]){2, -4});
+    assert_int_equal(mt_optimizer_step(o), 0);
+    assert_tensor_close(w, ((double[]){0.5, -0.5}), 2, 1e-6, 0);
+    mt_optimizer_free(o);
+    /* lr 0 changes nothing; momentum 0 is plain SGD; eps and beta2 0 are accepted */
+    o = mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(0)});
+    assert_int_equal(mt_optimizer_step(o), 0);
+    assert_tensor_close(w, ((double[]){0.5, -0.5}), 2, 1e-6, 0);
+    mt_optimizer_free(o);
+    o = mt_momentum_new(&w, 1, &(mt_momentum_opts){.lr = MT_SET(0.25), .momentum = MT_SET(0)});
+    assert_float_equal(o->momentum, 0, 0);
+    assert_int_equal(mt_optimizer_step(o), 0);
+    assert_int_equal(mt_optimizer_step(o), 0); /* no velocity carried over */
+    assert_tensor_close(w, ((double[]){-0.5, 1.5}), 2, 1e-6, 0);
+    mt_optimizer_free(o);
+    o = mt_adam_new(&w, 1, &(mt_adam_opts){.beta2 = MT_SET(0), .eps = MT_SET(0)});
+    assert_non_null(o);
+    assert_float_equal(o->beta2, 0, 0);
+    assert_float_equal(o->eps, 0, 0);
+    mt_optimizer_free(o);
+    mt_release(w);
+    assert_no_error();
+}
+
+/* A plain number where MT_SET belongs (brace elision puts it in .value; -Wall warns) is
+   refused, not silently replaced by the default. Built field by field, as code compiled
+   without -Wall could have it. */
+static void test_plain_number_refused(void **state) {
+    (void)state;
+    mt_tensor *w = make_param((double[]){1}, MT_F32, MT_SHAPE(1));
+    mt_adam_opts o = {0};
+    o.weight_decay.value = 0.1; /* what `.weight_decay = 0.1` gives */
+    assert_null(mt_adamw_new(&w, 1, &o));
+    assert_error(MT_ERR_INVALID,
+                 "weight_decay is 0.1 without MT_SET: write .weight_decay = MT_SET(0.1)");
+    mt_release(w);
 }
 
 /* ---------------------------------------------------------------- layouts and sizes */
@@ -445,7 +496,8 @@ static void test_strided(void **state) {
             mt_tensor *row = mt_test_tensor((double[]){1, 2, 4}, dts[d], MT_SHAPE(1, 3));
             mt_tensor *g = mt_tensor_expand_to(row, 2, (int64_t[]){2, 3});
             assert_int_equal(mt_set_grad(w, g), 0);
-            mt_optimizer *o = mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = 0.5, .multi_precision = mp});
+            mt_optimizer *o =
+                mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(0.5), .multi_precision = mp});
             assert_int_equal(mt_optimizer_step(o), 0);
             double want[6] = {0.5, 2, 3, 6.5, 8, 9};
             assert_tensor_close(w, want, 6, 0, 0);
@@ -478,7 +530,8 @@ static void test_many_and_large(void **state) {
         ps[k] = make_param(vals[k], dts[k % 4], 1, &sizes[k]);
         get_values(ps[k], vals[k]); /* the rounded start */
     }
-    mt_optimizer *o = mt_adamw_new(ps, NP, &(mt_adam_opts){.lr = 0.01, .multi_precision = true});
+    mt_optimizer *o =
+        mt_adamw_new(ps, NP, &(mt_adam_opts){.lr = MT_SET(0.01), .multi_precision = true});
     assert_non_null(o);
     for (int s = 0; s < 2; s++) {
         for (int k = 0; k < NP; k++) {
@@ -644,7 +697,8 @@ static void test_decorate(void **state) {
         assert_tensor_close(ln, v1, 2, 1e-7, 0);
         assert_tensor_close(w2, r2, 3, 0, 0);
         /* an optimizer made afterwards holds FP32 masters made from the low values */
-        mt_optimizer *o = mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = 1e-4, .multi_precision = true});
+        mt_optimizer *o =
+            mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = true});
         assert_non_null(o);
         mt_tensor *m0 = mt_optimizer_master(o, 0), *m1 = mt_optimizer_master(o, 1),
                   *m2 = mt_optimizer_master(o, 2);
@@ -771,24 +825,24 @@ static void test_create_errors(void **state) {
     mt_release(s);
 
     /* options */
-    assert_null(mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = -0.1}));
+    assert_null(mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(-0.1)}));
     assert_error(MT_ERR_INVALID,
                  "mt_sgd_new: arg 3: lr -0.1 is invalid: expected a finite value >= 0");
-    assert_null(mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = NAN}));
+    assert_null(mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(NAN)}));
     assert_error(MT_ERR_INVALID, "lr nan is invalid");
     assert_null(mt_sgd_new(&w, 1, &(mt_sgd_opts){.weight_decay = -1}));
     assert_error(MT_ERR_INVALID, "weight_decay -1 is invalid");
-    assert_null(mt_momentum_new(&w, 1, &(mt_momentum_opts){.momentum = -0.5}));
+    assert_null(mt_momentum_new(&w, 1, &(mt_momentum_opts){.momentum = MT_SET(-0.5)}));
     assert_error(MT_ERR_INVALID, "mt_momentum_new: arg 3: momentum -0.5 is invalid");
-    assert_null(mt_adam_new(&w, 1, &(mt_adam_opts){.beta1 = 1.0}));
+    assert_null(mt_adam_new(&w, 1, &(mt_adam_opts){.beta1 = MT_SET(1.0)}));
     assert_error(MT_ERR_INVALID, "beta1 1 is invalid: expected a value in [0, 1)");
-    assert_null(mt_adam_new(&w, 1, &(mt_adam_opts){.beta2 = -0.1}));
+    assert_null(mt_adam_new(&w, 1, &(mt_adam_opts){.beta2 = MT_SET(-0.1)}));
     assert_error(MT_ERR_INVALID, "beta2 -0.1 is invalid");
-    assert_null(mt_adamw_new(&w, 1, &(mt_adam_opts){.eps = -1e-8}));
+    assert_null(mt_adamw_new(&w, 1, &(mt_adam_opts){.eps = MT_SET(-1e-8)}));
     assert_error(MT_ERR_INVALID, "eps -1e-08 is invalid");
-    assert_null(mt_adamw_new(&w, 1, &(mt_adam_opts){.weight_decay = -0.01}));
+    assert_null(mt_adamw_new(&w, 1, &(mt_adam_opts){.weight_decay = MT_SET(-0.01)}));
     assert_error(MT_ERR_INVALID, "mt_adamw_new: arg 3: weight_decay -0.01 is invalid");
-    assert_null(mt_adam_new(&w, 1, &(mt_adam_opts){.lr = INFINITY}));
+    assert_null(mt_adam_new(&w, 1, &(mt_adam_opts){.lr = MT_SET(INFINITY)}));
     assert_error(MT_ERR_INVALID, "lr inf is invalid");
 
     mt_release(y);
@@ -842,7 +896,7 @@ static void test_use_errors(void **state) {
     assert_error(MT_ERR_INVALID, "max_norm nan is invalid");
 
     /* the first error sticks through a chain of calls on a failed optimizer */
-    mt_optimizer *bad = mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = -1});
+    mt_optimizer *bad = mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(-1)});
     mt_optimizer_zero_grad(bad);
     assert_int_equal(mt_optimizer_step(bad), MT_ERR_NULL);
     mt_optimizer_free(bad);
@@ -918,6 +972,8 @@ int main(void) {
         MT_TEST(test_zero_grad_and_skip),
         MT_TEST(test_lr),
         MT_TEST(test_defaults),
+        MT_TEST(test_explicit_zero_options),
+        MT_TEST(test_plain_number_refused),
         MT_TEST(test_strided),
         MT_TEST(test_many_and_large),
         MT_TEST(test_clip_grad_norm),

@@ -149,8 +149,8 @@ static void train(const dataset *d, const mode *m, int inject_at, result *r) {
         params[2 * i + 1] = layers[i].bias;
     }
     if (m->master_weights) assert_int_equal(mt_amp_decorate(params, N_PARAMS, m->low, NULL), 0);
-    mt_optimizer *opt = mt_sgd_new(params, N_PARAMS,
-                                   &(mt_sgd_opts){.lr = LR, .multi_precision = m->master_weights});
+    mt_optimizer *opt = mt_sgd_new(
+        params, N_PARAMS, &(mt_sgd_opts){.lr = MT_SET(LR), .multi_precision = m->master_weights});
     assert_non_null(opt);
     mt_grad_scaler *scaler =
         m->scaler ? mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024}) : NULL;

@@ -127,21 +127,32 @@ static int check_params(const char *op, mt_tensor *const *params, int n) {
 }
 
 /* value 0 selects def; otherwise it must be finite, >= 0 and < hi. */
-static int option(const char *op, const char *name, double value, double def, double hi,
-                  double *out) {
+/* A non-negative finite option below hi. */
+static int option_value(const char *op, const char *name, double value, double hi, double *out) {
     if (!isfinite(value) || value < 0 || value >= hi) {
         if (isinf(hi))
             return mt_error_set(MT_ERR_INVALID,
-                                "%s: arg 3: %s %g is invalid: expected a finite value >= 0 "
-                                "(0 selects the default %g)",
-                                op, name, value, def);
+                                "%s: arg 3: %s %g is invalid: expected a finite value >= 0", op,
+                                name, value);
         return mt_error_set(MT_ERR_INVALID,
-                            "%s: arg 3: %s %g is invalid: expected a value in [0, %g) (0 selects "
-                            "the default %g)",
-                            op, name, value, hi, def);
+                            "%s: arg 3: %s %g is invalid: expected a value in [0, %g)", op, name,
+                            value, hi);
     }
-    *out = value == 0 ? def : value;
+    *out = value;
     return 0;
+}
+
+/* An mt_opt_real option: its value when set (0 included), else the default. A value without
+   the set flag is a plain number written where MT_SET(x) belongs (brace elision fills
+   .value; -Wall warns): refused rather than silently replaced by the default. */
+static int option(const char *op, const char *name, mt_opt_real v, double def, double hi,
+                  double *out) {
+    if (!v.set && v.value != 0)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: arg 3: %s is %g without MT_SET: write .%s = MT_SET(%g) (a "
+                            "field left out takes the default %g)",
+                            op, name, v.value, name, v.value, def);
+    return option_value(op, name, v.set ? v.value : def, hi, out);
 }
 
 static void optimizer_free_state(mt_optimizer *o) {
@@ -230,7 +241,7 @@ mt_optimizer *mt_sgd_new(mt_tensor *const *params, int n, const mt_sgd_opts *opt
     const mt_sgd_opts *s = opts ? opts : &z;
     optim_cfg c = {.kind = MT_OPTIM_SGD, .multi_precision = s->multi_precision};
     if (option(op, "lr", s->lr, 1e-3, INFINITY, &c.lr) < 0 ||
-        option(op, "weight_decay", s->weight_decay, 0.0, INFINITY, &c.weight_decay) < 0)
+        option_value(op, "weight_decay", s->weight_decay, INFINITY, &c.weight_decay) < 0)
         return NULL;
     return optimizer_new(op, params, n, &c);
 }
@@ -243,7 +254,7 @@ mt_optimizer *mt_momentum_new(mt_tensor *const *params, int n, const mt_momentum
         .kind = MT_OPTIM_MOMENTUM, .nesterov = s->nesterov, .multi_precision = s->multi_precision};
     if (option(op, "lr", s->lr, 1e-3, INFINITY, &c.lr) < 0 ||
         option(op, "momentum", s->momentum, 0.9, INFINITY, &c.momentum) < 0 ||
-        option(op, "weight_decay", s->weight_decay, 0.0, INFINITY, &c.weight_decay) < 0)
+        option_value(op, "weight_decay", s->weight_decay, INFINITY, &c.weight_decay) < 0)
         return NULL;
     return optimizer_new(op, params, n, &c);
 }
@@ -253,8 +264,7 @@ static mt_optimizer *adam_new(const char *op, mt_optim_kind kind, mt_tensor *con
     mt_adam_opts z = {0};
     const mt_adam_opts *s = opts ? opts : &z;
     optim_cfg c = {.kind = kind, .multi_precision = s->multi_precision};
-    /* AdamW's decoupled decay defaults to torch's 0.01; Adam's L2 term defaults to none (an
-       AdamW without decay is exactly Adam without weight_decay) */
+    /* AdamW's decoupled decay defaults to torch's 0.01; Adam's L2 term defaults to none */
     double wd_default = kind == MT_OPTIM_ADAMW ? 0.01 : 0.0;
     if (option(op, "lr", s->lr, 1e-3, INFINITY, &c.lr) < 0 ||
         option(op, "beta1", s->beta1, 0.9, 1.0, &c.beta1) < 0 ||
