@@ -106,11 +106,23 @@ bool mt_is_contiguous(const mt_tensor *t);
 /* Pointer to the first element on the host; NULL (with an error) for device tensors. */
 void *mt_data_ptr(const mt_tensor *t);
 
-/* Prints dtype, shape and (up to a limit) the values; returns 0 or a negative status. */
+/* Prints the values laid out like torch (rows on their own lines, summarised past the
+   threshold), then dtype and shape; returns 0 or a negative status. */
 int mt_print(const mt_tensor *t, FILE *f);
 /* Writes the same text into buf (truncated to cap); returns the length it wanted, or a
    negative status. */
 int mt_format(const mt_tensor *t, char *buf, size_t cap);
+/* torch.set_printoptions, process-wide: get the current options, change fields, set them
+   (every field means exactly what it holds; NULL restores the defaults). */
+typedef struct {
+    int precision;     /* digits after the point; default 4 */
+    int64_t threshold; /* more elements than this are summarised; default 1000 */
+    int edgeitems;     /* entries shown at each end of a summarised dim; default 3 */
+    int linewidth;     /* characters per line before a row wraps; default 80 */
+    int sci_mode;      /* -1: torch's automatic choice (default), 0: never, 1: always */
+} mt_print_options;
+void mt_print_options_get(mt_print_options *out);
+int mt_print_options_set(const mt_print_options *o); /* MT_ERR_INVALID for bad values */
 
 /* ---------------------------------------------------------------- ownership */
 

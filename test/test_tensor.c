@@ -366,32 +366,34 @@ static void test_format_basic(void **state) {
         mt_tensor *t = from_doubles(v, dts[k], MT_SHAPE(2, 2));
         char want[128];
         snprintf(want, sizeof want,
-                 "tensor([[1.0000, 2.0000], [3.0000, 4.0000]], dtype=%s, shape=[2, 2])",
+                 "tensor([[1.0000, 2.0000],\n        [3.0000, 4.0000]], dtype=%s, shape=[2, 2])",
                  mt_dtype_name(dts[k]));
         assert_format(t, want);
         mt_release(t);
     }
     mt_tensor *t = from_doubles(v, MT_F32, MT_SHAPE(2, 2)), *tt = mt_transpose(t, 0, 1);
-    assert_format(tt, "tensor([[1.0000, 3.0000], [2.0000, 4.0000]], dtype=f32, shape=[2, 2])");
+    assert_format(tt,
+                  "tensor([[1.0000, 3.0000],\n        [2.0000, 4.0000]], dtype=f32, shape=[2, 2])");
     const double iv[3] = {-3, 0, 12};
     mt_tensor *ti = from_doubles(iv, MT_I32, MT_SHAPE(3));
-    assert_format(ti, "tensor([-3, 0, 12], dtype=i32, shape=[3])");
+    assert_format(ti, "tensor([-3,  0, 12], dtype=i32, shape=[3])"); /* one width */
     const int64_t big[2] = {((int64_t)1 << 60) + 1, -1};
     mt_tensor *tl = mt_from_data(big, MT_I64, MT_SHAPE(2), mt_test_device());
-    assert_format(tl, "tensor([1152921504606846977, -1], dtype=i64, shape=[2])");
+    assert_format(tl, "tensor([1152921504606846977,                  -1], dtype=i64, shape=[2])");
     const double bv[3] = {1, 0, 1};
     mt_tensor *tb = from_doubles(bv, MT_BOOL, MT_SHAPE(3, 1));
-    assert_format(tb, "tensor([[true], [false], [true]], dtype=bool, shape=[3, 1])");
+    assert_format(
+        tb, "tensor([[ true],\n        [false],\n        [ true]], dtype=bool, shape=[3, 1])");
     mt_tensor *s = mt_scalar(-0.5, MT_F32, mt_test_device());
     assert_format(s, "tensor(-0.5000, dtype=f32, shape=[])");
     mt_tensor *e = mt_zeros(MT_SHAPE(0, 3), MT_F16, mt_test_device());
     assert_format(e, "tensor([], dtype=f16, shape=[0, 3])");
     const double sv[3] = {1e-5, 1, NAN};
     mt_tensor *sci = from_doubles(sv, MT_F64, MT_SHAPE(3));
-    assert_format(sci, "tensor([1.0000e-05, 1.0000e+00, nan], dtype=f64, shape=[3])");
+    assert_format(sci, "tensor([1.0000e-05, 1.0000e+00,        nan], dtype=f64, shape=[3])");
     const double inf[2] = {INFINITY, -INFINITY};
     mt_tensor *ti2 = from_doubles(inf, MT_F32, MT_SHAPE(2));
-    assert_format(ti2, "tensor([inf, -inf], dtype=f32, shape=[2])");
+    assert_format(ti2, "tensor([ inf, -inf], dtype=f32, shape=[2])");
     mt_release(t);
     mt_release(tt);
     mt_release(ti);
@@ -405,30 +407,30 @@ static void test_format_basic(void **state) {
 
 static void test_format_summary_and_autograd(void **state) {
     (void)state;
+    /* up to the threshold (1000 elements) every entry is shown, wrapped at 80 columns */
     mt_tensor *a = mt_arange(0, 10, 1, MT_I64, mt_test_device());
-    assert_format(a, "tensor([0, 1, 2, ..., 7, 8, 9], dtype=i64, shape=[10])");
+    assert_format(a, "tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], dtype=i64, shape=[10])");
     mt_tensor *b = mt_arange(0, 64, 1, MT_F32, mt_test_device()),
               *m = mt_reshape(b, MT_SHAPE(8, 8));
     mt_tensor *mt = mt_transpose(m, 0, 1);
-    char buf[1024];
+    char buf[2048];
     mt_format(mt, buf, sizeof buf);
-    assert_true(strncmp(buf,
-                        "tensor([[0.0000, 8.0000, 16.0000, ..., 40.0000, 48.0000, 56.0000], "
-                        "[1.0000, 9.0000, 17.0000, ..., 41.0000, 49.0000, 57.0000], "
-                        "[2.0000, ",
-                        strlen("tensor([[0.0000, 8.0000, 16.0000, ..., 40.0000, 48.0000, 56.0000], "
-                               "[1.0000, 9.0000, 17.0000, ..., 41.0000, 49.0000, 57.0000], "
-                               "[2.0000, ")) == 0);
-    assert_non_null(strstr(buf, "], ..., [5.0000, 13.0000"));
+    const char *rows01 = "tensor([[ 0.0000,  8.0000, 16.0000, 24.0000, 32.0000, 40.0000, 48.0000, "
+                         "56.0000],\n        [ 1.0000,  9.0000, ";
+    if (strncmp(buf, rows01, strlen(rows01)) != 0) fail_msg("got \"%s\"", buf);
     char wbuf[128];
     assert_non_null(
         strstr(buf, on_device("63.0000]], dtype=f32, shape=[8, 8])", wbuf, sizeof wbuf)));
-    /* a big tensor prints quickly and briefly */
+    /* past it, each long dim shows 3 + 3 entries, rows and blocks on their own lines */
     mt_tensor *big = mt_zeros(MT_SHAPE(1000, 1000, 10), MT_BF16, mt_test_device());
-    char bigbuf[4096];
+    char bigbuf[8192];
     int n = mt_format(big, bigbuf, sizeof bigbuf);
     assert_true(n > 0 && n < (int)sizeof bigbuf); /* 6 x 6 x 6 values shown */
-    assert_non_null(strstr(bigbuf, "[[[0.0000, 0.0000, 0.0000, ..., 0.0000, 0.0000, 0.0000], "));
+    assert_non_null(strstr(bigbuf, "tensor([[[0.0000, 0.0000, 0.0000,  ..., 0.0000, 0.0000, "
+                                   "0.0000],\n         [0.0000,"));
+    assert_non_null(strstr(bigbuf, "0.0000]],\n\n        [[0.0000"));
+    assert_non_null(strstr(bigbuf, "],\n         ...,\n         ["));
+    assert_non_null(strstr(bigbuf, "]],\n\n        ...,\n\n        [["));
     assert_non_null(strstr(bigbuf, "dtype=bf16, shape=[1000, 1000, 10])"));
 
     const double v[2] = {1, 2};
@@ -444,6 +446,52 @@ static void test_format_summary_and_autograd(void **state) {
     mt_release(big);
     mt_release(x);
     mt_release(y);
+}
+
+/* mt_print_options: precision, threshold, edge items, line width and scientific mode change
+   the text as torch.set_printoptions does; bad values are refused and change nothing; NULL
+   restores the defaults. */
+static void test_print_options(void **state) {
+    (void)state;
+    mt_print_options o, before;
+    mt_print_options_get(&before);
+    assert_int_equal(before.precision, 4);
+    assert_int_equal(before.threshold, 1000);
+    assert_int_equal(before.edgeitems, 3);
+    assert_int_equal(before.linewidth, 80);
+    assert_int_equal(before.sci_mode, -1);
+    mt_tensor *a = mt_arange(0, 10, 1, MT_F32, mt_test_device());
+    o = before;
+    o.precision = 1;
+    o.threshold = 5;
+    o.edgeitems = 2;
+    assert_int_equal(mt_print_options_set(&o), 0);
+    assert_format(a, "tensor([0.0, 1.0,  ..., 8.0, 9.0], dtype=f32, shape=[10])");
+    o.edgeitems = 0; /* 0 means 0: only the ellipsis */
+    o.precision = 0;
+    assert_int_equal(mt_print_options_set(&o), 0);
+    assert_format(a, "tensor([ ...], dtype=f32, shape=[10])");
+    o = before;
+    o.linewidth = 30;
+    o.sci_mode = 1;
+    o.precision = 2;
+    assert_int_equal(mt_print_options_set(&o), 0);
+    mt_tensor *three = mt_arange(0, 3, 1, MT_F32, mt_test_device());
+    assert_format(three, "tensor([0.00e+00, 1.00e+00,\n        2.00e+00], dtype=f32, shape=[3])");
+    o.linewidth = 0;
+    assert_int_equal(mt_print_options_set(&o), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "mt_print_options_set: linewidth 0");
+    o.linewidth = 80;
+    o.sci_mode = 2;
+    assert_int_equal(mt_print_options_set(&o), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "sci_mode 2");
+    mt_print_options_get(&o);
+    assert_int_equal(o.linewidth, 30); /* the refused calls changed nothing */
+    assert_int_equal(mt_print_options_set(NULL), 0);
+    mt_print_options_get(&o);
+    assert_memory_equal(&o, &before, sizeof o);
+    mt_release(a);
+    mt_release(three);
 }
 
 static void test_format_truncation_and_print(void **state) {
@@ -871,6 +919,7 @@ int main(void) {
         MT_TEST(test_format_basic),
         MT_TEST(test_format_summary_and_autograd),
         MT_TEST(test_format_truncation_and_print),
+        MT_TEST(test_print_options),
         MT_TEST(test_inplace_values),
         MT_TEST(test_inplace_errors),
         MT_TEST(test_inplace_autograd_refusal),
