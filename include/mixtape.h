@@ -22,6 +22,15 @@
 extern "C" {
 #endif
 
+/* The version of this header (meson.build checks that it matches the project's version);
+   mt_version() gives the loaded library's, which can differ when an old library is found
+   at run time. The soname's number is MT_VERSION_MAJOR. */
+#define MT_VERSION_MAJOR  0
+#define MT_VERSION_MINOR  1
+#define MT_VERSION_PATCH  0
+#define MT_VERSION_STRING "0.1.0"
+const char *mt_version(void);
+
 /* ---------------------------------------------------------------- dtypes, devices */
 
 typedef enum { MT_F32, MT_F16, MT_BF16, MT_F64, MT_I64, MT_I32, MT_BOOL, MT_DTYPE_COUNT } mt_dtype;

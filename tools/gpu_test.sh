@@ -227,7 +227,8 @@ step_build() {
     t=$(limit 90)
     if ((t == 0)); then record "NOT RUN" build "no time left"; return; fi
     rm -rf "$bdir"
-    local args=(-Dbuildtype=release -Dcuda=enabled -Dwerror=true)
+    # native: the CPU side fuses a * b + c in src/math like the GPU, so CPU/GPU parity is exact
+    local args=(-Dbuildtype=release -Dcuda=enabled -Dwerror=true -Dnative=true)
     has_option test_devices && args+=("-Dtest_devices=cpu,cuda")
     # shellcheck disable=SC2206 # extra options split on spaces on purpose
     [[ -n "${MT_GPU_MESON_ARGS:-}" ]] && args+=(${MT_GPU_MESON_ARGS})
@@ -628,7 +629,7 @@ step_asan() {
     rm -rf "$adir"
     t=$(limit 60 20)
     local args=(-Dbuildtype=release -Dcuda=enabled -Dwerror=true "-Db_sanitize=address,undefined"
-        -Db_lundef=false)
+        -Db_lundef=false -Dnative=true)
     has_option test_devices && args+=(-Dtest_devices=cuda)
     # shellcheck disable=SC2206
     [[ -n "${MT_GPU_MESON_ARGS:-}" ]] && args+=(${MT_GPU_MESON_ARGS})

@@ -47,7 +47,9 @@ void mt_cpu_load_f32(const char *src, int64_t stride, mt_dtype dt, int64_t n, fl
 void mt_cpu_store_f32(char *dst, int64_t stride, mt_dtype dt, int64_t n, const float *src);
 void mt_cpu_load_f64(const char *src, int64_t stride, mt_dtype dt, int64_t n, double *dst);
 void mt_cpu_store_f64(char *dst, int64_t stride, mt_dtype dt, int64_t n, const double *src);
-/* Contiguous F16/BF16 <-> F32 (F16C vectorised where the CPU has it). */
+/* Contiguous F16/BF16 <-> F32 (F16C/AVX2 vectorised where the CPU has them, chosen at run
+   time; MT_CPU_ISA=generic in the environment forces the scalar code). */
+bool mt_cpu_has_avx2(void);
 void mt_cpu_f16_to_f32(const uint16_t *src, float *dst, int64_t n);
 void mt_cpu_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
 void mt_cpu_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);

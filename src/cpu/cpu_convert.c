@@ -1,48 +1,62 @@
 /* Dtype conversion of strided runs, and the copy kernel built on it. Low-precision storage
-   goes through FP32 registers; F16 uses the F16C instructions when the build targets them. */
+   goes through FP32 registers. The contiguous F16/BF16 conversions have F16C/AVX2 versions
+   that are compiled in every x86-64 build (target attributes) and chosen at run time from
+   the CPU's features, so a portable build (-Dnative=false) runs them where the CPU has them;
+   both versions give the same bits (the vector code rounds exactly as src/math). */
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
-#if defined(__F16C__) || defined(__AVX2__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
+#define MT_X86_DISPATCH 1
 #endif
 #include "../math/half.h"
 #include "cpu.h"
 
-void mt_cpu_f16_to_f32(const uint16_t *src, float *dst, int64_t n) {
-    int64_t i = 0;
-#if defined(__F16C__)
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-#endif
-    for (; i < n; i++) dst[i] = mt_f16_to_f32(src[i]);
+static void f16_to_f32_scalar(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = mt_f16_to_f32(src[i]);
+}
+static void f32_to_f16_scalar(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = mt_f32_to_f16(src[i]);
+}
+static void bf16_to_f32_scalar(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = mt_bf16_to_f32(src[i]);
+}
+static void f32_to_bf16_scalar(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = mt_f32_to_bf16(src[i]);
 }
 
-void mt_cpu_f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
+#if defined(MT_X86_DISPATCH)
+#define MT_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+
+MT_TARGET_AVX2 static void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
-#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    f16_to_f32_scalar(src + i, dst + i, n - i);
+}
+
+MT_TARGET_AVX2 static void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-    for (; i < n; i++) dst[i] = mt_f32_to_f16(src[i]);
+    f32_to_f16_scalar(src + i, dst + i, n - i);
 }
 
 /* BF16 is the top half of an FP32: widening is a shift; narrowing rounds to nearest even
-   (and keeps NaN a NaN) exactly as mt_f32_to_bf16, eight lanes at a time with AVX2. */
-void mt_cpu_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+   (and keeps NaN a NaN) exactly as mt_f32_to_bf16, eight lanes at a time. */
+MT_TARGET_AVX2 static void bf16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
-#if defined(__AVX2__)
     for (; i + 8 <= n; i += 8) {
         __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
         _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(w, 16));
     }
-#endif
-    for (; i < n; i++) dst[i] = mt_bf16_to_f32(src[i]);
+    bf16_to_f32_scalar(src + i, dst + i, n - i);
 }
 
-void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+MT_TARGET_AVX2 static void f32_to_bf16_avx2(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
-#if defined(__AVX2__)
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
     const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
     const __m256i quiet = _mm256_set1_epi32(0x00400000);
@@ -56,8 +70,46 @@ void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
         __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
         _mm_storeu_si128((__m128i *)(dst + i), _mm_packus_epi32(lo, hi));
     }
+    f32_to_bf16_scalar(src + i, dst + i, n - i);
+}
+
+/* Whether this CPU runs the AVX2/F16C versions; MT_CPU_ISA=generic forces the scalar ones
+   (to test them on any machine). Read once. */
+static bool use_avx2(void) {
+    static int state; /* 0 unknown, 1 yes, 2 no: a benign race computes the same answer */
+    if (!state) {
+        const char *isa = getenv("MT_CPU_ISA");
+        bool generic = isa && strcmp(isa, "generic") == 0;
+        __builtin_cpu_init();
+        state =
+            !generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 2;
+    }
+    return state == 1;
+}
+#define DISPATCH(name, ...) (use_avx2() ? name##_avx2(__VA_ARGS__) : name##_scalar(__VA_ARGS__))
+#else
+#define DISPATCH(name, ...) name##_scalar(__VA_ARGS__)
 #endif
-    for (; i < n; i++) dst[i] = mt_f32_to_bf16(src[i]);
+
+bool mt_cpu_has_avx2(void) {
+#if defined(MT_X86_DISPATCH)
+    return use_avx2();
+#else
+    return false;
+#endif
+}
+
+void mt_cpu_f16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    DISPATCH(f16_to_f32, src, dst, n);
+}
+void mt_cpu_f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
+    DISPATCH(f32_to_f16, src, dst, n);
+}
+void mt_cpu_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    DISPATCH(bf16_to_f32, src, dst, n);
+}
+void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    DISPATCH(f32_to_bf16, src, dst, n);
 }
 
 #define AT(T, p, i, s)   (*(const T *)((p) + (i) * (s)))

@@ -26,8 +26,8 @@ int mt_cuda_check(const char *op, cudaError_t e) {
 int mt_cublas_check(const char *op, cublasStatus_t s) {
     if (s == CUBLAS_STATUS_SUCCESS) return 0;
     mt_status st = s == CUBLAS_STATUS_ALLOC_FAILED ? MT_ERR_OOM : MT_ERR_DEVICE;
-    return mt_error_set(st, "%s: cuBLAS error %s: %s", op, cublasGetStatusName(s),
-                        cublasGetStatusString(s));
+    return mt_error_set(st, "%s: cuBLAS error %s: %s", op, mt_cublas()->status_name(s),
+                        mt_cublas()->status_string(s));
 }
 
 /* The scratch callbacks of the kernel context: the caching allocator, counted like tensors. */
@@ -39,7 +39,7 @@ static void scratch_free(int device, void *p, size_t nbytes) {
 }
 
 static void ctx_destroy(mt_cuda_device_ctx *c) {
-    if (c->blas) cublasDestroy(c->blas);
+    if (c->blas) mt_cublas()->destroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->fault_host) cudaFreeHost(c->fault_host);
     free(c);
@@ -60,8 +60,9 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
         rc = mt_cuda_check(
             op, cudaHostAlloc((void **)&c->fault_host, sizeof *c->fault_host, cudaHostAllocMapped));
     if (!rc) rc = mt_cuda_check(op, cudaHostGetDevicePointer(&fault_dev, c->fault_host, 0));
-    if (!rc) rc = mt_cublas_check(op, cublasCreate(&c->blas));
-    if (!rc) rc = mt_cublas_check(op, cublasSetStream(c->blas, c->stream));
+    if (!rc && !mt_cublas_load(op)) rc = MT_ERR_DEVICE;
+    if (!rc) rc = mt_cublas_check(op, mt_cublas()->create(&c->blas));
+    if (!rc) rc = mt_cublas_check(op, mt_cublas()->set_stream(c->blas, c->stream));
     int sms = 1;
     if (!rc)
         rc = mt_cuda_check(op, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, index));

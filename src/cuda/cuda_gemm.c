@@ -63,13 +63,13 @@ static int gemm_enqueue(const call_plan *p, const mt_gemm_geom *g, const char *a
         int chunk = (int)mt_gemm_imin(inner - done, INT_MAX);
         cublasStatus_t s;
         if (chunk == 1)
-            s = cublasGemmEx(p->h, p->opb, p->opa, m, n, k, p->alpha, b, p->type, p->ldb, a,
-                             p->type, p->lda, p->beta, c, p->type, m, p->compute,
-                             CUBLAS_GEMM_DEFAULT);
+            s = mt_cublas()->gemm_ex(p->h, p->opb, p->opa, m, n, k, p->alpha, b, p->type, p->ldb, a,
+                                     p->type, p->lda, p->beta, c, p->type, m, p->compute,
+                                     CUBLAS_GEMM_DEFAULT);
         else
-            s = cublasGemmStridedBatchedEx(p->h, p->opb, p->opa, m, n, k, p->alpha, b, p->type,
-                                           p->ldb, sb, a, p->type, p->lda, sa, p->beta, c, p->type,
-                                           m, sc, chunk, p->compute, CUBLAS_GEMM_DEFAULT);
+            s = mt_cublas()->gemm_strided_batched_ex(
+                p->h, p->opb, p->opa, m, n, k, p->alpha, b, p->type, p->ldb, sb, a, p->type, p->lda,
+                sa, p->beta, c, p->type, m, sc, chunk, p->compute, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) return mt_cublas_check(GEMM_OP, s);
         a += sa * chunk * es;
         b += sb * chunk * es;

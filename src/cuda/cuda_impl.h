@@ -23,6 +23,21 @@ mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index);
 
 bool mt_cuda_allow_tf32(void); /* mt_cuda_set_allow_tf32's setting (device.c) */
 
+/* ---- cuBLAS, loaded on first use (cublas_loader.c) */
+typedef struct {
+    __typeof__(&cublasCreate_v2) create;
+    __typeof__(&cublasDestroy_v2) destroy;
+    __typeof__(&cublasSetStream_v2) set_stream;
+    __typeof__(&cublasGemmEx) gemm_ex;
+    __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
+    __typeof__(&cublasGetStatusName) status_name;
+    __typeof__(&cublasGetStatusString) status_string;
+} mt_cublas_api;
+/* Loads cuBLAS once; NULL with an MT_ERR_DEVICE error naming op when it cannot be loaded. */
+const mt_cublas_api *mt_cublas_load(const char *op);
+/* The loaded entry points (valid after a successful mt_cublas_load: every context has one). */
+const mt_cublas_api *mt_cublas(void);
+
 /* Maps a CUDA / cuBLAS status to an mt error naming op and the library's own message;
    returns 0 for success. */
 int mt_cuda_check(const char *op, cudaError_t e);

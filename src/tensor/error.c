@@ -39,6 +39,10 @@ int mt_error_set(mt_status status, const char *fmt, ...) {
     return (int)status;
 }
 
+const char *mt_version(void) {
+    return MT_VERSION_STRING;
+}
+
 mt_status mt_last_status(void) {
     return err_status;
 }
