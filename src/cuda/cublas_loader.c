@@ -14,7 +14,6 @@
 
 static mt_cublas_api api;
 static const char *load_error; /* NULL once loaded */
-static char load_error_buf[256];
 static once_flag load_once = ONCE_FLAG_INIT;
 
 #if defined(MT_CUDA_EMU)
@@ -28,6 +27,8 @@ static void load(void) {
     api.status_string = cublasGetStatusString;
 }
 #else
+static char load_error_buf[256];
+
 static void *symbol(void *lib, const char *name) {
     void *p = dlsym(lib, name);
     if (!p && !load_error) {
