@@ -4,6 +4,20 @@
 #define MT_CPU_H
 #include "../tensor/backend.h"
 
+/* The elementwise row loops are compiled for several x86-64 levels and the one for this CPU
+   is picked when the library loads (GCC's target_clones, an ifunc): a portable build
+   (-Dnative=false) runs AVX2 or AVX-512 vector code where the CPU has it. Not in native
+   builds (already compiled for the build machine), with other compilers, or under the
+   sanitizers (their runtime is not set up when ifunc resolvers run). The clones compute the
+   same bits: a * b + c is not contracted in ISO C mode, and src/math's explicit FMAs are
+   chosen by the build's flags, the same for every clone. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__) &&       \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
+#define MT_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define MT_CPU_CLONES
+#endif
+
 /* Work below this many elements runs on the calling thread: an OpenMP region costs more
    than the work. */
 #define MT_CPU_PARALLEL_MIN 32768

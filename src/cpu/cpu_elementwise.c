@@ -100,7 +100,7 @@ typedef struct {
     double p;
 } ew_ctx;
 
-static void unary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
+MT_CPU_CLONES static void unary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const ew_ctx *c = vctx;
     if (c->in == MT_F32 && s[0] == 4 && s[1] == 4) {
         unary_f(c->op, (float *)p[0], (const float *)p[1], n, (float)c->p);
@@ -193,7 +193,7 @@ static void int_compare_row(mt_op_id op, mt_dtype dt, char **p, const int64_t *s
         int_compare_u8(op, p, s, n);
 }
 
-static void binary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
+MT_CPU_CLONES static void binary_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const ew_ctx *c = vctx;
     bool cmp = is_compare(c->op);
     if (!cmp && c->in == MT_F32 && s[0] == 4 && s[1] == 4 && s[2] == 4) {
@@ -255,7 +255,7 @@ int mt_cpu_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tens
         *(T *)(p[0] + i * s[0]) =                                                                  \
             p[1][i * s[1]] ? *(const T *)(p[2] + i * s[2]) : *(const T *)(p[3] + i * s[3]);
 
-static void where_row(char **p, const int64_t *s, int64_t n, void *vctx) {
+MT_CPU_CLONES static void where_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const ew_ctx *c = vctx;
     switch (mt_dtype_size(c->out)) { /* the element size known to the compiler */
     case 1:
