@@ -104,27 +104,21 @@ static const mt_dtype floats[] = {MT_F32, MT_F16, MT_BF16, MT_F64};
 
 /* ops.def and this table agree: every op is listed here with the same rule, so a new op or
    a changed rule cannot slip past this file. */
+static void check_op_rule(const char *name, const char *r, void *ctx) {
+    (void)ctx;
+    const op_rule *e = find_expected(name);
+    if (!e) fail_msg("op \"%s\" of ops.def has no row in test_amp.c", name);
+    rule want = strcmp(r, "LOWER") == 0     ? R_LOWER
+                : strcmp(r, "FP32") == 0    ? R_FP32
+                : strcmp(r, "PROMOTE") == 0 ? R_PROMOTE
+                                            : R_NONE;
+    if (e->r != R_INTERNAL && e->r != want)
+        fail_msg("op \"%s\": ops.def says %s, the design says otherwise", name, r);
+}
+
 static void test_table_matches_ops_def(void **state) {
     (void)state;
-    FILE *f = fopen(MT_GOLDEN_DIR "/../../src/tensor/ops.def", "r");
-    assert_non_null(f);
-    char line[256];
-    int seen = 0;
-    while (fgets(line, sizeof line, f)) {
-        char id[64], name[64], r[32];
-        if (sscanf(line, "MT_OP(%63[^,], %63[^,], %31[^,)]", id, name, r) != 3) continue;
-        const op_rule *e = find_expected(name);
-        if (!e) fail_msg("op \"%s\" of ops.def has no row in test_amp.c", name);
-        rule want = strcmp(r, "LOWER") == 0     ? R_LOWER
-                    : strcmp(r, "FP32") == 0    ? R_FP32
-                    : strcmp(r, "PROMOTE") == 0 ? R_PROMOTE
-                                                : R_NONE;
-        if (e->r != R_INTERNAL && e->r != want)
-            fail_msg("op \"%s\": ops.def says %s, the design says otherwise", name, r);
-        seen++;
-    }
-    fclose(f);
-    assert_int_equal(seen, N_EXPECTED);
+    assert_int_equal(mt_test_for_each_op(check_op_rule, NULL), N_EXPECTED);
 }
 
 static void check_table(mt_dtype low, mt_amp_level level) {

@@ -134,6 +134,27 @@ static inline int mt_test_teardown(void **state) {
 
 #define MT_TEST(fn) cmocka_unit_test_setup_teardown(fn, mt_test_setup, mt_test_teardown)
 
+#ifdef MT_GOLDEN_DIR
+/* Calls fn(name, rule, ctx) for every op of src/tensor/ops.def, read from the source tree,
+   and returns how many (-1 when the file cannot be read): tables in tests that must cover
+   every op check themselves against it. */
+static inline int mt_test_for_each_op(void (*fn)(const char *name, const char *rule, void *ctx),
+                                      void *ctx) {
+    FILE *f = fopen(MT_GOLDEN_DIR "/../../src/tensor/ops.def", "r");
+    if (!f) return -1;
+    char line[256];
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        char id[64], name[64], rule[32];
+        if (sscanf(line, "MT_OP(%63[^,], %63[^,], %31[^,)]", id, name, rule) != 3) continue;
+        fn(name, rule, ctx);
+        seen++;
+    }
+    fclose(f);
+    return seen;
+}
+#endif
+
 /* cmocka 1.1.5 (Debian 12) prints a test that calls skip() as "not ok N # SKIP name", which
    meson's TAP parser counts as a failure. A case that cannot run on this device is therefore
    registered as a test that does nothing, named with the TAP directive itself
