@@ -176,8 +176,11 @@ static mt_tensor *r_stack(const inputs *in) {
 static mt_tensor *r_cast(const inputs *in) {
     return mt_cast(in->x, MT_F16);
 }
-static mt_tensor *r_to(const inputs *in) {
-    return mt_to(in->x, MT_CPU);
+static mt_tensor *r_to(const inputs *in) { /* to the host and back to the device under test */
+    mt_tensor *h = mt_to(in->x, MT_CPU);
+    mt_tensor *r = mt_to(h, mt_test_device());
+    mt_release(h);
+    return r;
 }
 static mt_tensor *r_clone(const inputs *in) {
     return mt_clone(in->x);
