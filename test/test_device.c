@@ -491,6 +491,36 @@ static void test_missing_cuda_device(void **state) {
     mt_scope_end();
 }
 
+/* ------------------------------------------------------------------ (g) uploads */
+
+/* Uploads from host memory go through pinned staging blocks (on a CUDA device): the source
+   may change right after each call, more uploads than there are blocks still arrive intact
+   (on the emulated device a block is read only when the queue runs, so reusing one too early
+   would show), and the host waits only for uploads beyond the ring. */
+static void test_uploads_in_flight(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    enum { N = 9, LEN = 3000 };
+    static float host[LEN];
+    mt_tensor *t[N];
+    int64_t syncs = mt_host_sync_count();
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < LEN; i++) host[i] = (float)(k * 10000 + i);
+        t[k] = mt_from_data(host, MT_F32, MT_SHAPE(LEN), dev);
+        assert_non_null(t[k]);
+    }
+    assert_true(mt_host_sync_count() - syncs <= N - 4); /* four blocks upload without a wait */
+    static float back[LEN];
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(mt_copy_to_host(t[k], back, sizeof back), 0);
+        for (int i = 0; i < LEN; i++)
+            if (back[i] != (float)(k * 10000 + i))
+                fail_msg("upload %d, element %d: %g", k, i, (double)back[i]);
+        mt_release(t[k]);
+    }
+    assert_no_error();
+}
+
 /* ------------------------------------------------------------------ main */
 
 /* cmocka 1.1.5 (Debian 12) prints a test that calls skip() as "not ok N # SKIP name", which
@@ -516,6 +546,7 @@ int main(void) {
         DEVICE_TEST(test_oom_in_forward_changes_nothing),
         DEVICE_TEST(test_oom_in_backward_changes_nothing),
         DEVICE_TEST(test_missing_cuda_device),
+        DEVICE_TEST(test_uploads_in_flight),
     };
     return MT_RUN_TESTS(tests);
 }

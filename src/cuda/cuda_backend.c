@@ -66,19 +66,17 @@ static size_t nbytes_of(const mt_tensor *t) {
     return (size_t)t->numel * mt_dtype_size(t->dtype);
 }
 
-/* From pageable host memory the runtime stages the source before returning, so the caller
-   may reuse it at once; the copy itself is queued in stream order. */
+/* The source is copied to a pinned staging block before this returns, so the caller may
+   reuse it at once; the DMA is queued in stream order, with no host wait (cuda_staging.c). */
 static int cuda_upload(mt_tensor *dst, const void *src) {
     if (dst->numel == 0) return 0;
     mt_cuda_device_ctx *c = ctx_of("upload", dst);
     if (!c) return MT_ERR_DEVICE;
     if (mt_is_contiguous(dst))
-        return mt_cuda_check("upload", cudaMemcpyAsync(mt_tensor_data(dst), src, nbytes_of(dst),
-                                                       cudaMemcpyHostToDevice, c->stream));
+        return mt_cuda_upload_bytes("upload", c, mt_tensor_data(dst), src, nbytes_of(dst));
     mt_tensor *tmp = dense_like("upload", dst);
     if (!tmp) return MT_ERR_OOM;
-    int rc = mt_cuda_check("upload", cudaMemcpyAsync(mt_tensor_data(tmp), src, nbytes_of(tmp),
-                                                     cudaMemcpyHostToDevice, c->stream));
+    int rc = mt_cuda_upload_bytes("upload", c, mt_tensor_data(tmp), src, nbytes_of(tmp));
     if (!rc) rc = cuda_copy(dst, tmp);
     mt_tensor_unref(tmp); /* stream order keeps it alive for the queued copy */
     return rc;

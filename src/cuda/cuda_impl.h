@@ -10,9 +10,12 @@
 /* One per device, made on first use: the device's one stream (every kernel, copy and
    cuBLAS call of the library goes there, so stream order is program order), the cuBLAS
    handle bound to it, the deferred-fault word and the launch context handed to kernels. */
+typedef struct mt_cuda_staging mt_cuda_staging;
+
 typedef struct {
     int device;
     cudaStream_t stream;
+    mt_cuda_staging *staging; /* pinned blocks for uploads (cuda_staging.c); NULL: none */
     cublasHandle_t blas;
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
     mt_cuda_ctx kctx;
@@ -22,6 +25,15 @@ typedef struct {
 mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index);
 
 bool mt_cuda_allow_tf32(void); /* mt_cuda_set_allow_tf32's setting (device.c) */
+
+/* ---- uploads (cuda_staging.c) */
+mt_cuda_staging *mt_cuda_staging_new(void); /* NULL when out of memory */
+void mt_cuda_staging_free(mt_cuda_staging *s);
+/* Queues a copy of n host bytes (any host memory, reusable as soon as this returns) to dst
+   on the device's stream, through a pinned staging block without waiting for the device,
+   unless every block is still in flight (then it waits for one, counted as a host sync). */
+int mt_cuda_upload_bytes(const char *op, mt_cuda_device_ctx *c, void *dst, const void *src,
+                         size_t n);
 
 /* ---- cuBLAS, loaded on first use (cublas_loader.c) */
 typedef struct {

@@ -739,6 +739,16 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return cudaSuccess;
 }
 
+// Unlike cudaStreamQuery it does not run the queue: work queued before the event stays
+// pending until something waits, so a caller's "still in flight" path runs in tests.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!events.count(event))
+        return report(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
+    if (!event->state->recorded || event->state->done) return cudaSuccess;
+    return cudaErrorNotReady; // not an error: not recorded as the last error
+}
+
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     {
         std::lock_guard<std::recursive_mutex> g(state_lock);
