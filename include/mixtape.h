@@ -229,6 +229,32 @@ mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
 mt_tensor *mt_cross_entropy(mt_tensor *logits, mt_tensor *labels);
 mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ignore_index);
 
+/* ---- normalisation (torch.nn.functional semantics). Under autocast (O1 and O2) the
+   activation keeps its dtype (no up-cast) while weight, bias and statistics are FP32 (the
+   MIXED rule of ops.def); the result has the activation's dtype. Statistics accumulate in
+   FP32 (F64 for F64 inputs). CPU kernels only so far: on CUDA these return
+   MT_ERR_UNSUPPORTED. */
+/* Normalises over the last normalized_ndim dims of x; weight and bias (each may be NULL)
+   have the shape of those dims. */
+mt_tensor *mt_layer_norm(mt_tensor *x, int normalized_ndim, mt_tensor *weight, mt_tensor *bias,
+                         double eps);
+/* x is [N, C, ...]; statistics per channel over N and the other dims. training: normalises
+   with the batch mean and biased variance and, when the running buffers are given (both or
+   neither), updates them in place without history: running = (1 - momentum) * running +
+   momentum * batch statistic, with the unbiased variance for running_var. Eval (training
+   false): normalises with running_mean and running_var, which are then required. The
+   running buffers must be [C], contiguous, FP32 (F64 for F64 x), not requiring grad; weight
+   and bias ([C]) may be NULL. */
+mt_tensor *mt_batch_norm(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
+                         mt_tensor *weight, mt_tensor *bias, bool training, double momentum,
+                         double eps);
+typedef enum { MT_ACT_NONE, MT_ACT_RELU } mt_activation;
+/* act(batch_norm(x) + residual) in one pass forward and one backward (the residual, NULL or
+   a tensor of x's shape, gets its gradient too): the fused BN+add+ReLU of ResNet blocks. */
+mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
+                             mt_tensor *weight, mt_tensor *bias, mt_tensor *residual, bool training,
+                             double momentum, double eps, mt_activation act);
+
 mt_tensor *mt_cat(mt_tensor *const *ts, int n, int dim);
 mt_tensor *mt_stack(mt_tensor *const *ts, int n, int dim);
 

@@ -223,4 +223,8 @@ const mt_backend mt_cpu_backend = {
     .scale_update = mt_cpu_scale_update,
     .optim_step = mt_cpu_optim_step,
     .sq_norm = mt_cpu_sq_norm,
+    .layer_norm = mt_cpu_layer_norm,
+    .layer_norm_backward = mt_cpu_layer_norm_backward,
+    .batch_norm = mt_cpu_batch_norm,
+    .batch_norm_backward = mt_cpu_batch_norm_backward,
 };
