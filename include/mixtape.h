@@ -255,6 +255,12 @@ mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *r
                              mt_tensor *weight, mt_tensor *bias, mt_tensor *residual, bool training,
                              double momentum, double eps, mt_activation act);
 
+/* Inverted dropout: training zeroes each element with probability p (in [0, 1]) and scales
+   the others by 1 / (1 - p); the mask comes from the global Philox generator (mt_manual_seed)
+   and is regenerated in backward from the seed and offset kept on the tape (no mask tensor).
+   Runs in x's dtype, F16/BF16 included. Not training, or p == 0: returns x itself. */
+mt_tensor *mt_dropout(mt_tensor *x, double p, bool training);
+
 mt_tensor *mt_cat(mt_tensor *const *ts, int n, int dim);
 mt_tensor *mt_stack(mt_tensor *const *ts, int n, int dim);
 

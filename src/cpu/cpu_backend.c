@@ -227,4 +227,5 @@ const mt_backend mt_cpu_backend = {
     .layer_norm_backward = mt_cpu_layer_norm_backward,
     .batch_norm = mt_cpu_batch_norm,
     .batch_norm_backward = mt_cpu_batch_norm_backward,
+    .dropout = mt_cpu_dropout,
 };
