@@ -261,6 +261,22 @@ mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *r
    Runs in x's dtype, F16/BF16 included. Not training, or p == 0: returns x itself. */
 mt_tensor *mt_dropout(mt_tensor *x, double p, bool training);
 
+/* ---- indexing. Indices are MT_I64; one out of range is an error naming the op, its
+   position and its value. The gradients are added back at the indexed places in FP32 (F64
+   for F64) in a fixed order (deterministic), then rounded once to the input's dtype. */
+/* weight [num_embeddings, dim], indices of any shape: result indices.shape + [dim]. */
+mt_tensor *mt_embedding(mt_tensor *weight, mt_tensor *indices);
+/* The entries of x along dim named by index (0-d or 1-d), as torch.index_select. */
+mt_tensor *mt_index_select(mt_tensor *x, int dim, mt_tensor *index);
+/* out[p] = x[p with coordinate dim replaced by index[p]]; index has x's ndim and sizes no
+   larger than x's outside dim; the result has index's shape (torch.gather). */
+mt_tensor *mt_gather(mt_tensor *x, int dim, mt_tensor *index);
+/* MT_I64 index of the largest value along dim (the first one on ties; NaN counts as the
+   largest); not differentiable. */
+mt_tensor *mt_argmax(mt_tensor *x, int dim, bool keepdim);
+/* A random permutation of 0 .. n-1 (MT_I64) from the global generator (mt_manual_seed). */
+mt_tensor *mt_randperm(int64_t n, mt_device dev);
+
 mt_tensor *mt_cat(mt_tensor *const *ts, int n, int dim);
 mt_tensor *mt_stack(mt_tensor *const *ts, int n, int dim);
 

@@ -228,4 +228,9 @@ const mt_backend mt_cpu_backend = {
     .batch_norm = mt_cpu_batch_norm,
     .batch_norm_backward = mt_cpu_batch_norm_backward,
     .dropout = mt_cpu_dropout,
+    .index_select = mt_cpu_index_select,
+    .index_add = mt_cpu_index_add,
+    .gather = mt_cpu_gather,
+    .scatter_add = mt_cpu_scatter_add,
+    .argmax = mt_cpu_argmax,
 };
