@@ -35,13 +35,16 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
     T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
     int64_t M = c->N * c->S;
     for (int64_t ch = cb; ch < ce; ch++) {
-        T mean, var;
+        /* y = ((x - k) - md) * scale + bias: k is one of the channel's values in training
+           (x - k exact nearby, md the small mean of x - k) and the running mean in eval, so
+           x - mean does not cancel when |mean| >> std */
+        T mean, var, k, md = 0;
         if (a->training) {
-            T k;
             LOAD(bn_at(c->x, c, 0, ch, 0), c->es, c->xdt, 1, &k);
             double s1, s2;
             SFX(bn_shifted_sums)(c, ch, k, &s1, &s2);
             double dm = s1 / (double)M, dv = s2 / (double)M - dm * dm;
+            md = (T)dm;
             mean = (T)((double)k + dm);
             var = (T)(dv > 0 ? dv : 0);
             if (rm) {
@@ -51,19 +54,19 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
                     (T)((1 - mo) * (double)rv[ch] + mo * (double)var * (double)M / (double)(M - 1));
             }
         } else {
-            mean = rm[ch];
+            mean = k = rm[ch];
             var = rv[ch];
         }
         T rs = (T)1 / SQRT(var + (T)a->eps);
         sm[ch] = mean;
         sr[ch] = rs;
-        T scale = w ? w[ch] * rs : rs, shift = (b ? b[ch] : (T)0) - mean * scale;
+        T scale = w ? w[ch] * rs : rs, shift = b ? b[ch] : (T)0;
         T buf[CHUNK], res[CHUNK];
         for (int64_t n = 0; n < c->N; n++)
             for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                 int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
                 LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, buf);
-                for (int64_t j = 0; j < m; j++) buf[j] = buf[j] * scale + shift;
+                for (int64_t j = 0; j < m; j++) buf[j] = ((buf[j] - k) - md) * scale + shift;
                 if (c->res) {
                     LOAD(bn_at(c->res, c, n, ch, s0), c->es, c->xdt, m, res);
                     for (int64_t j = 0; j < m; j++) buf[j] += res[j];

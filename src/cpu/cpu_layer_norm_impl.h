@@ -13,18 +13,21 @@ static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
     T *mean = c->mean, *rstd = c->rstd;
     for (int64_t r = rb; r < re; r++) {
         LOAD(c->x + r * D * c->xes, c->xes, c->xdt, D, buf);
-        T s = 0, v = 0;
-        for (int64_t j = 0; j < D; j++) s += buf[j];
-        T m = s / (T)D;
-        /* two passes over the row in cache: no cancellation in the variance */
-        for (int64_t j = 0; j < D; j++) v += (buf[j] - m) * (buf[j] - m);
+        /* Shifted by the row's first value k (x - k is exact for values near it), then two
+           passes over the row in cache: the mean of the shifted values md is small and
+           accurate, so neither the variance nor x - mean cancels when |mean| >> std. The
+           mean itself is never formed for y, only saved for the backward. */
+        T k = buf[0], s = 0, v = 0;
+        for (int64_t j = 0; j < D; j++) s += (buf[j] -= k);
+        T md = s / (T)D;
+        for (int64_t j = 0; j < D; j++) v += (buf[j] - md) * (buf[j] - md);
         T rs = (T)1 / SQRT(v / (T)D + (T)c->eps);
         for (int64_t j = 0; j < D; j++) {
-            T h = (buf[j] - m) * rs;
+            T h = (buf[j] - md) * rs;
             buf[j] = (w ? h * w[j] : h) + (b ? b[j] : (T)0);
         }
         STORE(c->y + r * D * c->yes, c->yes, c->ydt, D, buf);
-        mean[r] = m;
+        mean[r] = k + md;
         rstd[r] = rs;
     }
     mt_host_free(buf, (size_t)D * sizeof(T));
