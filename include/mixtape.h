@@ -444,9 +444,15 @@ double mt_clip_grad_norm(mt_optimizer *o, double max_norm);
    gradients are left as they are. */
 double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite);
 /* O2 (Paddle's decorate): casts the parameters to `low` in place, except those marked as
-   norm parameters (keep_fp32[i] true); an optimizer made afterwards with multi_precision
-   creates their FP32 masters from the low values (O2 master weights). */
+   norm parameters (keep_fp32[i] true, or marked by mt_set_amp_keep_fp32); an optimizer made
+   afterwards with multi_precision creates their FP32 masters from the low values (O2 master
+   weights). */
 int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *keep_fp32);
+/* Marks t as a norm parameter that mt_amp_decorate keeps FP32 whatever keep_fp32 says (the
+   batch-norm and layer-norm layers mark their weight and bias; a user's own norm layer can
+   mark its parameters the same way). */
+void mt_set_amp_keep_fp32(mt_tensor *t, bool on);
+bool mt_amp_keep_fp32(const mt_tensor *t);
 
 /* ---------------------------------------------------------------- nn */
 
@@ -458,6 +464,50 @@ int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias,
                          mt_device dev);
 mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x);
 void mt_linear_layer_free(mt_linear_layer *l);
+
+/* torch.nn.BatchNorm2d: weight 1 and bias 0 (in dt, marked to stay FP32 under O2 decorate),
+   running_mean 0 and running_var 1 (FP32; F64 for F64 layers), momentum 0.1, eps 1e-5, all
+   fields the caller may change. training (true after init) selects batch statistics and
+   the running update; false: eval with the running statistics. */
+typedef struct {
+    mt_tensor *weight, *bias, *running_mean, *running_var;
+    double momentum, eps;
+    bool training;
+} mt_batch_norm2d_layer;
+int mt_batch_norm2d_layer_init(mt_batch_norm2d_layer *l, int64_t channels, mt_dtype dt,
+                               mt_device dev);
+mt_tensor *mt_batch_norm2d_layer_forward(mt_batch_norm2d_layer *l, mt_tensor *x); /* 4-d x */
+void mt_batch_norm2d_layer_free(mt_batch_norm2d_layer *l);
+
+/* torch.nn.LayerNorm(normalized_shape, elementwise_affine): weight 1 and bias 0 of that
+   shape when affine (marked to stay FP32 under O2 decorate), eps 1e-5. */
+typedef struct {
+    mt_tensor *weight, *bias; /* NULL without affine */
+    int ndim;
+    int64_t shape[MT_MAX_DIMS];
+    double eps;
+} mt_layer_norm_layer;
+int mt_layer_norm_layer_init(mt_layer_norm_layer *l, int ndim, const int64_t *shape, bool affine,
+                             mt_dtype dt, mt_device dev);
+mt_tensor *mt_layer_norm_layer_forward(mt_layer_norm_layer *l, mt_tensor *x);
+void mt_layer_norm_layer_free(mt_layer_norm_layer *l);
+
+/* torch.nn.Embedding: weight [num, dim] drawn from N(0, 1). */
+typedef struct {
+    mt_tensor *weight;
+} mt_embedding_layer;
+int mt_embedding_layer_init(mt_embedding_layer *l, int64_t num, int64_t dim, mt_dtype dt,
+                            mt_device dev);
+mt_tensor *mt_embedding_layer_forward(mt_embedding_layer *l, mt_tensor *indices);
+void mt_embedding_layer_free(mt_embedding_layer *l);
+
+/* torch.nn.Dropout: training is true after init; false makes the forward the identity. */
+typedef struct {
+    double p;
+    bool training;
+} mt_dropout_layer;
+int mt_dropout_layer_init(mt_dropout_layer *l, double p);
+mt_tensor *mt_dropout_layer_forward(mt_dropout_layer *l, mt_tensor *x);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,7 @@ struct mt_tensor {
     bool requires_grad;      /* leaf flag set by the user, or "has grad_fn" for results */
     struct mt_node *grad_fn; /* strong; NULL for leaves */
     mt_tensor *grad;         /* accumulated gradient of a leaf */
+    bool amp_keep_fp32;      /* a norm parameter: mt_amp_decorate leaves it FP32 */
 };
 
 /* ---- errors (src/tensor/error.c) */
