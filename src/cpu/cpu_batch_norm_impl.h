@@ -1,7 +1,8 @@
 /* Batch-norm channel kernels for one accumulation type, included by cpu_batch_norm.c with
    T = float (F32, F16 and BF16 activations) and T = double (F64). The includer defines T,
-   SFX(name), LOAD, STORE and SQRT. A channel's elements are N runs of S contiguous values;
+   SFX(name), LOAD, STORE, SQRT and LANES. A channel's elements are N runs of S contiguous values;
    they are read in chunks of CHUNK into stack buffers. */
+#include "cpu_norm_sums_impl.h"
 
 /* sum and sum of squares of (x - k) over channel ch: the shift by one of the channel's own
    values keeps the one-pass variance free of cancellation when |mean| >> std */
@@ -12,12 +13,8 @@ static void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, d
         for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
             int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
             LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, buf);
-            T p1 = 0, p2 = 0;
-            for (int64_t j = 0; j < m; j++) {
-                T d = buf[j] - k;
-                p1 += d;
-                p2 += d * d;
-            }
+            T p1, p2;
+            SFX(sums2)(buf, k, buf, k, m, &p1, &p2);
             a1 += (double)p1;
             a2 += (double)p2;
         }
@@ -107,13 +104,10 @@ static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64_t ce, int par
                     int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
                     SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
                     LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, tmp);
-                    T p = 0, px = 0;
-                    for (int64_t j = 0; j < m; j++) {
-                        p += gz[j];
-                        px += gz[j] * (tmp[j] - mean) * rs;
-                    }
+                    T p, px;
+                    SFX(sums2)(gz, 0, tmp, mean, m, &p, &px);
                     sg += (double)p;
-                    sgx += (double)px;
+                    sgx += (double)px * (double)rs;
                 }
         }
         if (gw) gw[ch] = (T)sgx;

@@ -1,6 +1,7 @@
 /* Layer-norm row kernels for one accumulation type, included by cpu_layer_norm.c once with
    T = float (F32, F16 and BF16 activations) and once with T = double (F64), so the two
-   precisions share one text. The includer defines T, SFX(name), LOAD and STORE. */
+   precisions share one text. The includer defines T, SFX(name), LOAD, STORE, SQRT, LANES. */
+#include "cpu_norm_sums_impl.h"
 
 /* rows [rb, re): y = (x - mean) * rstd * w + b, row statistics saved */
 static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
@@ -13,17 +14,16 @@ static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
     T *mean = c->mean, *rstd = c->rstd;
     for (int64_t r = rb; r < re; r++) {
         LOAD(c->x + r * D * c->xes, c->xes, c->xdt, D, buf);
-        /* Shifted by the row's first value k (x - k is exact for values near it), then two
-           passes over the row in cache: the mean of the shifted values md is small and
-           accurate, so neither the variance nor x - mean cancels when |mean| >> std. The
-           mean itself is never formed for y, only saved for the backward. */
-        T k = buf[0], s = 0, v = 0;
-        for (int64_t j = 0; j < D; j++) s += (buf[j] -= k);
-        T md = s / (T)D;
-        for (int64_t j = 0; j < D; j++) v += (buf[j] - md) * (buf[j] - md);
-        T rs = (T)1 / SQRT(v / (T)D + (T)c->eps);
+        /* Shifted by the row's first value k (x - k is exact for values near it): the
+           mean of the shifted values md is small and accurate, so neither the one-pass
+           variance nor x - mean cancels when |mean| >> std. The mean itself is never formed
+           for y, only saved for the backward. */
+        T k = buf[0], s, s2;
+        SFX(sums2)(buf, k, buf, k, D, &s, &s2);
+        T md = s / (T)D, var = s2 / (T)D - md * md;
+        T rs = (T)1 / SQRT((var > 0 ? var : (T)0) + (T)c->eps);
         for (int64_t j = 0; j < D; j++) {
-            T h = (buf[j] - md) * rs;
+            T h = ((buf[j] - k) - md) * rs;
             buf[j] = (w ? h * w[j] : h) + (b ? b[j] : (T)0);
         }
         STORE(c->y + r * D * c->yes, c->yes, c->ydt, D, buf);
@@ -59,11 +59,8 @@ static int SFX(ln_backward_rows)(void *vctx, int64_t rb, int64_t re, int part) {
         if (!c->gx) continue;
         if (w)
             for (int64_t j = 0; j < D; j++) g[j] *= w[j];
-        T s = 0, sx = 0;
-        for (int64_t j = 0; j < D; j++) {
-            s += g[j];
-            sx += g[j] * xv[j];
-        }
+        T s, sx;
+        SFX(sums2)(g, 0, xv, 0, D, &s, &sx);
         s /= (T)D;
         sx /= (T)D;
         for (int64_t j = 0; j < D; j++) g[j] = rs * (g[j] - s - xv[j] * sx);
