@@ -261,6 +261,54 @@ mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
 mt_tensor *mt_cross_entropy(mt_tensor *logits, mt_tensor *labels);
 mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ignore_index);
 
+/* ---- normalisation (torch.nn.functional semantics). Under autocast (O1 and O2) the
+   activation keeps its dtype (no up-cast) while weight, bias and statistics are FP32 (the
+   MIXED rule of ops.def); the result has the activation's dtype. Statistics accumulate in
+   FP32 (F64 for F64 inputs). CPU kernels only so far: on CUDA these return
+   MT_ERR_UNSUPPORTED. */
+/* Normalises over the last normalized_ndim dims of x; weight and bias (each may be NULL)
+   have the shape of those dims. */
+mt_tensor *mt_layer_norm(mt_tensor *x, int normalized_ndim, mt_tensor *weight, mt_tensor *bias,
+                         double eps);
+/* x is [N, C, ...]; statistics per channel over N and the other dims. training: normalises
+   with the batch mean and biased variance and, when the running buffers are given (both or
+   neither), updates them in place without history: running = (1 - momentum) * running +
+   momentum * batch statistic, with the unbiased variance for running_var. Eval (training
+   false): normalises with running_mean and running_var, which are then required. The
+   running buffers must be [C], contiguous, FP32 (F64 for F64 x), not requiring grad; weight
+   and bias ([C]) may be NULL. */
+mt_tensor *mt_batch_norm(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
+                         mt_tensor *weight, mt_tensor *bias, bool training, double momentum,
+                         double eps);
+typedef enum { MT_ACT_NONE, MT_ACT_RELU } mt_activation;
+/* act(batch_norm(x) + residual) in one pass forward and one backward (the residual, NULL or
+   a tensor of x's shape, gets its gradient too): the fused BN+add+ReLU of ResNet blocks. */
+mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
+                             mt_tensor *weight, mt_tensor *bias, mt_tensor *residual, bool training,
+                             double momentum, double eps, mt_activation act);
+
+/* Inverted dropout: training zeroes each element with probability p (in [0, 1]) and scales
+   the others by 1 / (1 - p); the mask comes from the global Philox generator (mt_manual_seed)
+   and is regenerated in backward from the seed and offset kept on the tape (no mask tensor).
+   Runs in x's dtype, F16/BF16 included. Not training, or p == 0: returns x itself. */
+mt_tensor *mt_dropout(mt_tensor *x, double p, bool training);
+
+/* ---- indexing. Indices are MT_I64; one out of range is an error naming the op, its
+   position and its value. The gradients are added back at the indexed places in FP32 (F64
+   for F64) in a fixed order (deterministic), then rounded once to the input's dtype. */
+/* weight [num_embeddings, dim], indices of any shape: result indices.shape + [dim]. */
+mt_tensor *mt_embedding(mt_tensor *weight, mt_tensor *indices);
+/* The entries of x along dim named by index (0-d or 1-d), as torch.index_select. */
+mt_tensor *mt_index_select(mt_tensor *x, int dim, mt_tensor *index);
+/* out[p] = x[p with coordinate dim replaced by index[p]]; index has x's ndim and sizes no
+   larger than x's outside dim; the result has index's shape (torch.gather). */
+mt_tensor *mt_gather(mt_tensor *x, int dim, mt_tensor *index);
+/* MT_I64 index of the largest value along dim (the first one on ties; NaN counts as the
+   largest); not differentiable. */
+mt_tensor *mt_argmax(mt_tensor *x, int dim, bool keepdim);
+/* A random permutation of 0 .. n-1 (MT_I64) from the global generator (mt_manual_seed). */
+mt_tensor *mt_randperm(int64_t n, mt_device dev);
+
 mt_tensor *mt_cat(mt_tensor *const *ts, int n, int dim);
 mt_tensor *mt_stack(mt_tensor *const *ts, int n, int dim);
 
@@ -446,9 +494,15 @@ double mt_clip_grad_norm(mt_optimizer *o, double max_norm);
    gradients are left as they are. */
 double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite);
 /* O2 (Paddle's decorate): casts the parameters to `low` in place, except those marked as
-   norm parameters (keep_fp32[i] true); an optimizer made afterwards with multi_precision
-   creates their FP32 masters from the low values (O2 master weights). */
+   norm parameters (keep_fp32[i] true, or marked by mt_set_amp_keep_fp32); an optimizer made
+   afterwards with multi_precision creates their FP32 masters from the low values (O2 master
+   weights). */
 int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *keep_fp32);
+/* Marks t as a norm parameter that mt_amp_decorate keeps FP32 whatever keep_fp32 says (the
+   batch-norm and layer-norm layers mark their weight and bias; a user's own norm layer can
+   mark its parameters the same way). */
+void mt_set_amp_keep_fp32(mt_tensor *t, bool on);
+bool mt_amp_keep_fp32(const mt_tensor *t);
 
 /* ---------------------------------------------------------------- nn */
 
@@ -460,6 +514,50 @@ int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias,
                          mt_device dev);
 mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x);
 void mt_linear_layer_free(mt_linear_layer *l);
+
+/* torch.nn.BatchNorm2d: weight 1 and bias 0 (in dt, marked to stay FP32 under O2 decorate),
+   running_mean 0 and running_var 1 (FP32; F64 for F64 layers), momentum 0.1, eps 1e-5, all
+   fields the caller may change. training (true after init) selects batch statistics and
+   the running update; false: eval with the running statistics. */
+typedef struct {
+    mt_tensor *weight, *bias, *running_mean, *running_var;
+    double momentum, eps;
+    bool training;
+} mt_batch_norm2d_layer;
+int mt_batch_norm2d_layer_init(mt_batch_norm2d_layer *l, int64_t channels, mt_dtype dt,
+                               mt_device dev);
+mt_tensor *mt_batch_norm2d_layer_forward(mt_batch_norm2d_layer *l, mt_tensor *x); /* 4-d x */
+void mt_batch_norm2d_layer_free(mt_batch_norm2d_layer *l);
+
+/* torch.nn.LayerNorm(normalized_shape, elementwise_affine): weight 1 and bias 0 of that
+   shape when affine (marked to stay FP32 under O2 decorate), eps 1e-5. */
+typedef struct {
+    mt_tensor *weight, *bias; /* NULL without affine */
+    int ndim;
+    int64_t shape[MT_MAX_DIMS];
+    double eps;
+} mt_layer_norm_layer;
+int mt_layer_norm_layer_init(mt_layer_norm_layer *l, int ndim, const int64_t *shape, bool affine,
+                             mt_dtype dt, mt_device dev);
+mt_tensor *mt_layer_norm_layer_forward(mt_layer_norm_layer *l, mt_tensor *x);
+void mt_layer_norm_layer_free(mt_layer_norm_layer *l);
+
+/* torch.nn.Embedding: weight [num, dim] drawn from N(0, 1). */
+typedef struct {
+    mt_tensor *weight;
+} mt_embedding_layer;
+int mt_embedding_layer_init(mt_embedding_layer *l, int64_t num, int64_t dim, mt_dtype dt,
+                            mt_device dev);
+mt_tensor *mt_embedding_layer_forward(mt_embedding_layer *l, mt_tensor *indices);
+void mt_embedding_layer_free(mt_embedding_layer *l);
+
+/* torch.nn.Dropout: training is true after init; false makes the forward the identity. */
+typedef struct {
+    double p;
+    bool training;
+} mt_dropout_layer;
+int mt_dropout_layer_init(mt_dropout_layer *l, double p);
+mt_tensor *mt_dropout_layer_forward(mt_dropout_layer *l, mt_tensor *x);
 
 #ifdef __cplusplus
 }

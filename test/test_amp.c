@@ -7,7 +7,7 @@
 
 /* ------------------------------------------------------------------ expected rules */
 
-typedef enum { R_NONE, R_LOWER, R_FP32, R_PROMOTE, R_INTERNAL } rule;
+typedef enum { R_NONE, R_LOWER, R_FP32, R_PROMOTE, R_MIXED, R_INTERNAL } rule;
 
 typedef struct {
     const char *name;
@@ -58,6 +58,15 @@ static const op_rule expected[] = {
     {"max", R_NONE},
     {"softmax", R_FP32},
     {"log_softmax", R_FP32},
+    /* normalisations: the activation keeps its dtype (weight and bias go to FP32) */
+    {"layer_norm", R_MIXED},
+    {"batch_norm", R_MIXED},
+    {"batch_norm_act", R_MIXED},
+    {"dropout", R_NONE},
+    {"embedding", R_NONE},
+    {"index_select", R_NONE},
+    {"gather", R_NONE},
+    {"argmax", R_NONE},
     {"matmul", R_LOWER},
     {"linear", R_LOWER},
     {"mse_loss", R_FP32},
@@ -111,6 +120,7 @@ static void check_op_rule(const char *name, const char *r, void *ctx) {
     rule want = strcmp(r, "LOWER") == 0     ? R_LOWER
                 : strcmp(r, "FP32") == 0    ? R_FP32
                 : strcmp(r, "PROMOTE") == 0 ? R_PROMOTE
+                : strcmp(r, "MIXED") == 0   ? R_MIXED
                                             : R_NONE;
     if (e->r != R_INTERNAL && e->r != want)
         fail_msg("op \"%s\": ops.def says %s, the design says otherwise", name, r);

@@ -39,6 +39,8 @@ import zlib
 import torch
 import torch.nn.functional as F
 
+import gen_golden_nn
+
 NAMES = {
     torch.float32: "f32",
     torch.float64: "f64",
@@ -112,10 +114,14 @@ class OpFile:
         self.cases = 0
 
     def case(self, name, fn, inputs, rg=None, params=None, target=None, autocast=None,
-             grads=True):
+             grads=True, mixed=False):
         """fn maps the list of (torch) inputs to the output. rg: which inputs are
         differentiable (default: every floating input). Low-precision cases are forward only
-        unless under autocast (or a promote case, whose output is F32)."""
+        unless under autocast (or a promote case, whose output is F32). mixed: an op of the
+        MIXED autocast rule (normalisations): a low-precision activation (input 0) with FP32
+        parameters is computed in FP32 and each result rounded once to its own dtype (the
+        output to input 0's, every gradient to its input's), gradients included; mixed="fp32
+        output": the output is FP32 statistics, not rounded."""
         full = "%s_%s" % (self.op, name)
         assert full not in self.names, full
         self.names.add(full)
@@ -126,11 +132,16 @@ class OpFile:
         if target in LOW:
             lowdt = lowdt or target
         promote = name.startswith("promote")
-        want_grad = grads and any(rg) and (lowdt is None or autocast is not None or promote)
-        y, gr, cot = run_native(fn, inputs, rg, want_grad, autocast, g)
-        source = "torch"
+        want_grad = grads and any(rg) and (lowdt is None or autocast is not None or promote
+                                           or mixed)
+        if mixed and lowdt is not None:
+            y, gr, cot = run_mixed(fn, inputs, rg, want_grad, g, mixed == "fp32 output")
+            source = "emulated"
+        else:
+            y, gr, cot = run_native(fn, inputs, rg, want_grad, autocast, g)
+            source = "torch"
         fp32_under_autocast = autocast is not None and y.dtype not in LOW
-        if lowdt is not None and not promote and not fp32_under_autocast:
+        if lowdt is not None and not promote and not fp32_under_autocast and not mixed:
             ye, gre = run_contract(fn, inputs, rg, want_grad, autocast, lowdt, cot)
             if y is None:  # torch has no CPU kernel for this low dtype
                 source = "emulated"
@@ -232,6 +243,21 @@ def run_contract(fn, inputs, rg, want_grad, autocast, lowdt, cot):
         grads = [u.grad.to(lowdt).to(t.dtype) if u.requires_grad else None
                  for u, t in zip(up, inputs)]
     return y.detach().to(outdt), grads
+
+
+def run_mixed(fn, inputs, rg, want_grad, g, fp32_output=False):
+    """The MIXED rule's contract: every floating input as FP32 (exact: the parameters are FP32
+    already), FP32 arithmetic, the output rounded to input 0's dtype and each gradient to its
+    own input's dtype."""
+    up = [(t.float() if t.is_floating_point() else t).clone().requires_grad_(bool(r and want_grad))
+          for t, r in zip(inputs, rg)]
+    y = fn(up)
+    cot, grads = None, [None] * len(inputs)
+    if want_grad:
+        cot = make(g, tuple(y.shape), inputs[0].dtype)
+        y.backward(cot.float())
+        grads = [u.grad.to(t.dtype) if u.requires_grad else None for u, t in zip(up, inputs)]
+    return y.detach().to(F32 if fp32_output else inputs[0].dtype), grads, cot
 
 
 # ----------------------------------------------------------------------------- op generators
@@ -865,6 +891,7 @@ def main():
                 softmax_ops, matmul_op, linear_op, loss_ops, join_ops, cast_op, view_ops, copy_ops):
         gen(files)
     edge_cases(files)
+    gen_golden_nn.nn_ops(files, sys.modules[__name__])
     total = 0
     for fo in files:
         fo.write(outdir)

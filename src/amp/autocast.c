@@ -98,6 +98,7 @@ mt_dtype mt_autocast_decide(mt_op_id op, mt_dtype widest) {
         return MT_F32;
     case MT_RULE_PROMOTE:
     case MT_RULE_NONE:
+    case MT_RULE_MIXED: /* the activation's dtype; parameters: mt_dispatch_mixed */
         return widest;
     }
     return widest;

@@ -41,6 +41,14 @@ void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts);
    parallel threshold (1 for a simple add). */
 void mt_cpu_iter_run(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int cost_per_elem);
 
+/* Runs fn(ctx, b, e, part) over [0, n) split into at most mt_cpu_num_threads() static
+   ranges (part numbers them from 0, in order, so per-part partial results can be combined
+   in a fixed order: deterministic for a given thread count), in parallel when work is at
+   least MT_CPU_PARALLEL_MIN, else as one range on the calling thread. Returns nonzero when
+   some fn did (it could not get its scratch). */
+typedef int (*mt_cpu_part_fn)(void *ctx, int64_t b, int64_t e, int part);
+int mt_cpu_for_parts(mt_cpu_part_fn fn, void *ctx, int64_t n, int64_t work);
+
 /* The offsets along strides s0 and s1 of the element with row-major flat index k over
    shape[0..nd) (the batch entries of a GEMM, the outputs of a reduction). */
 static inline void mt_cpu_offsets2(int nd, const int64_t *shape, const int64_t *s0,
@@ -92,4 +100,17 @@ int mt_cpu_unscale(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
 int mt_cpu_scale_update(const mt_scale_update_args *a);
 int mt_cpu_optim_step(const mt_optim_step_args *a);
 int mt_cpu_sq_norm(mt_tensor *const *ts, int n, mt_tensor *out);
+int mt_cpu_layer_norm(mt_tensor *y, mt_tensor *mean, mt_tensor *rstd, const mt_tensor *x,
+                      const mt_tensor *weight, const mt_tensor *bias, double eps);
+int mt_cpu_layer_norm_backward(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, const mt_tensor *gy,
+                               const mt_tensor *x, const mt_tensor *mean, const mt_tensor *rstd,
+                               const mt_tensor *weight);
+int mt_cpu_batch_norm(const mt_bn_args *a);
+int mt_cpu_batch_norm_backward(const mt_bn_backward_args *a);
+int mt_cpu_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed, uint64_t offset);
+int mt_cpu_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+int mt_cpu_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
+int mt_cpu_gather(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+int mt_cpu_scatter_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
+int mt_cpu_argmax(mt_tensor *out, const mt_tensor *x, int dim);
 #endif

@@ -130,3 +130,20 @@ void mt_cpu_iter_run(const mt_cpu_iter *it, mt_cpu_row_fn fn, void *ctx, int cos
         if (b < e) run_range(it, fn, ctx, b, e);
     }
 }
+
+int mt_cpu_for_parts(mt_cpu_part_fn fn, void *ctx, int64_t n, int64_t work) {
+    int nt = mt_cpu_num_threads();
+    if (nt > n) nt = (int)n;
+    if (nt <= 1 || work < MT_CPU_PARALLEL_MIN) return n > 0 ? fn(ctx, 0, n, 0) : 0;
+    int failed = 0;
+    int64_t per = (n + nt - 1) / nt;
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int p = 0; p < nt; p++) {
+        int64_t b = (int64_t)p * per, e = b + per < n ? b + per : n;
+        if (b < e && fn(ctx, b, e, p)) {
+#pragma omp atomic write
+            failed = 1;
+        }
+    }
+    return failed;
+}

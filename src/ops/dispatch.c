@@ -58,3 +58,31 @@ int mt_dispatch_upcast_input(mt_op_id op, mt_tensor *t, mt_tensor **cast) {
     *cast = mt_tensor_ref(t);
     return (int)want;
 }
+
+int mt_dispatch_mixed(mt_op_id op, mt_tensor *const *in, int n, uint32_t act_mask,
+                      mt_tensor **cast) {
+    mt_dtype act = mt_autocast_decide(op, in[0]->dtype);
+    mt_dtype acc = mt_norm_acc_dtype(act);
+    for (int i = 0; i < n; i++) {
+        mt_tensor *t = in[i];
+        mt_dtype want = i == 0 || (act_mask >> i & 1u) ? act : acc;
+        if (!t || !mt_dtype_is_floating(t->dtype) || t->dtype == want) {
+            cast[i] = mt_tensor_ref(t);
+            continue;
+        }
+        cast[i] = mt_autocast_cast(t, want);
+        if (!cast[i]) {
+            mt_dispatch_release(cast, i);
+            return -1;
+        }
+    }
+    return (int)act;
+}
+
+mt_tensor *mt_dispatch_dense(mt_tensor *t, mt_dtype dt) {
+    if (!t) return NULL;
+    mt_tensor *c = mt_cast(t, dt);
+    mt_tensor *d = c ? mt_contiguous(c) : NULL;
+    mt_tensor_unref(c);
+    return d;
+}

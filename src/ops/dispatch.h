@@ -19,6 +19,22 @@ void mt_dispatch_release(mt_tensor **cast, int n);
    same numbers as casting first, without the extra pass, and *cast is t itself; other casts
    go through mt_dispatch_inputs. Returns the compute dtype, or -1 with the error set. */
 int mt_dispatch_upcast_input(mt_op_id op, mt_tensor *t, mt_tensor **cast);
+/* The MIXED rule of ops.def (normalisations): in[0] is the activation, and so is every
+   in[i] whose bit is set in act_mask (a residual). The activation dtype is the autocast
+   decision for in[0]'s dtype (in[0]'s own unless a custom list names the op); other
+   activation inputs are cast to it. Every other floating input (weight, bias, running
+   statistics) is cast to the accumulation dtype (F64 for an F64 activation, else F32).
+   Returns the activation dtype, or -1 with the error set (cast[] then holds nothing). */
+int mt_dispatch_mixed(mt_op_id op, mt_tensor *const *in, int n, uint32_t act_mask,
+                      mt_tensor **cast);
+/* t as a contiguous tensor of dtype dt, through the recorded cast and contiguous ops (t
+   itself, retained, when it is one already); NULL passes through. New reference, or NULL
+   with the error set. */
+mt_tensor *mt_dispatch_dense(mt_tensor *t, mt_dtype dt);
+/* The accumulation dtype of a normalisation over activations of dtype dt. */
+static inline mt_dtype mt_norm_acc_dtype(mt_dtype dt) {
+    return dt == MT_F64 ? MT_F64 : MT_F32;
+}
 static inline void mt_dispatch_done(mt_op_id op, mt_dtype compute, const mt_tensor *out,
                                     mt_tensor *const *in, int n) {
     if (atomic_load_explicit(&mt_amp_stats_on, memory_order_relaxed))

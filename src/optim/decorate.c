@@ -1,7 +1,9 @@
 /* O2 decorate (Paddle's paddle.amp.decorate(level='O2')): parameters are cast to the low
    dtype once, in place, so every later forward reads them without a cast; norm-layer
-   parameters stay FP32. The parameter keeps its identity (the same mt_tensor *, so layers and
-   user code holding it see the change) and gets new storage in the new dtype. */
+   parameters stay FP32: those the caller flags in keep_fp32, and those marked as norm
+   parameters on the tensor itself (mt_set_amp_keep_fp32, which the batch-norm and layer-norm
+   layers call on their weight and bias). The parameter keeps its identity (the same mt_tensor *, so
+   layers and user code holding it see the change) and gets new storage in the new dtype. */
 #include <stdlib.h>
 #include "../autograd/node.h"
 #include "optimizer_impl.h"
@@ -26,7 +28,7 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
     if (!conv) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
     for (int i = 0; i < n && rc == 0; i++) {
         mt_tensor *p = params[i];
-        if ((keep_fp32 && keep_fp32[i]) || p->dtype == low) continue;
+        if ((keep_fp32 && keep_fp32[i]) || p->amp_keep_fp32 || p->dtype == low) continue;
         conv[i] = mt_tensor_new(op, p->ndim, p->shape, low, p->device);
         if (!conv[i])
             rc = mt_last_status();
@@ -59,4 +61,12 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
     for (int i = 0; i < n; i++) mt_tensor_unref(conv[i]);
     free(conv);
     return rc;
+}
+
+void mt_set_amp_keep_fp32(mt_tensor *t, bool on) {
+    if (t) t->amp_keep_fp32 = on;
+}
+
+bool mt_amp_keep_fp32(const mt_tensor *t) {
+    return t && t->amp_keep_fp32;
 }

@@ -130,6 +130,49 @@ static int no_sq_norm(mt_tensor *const *ts, int n, mt_tensor *out) {
     return unsupported("sq_norm", out->device);
 }
 
+static int no_layer_norm(mt_tensor *y, mt_tensor *mean, mt_tensor *rstd, const mt_tensor *x,
+                         const mt_tensor *w, const mt_tensor *b, double eps) {
+    (void)mean, (void)rstd, (void)x, (void)w, (void)b, (void)eps;
+    return unsupported("layer_norm", y->device);
+}
+static int no_layer_norm_backward(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, const mt_tensor *gy,
+                                  const mt_tensor *x, const mt_tensor *mean, const mt_tensor *rstd,
+                                  const mt_tensor *w) {
+    (void)gx, (void)gw, (void)gb, (void)mean, (void)rstd, (void)w, (void)gy;
+    return unsupported("layer_norm_backward", x->device);
+}
+static int no_batch_norm(const mt_bn_args *a) {
+    return unsupported("batch_norm", a->x->device);
+}
+static int no_batch_norm_backward(const mt_bn_backward_args *a) {
+    return unsupported("batch_norm_backward", a->x->device);
+}
+static int no_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed,
+                      uint64_t offset) {
+    (void)x, (void)p, (void)seed, (void)offset;
+    return unsupported("dropout", out->device);
+}
+static int no_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index) {
+    (void)x, (void)dim, (void)index;
+    return unsupported("index_select", out->device);
+}
+static int no_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src) {
+    (void)dim, (void)index, (void)src;
+    return unsupported("index_add", dst->device);
+}
+static int no_gather(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index) {
+    (void)x, (void)dim, (void)index;
+    return unsupported("gather", out->device);
+}
+static int no_scatter_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src) {
+    (void)dim, (void)index, (void)src;
+    return unsupported("scatter_add", dst->device);
+}
+static int no_argmax(mt_tensor *out, const mt_tensor *x, int dim) {
+    (void)x, (void)dim;
+    return unsupported("argmax", out->device);
+}
+
 static void complete(mt_backend *b) {
 #define FILL(family)                                                                               \
     if (!b->family) b->family = no_##family
@@ -156,6 +199,16 @@ static void complete(mt_backend *b) {
     FILL(scale_update);
     FILL(optim_step);
     FILL(sq_norm);
+    FILL(layer_norm);
+    FILL(layer_norm_backward);
+    FILL(batch_norm);
+    FILL(batch_norm_backward);
+    FILL(dropout);
+    FILL(index_select);
+    FILL(index_add);
+    FILL(gather);
+    FILL(scatter_add);
+    FILL(argmax);
 #undef FILL
 }
 

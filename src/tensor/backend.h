@@ -43,6 +43,32 @@ typedef struct {
     int growth_interval, backoff_after;
 } mt_scale_update_args;
 
+/* One batch-norm pass (forward of mt_batch_norm and mt_batch_norm_act). x is [N, C, inner...]
+   contiguous; statistics per channel over N and the inner dims, in the accumulation dtype
+   (F32, or F64 for F64 x), as are weight, bias and the running buffers. Training: save_mean
+   and save_rstd receive the batch mean and 1/sqrt(biased var + eps), and the running buffers
+   (when non-NULL) become (1 - momentum) * running + momentum * batch statistic, with the
+   unbiased variance. Eval: the running buffers are the statistics and save_* receive them
+   (mean, 1/sqrt(var + eps)). y = act(xhat * weight + bias + residual), y and residual in x's
+   dtype and layout; weight, bias and residual may be NULL. */
+typedef struct {
+    mt_tensor *y, *save_mean, *save_rstd;
+    mt_tensor *running_mean, *running_var; /* NULL in training when not tracked */
+    const mt_tensor *x, *weight, *bias, *residual;
+    bool training, relu;
+    double momentum, eps;
+} mt_bn_args;
+
+/* Its backward. y is the saved output (for the relu mask, or NULL without relu); the
+   gradients wanted are non-NULL: gx in x's dtype, gres in y's, gw and gb in the accumulation
+   dtype. Training: gx = w rstd (gz - mean(gz) - xhat mean(gz xhat)); eval: gx = w rstd gz,
+   where gz = gy masked by y > 0 under relu. */
+typedef struct {
+    mt_tensor *gx, *gw, *gb, *gres;
+    const mt_tensor *gy, *x, *y, *weight, *save_mean, *save_rstd;
+    bool training;
+} mt_bn_backward_args;
+
 typedef struct mt_backend {
     const char *name;
     void *(*alloc)(int index, size_t nbytes); /* NULL on failure, no error set */
@@ -103,6 +129,35 @@ typedef struct mt_backend {
     int (*optim_step)(const mt_optim_step_args *a);
     /* out (F32 0-d) = sum over tensors of sum(x^2), FP32 accumulation */
     int (*sq_norm)(mt_tensor *const *ts, int n, mt_tensor *out);
+    /* --- normalisation, dropout and indexing (issue 9); every tensor contiguous */
+    /* Layer norm of each row of the last D = weight's numel elements of x: y = xhat * weight +
+       bias; mean and rstd ([rows], accumulation dtype) are saved for the backward. weight and
+       bias ([D], accumulation dtype) may be NULL. */
+    int (*layer_norm)(mt_tensor *y, mt_tensor *mean, mt_tensor *rstd, const mt_tensor *x,
+                      const mt_tensor *weight, const mt_tensor *bias, double eps);
+    /* The wanted (non-NULL) gradients from gy and the saved x, mean, rstd, weight (or NULL). */
+    int (*layer_norm_backward)(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, const mt_tensor *gy,
+                               const mt_tensor *x, const mt_tensor *mean, const mt_tensor *rstd,
+                               const mt_tensor *weight);
+    int (*batch_norm)(const mt_bn_args *a);
+    int (*batch_norm_backward)(const mt_bn_backward_args *a);
+    /* out = x * keep / (1 - p) with keep = (uniform draw i >= p), draw i = Philox element
+       i of (seed, offset) for the flat index i; p == 1 gives zeros. The same call on the
+       gradient is the backward (the mask is regenerated, never stored). */
+    int (*dropout)(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed, uint64_t offset);
+    /* x seen as [outer, n, inner] around dim; index I64 [k] already range-checked:
+       out[o, j, i] = x[o, index[j], i] */
+    int (*index_select)(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+    /* dst[o, index[j], i] += src[o, j, i], dst F32 or F64, deterministic (fixed order) */
+    int (*index_add)(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
+    /* out[p] = x[p with coordinate dim replaced by index[p]] for every position p of index
+       (index I64, out's shape, range-checked) */
+    int (*gather)(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+    /* dst[p with dim replaced by index[p]] += src[p], dst F32 or F64, deterministic */
+    int (*scatter_add)(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
+    /* out (I64, x's shape with dim of size 1) = the first index of the largest value along
+       dim; NaN counts as the largest */
+    int (*argmax)(mt_tensor *out, const mt_tensor *x, int dim);
 } mt_backend;
 
 /* The table for a device, complete (missing families answer MT_ERR_UNSUPPORTED); NULL when

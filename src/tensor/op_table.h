@@ -13,7 +13,13 @@ typedef enum {
 /* "no op", for ops.def's fused_backward column */
 enum { MT_OP_NONE = -1 };
 
-typedef enum { MT_RULE_NONE, MT_RULE_LOWER, MT_RULE_FP32, MT_RULE_PROMOTE } mt_amp_rule;
+typedef enum {
+    MT_RULE_NONE,
+    MT_RULE_LOWER,
+    MT_RULE_FP32,
+    MT_RULE_PROMOTE,
+    MT_RULE_MIXED
+} mt_amp_rule;
 
 /* What an elementwise op's tape node keeps for its backward (ops.def's saves column). */
 typedef enum {

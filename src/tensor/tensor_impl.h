@@ -38,6 +38,7 @@ struct mt_tensor {
     atomic_int scope_refs; /* how many of the references are held by open scopes */
     atomic_int user_refs;  /* mt_retain calls by the user not yet released (checked mode) */
     const char *made_by;   /* the op or public call that made the tensor, for reports */
+    bool amp_keep_fp32;      /* a norm parameter: mt_amp_decorate leaves it FP32 */
 };
 
 /* ---- errors (src/tensor/error.c) */

@@ -1,0 +1,132 @@
+/* Batch-norm channel kernels for one accumulation type, included by cpu_batch_norm.c with
+   T = float (F32, F16 and BF16 activations) and T = double (F64). The includer defines T,
+   SFX(name), LOAD, STORE, SQRT and LANES. A channel's elements are N runs of S contiguous values;
+   they are read in chunks of CHUNK into stack buffers. */
+#include "cpu_norm_sums_impl.h"
+
+/* sum and sum of squares of (x - k) over channel ch: the shift by one of the channel's own
+   values keeps the one-pass variance free of cancellation when |mean| >> std */
+static void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, double *s2) {
+    T buf[CHUNK];
+    double a1 = 0, a2 = 0;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
+            int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
+            LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, buf);
+            T p1, p2;
+            SFX(sums2)(buf, k, buf, k, m, &p1, &p2);
+            a1 += (double)p1;
+            a2 += (double)p2;
+        }
+    *s1 = a1;
+    *s2 = a2;
+}
+
+/* channels [cb, ce): statistics (training) or the running ones (eval), then one pass
+   y = act(x * scale + shift + residual) */
+static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
+    (void)part;
+    const bn_ctx *c = vctx;
+    const mt_bn_args *a = c->a;
+    const T *w = c->w, *b = c->b;
+    T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
+    int64_t M = c->N * c->S;
+    for (int64_t ch = cb; ch < ce; ch++) {
+        /* y = ((x - k) - md) * scale + bias: k is one of the channel's values in training
+           (x - k exact nearby, md the small mean of x - k) and the running mean in eval, so
+           x - mean does not cancel when |mean| >> std */
+        T mean, var, k, md = 0;
+        if (a->training) {
+            LOAD(bn_at(c->x, c, 0, ch, 0), c->es, c->xdt, 1, &k);
+            double s1, s2;
+            SFX(bn_shifted_sums)(c, ch, k, &s1, &s2);
+            double dm = s1 / (double)M, dv = s2 / (double)M - dm * dm;
+            md = (T)dm;
+            mean = (T)((double)k + dm);
+            var = (T)(dv > 0 ? dv : 0);
+            if (rm) {
+                double mo = a->momentum;
+                rm[ch] = (T)((1 - mo) * (double)rm[ch] + mo * (double)mean);
+                rv[ch] =
+                    (T)((1 - mo) * (double)rv[ch] + mo * (double)var * (double)M / (double)(M - 1));
+            }
+        } else {
+            mean = k = rm[ch];
+            var = rv[ch];
+        }
+        T rs = (T)1 / SQRT(var + (T)a->eps);
+        sm[ch] = mean;
+        sr[ch] = rs;
+        T scale = w ? w[ch] * rs : rs, shift = b ? b[ch] : (T)0;
+        T buf[CHUNK], res[CHUNK];
+        for (int64_t n = 0; n < c->N; n++)
+            for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
+                int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
+                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, buf);
+                for (int64_t j = 0; j < m; j++) buf[j] = ((buf[j] - k) - md) * scale + shift;
+                if (c->res) {
+                    LOAD(bn_at(c->res, c, n, ch, s0), c->es, c->xdt, m, res);
+                    for (int64_t j = 0; j < m; j++) buf[j] += res[j];
+                }
+                if (a->relu)
+                    for (int64_t j = 0; j < m; j++) buf[j] = buf[j] > 0 ? buf[j] : (T)0;
+                STORE(bn_at(c->out, c, n, ch, s0), c->es, c->xdt, m, buf);
+            }
+    }
+    return 0;
+}
+
+/* gz = gy, masked by y > 0 under relu, for one chunk */
+static void SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0, int64_t m, T *gz,
+                            T *tmp) {
+    LOAD(bn_at(c->gy, c, n, ch, s0), c->es, c->gydt, m, gz);
+    if (!c->y) return;
+    LOAD(bn_at(c->y, c, n, ch, s0), c->es, c->xdt, m, tmp);
+    for (int64_t j = 0; j < m; j++) gz[j] = tmp[j] > 0 ? gz[j] : (T)0;
+}
+
+/* channels [cb, ce) of the backward: pass 1 sums gz and gz * xhat, pass 2 writes gx and
+   the residual's gradient */
+static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
+    (void)part;
+    const bn_ctx *c = vctx;
+    const mt_bn_backward_args *a = c->ba;
+    const T *w = c->w, *sm = c->sm, *sr = c->sr;
+    T *gw = c->gw, *gb = c->gb;
+    int64_t M = c->N * c->S;
+    T gz[CHUNK], tmp[CHUNK];
+    for (int64_t ch = cb; ch < ce; ch++) {
+        T mean = sm[ch], rs = sr[ch];
+        double sg = 0, sgx = 0;
+        if (gw || gb || (a->gx && a->training)) {
+            for (int64_t n = 0; n < c->N; n++)
+                for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
+                    int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
+                    SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
+                    LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, tmp);
+                    T p, px;
+                    SFX(sums2)(gz, 0, tmp, mean, m, &p, &px);
+                    sg += (double)p;
+                    sgx += (double)px * (double)rs;
+                }
+        }
+        if (gw) gw[ch] = (T)sgx;
+        if (gb) gb[ch] = (T)sg;
+        if (!a->gx && !a->gres) continue;
+        T k = (w ? w[ch] : (T)1) * rs;
+        T mg = a->training ? (T)(sg / (double)M) : (T)0;
+        T mgx = a->training ? (T)(sgx / (double)M) : (T)0;
+        for (int64_t n = 0; n < c->N; n++)
+            for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
+                int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
+                SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
+                if (a->gres) STORE(bn_at(c->gres, c, n, ch, s0), c->es, c->gresdt, m, gz);
+                if (!a->gx) continue;
+                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, tmp);
+                for (int64_t j = 0; j < m; j++)
+                    gz[j] = k * (gz[j] - mg - (tmp[j] - mean) * rs * mgx);
+                STORE(bn_at(c->gx, c, n, ch, s0), c->es, c->gxdt, m, gz);
+            }
+    }
+    return 0;
+}

@@ -1,0 +1,66 @@
+/* Inverted dropout on the CPU: element i (flat index of the contiguous tensor) is kept when
+   its Philox draw (src/math/philox.h, counter offset + i / 4, lane i % 4) is >= p, and
+   scaled by 1 / (1 - p). The mask is a pure function of (seed, offset, i), so the backward
+   regenerates it instead of storing it. Low-precision values are converted per chunk in
+   registers and stored back in their dtype (no up-cast tensor). */
+#include "../math/philox.h"
+#include "cpu.h"
+
+#define CHUNK 256 /* a multiple of 4: a chunk starts on a Philox block */
+
+typedef struct {
+    const char *x;
+    char *out;
+    mt_dtype dt;
+    int64_t es, n;
+    float p;
+    double scale;
+    uint64_t seed, offset;
+} dropout_ctx;
+
+/* keep[j] for the CHUNK elements from b (b a multiple of 4) */
+static void mask_chunk(const dropout_ctx *c, int64_t b, int64_t m, bool *keep) {
+    for (int64_t j = 0; j < m; j += 4) {
+        mt_philox_block blk = mt_philox4x32(c->offset + (uint64_t)(b + j) / 4, c->seed);
+        for (int k = 0; k < 4 && j + k < m; k++)
+            keep[j + k] = mt_uint_to_unit_float(blk.v[k]) >= c->p;
+    }
+}
+
+static int dropout_chunks(void *vctx, int64_t cb, int64_t ce, int part) {
+    (void)part;
+    const dropout_ctx *c = vctx;
+    bool keep[CHUNK];
+    for (int64_t k = cb; k < ce; k++) {
+        int64_t b = k * CHUNK, m = c->n - b < CHUNK ? c->n - b : CHUNK;
+        mask_chunk(c, b, m, keep);
+        const char *src = c->x + b * c->es;
+        char *dst = c->out + b * c->es;
+        if (c->dt == MT_F64) {
+            double v[CHUNK];
+            mt_cpu_load_f64(src, c->es, c->dt, m, v);
+            for (int64_t j = 0; j < m; j++) v[j] = keep[j] ? v[j] * c->scale : 0.0;
+            mt_cpu_store_f64(dst, c->es, c->dt, m, v);
+        } else {
+            float v[CHUNK], s = (float)c->scale;
+            mt_cpu_load_f32(src, c->es, c->dt, m, v);
+            for (int64_t j = 0; j < m; j++) v[j] = keep[j] ? v[j] * s : 0.0f;
+            mt_cpu_store_f32(dst, c->es, c->dt, m, v);
+        }
+    }
+    return 0;
+}
+
+int mt_cpu_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed, uint64_t offset) {
+    dropout_ctx c = {.x = mt_tensor_data(x),
+                     .out = mt_tensor_data(out),
+                     .dt = x->dtype,
+                     .es = (int64_t)mt_dtype_size(x->dtype),
+                     .n = x->numel,
+                     .p = (float)p,
+                     .scale = p < 1 ? 1.0 / (1.0 - p) : 0.0,
+                     .seed = seed,
+                     .offset = offset};
+    int64_t chunks = (c.n + CHUNK - 1) / CHUNK;
+    return mt_cpu_for_parts(dropout_chunks, &c, chunks, c.n * 8);
+}

@@ -1,0 +1,87 @@
+/* Layer-norm row kernels for one accumulation type, included by cpu_layer_norm.c once with
+   T = float (F32, F16 and BF16 activations) and once with T = double (F64), so the two
+   precisions share one text. The includer defines T, SFX(name), LOAD, STORE, SQRT, LANES. */
+#include "cpu_norm_sums_impl.h"
+
+/* rows [rb, re): y = (x - mean) * rstd * w + b, row statistics saved */
+static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
+    (void)part;
+    const ln_ctx *c = vctx;
+    int64_t D = c->D;
+    T *buf = mt_host_alloc((size_t)D * sizeof(T));
+    if (!buf) return 1;
+    const T *w = c->w, *b = c->b;
+    T *mean = c->mean, *rstd = c->rstd;
+    for (int64_t r = rb; r < re; r++) {
+        LOAD(c->x + r * D * c->xes, c->xes, c->xdt, D, buf);
+        /* Shifted by the row's first value k (x - k is exact for values near it): the
+           mean of the shifted values md is small and accurate, so neither the one-pass
+           variance nor x - mean cancels when |mean| >> std. The mean itself is never formed
+           for y, only saved for the backward. */
+        T k = buf[0], s, s2;
+        SFX(sums2)(buf, k, buf, k, D, &s, &s2);
+        T md = s / (T)D, var = s2 / (T)D - md * md;
+        T rs = (T)1 / SQRT((var > 0 ? var : (T)0) + (T)c->eps);
+        for (int64_t j = 0; j < D; j++) {
+            T h = ((buf[j] - k) - md) * rs;
+            buf[j] = (w ? h * w[j] : h) + (b ? b[j] : (T)0);
+        }
+        STORE(c->y + r * D * c->yes, c->yes, c->ydt, D, buf);
+        mean[r] = k + md;
+        rstd[r] = rs;
+    }
+    mt_host_free(buf, (size_t)D * sizeof(T));
+    return 0;
+}
+
+/* rows [rb, re): gx = rstd (g - mean(g) - xhat mean(g xhat)) with g = gy w; the weight and
+   bias gradients of these rows go to partial buffers number `part` */
+static int SFX(ln_backward_rows)(void *vctx, int64_t rb, int64_t re, int part) {
+    const ln_ctx *c = vctx;
+    int64_t D = c->D;
+    T *buf = mt_host_alloc((size_t)D * 2 * sizeof(T));
+    if (!buf) return 1;
+    T *xv = buf, *g = buf + D;
+    T *pw = c->part ? (T *)c->part + (int64_t)part * 2 * D : NULL, *pb = pw ? pw + D : NULL;
+    if (pw)
+        for (int64_t j = 0; j < 2 * D; j++) pw[j] = 0;
+    const T *w = c->w;
+    for (int64_t r = rb; r < re; r++) {
+        T m = ((const T *)c->mean)[r], rs = ((const T *)c->rstd)[r];
+        LOAD(c->x + r * D * c->xes, c->xes, c->xdt, D, xv);
+        LOAD(c->gy + r * D * c->gyes, c->gyes, c->gydt, D, g);
+        for (int64_t j = 0; j < D; j++) xv[j] = (xv[j] - m) * rs; /* xhat */
+        if (pw)
+            for (int64_t j = 0; j < D; j++) {
+                pw[j] += g[j] * xv[j];
+                pb[j] += g[j];
+            }
+        if (!c->gx) continue;
+        if (w)
+            for (int64_t j = 0; j < D; j++) g[j] *= w[j];
+        T s, sx;
+        SFX(sums2)(g, 0, xv, 0, D, &s, &sx);
+        s /= (T)D;
+        sx /= (T)D;
+        for (int64_t j = 0; j < D; j++) g[j] = rs * (g[j] - s - xv[j] * sx);
+        STORE(c->gx + r * D * c->gxes, c->gxes, c->gxdt, D, g);
+    }
+    mt_host_free(buf, (size_t)D * 2 * sizeof(T));
+    return 0;
+}
+
+/* gw[j] and gb[j]: the parts summed in part order (deterministic) */
+static void SFX(ln_reduce_parts)(const ln_ctx *c, int parts, mt_tensor *gw, mt_tensor *gb) {
+    int64_t D = c->D;
+    const T *p = c->part;
+    T *w = gw ? mt_tensor_data(gw) : NULL, *b = gb ? mt_tensor_data(gb) : NULL;
+    for (int64_t j = 0; j < D; j++) {
+        T sw = 0, sb = 0;
+        for (int k = 0; k < parts; k++) {
+            sw += p[(int64_t)k * 2 * D + j];
+            sb += p[(int64_t)k * 2 * D + D + j];
+        }
+        if (w) w[j] = sw;
+        if (b) b[j] = sb;
+    }
+}

@@ -1,0 +1,404 @@
+/* Layer norm, batch norm and the fused batch norm + residual + relu: forward against naive
+   formulas in double (every floating dtype), running-statistics updates, eval mode, FP64
+   finite-difference gradients, autocast (the activation stays low, parameters and
+   statistics FP32), error paths, and the clean refusal on devices without the kernels. */
+#include "test_util.h"
+
+/* deterministic pseudo-random values in [-2, 2) */
+static void fill_values(double *v, int64_t n, uint32_t seed) {
+    uint32_t s = seed * 2654435761u + 12345u;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        v[i] = (double)(s >> 8) / 16777216.0 * 4.0 - 2.0;
+    }
+}
+
+static mt_tensor *random_tensor(mt_dtype dt, uint32_t seed, int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    double *v = malloc((size_t)n * sizeof *v);
+    fill_values(v, n, seed);
+    mt_tensor *t = mt_test_tensor(v, dt, ndim, shape);
+    free(v);
+    return t;
+}
+
+static double tol_for(mt_dtype dt) {
+    return dt == MT_F64 ? 1e-12 : dt == MT_F32 ? 1e-5 : dt == MT_F16 ? 4e-3 : 3e-2;
+}
+
+/* ---------------------------------------------------------------- layer norm */
+
+/* rows of D values: y = (x - mean) / sqrt(var + eps) * w + b, values rounded like x first */
+static void layer_norm_ref(const double *x, const double *w, const double *b, int64_t rows,
+                           int64_t D, double eps, double *y) {
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * D;
+        double m = 0, v = 0;
+        for (int64_t j = 0; j < D; j++) m += xr[j] / (double)D;
+        for (int64_t j = 0; j < D; j++) v += (xr[j] - m) * (xr[j] - m) / (double)D;
+        for (int64_t j = 0; j < D; j++)
+            y[r * D + j] = (xr[j] - m) / sqrt(v + eps) * (w ? w[j] : 1) + (b ? b[j] : 0);
+    }
+}
+
+static void test_layer_norm_reference(void **state) {
+    (void)state;
+    mt_dtype dts[4] = {MT_F32, MT_F64, MT_F16, MT_BF16};
+    for (int k = 0; k < 4; k++)
+        for (int nd = 1; nd <= 2; nd++)
+            for (int affine = 0; affine < 2; affine++) {
+                mt_scope_begin();
+                mt_tensor *x = random_tensor(dts[k], 1, MT_SHAPE(2, 3, 4));
+                mt_dtype pdt = dts[k] == MT_F64 ? MT_F64 : MT_F32;
+                const int64_t *pshape = (const int64_t[]){3, 4} + (2 - nd);
+                mt_tensor *w = affine ? random_tensor(pdt, 2, nd, pshape) : NULL;
+                mt_tensor *b = affine ? random_tensor(pdt, 3, nd, pshape) : NULL;
+                mt_tensor *y = mt_layer_norm(x, nd, w, b, 1e-5);
+                assert_no_error();
+                assert_int_equal(mt_dtype_of(y), dts[k]);
+                assert_shape(y, 2, 3, 4);
+                double *xv = mt_test_values(x), *wv = w ? mt_test_values(w) : NULL,
+                       *bv = b ? mt_test_values(b) : NULL, ref[24];
+                int64_t D = nd == 1 ? 4 : 12;
+                layer_norm_ref(xv, wv, bv, 24 / D, D, 1e-5, ref);
+                assert_tensor_close(y, ref, 24, tol_for(dts[k]), tol_for(dts[k]));
+                free(xv);
+                free(wv);
+                free(bv);
+                mt_scope_end();
+            }
+}
+
+typedef struct {
+    int nd;
+    bool affine;
+} ln_gc;
+
+static mt_tensor *ln_fn(mt_tensor *const *in, void *ctx) {
+    const ln_gc *g = ctx;
+    return mt_layer_norm(in[0], g->nd, g->affine ? in[1] : NULL, g->affine ? in[2] : NULL, 1e-5);
+}
+
+static void test_layer_norm_gradcheck(void **state) {
+    (void)state;
+    mt_scope_begin();
+    for (int nd = 1; nd <= 2; nd++) {
+        const int64_t *ps = (const int64_t[]){3, 5} + (2 - nd);
+        mt_tensor *in[3] = {random_tensor(MT_F64, 4, MT_SHAPE(2, 3, 5)),
+                            random_tensor(MT_F64, 5, nd, ps), random_tensor(MT_F64, 6, nd, ps)};
+        for (int i = 0; i < 3; i++) mt_set_requires_grad(in[i], true);
+        ln_gc g = {nd, true};
+        if (mt_gradcheck(ln_fn, in, 3, &g, NULL)) fail_msg("%s", mt_last_error());
+        g.affine = false;
+        mt_set_requires_grad(in[1], false);
+        mt_set_requires_grad(in[2], false);
+        if (mt_gradcheck(ln_fn, in, 3, &g, NULL)) fail_msg("%s", mt_last_error());
+    }
+    mt_scope_end();
+}
+
+/* A non-contiguous input is normalised as its logical values. */
+static void test_layer_norm_strided(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = random_tensor(MT_F32, 7, MT_SHAPE(4, 3));
+    mt_tensor *xt = mt_transpose(x, 0, 1), *xc = mt_contiguous(xt);
+    mt_tensor *a = mt_layer_norm(xt, 1, NULL, NULL, 1e-5),
+              *b = mt_layer_norm(xc, 1, NULL, NULL, 1e-5);
+    double *bv = mt_test_values(b);
+    assert_tensor_close(a, bv, 12, 0, 0);
+    free(bv);
+    mt_scope_end();
+}
+
+/* ---------------------------------------------------------------- batch norm */
+
+typedef struct {
+    int64_t N, C, S;
+} bn_shape;
+
+/* y = act((x - mean) / sqrt(var + eps) * w + b + res); batch statistics (training) update
+   rm/rv in place, else rm/rv are used */
+static void batch_norm_ref(bn_shape s, const double *x, double *rm, double *rv, const double *w,
+                           const double *b, const double *res, bool training, double mom,
+                           double eps, bool relu, double *y) {
+    int64_t M = s.N * s.S;
+    for (int64_t c = 0; c < s.C; c++) {
+        double m = 0, v = 0;
+        for (int64_t n = 0; n < s.N; n++)
+            for (int64_t i = 0; i < s.S; i++) m += x[(n * s.C + c) * s.S + i] / (double)M;
+        for (int64_t n = 0; n < s.N; n++)
+            for (int64_t i = 0; i < s.S; i++) {
+                double d = x[(n * s.C + c) * s.S + i] - m;
+                v += d * d / (double)M;
+            }
+        if (training && rm) {
+            rm[c] = (1 - mom) * rm[c] + mom * m;
+            rv[c] = (1 - mom) * rv[c] + mom * v * (double)M / (double)(M - 1);
+        }
+        if (!training) {
+            m = rm[c];
+            v = rv[c];
+        }
+        for (int64_t n = 0; n < s.N; n++)
+            for (int64_t i = 0; i < s.S; i++) {
+                int64_t k = (n * s.C + c) * s.S + i;
+                double t = (x[k] - m) / sqrt(v + eps) * (w ? w[c] : 1) + (b ? b[c] : 0);
+                if (res) t += res[k];
+                y[k] = relu && t < 0 ? 0 : t;
+            }
+    }
+}
+
+static void check_bn(mt_dtype dt, bool training, bool with_res, bool relu) {
+    mt_scope_begin();
+    bn_shape s = {3, 2, 6};
+    mt_dtype pdt = dt == MT_F64 ? MT_F64 : MT_F32;
+    mt_tensor *x = random_tensor(dt, 11, MT_SHAPE(3, 2, 2, 3));
+    mt_tensor *res = with_res ? random_tensor(dt, 12, MT_SHAPE(3, 2, 2, 3)) : NULL;
+    mt_tensor *w = random_tensor(pdt, 13, MT_SHAPE(2)), *b = random_tensor(pdt, 14, MT_SHAPE(2));
+    double rm0[2] = {0.25, -0.5}, rv0[2] = {1.5, 0.75};
+    mt_tensor *rm = mt_test_tensor(rm0, pdt, MT_SHAPE(2)),
+              *rv = mt_test_tensor(rv0, pdt, MT_SHAPE(2));
+    mt_tensor *y = with_res || relu ? mt_batch_norm_act(x, rm, rv, w, b, res, training, 0.1, 1e-5,
+                                                        relu ? MT_ACT_RELU : MT_ACT_NONE)
+                                    : mt_batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
+    assert_no_error();
+    assert_int_equal(mt_dtype_of(y), dt);
+    double *xv = mt_test_values(x), *wv = mt_test_values(w), *bv = mt_test_values(b);
+    double *resv = res ? mt_test_values(res) : NULL, ref[36];
+    batch_norm_ref(s, xv, rm0, rv0, wv, bv, resv, training, 0.1, 1e-5, relu, ref);
+    assert_tensor_close(y, ref, 36, tol_for(dt), tol_for(dt));
+    double t = dt == MT_F64 ? 1e-12 : 1e-5; /* running stats are FP32 for every low dtype */
+    assert_tensor_close(rm, rm0, 2, t, t);
+    assert_tensor_close(rv, rv0, 2, t, t);
+    free(xv);
+    free(wv);
+    free(bv);
+    free(resv);
+    mt_scope_end();
+}
+
+static void test_batch_norm_reference(void **state) {
+    (void)state;
+    mt_dtype dts[4] = {MT_F32, MT_F64, MT_F16, MT_BF16};
+    for (int k = 0; k < 4; k++)
+        for (int training = 0; training < 2; training++) {
+            check_bn(dts[k], training, false, false);
+            check_bn(dts[k], training, true, true);
+            check_bn(dts[k], training, false, true);
+            check_bn(dts[k], training, true, false);
+        }
+}
+
+/* Large mean against a small spread: the one-pass statistics must not cancel. */
+static void test_batch_norm_offset(void **state) {
+    (void)state;
+    mt_scope_begin();
+    double v[8];
+    for (int i = 0; i < 8; i++) v[i] = 10000.0 + (i % 4) * 0.125;
+    mt_tensor *x = mt_test_tensor(v, MT_F32, MT_SHAPE(4, 2));
+    mt_tensor *y = mt_batch_norm(x, NULL, NULL, NULL, NULL, true, 0.1, 0.0);
+    double ref[8];
+    batch_norm_ref((bn_shape){4, 2, 1}, v, NULL, NULL, NULL, NULL, NULL, true, 0.1, 0.0, false,
+                   ref);
+    assert_tensor_close(y, ref, 8, 1e-4, 1e-4);
+    mt_scope_end();
+}
+
+typedef struct {
+    bool training, relu, plain; /* plain: no weight, bias or residual */
+} bn_gc;
+
+static mt_tensor *bn_fn(mt_tensor *const *in, void *ctx) {
+    const bn_gc *g = ctx;
+    /* the running buffers are fresh each call: the gradient check calls this many times */
+    mt_tensor *rm = mt_zeros(MT_SHAPE(2), MT_F64, mt_test_device());
+    mt_tensor *rv = mt_ones(MT_SHAPE(2), MT_F64, mt_test_device());
+    mt_tensor *w = g->plain ? NULL : in[1], *b = g->plain ? NULL : in[2];
+    mt_tensor *res = g->plain ? NULL : in[3];
+    mt_tensor *y = mt_batch_norm_act(in[0], rm, rv, w, b, res, g->training, 0.1, 1e-5,
+                                     g->relu ? MT_ACT_RELU : MT_ACT_NONE);
+    mt_test_drop(rm);
+    mt_test_drop(rv);
+    return y;
+}
+
+static mt_tensor *in2_dummy(void) {
+    return mt_zeros(MT_SHAPE(1), MT_F64, mt_test_device());
+}
+
+static void test_batch_norm_gradcheck(void **state) {
+    (void)state;
+    mt_scope_begin();
+    for (int mode = 0; mode < 4; mode++) {
+        bn_gc g = {mode & 1, (mode >> 1) & 1, false};
+        mt_tensor *in[4] = {
+            random_tensor(MT_F64, 21, MT_SHAPE(3, 2, 4)), random_tensor(MT_F64, 22, MT_SHAPE(2)),
+            random_tensor(MT_F64, 23, MT_SHAPE(2)), random_tensor(MT_F64, 24, MT_SHAPE(3, 2, 4))};
+        for (int i = 0; i < 4; i++) mt_set_requires_grad(in[i], true);
+        if (mt_gradcheck(bn_fn, in, 4, &g, NULL))
+            fail_msg("training %d relu %d: %s", g.training, g.relu, mt_last_error());
+        g.plain = true;
+        for (int i = 1; i < 4; i++) mt_set_requires_grad(in[i], false);
+        if (mt_gradcheck(bn_fn, in, 4, &g, NULL))
+            fail_msg("plain, training %d relu %d: %s", g.training, g.relu, mt_last_error());
+    }
+    /* an [N, C] input */
+    bn_gc g = {true, false, true};
+    mt_tensor *in2[4] = {random_tensor(MT_F64, 25, MT_SHAPE(5, 2)), in2_dummy(), in2_dummy(),
+                         in2_dummy()};
+    mt_set_requires_grad(in2[0], true);
+    if (mt_gradcheck(bn_fn, in2, 4, &g, NULL)) fail_msg("[N, C]: %s", mt_last_error());
+    mt_scope_end();
+}
+
+/* O1 and O2 BF16: the activation stays BF16, weight, bias and statistics stay FP32, and the
+   gradients come back in each input's dtype. */
+static void test_norm_autocast(void **state) {
+    (void)state;
+    for (int level = 0; level < 2; level++) {
+        mt_scope_begin();
+        mt_tensor *x = random_tensor(MT_BF16, 31, MT_SHAPE(2, 3, 4));
+        mt_tensor *w = random_tensor(MT_F32, 32, MT_SHAPE(3)),
+                  *b = random_tensor(MT_F32, 33, MT_SHAPE(3));
+        mt_tensor *rm = mt_zeros(MT_SHAPE(3), MT_F32, mt_test_device());
+        mt_tensor *rv = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
+        mt_set_requires_grad(x, true);
+        mt_set_requires_grad(w, true);
+        mt_set_requires_grad(b, true);
+        mt_autocast_begin(MT_BF16, level ? MT_AMP_O2 : MT_AMP_O1);
+        mt_tensor *y = mt_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+        mt_tensor *lw = random_tensor(MT_F32, 34, MT_SHAPE(4));
+        mt_tensor *z = mt_layer_norm(y, 1, lw, NULL, 1e-5);
+        mt_autocast_end();
+        assert_no_error();
+        assert_int_equal(mt_dtype_of(y), MT_BF16);
+        assert_int_equal(mt_dtype_of(z), MT_BF16);
+        assert_int_equal(mt_dtype_of(rm), MT_F32);
+        /* the statistics were taken from the BF16 values in FP32 */
+        double *xv = mt_test_values(x), *wv = mt_test_values(w), *bv = mt_test_values(b), ref[24];
+        double rm0[3] = {0, 0, 0}, rv0[3] = {1, 1, 1};
+        batch_norm_ref((bn_shape){2, 3, 4}, xv, rm0, rv0, wv, bv, NULL, true, 0.1, 1e-5, false,
+                       ref);
+        assert_tensor_close(y, ref, 24, 3e-2, 3e-2);
+        assert_tensor_close(rm, rm0, 3, 1e-6, 1e-6);
+        assert_tensor_close(rv, rv0, 3, 1e-6, 1e-6);
+        assert_int_equal(mt_backward(mt_sum_all(z), NULL), 0);
+        mt_tensor *gx = mt_grad(x), *gw = mt_grad(w), *gb = mt_grad(b);
+        assert_non_null(gx);
+        assert_int_equal(mt_dtype_of(gx), MT_BF16);
+        assert_int_equal(mt_dtype_of(gw), MT_F32);
+        assert_int_equal(mt_dtype_of(gb), MT_F32);
+        free(xv);
+        free(wv);
+        free(bv);
+        mt_scope_end();
+    }
+}
+
+/* The running buffers are written without history and bump their version; eval leaves them. */
+static void test_batch_norm_running_buffers(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = random_tensor(MT_F32, 41, MT_SHAPE(4, 3));
+    mt_tensor *rm = mt_zeros(MT_SHAPE(3), MT_F32, mt_test_device());
+    mt_tensor *rv = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
+    mt_tensor *y = mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.5, 1e-5);
+    assert_non_null(y);
+    assert_false(mt_requires_grad(rm));
+    assert_string_equal(mt_grad_fn_name(rm), "");
+    double *before = mt_test_values(rm);
+    y = mt_batch_norm(x, rm, rv, NULL, NULL, false, 0.5, 1e-5);
+    assert_non_null(y);
+    assert_tensor_close(rm, before, 3, 0, 0);
+    /* momentum 0 keeps them, momentum 1 replaces them by the batch statistics */
+    y = mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.0, 1e-5);
+    assert_tensor_close(rm, before, 3, 0, 0);
+    free(before);
+    mt_scope_end();
+}
+
+static void test_norm_errors(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_device dev = mt_test_device();
+    mt_tensor *x = mt_zeros(MT_SHAPE(2, 3, 4), MT_F32, dev);
+    mt_tensor *w3 = mt_ones(MT_SHAPE(3), MT_F32, dev), *w4 = mt_ones(MT_SHAPE(4), MT_F32, dev);
+    mt_tensor *i64 = mt_zeros(MT_SHAPE(2, 3), MT_I64, dev);
+    assert_null(mt_layer_norm(NULL, 1, NULL, NULL, 1e-5));
+    assert_int_equal(mt_last_status(), MT_OK);
+    assert_null(mt_layer_norm(x, 0, NULL, NULL, 1e-5));
+    assert_error(MT_ERR_INVALID, "normalized_ndim 0 must be in [1, 3]");
+    assert_null(mt_layer_norm(x, 1, w3, NULL, 1e-5));
+    assert_error(MT_ERR_SHAPE, "mt_layer_norm: arg 3: weight shape [3] must equal the last 1");
+    assert_null(mt_layer_norm(x, 1, w4, w3, 1e-5));
+    assert_error(MT_ERR_SHAPE, "arg 4: bias shape [3]");
+    assert_null(mt_layer_norm(x, 1, NULL, NULL, -1));
+    assert_error(MT_ERR_INVALID, "eps");
+    assert_null(mt_layer_norm(i64, 1, NULL, NULL, 1e-5));
+    assert_error(MT_ERR_DTYPE, "mt_layer_norm");
+    assert_null(mt_batch_norm(w3, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_SHAPE, "input must be [N, C, ...], got shape [3]");
+    assert_null(mt_batch_norm(x, NULL, NULL, NULL, NULL, false, 0.1, 1e-5));
+    assert_error(MT_ERR_INVALID, "eval mode");
+    assert_null(mt_batch_norm(x, w3, NULL, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_INVALID, "given together");
+    assert_null(mt_batch_norm(x, w4, w4, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_SHAPE, "running_mean shape [4] must be [C] = [3]");
+    mt_tensor *r64 = mt_zeros(MT_SHAPE(3), MT_F64, dev);
+    assert_null(mt_batch_norm(x, r64, r64, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_DTYPE, "running_mean must be f32");
+    assert_null(mt_batch_norm(x, NULL, NULL, w4, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_SHAPE, "arg 4: weight");
+    mt_tensor *one = mt_zeros(MT_SHAPE(1, 3), MT_F32, dev);
+    assert_null(mt_batch_norm(one, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_SHAPE, "more than 1 value per channel");
+    assert_null(mt_batch_norm_act(x, NULL, NULL, NULL, NULL, w3, true, 0.1, 1e-5, MT_ACT_RELU));
+    assert_error(MT_ERR_SHAPE, "residual shape [3] differs");
+    assert_null(mt_batch_norm_act(x, NULL, NULL, NULL, NULL, NULL, true, 0.1, 1e-5, 7));
+    assert_error(MT_ERR_INVALID, "activation 7");
+    mt_tensor *rg = mt_zeros(MT_SHAPE(3), MT_F32, dev);
+    mt_set_requires_grad(rg, true);
+    assert_null(mt_batch_norm(x, rg, w3, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_INVALID, "requires grad");
+    mt_scope_end();
+}
+
+/* Where the backend has no normalisation kernels (CUDA until issue 9's CUDA half), the ops
+   fail with MT_ERR_UNSUPPORTED naming the kernel family and the device, and change nothing. */
+static void test_norm_unsupported_device(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_device dev = mt_test_device();
+    mt_tensor *x = mt_zeros(MT_SHAPE(2, 3), MT_F32, dev);
+    mt_tensor *rm = mt_zeros(MT_SHAPE(3), MT_F32, dev), *rv = mt_ones(MT_SHAPE(3), MT_F32, dev);
+    assert_null(mt_layer_norm(x, 1, NULL, NULL, 1e-5));
+    assert_error(MT_ERR_UNSUPPORTED, "has no layer_norm kernel");
+    assert_null(mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_UNSUPPORTED, "has no batch_norm kernel");
+    double zero[3] = {0, 0, 0};
+    assert_tensor_close(rm, zero, 3, 0, 0);
+    mt_scope_end();
+}
+
+#define CUDA_LATER "CUDA kernels: issue 9"
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST_CPU_ONLY(test_layer_norm_reference, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_layer_norm_gradcheck, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_layer_norm_strided, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_batch_norm_reference, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_batch_norm_offset, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_batch_norm_gradcheck, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_norm_autocast, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_batch_norm_running_buffers, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_norm_errors, CUDA_LATER),
+        mt_test_device_is_cpu()
+            ? MT_TEST_SKIPPED(test_norm_unsupported_device, "the CPU has these kernels")
+            : (struct CMUnitTest)MT_TEST(test_norm_unsupported_device),
+    };
+    return MT_RUN_TESTS(tests);
+}
