@@ -75,21 +75,18 @@ __global__ void __launch_bounds__(INDEX_THREADS) argmax_kernel(mt_cuda_index_arg
     }
 }
 
-// Coordinates of flat position p of a row-major shape.
-MT_DEV void unflatten(int64_t p, int nd, const int64_t *shape, int64_t *coord) {
-    for (int d = nd - 1; d >= 0; d--) {
-        coord[d] = p % shape[d];
-        p /= shape[d];
-    }
-}
+// Coordinates are taken apart one dim at a time, never stored in an array (a dynamically
+// indexed array would live in local memory).
 
 // out[p] = x[p with coordinate dim replaced by index[p]], out and index of one shape
 __global__ void __launch_bounds__(INDEX_THREADS) gather_kernel(mt_cuda_gather_args a) {
     GRID_STRIDE(p, a.numel) {
-        int64_t coord[MT_MAX_DIMS] = {0}, off = 0;
-        unflatten(p, a.nd, a.index_shape, coord);
-        coord[a.dim] = a.index[p];
-        for (int d = 0; d < a.nd; d++) off += coord[d] * a.x_strides[d];
+        int64_t rem = p, off = 0;
+        for (int d = a.nd - 1; d >= 0; d--) {
+            int64_t c = rem % a.index_shape[d];
+            rem /= a.index_shape[d];
+            off += (d == a.dim ? a.index[p] : c) * a.x_strides[d];
+        }
         copy_element(a.out + p * a.es, a.x + off * a.es, a.es);
     }
 }
@@ -99,16 +96,21 @@ __global__ void __launch_bounds__(INDEX_THREADS) gather_kernel(mt_cuda_gather_ar
 template <typename A>
 __global__ void __launch_bounds__(INDEX_THREADS) scatter_add_kernel(mt_cuda_gather_args a) {
     GRID_STRIDE(q, a.numel) {
-        int64_t coord[MT_MAX_DIMS] = {0};
-        unflatten(q, a.nd, a.x_shape, coord);
+        // p0: the flat position in index of q's coordinates with dim at 0
+        int64_t rem = q, target = 0, p0 = 0;
         bool inside = true;
-        for (int d = 0; d < a.nd; d++)
-            if (d != a.dim && coord[d] >= a.index_shape[d]) inside = false;
+        for (int d = a.nd - 1; d >= 0; d--) {
+            int64_t c = rem % a.x_shape[d];
+            rem /= a.x_shape[d];
+            if (d == a.dim) {
+                target = c;
+            } else {
+                inside = inside && c < a.index_shape[d];
+                p0 += c * a.index_strides[d];
+            }
+        }
         if (!inside) continue;
-        // flat position in index of (coord with dim = 0), and the step along dim
-        int64_t target = coord[a.dim], p0 = 0, pstride = a.index_strides[a.dim];
-        for (int d = 0; d < a.nd; d++)
-            if (d != a.dim) p0 += coord[d] * a.index_strides[d];
+        int64_t pstride = a.index_strides[a.dim];
         A v = ((A *)a.out)[q];
         for (int64_t t = 0; t < a.index_shape[a.dim]; t++) {
             int64_t p = p0 + t * pstride;

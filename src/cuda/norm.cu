@@ -264,9 +264,13 @@ __global__ void __launch_bounds__(NORM_THREADS)
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < blocks;
          q += (int64_t)gridDim.x * blockDim.x) {
         mt_philox_block blk = mt_philox4x32(offset + (uint64_t)q, seed);
-        for (int l = 0; l < 4 && 4 * q + l < n; l++) {
+        // lanes by constant index (a variable one would put blk in local memory)
+        uint32_t lanes[4] = {blk.v[0], blk.v[1], blk.v[2], blk.v[3]};
+        MT_UNROLL
+        for (int l = 0; l < 4; l++) {
             int64_t i = 4 * q + l;
-            bool keep = mt_uint_to_unit_float(blk.v[l]) >= p;
+            if (i >= n) break;
+            bool keep = mt_uint_to_unit_float(lanes[l]) >= p;
             A v = mt_load<A>(x, dt, i);
             mt_store<A>(out, dt, i, keep ? v * scale : (A)0);
         }
