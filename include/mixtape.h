@@ -264,8 +264,8 @@ mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ign
 /* ---- normalisation (torch.nn.functional semantics). Under autocast (O1 and O2) the
    activation keeps its dtype (no up-cast) while weight, bias and statistics are FP32 (the
    MIXED rule of ops.def); the result has the activation's dtype. Statistics accumulate in
-   FP32 (F64 for F64 inputs). CPU kernels only so far: on CUDA these return
-   MT_ERR_UNSUPPORTED. */
+   FP32 (F64 for F64 inputs). On the CPU and on CUDA (own kernels; cuDNN's fused NHWC
+   batch norm is still to come). */
 /* Normalises over the last normalized_ndim dims of x; weight and bias (each may be NULL)
    have the shape of those dims. */
 mt_tensor *mt_layer_norm(mt_tensor *x, int normalized_ndim, mt_tensor *weight, mt_tensor *bias,

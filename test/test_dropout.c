@@ -125,15 +125,14 @@ static void test_dropout_unsupported_device(void **state) {
     mt_scope_end();
 }
 
-#define CUDA_LATER "CUDA kernels: issue 9"
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST_CPU_ONLY(test_dropout_statistics, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_dropout_backward_mask, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_dropout_seed, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_dropout_eval_and_edges, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_dropout_gradcheck, CUDA_LATER),
+        MT_TEST(test_dropout_statistics),
+        MT_TEST(test_dropout_backward_mask),
+        MT_TEST(test_dropout_seed),
+        MT_TEST(test_dropout_eval_and_edges),
+        MT_TEST(test_dropout_gradcheck),
         MT_TEST(test_dropout_errors),
         mt_test_device_is_cpu()
             ? MT_TEST_SKIPPED(test_dropout_unsupported_device, "the CPU has the kernel")

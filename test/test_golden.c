@@ -353,14 +353,14 @@ static const golden_op golden_ops[] = {
     OP(copy, true),
     OP(add_inplace, false),
     OP(mul_scalar_inplace, false),
-    OP_CPU(layer_norm, false),
-    OP_CPU(batch_norm, false),
-    OP_CPU(batch_norm_act, false),
-    OP_CPU(batch_norm_stats, false),
-    OP_CPU(embedding, true),
-    OP_CPU(index_select, true),
-    OP_CPU(gather, true),
-    OP_CPU(argmax, true),
+    OP(layer_norm, false),
+    OP(batch_norm, false),
+    OP(batch_norm_act, false),
+    OP(batch_norm_stats, false),
+    OP(embedding, true),
+    OP(index_select, true),
+    OP(gather, true),
+    OP(argmax, true),
 };
 #define GOLDEN_NOPS ((int)(sizeof golden_ops / sizeof golden_ops[0]))
 

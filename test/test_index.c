@@ -230,17 +230,16 @@ static void test_index_unsupported_device(void **state) {
     mt_scope_end();
 }
 
-#define CUDA_LATER "CUDA kernels: issue 9"
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST_CPU_ONLY(test_embedding, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_index_select, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_gather, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_index_gradcheck, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_argmax, CUDA_LATER),
+        MT_TEST(test_embedding),
+        MT_TEST(test_index_select),
+        MT_TEST(test_gather),
+        MT_TEST(test_index_gradcheck),
+        MT_TEST(test_argmax),
         MT_TEST(test_randperm),
-        MT_TEST_CPU_ONLY(test_index_errors, CUDA_LATER),
+        MT_TEST(test_index_errors),
         mt_test_device_is_cpu()
             ? MT_TEST_SKIPPED(test_index_unsupported_device, "the CPU has the kernels")
             : (struct CMUnitTest)MT_TEST(test_index_unsupported_device),

@@ -383,19 +383,18 @@ static void test_norm_unsupported_device(void **state) {
     mt_scope_end();
 }
 
-#define CUDA_LATER "CUDA kernels: issue 9"
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST_CPU_ONLY(test_layer_norm_reference, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_layer_norm_gradcheck, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_layer_norm_strided, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_batch_norm_reference, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_batch_norm_offset, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_batch_norm_gradcheck, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_norm_autocast, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_batch_norm_running_buffers, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_norm_errors, CUDA_LATER),
+        MT_TEST(test_layer_norm_reference),
+        MT_TEST(test_layer_norm_gradcheck),
+        MT_TEST(test_layer_norm_strided),
+        MT_TEST(test_batch_norm_reference),
+        MT_TEST(test_batch_norm_offset),
+        MT_TEST(test_batch_norm_gradcheck),
+        MT_TEST(test_norm_autocast),
+        MT_TEST(test_batch_norm_running_buffers),
+        MT_TEST(test_norm_errors),
         mt_test_device_is_cpu()
             ? MT_TEST_SKIPPED(test_norm_unsupported_device, "the CPU has these kernels")
             : (struct CMUnitTest)MT_TEST(test_norm_unsupported_device),

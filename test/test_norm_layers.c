@@ -182,16 +182,15 @@ static void test_decorate_keeps_norms(void **state) {
     mt_scope_end();
 }
 
-#define CUDA_LATER "CUDA kernels: issue 9"
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_batch_norm2d_layer_init),
-        MT_TEST_CPU_ONLY(test_batch_norm2d_layer_forward, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_layer_norm_layer, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_embedding_layer, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_dropout_layer, CUDA_LATER),
-        MT_TEST_CPU_ONLY(test_decorate_keeps_norms, CUDA_LATER),
+        MT_TEST(test_batch_norm2d_layer_forward),
+        MT_TEST(test_layer_norm_layer),
+        MT_TEST(test_embedding_layer),
+        MT_TEST(test_dropout_layer),
+        MT_TEST(test_decorate_keeps_norms),
     };
     return MT_RUN_TESTS(tests);
 }

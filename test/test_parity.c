@@ -224,6 +224,41 @@ static mt_tensor *w_reshape(const op_row *r, mt_tensor *const *in) {
     return mt_contiguous(mt_reshape(in[0], MT_SHAPE(3, -1)));
 }
 
+/* normalisation, dropout and indexing (issue 9) */
+static mt_tensor *w_layer_norm(const op_row *r, mt_tensor *const *in) {
+    return mt_layer_norm(in[0], r->ndims, in[1], in[2], 1e-5);
+}
+static mt_tensor *w_batch_norm_train(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_batch_norm(in[0], NULL, NULL, in[1], in[2], true, 0.1, 1e-5);
+}
+static mt_tensor *w_batch_norm_eval(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_batch_norm(in[0], in[1], in[2], NULL, NULL, false, 0.1, 1e-5);
+}
+static mt_tensor *w_batch_norm_add_relu(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_batch_norm_act(in[0], NULL, NULL, in[1], in[2], in[3], true, 0.1, 1e-5, MT_ACT_RELU);
+}
+/* the same seed on both devices: the same Philox stream, so the same mask */
+static mt_tensor *w_dropout(const op_row *r, mt_tensor *const *in) {
+    mt_manual_seed(77);
+    return mt_dropout(in[0], r->s, true);
+}
+static mt_tensor *w_index_select(const op_row *r, mt_tensor *const *in) {
+    return mt_index_select(in[0], r->dim, in[1]);
+}
+static mt_tensor *w_gather(const op_row *r, mt_tensor *const *in) {
+    return mt_gather(in[0], r->dim, in[1]);
+}
+static mt_tensor *w_embedding(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_embedding(in[0], in[1]);
+}
+static mt_tensor *w_argmax(const op_row *r, mt_tensor *const *in) {
+    return mt_argmax(in[0], r->dim, r->keepdim);
+}
+
 /* ------------------------------------------------------------------ the table */
 
 #define ROW(name_, fn_, dtypes_, tol_, grad_, ...)                                                 \
@@ -232,8 +267,53 @@ static mt_tensor *w_reshape(const op_row *r, mt_tensor *const *in) {
         __VA_ARGS__                                                                                \
     }
 
+#define INDICES(hi_, ...)                                                                          \
+    {                                                                                              \
+        .ndim = NDIMS(__VA_ARGS__), .shape = {__VA_ARGS__}, .dom = DOM_LABEL, .fixed = 1 + MT_I64, \
+        .hi = (hi_)                                                                                \
+    }
+
 /* clang-format off */
 static const op_row rows[] = {
+    /* normalisation: sums over rows and channels, in a different order on each device */
+    ROW("layer_norm [6,37] over the last dim", w_layer_norm, BIT(MT_F32) | BIT(MT_F64), TOL_NORMED,
+        true, .in = {IN(DOM_ANY, 6, 37), IN(DOM_ANY, 37), IN(DOM_ANY, 37)}, .ndims = 1),
+    ROW("layer_norm [4,3,300] over the last two dims", w_layer_norm, BIT(MT_F32) | BIT(MT_F64),
+        TOL_NORMED, true, .in = {IN(DOM_ANY, 4, 3, 300), IN(DOM_ANY, 3, 300), IN(DOM_ANY, 3, 300)},
+        .ndims = 2),
+    ROW("layer_norm [6,37] (low activation, f32 parameters)", w_layer_norm,
+        BIT(MT_F16) | BIT(MT_BF16), TOL_NORMED, false,
+        .in = {IN(DOM_ANY, 6, 37), IN_AS(MT_F32, DOM_ANY, 37), IN_AS(MT_F32, DOM_ANY, 37)},
+        .ndims = 1),
+    ROW("batch_norm training [4,3,5,7]", w_batch_norm_train, BIT(MT_F32), TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 4, 3, 5, 7), IN_AS(MT_F32, DOM_ANY, 3), IN_AS(MT_F32, DOM_ANY, 3)}),
+    ROW("batch_norm training [8,5] (low activation)", w_batch_norm_train,
+        BIT(MT_F16) | BIT(MT_BF16), TOL_NORMED, false,
+        .in = {IN(DOM_ANY, 8, 5), IN_AS(MT_F32, DOM_ANY, 5), IN_AS(MT_F32, DOM_ANY, 5)}),
+    ROW("batch_norm eval [4,3,5]", w_batch_norm_eval, BIT(MT_F32) | BIT(MT_F16) | BIT(MT_BF16),
+        TOL_NORMED, false,
+        .in = {IN(DOM_ANY, 4, 3, 5), IN_AS(MT_F32, DOM_ANY, 3), IN_AS(MT_F32, DOM_POS, 3)}),
+    ROW("batch_norm_act relu(bn(x) + residual) [4,3,6]", w_batch_norm_add_relu, BIT(MT_F32),
+        TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 4, 3, 6), IN_AS(MT_F32, DOM_ANY, 3), IN_AS(MT_F32, DOM_ANY, 3),
+               IN(DOM_ANY, 4, 3, 6)}),
+    /* dropout: the mask is a function of (seed, offset, index) on both devices */
+    ROW("dropout p 0.3", w_dropout, FLOATS, TOL_EXACT, true, .in = {IN(DOM_ANY, 7, 33)}, .s = 0.3),
+    /* indexing: copies and fixed-order sums, the same bits on both devices */
+    ROW("index_select dim 0", w_index_select, FLOATS, TOL_EXACT, true,
+        .in = {IN(DOM_ANY, 6, 5), INDICES(6, 9)}, .dim = 0),
+    ROW("index_select dim 1", w_index_select, FLOATS, TOL_EXACT, true,
+        .in = {IN(DOM_ANY, 4, 6, 3), INDICES(6, 8)}, .dim = 1),
+    ROW("gather dim 1", w_gather, FLOATS, TOL_EXACT, true,
+        .in = {IN(DOM_ANY, 4, 6), INDICES(6, 4, 9)}, .dim = 1),
+    ROW("gather dim 0 (index smaller than x)", w_gather, FLOATS, TOL_EXACT, true,
+        .in = {IN(DOM_ANY, 5, 6), INDICES(5, 3, 4)}, .dim = 0),
+    ROW("embedding", w_embedding, FLOATS, TOL_EXACT, true,
+        .in = {IN(DOM_ANY, 10, 7), INDICES(10, 3, 5)}),
+    ROW("argmax dim 1 (ties)", w_argmax, FLOATS, TOL_EXACT, false,
+        .in = {IN(DOM_GRID, 4, 9, 3)}, .dim = 1),
+    ROW("argmax dim -1 keepdim", w_argmax, FLOATS, TOL_EXACT, false,
+        .in = {IN(DOM_ANY, 5, 11)}, .dim = -1, .keepdim = true),
     /* binary elementwise (differentiable in both inputs) */
     ROW("add", w_add, FLOATS, TOL_ELEMWISE, true, .in = {IN(DOM_ANY, 5, 6), IN(DOM_ANY, 5, 6)}),
     ROW("sub", w_sub, FLOATS, TOL_ELEMWISE, true, .in = {IN(DOM_ANY, 5, 6), IN(DOM_ANY, 5, 6)}),

@@ -60,6 +60,22 @@ int mt_cublas_check(const char *op, cublasStatus_t s);
    through here. */
 int mt_cuda_sync(const char *op, mt_cuda_device_ctx *ctx);
 
+/* ---- normalisation, dropout and indexing families (cuda_norm.c) */
+int mt_cuda_be_layer_norm(mt_tensor *y, mt_tensor *mean, mt_tensor *rstd, const mt_tensor *x,
+                          const mt_tensor *weight, const mt_tensor *bias, double eps);
+int mt_cuda_be_layer_norm_backward(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, const mt_tensor *gy,
+                                   const mt_tensor *x, const mt_tensor *mean, const mt_tensor *rstd,
+                                   const mt_tensor *weight);
+int mt_cuda_be_batch_norm(const mt_bn_args *a);
+int mt_cuda_be_batch_norm_backward(const mt_bn_backward_args *a);
+int mt_cuda_be_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed,
+                       uint64_t offset);
+int mt_cuda_be_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+int mt_cuda_be_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
+int mt_cuda_be_gather(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+int mt_cuda_be_scatter_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
+int mt_cuda_be_argmax(mt_tensor *out, const mt_tensor *x, int dim);
+
 /* ---- caching allocator (cuda_alloc.c): stream-ordered reuse on the device's one stream */
 void *mt_cuda_alloc(int device, size_t nbytes); /* NULL on failure, no error set */
 void mt_cuda_free(int device, void *p, size_t nbytes);

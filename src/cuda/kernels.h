@@ -138,6 +138,76 @@ typedef struct {
 } mt_cuda_optim_args;
 int mt_cuda_optim_step(const mt_cuda_ctx *c, const mt_cuda_optim_args *a);
 
+/* ---- normalisation and dropout (norm.cu); every tensor contiguous, statistics and
+   parameters in the accumulation dtype (F32, or F64 when wide) */
+typedef struct {
+    int64_t rows, D;
+    bool wide;
+    const char *x, *gy; /* gy: backward only */
+    char *y, *gx;       /* y: forward; gx: backward, NULL when not wanted */
+    mt_dtype xdt, ydt, gydt, gxdt;
+    const void *weight, *bias; /* [D] or NULL */
+    void *mean, *rstd;         /* [rows]: written by the forward, read by the backward */
+    void *gw, *gb;             /* [D] or NULL */
+    double eps;
+} mt_cuda_layer_norm_args;
+int mt_cuda_layer_norm(const mt_cuda_ctx *c, const mt_cuda_layer_norm_args *a);
+int mt_cuda_layer_norm_backward(const mt_cuda_ctx *c, const mt_cuda_layer_norm_args *a);
+/* x, y, residual [N, C, S] in xdt; weight, bias, running buffers, save_* [C] */
+typedef struct {
+    int64_t N, C, S;
+    bool wide, training, relu;
+    const char *x, *residual; /* residual NULL: none */
+    char *y;
+    mt_dtype xdt;
+    const void *weight, *bias;
+    void *running_mean, *running_var, *save_mean, *save_rstd;
+    double momentum, eps;
+} mt_cuda_batch_norm_args;
+int mt_cuda_batch_norm(const mt_cuda_ctx *c, const mt_cuda_batch_norm_args *a);
+typedef struct {
+    int64_t N, C, S;
+    bool wide, training;
+    const char *gy, *x, *y; /* y: the saved output under relu, else NULL */
+    char *gx, *gres;        /* NULL when not wanted */
+    mt_dtype gydt, xdt, gxdt, gresdt;
+    const void *weight, *save_mean, *save_rstd;
+    void *gw, *gb; /* NULL when not wanted */
+} mt_cuda_batch_norm_backward_args;
+int mt_cuda_batch_norm_backward(const mt_cuda_ctx *c, const mt_cuda_batch_norm_backward_args *a);
+/* out = x * keep / (1 - p), keep = Philox draw i (of seed, offset) >= p; n contiguous
+   elements of dtype dt */
+int mt_cuda_dropout(const mt_cuda_ctx *c, char *out, const char *x, mt_dtype dt, int64_t n,
+                    double p, uint64_t seed, uint64_t offset);
+
+/* ---- indexing (index.cu); every tensor contiguous, indices range-checked by the op */
+/* src and dst seen as [outer, n or k, inner] around the indexed dim; index [k] (I64, device) */
+typedef struct {
+    const char *src;
+    char *dst;
+    const int64_t *index;
+    int64_t outer, n, k, inner;
+    int es; /* element size of src and dst (index_select) */
+    mt_dtype sdt, ddt;
+} mt_cuda_index_args;
+int mt_cuda_index_select(const mt_cuda_ctx *c, const mt_cuda_index_args *a); /* dst [o, k, i] */
+int mt_cuda_index_add(const mt_cuda_ctx *c, const mt_cuda_index_args *a);    /* dst [o, n, i] */
+int mt_cuda_argmax(const mt_cuda_ctx *c, const mt_cuda_index_args *a);       /* dst I64 [o, i] */
+/* gather: out (index's shape) from x; scatter_add: out (x_shape, F32/F64) += x (index's
+   shape, dtype sdt). numel: of out. */
+typedef struct {
+    const char *x;
+    char *out;
+    const int64_t *index;
+    int nd, dim, es;
+    int64_t numel;
+    int64_t index_shape[MT_MAX_DIMS], index_strides[MT_MAX_DIMS];
+    int64_t x_shape[MT_MAX_DIMS], x_strides[MT_MAX_DIMS];
+    mt_dtype sdt, ddt;
+} mt_cuda_gather_args;
+int mt_cuda_gather(const mt_cuda_ctx *c, const mt_cuda_gather_args *a);
+int mt_cuda_scatter_add(const mt_cuda_ctx *c, const mt_cuda_gather_args *a);
+
 #ifdef __cplusplus
 }
 #endif
