@@ -443,6 +443,79 @@ static void test_scaler_state_errors(void **state) {
     rig_free(&a);
 }
 
+/* ---------------------------------------------------------------- files from Python */
+
+static void test_python_dtypes(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_state *s = mt_state_load(MT_TEST_DATA_DIR "/dtypes.safetensors", dev);
+    assert_non_null(s);
+    assert_string_equal(mt_state_get_meta(s, "format"), "pt");
+    assert_string_equal(mt_state_get_meta(s, "writer"), "tools/gen_state_data.py");
+    assert_int_equal(mt_state_count(s), 9);
+    const float f32[6] = {-1, -0.5f, 0, 0.5f, 1, 1.5f};
+    const double f64[4] = {0, 1 / 3.0, 2 / 3.0, 1.0};
+    const int64_t i64[3] = {-((int64_t)1 << 40), 0, ((int64_t)1 << 40) + 1};
+    const int32_t i32[4] = {-7, 0, INT32_MAX, INT32_MIN};
+    const uint8_t b8[4] = {1, 0, 1, 1};
+    const float scalar = 2.5f;
+    mt_scope_begin(); /* the expected tensors and their intermediates */
+    mt_tensor *ref32 = mt_from_data(f32, MT_F32, MT_SHAPE(2, 3), MT_CPU);
+    mt_tensor *want[9] = {
+        ref32,
+        mt_reshape(mt_cast(ref32, MT_F16), MT_SHAPE(3, 2)),
+        mt_reshape(mt_cast(ref32, MT_BF16), MT_SHAPE(6)),
+        mt_from_data(f64, MT_F64, MT_SHAPE(4), MT_CPU),
+        mt_from_data(i64, MT_I64, MT_SHAPE(3), MT_CPU),
+        mt_from_data(i32, MT_I32, MT_SHAPE(2, 2), MT_CPU),
+        mt_from_data(b8, MT_BOOL, MT_SHAPE(4), MT_CPU),
+        mt_from_data(&scalar, MT_F32, 0, NULL, MT_CPU),
+        mt_zeros(MT_SHAPE(0, 3), MT_F32, MT_CPU),
+    };
+    const char *names[9] = {"f32", "f16", "bf16", "f64", "i64", "i32", "bool", "scalar", "empty"};
+    for (int i = 0; i < 9; i++) {
+        mt_tensor *t = mt_state_get(s, names[i]);
+        assert_non_null(t);
+        assert_int_equal(mt_ndim(t), mt_ndim(want[i]));
+        for (int d = 0; d < mt_ndim(t); d++) assert_int_equal(mt_dim(t, d), mt_dim(want[i], d));
+        assert_same_bits(t, want[i], names[i]);
+    }
+    mt_scope_end();
+    mt_state_free(s);
+}
+
+/* A PyTorch model's state dict loads into the matching mixtape layers (train_mlp's MLP) and
+   computes what PyTorch computed. */
+static void test_pytorch_mlp(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_linear_layer fc1 = {0}, fc2 = {0};
+    assert_int_equal(mt_linear_layer_init(&fc1, 32, 64, true, MT_F32, dev), 0);
+    assert_int_equal(mt_linear_layer_init(&fc2, 64, 8, true, MT_F32, dev), 0);
+    mt_state *s = mt_state_load(MT_TEST_DATA_DIR "/mlp.safetensors", MT_CPU);
+    assert_non_null(s);
+    mt_tensor *params[4] = {fc1.weight, fc1.bias, fc2.weight, fc2.bias};
+    const char *names[4] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+    assert_int_equal(mt_state_load_into(s, NULL, params, names, 4, true), 0);
+    mt_state_free(s);
+    s = mt_state_load(MT_TEST_DATA_DIR "/mlp_io.safetensors", dev);
+    assert_non_null(s);
+    mt_scope_begin();
+    mt_tensor *y =
+        mt_linear_layer_forward(&fc2, mt_relu(mt_linear_layer_forward(&fc1, mt_state_get(s, "x"))));
+    mt_tensor *want = mt_state_get(s, "y");
+    float a[32], b[32];
+    assert_int_equal(mt_copy_to_host(y, a, sizeof a), 0);
+    assert_int_equal(mt_copy_to_host(want, b, sizeof b), 0);
+    for (int i = 0; i < 32; i++)
+        if (fabsf(a[i] - b[i]) > 1e-5f * (1 + fabsf(b[i])))
+            fail_msg("y[%d]: mixtape %.8g, PyTorch %.8g", i, a[i], b[i]);
+    mt_scope_end();
+    mt_state_free(s);
+    mt_linear_layer_free(&fc1);
+    mt_linear_layer_free(&fc2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_load_into),
@@ -453,6 +526,8 @@ int main(void) {
         MT_TEST(test_resume_adamw),
         MT_TEST(test_optimizer_state_errors),
         MT_TEST(test_scaler_state_errors),
+        MT_TEST(test_python_dtypes),
+        MT_TEST(test_pytorch_mlp),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -1,15 +1,10 @@
-/* Checkpoints: the state dict, safetensors files (round trip of every dtype, metadata, every
-   kind of bad file, a seeded mutation fuzz loop), loading into parameters with torch's strict
-   semantics, and files written by Python's safetensors / PyTorch (test/data, made by
-   tools/gen_state_data.py). */
+/* Checkpoints: the state dict and safetensors files (round trip of every dtype, metadata,
+   atomic save, every kind of bad file, a seeded mutation fuzz loop over the loader). Training
+   state and files from Python: test_checkpoint.c. */
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "test_util.h"
-
-#ifndef MT_TEST_DATA_DIR
-#define MT_TEST_DATA_DIR "test/data"
-#endif
 
 /* ---------------------------------------------------------------- helpers */
 
