@@ -137,6 +137,14 @@ def check_checkpoint(path):
           (path, len(tl), len(meta)))
     for k in sorted(tl)[:12]:
         print("    %-28s %-14s %s" % (k, str(tl[k].dtype), list(tl[k].shape)))
+    # train_mlp's model loads into the same PyTorch module, strictly
+    model = {k: v for k, v in tl.items() if k.startswith("fc")}
+    if sorted(model) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]:
+        m = torch.nn.Module()
+        m.fc1 = torch.nn.Linear(*reversed(model["fc1.weight"].shape))
+        m.fc2 = torch.nn.Linear(*reversed(model["fc2.weight"].shape))
+        m.load_state_dict(model, strict=True)
+        print("    the model loads into torch.nn.Module(fc1=Linear, fc2=Linear) with strict=True")
 
 
 def main():
