@@ -356,6 +356,25 @@ static int check_layout(const loader *L) {
     return rc;
 }
 
+static int cmp_str_ptr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Metadata keys are unique (sorted, so a header of many keys costs n log n). */
+static int check_meta_unique(const loader *L, const cJSON *meta) {
+    int n = cJSON_GetArraySize(meta), k = 0, rc = 0;
+    if (n < 2) return 0;
+    const char **keys = malloc((size_t)n * sizeof *keys);
+    if (!keys) return LOAD_ERR(L, MT_ERR_OOM, "out of memory checking %d metadata keys", n);
+    for (const cJSON *m = meta->child; m; m = m->next) keys[k++] = m->string;
+    qsort(keys, (size_t)n, sizeof *keys, cmp_str_ptr);
+    for (int i = 1; i < n && !rc; i++)
+        if (strcmp(keys[i], keys[i - 1]) == 0)
+            rc = LOAD_ERR(L, MT_ERR_INVALID, "metadata '%s' appears twice", keys[i]);
+    free(keys);
+    return rc;
+}
+
 /* Parses and validates the header; fills L->root and L->entries. */
 static int parse_header(loader *L, const char *json, size_t len, const cJSON **meta) {
     const char *end = NULL;
@@ -384,10 +403,9 @@ static int parse_header(loader *L, const char *json, size_t len, const cJSON **m
             if (!cJSON_IsString(m) || !mt_utf8_valid(m->string) || !mt_utf8_valid(m->valuestring))
                 return LOAD_ERR(L, MT_ERR_INVALID, "metadata '%s' is not a UTF-8 string",
                                 m->string);
-            for (const cJSON *o = j->child; o != m; o = o->next)
-                if (strcmp(o->string, m->string) == 0)
-                    return LOAD_ERR(L, MT_ERR_INVALID, "metadata '%s' appears twice", m->string);
         }
+        int rc = check_meta_unique(L, j);
+        if (rc) return rc;
         *meta = j;
     }
     L->entries = calloc(count ? (size_t)count : 1, sizeof *L->entries);
@@ -406,7 +424,7 @@ static mt_state *build_state(const loader *L, const cJSON *meta, mt_device dev) 
     mt_state *s = mt_state_new();
     if (!s) return NULL;
     for (const cJSON *m = meta ? meta->child : NULL; m; m = m->next)
-        if (mt_state_meta_put(s, L->fn, m->string, m->valuestring) < 0) goto fail;
+        if (mt_state_meta_append(s, L->fn, m->string, m->valuestring) < 0) goto fail;
     for (int i = 0; i < L->n; i++) {
         const entry *e = &L->entries[i];
         const unsigned char *src = L->data + e->begin;
@@ -475,11 +493,22 @@ mt_state *mt_state_load(const char *path, mt_device dev) {
     }
     L.data = base + 8 + hlen;
     L.data_len = size - 8 - hlen;
-    if (parse_header(&L, (const char *)base + 8, (size_t)hlen, &meta) == 0) {
+    /* The parser reads a heap copy of exactly the header's bytes: a read past them would be
+       a heap overflow that the sanitizers catch (the fuzz test runs under ASan), where a
+       read past the header inside the mapping would go unnoticed. */
+    char *header = malloc((size_t)hlen);
+    if (!header) {
+        LOAD_ERR(&L, MT_ERR_OOM, "out of memory for the %llu-byte header",
+                 (unsigned long long)hlen);
+        goto out;
+    }
+    memcpy(header, base + 8, (size_t)hlen);
+    if (parse_header(&L, header, (size_t)hlen, &meta) == 0) {
         mt_api_enter(); /* the tensors belong to the state, not to an open scope */
         s = build_state(&L, meta, dev);
         mt_api_exit_status(0);
     }
+    free(header);
 out:
     cJSON_Delete(L.root);
     free(L.entries);

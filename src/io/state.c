@@ -138,14 +138,21 @@ const char *mt_state_name(const mt_state *s, int i) {
 }
 
 int mt_state_meta_put(mt_state *s, const char *fn, const char *key, const char *value) {
-    char *v = strdup(value);
-    if (!v) return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
     for (int i = 0; i < s->n_meta; i++)
         if (strcmp(s->meta_keys[i], key) == 0) {
+            char *v = strdup(value);
+            if (!v)
+                return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
             free(s->meta_values[i]);
             s->meta_values[i] = v;
             return 0;
         }
+    return mt_state_meta_append(s, fn, key, value);
+}
+
+int mt_state_meta_append(mt_state *s, const char *fn, const char *key, const char *value) {
+    char *v = strdup(value);
+    if (!v) return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
     char *k = NULL;
     if (grow((void ***)&s->meta_keys, (void ***)&s->meta_values, s->n_meta, &s->cap_meta) < 0 ||
         !(k = strdup(key))) {

@@ -18,6 +18,8 @@ int mt_state_append(mt_state *s, const char *fn, const char *name, mt_tensor *t)
 int mt_state_find(const mt_state *s, const char *name);
 /* Appends or replaces a metadata entry. 0, or MT_ERR_OOM naming fn. */
 int mt_state_meta_put(mt_state *s, const char *fn, const char *key, const char *value);
+/* Appends a metadata entry without looking for the key (the loader checked uniqueness). */
+int mt_state_meta_append(mt_state *s, const char *fn, const char *key, const char *value);
 /* True when s is well-formed UTF-8 (safetensors headers are UTF-8 JSON: a name that is not
    could be written but not read back by other readers). */
 bool mt_utf8_valid(const char *s);
