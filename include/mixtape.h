@@ -417,14 +417,16 @@ void mt_linear_layer_free(mt_linear_layer *l);
    little-endian header length, a JSON header ({"name": {"dtype": "F32", "shape": [2, 3],
    "data_offsets": [begin, end]}, ..., "__metadata__": {"key": "value"}}) and the raw
    little-endian data. The file loads in Python's safetensors and in PyTorch
-   (safetensors.torch.load_file); dtypes map as F32 F16 BF16 F64 I64 I32 BOOL. */
+   (safetensors.torch.load_file); dtypes map as F32 F16 BF16 F64 I64 I32 BOOL. The files
+   need a little-endian host (the build refuses others). */
 typedef struct mt_state mt_state;
 
 mt_state *mt_state_new(void);    /* NULL with MT_ERR_OOM */
 void mt_state_free(mt_state *s); /* releases its tensors; NULL is fine */
 /* Puts t under name, retaining it (the state holds the tensor itself, not a copy: save it
    before changing the tensor). An existing entry of that name is replaced in place (keeps
-   its position). Names are non-empty and not "__metadata__". */
+   its position). Names are non-empty UTF-8 and not "__metadata__". Looking a name up is a
+   linear search (state dicts of thousands of entries, not millions). */
 int mt_state_put(mt_state *s, const char *name, mt_tensor *t);
 /* The tensor under name (new reference), or NULL with MT_ERR_INVALID naming it when absent. */
 mt_tensor *mt_state_get(mt_state *s, const char *name);

@@ -19,6 +19,10 @@
 #include "../tensor/backend.h"
 #include "state_impl.h"
 
+/* safetensors data is little-endian and is copied as is */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "safetensors I/O needs a little-endian host");
+
 #define META_KEY     "__metadata__"
 #define MAX_HEADER   ((uint64_t)100000000) /* the reference implementation's limit */
 #define MAX_JSON_INT 9007199254740992.0    /* 2^53: larger integers are not exact in JSON */
