@@ -13,7 +13,7 @@ typedef struct {
     char path[128];
 } tmpdir;
 
-/* In /dev/shm where there is one: the fuzz loop rewrites a file 1500 times, which on a busy
+/* In /dev/shm where there is one: the fuzz loop rewrites a file 5000 times, which on a busy
    disk costs seconds of waiting and tests nothing more. */
 static void tmp_open(tmpdir *t) {
     snprintf(t->dir, sizeof t->dir, "%s/mt_state_XXXXXX",
@@ -517,7 +517,7 @@ static void test_fuzz_loader(void **state) {
     unsigned char *buf = malloc(n);
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     int loaded = 0, rejected = 0;
-    const int iters = 1500;
+    const int iters = 5000;
     int64_t live = mt_live_tensors();
     for (int it = 0; it < iters; it++) {
         memcpy(buf, seed, n);
