@@ -558,6 +558,72 @@ typedef struct {
 } mt_dropout_layer;
 int mt_dropout_layer_init(mt_dropout_layer *l, double p);
 mt_tensor *mt_dropout_layer_forward(mt_dropout_layer *l, mt_tensor *x);
+/* ---------------------------------------------------------------- checkpoints
+   A state dict is an ordered map from names to tensors (insertion order, or the file's
+   order after a load) with string metadata, saved as a safetensors file: an 8-byte
+   little-endian header length, a JSON header ({"name": {"dtype": "F32", "shape": [2, 3],
+   "data_offsets": [begin, end]}, ..., "__metadata__": {"key": "value"}}) and the raw
+   little-endian data. The file loads in Python's safetensors and in PyTorch
+   (safetensors.torch.load_file); dtypes map as F32 F16 BF16 F64 I64 I32 BOOL. The files
+   need a little-endian host (the build refuses others). */
+typedef struct mt_state mt_state;
+
+mt_state *mt_state_new(void);    /* NULL with MT_ERR_OOM */
+void mt_state_free(mt_state *s); /* releases its tensors; NULL is fine */
+/* Puts t under name, retaining it (the state holds the tensor itself, not a copy: save it
+   before changing the tensor). An existing entry of that name is replaced in place (keeps
+   its position). Names are non-empty UTF-8 and not "__metadata__". Looking a name up is a
+   linear search (state dicts of thousands of entries, not millions). */
+int mt_state_put(mt_state *s, const char *name, mt_tensor *t);
+/* The tensor under name (new reference), or NULL with MT_ERR_INVALID naming it when absent. */
+mt_tensor *mt_state_get(mt_state *s, const char *name);
+bool mt_state_contains(const mt_state *s, const char *name); /* false for NULL */
+int mt_state_count(const mt_state *s);                       /* -1 for NULL */
+const char *mt_state_name(const mt_state *s, int i);         /* NULL when out of range (no error) */
+/* String metadata (safetensors' "__metadata__"); set copies both strings and replaces an
+   existing key. get returns NULL when absent (no error); the pointer lives until the key is
+   set again or the state is freed. */
+int mt_state_set_meta(mt_state *s, const char *key, const char *value);
+const char *mt_state_get_meta(const mt_state *s, const char *key);
+int mt_state_meta_count(const mt_state *s);
+const char *mt_state_meta_key(const mt_state *s, int i);
+
+/* Writes s to path atomically: a temporary file in the same directory, fsync, rename over
+   path, fsync of the directory, so a crash leaves the old file or the new one, never a
+   truncated one. Waits for the devices that hold the tensors. */
+int mt_state_save(const mt_state *s, const char *path);
+/* Reads a safetensors file (mapped, every header field validated before anything is
+   allocated) and copies each tensor straight to dev. NULL with an error naming the file and
+   the fault for a missing, truncated or malformed file. */
+mt_state *mt_state_load(const char *path, mt_device dev);
+/* Copies the entries prefix + names[i] of s into params[i] (in place, any device: the
+   values move to the parameter's device), with torch's load_state_dict semantics: a shape or
+   dtype mismatch is always an error; with strict, so is a name that s lacks (missing) and an
+   entry of s under prefix that no name claims (unexpected); without strict those are
+   skipped. All or nothing: on any error no parameter changes. prefix may be NULL ("").
+   Parameters are written outside autograd (their version counter is bumped). */
+int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params,
+                       const char *const *names, int n, bool strict);
+
+/* Optimizer state under prefix: the kind and options (metadata "<prefix>kind" ... and F64
+   scalars "<prefix>lr" ...), the parameter count, the step count, and per parameter i the
+   moments ("<prefix>state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq") and the FP32
+   master weight (".master"). Saves copies (a later step does not change them). Loading
+   needs an optimizer of the same kind, parameter count, shapes and multi_precision; it
+   restores every option (lr included) and the state exactly, so training resumes bit for
+   bit. All or nothing. */
+int mt_optimizer_state_save(mt_optimizer *o, mt_state *s, const char *prefix);
+int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix);
+/* GradScaler state under prefix: "scale", "growth_tracker" (clean steps in a row),
+   "bad_steps", "skipped_steps", "found_inf" (F32 scalars) and the options (growth_factor,
+   backoff_factor, growth_interval, backoff_after, min_scale, max_scale as F64 scalars,
+   "disabled" BOOL). Not between unscale/step and update (MT_ERR_STATE). */
+int mt_grad_scaler_state_save(mt_grad_scaler *gs, mt_state *s, const char *prefix);
+int mt_grad_scaler_state_load(mt_grad_scaler *gs, mt_state *s, const char *prefix);
+/* Puts the layer's parameters under prefix + "weight" / "bias" (torch's names: prefix
+   "fc1." gives "fc1.weight"), and loads them back (mt_state_load_into). */
+int mt_linear_layer_state_put(mt_linear_layer *l, mt_state *s, const char *prefix);
+int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *prefix, bool strict);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,9 @@
  * device's own (mt_memory_stats_get): the GPU's peak, comparable with
  * torch.cuda.max_memory_allocated. mt_host_sync_count tells how often a step made the host
  * wait for the device (0 for a step that stays on the device).
+ * --save PATH writes a checkpoint (model, optimizer, GradScaler, step) after the run, and
+ * --resume PATH continues from one: a run of 2 epochs equals, bit for bit, a run of 1 epoch
+ * saved and resumed for 1 more (with one mode selected).
  * Run with --help for the options. */
 #include <errno.h>
 #include <getopt.h>
@@ -55,6 +58,7 @@ typedef struct {
     bool json;
     bool run[N_MODES];
     uint64_t seed;
+    const char *save_path, *resume_path; /* checkpoints; NULL: none */
 } config;
 
 typedef struct {
@@ -107,7 +111,9 @@ static void usage(FILE *f) {
                "  --warmup N      untimed steps at the start (default 1)\n"
                "  --threads N     CPU threads for kernels and BLAS (default: all cores)\n"
                "  --seed N        seed for data and weights (default 2023)\n"
-               "  --json          one JSON object per mode and line on stdout, nothing else\n");
+               "  --json          one JSON object per mode and line on stdout, nothing else\n"
+               "  --save PATH     write a checkpoint after the run (one mode only)\n"
+               "  --resume PATH   continue from a checkpoint of the same mode and sizes\n");
 }
 
 static long parse_long(const char *opt, const char *s, long lo, long hi) {
@@ -154,6 +160,8 @@ static void parse_args(int argc, char **argv, config *c) {
         O_THREADS,
         O_SEED,
         O_JSON,
+        O_SAVE,
+        O_RESUME,
         O_HELP
     };
     static const struct option opts[] = {
@@ -162,6 +170,7 @@ static void parse_args(int argc, char **argv, config *c) {
         {"warmup", required_argument, 0, O_WARMUP}, {"modes", required_argument, 0, O_MODES},
         {"device", required_argument, 0, O_DEVICE}, {"threads", required_argument, 0, O_THREADS},
         {"seed", required_argument, 0, O_SEED},     {"json", no_argument, 0, O_JSON},
+        {"save", required_argument, 0, O_SAVE},     {"resume", required_argument, 0, O_RESUME},
         {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
     long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = 1;
     bool dev_given = false;
@@ -197,6 +206,12 @@ static void parse_args(int argc, char **argv, config *c) {
         case O_JSON:
             c->json = true;
             break;
+        case O_SAVE:
+            c->save_path = optarg;
+            break;
+        case O_RESUME:
+            c->resume_path = optarg;
+            break;
         case O_DEVICE:
             dev_given = true;
             if (strcmp(optarg, "cpu") == 0) {
@@ -222,6 +237,12 @@ static void parse_args(int argc, char **argv, config *c) {
     if (optind < argc) {
         fprintf(stderr, "simplenet_amp: unexpected argument \"%s\"\n", argv[optind]);
         usage(stderr);
+        exit(2);
+    }
+    int n_modes = 0;
+    for (int k = 0; k < N_MODES; k++) n_modes += c->run[k];
+    if ((c->save_path || c->resume_path) && n_modes != 1) {
+        fprintf(stderr, "simplenet_amp: --save and --resume need exactly one mode (--modes)\n");
         exit(2);
     }
     if (!dev_given && mt_cuda_available()) c->dev = MT_CUDA(0);
@@ -261,6 +282,55 @@ static void progress(const mode_spec *m, int step, int total, double *last) {
     } else if (total >= 200 && step < total && step % (total / 10) == 0) {
         fprintf(stderr, "  %-8s step %d/%d\n", m->name, step, total);
     }
+}
+
+/* ---- checkpoints: the layers as "fc1." "fc2." "fc3.", the optimizer under "optim.", the
+   scaler under "scaler.", the mode and the number of steps done as metadata. */
+static void checkpoint_save(const char *path, const mode_spec *m, mt_linear_layer *layers,
+                            mt_optimizer *opt, mt_grad_scaler *scaler, long steps_done) {
+    mt_state *s = mt_state_new();
+    char prefix[16], steps[32];
+    for (int i = 0; i < N_LAYERS; i++) {
+        snprintf(prefix, sizeof prefix, "fc%d.", i + 1);
+        mt_linear_layer_state_put(&layers[i], s, prefix);
+    }
+    mt_optimizer_state_save(opt, s, "optim.");
+    if (scaler) mt_grad_scaler_state_save(scaler, s, "scaler.");
+    snprintf(steps, sizeof steps, "%ld", steps_done);
+    mt_state_set_meta(s, "mode", m->name);
+    mt_state_set_meta(s, "steps_done", steps);
+    mt_state_save(s, path);
+    mt_state_free(s);
+    check("saving the checkpoint");
+}
+
+/* Loads a checkpoint into the freshly made model, optimizer and scaler; returns the number
+   of steps it had done. */
+static long checkpoint_load(const char *path, const config *c, const mode_spec *m,
+                            mt_linear_layer *layers, mt_optimizer *opt, mt_grad_scaler *scaler) {
+    mt_state *s = mt_state_load(path, c->dev);
+    check("loading the checkpoint");
+    const char *mode = mt_state_get_meta(s, "mode"), *steps = mt_state_get_meta(s, "steps_done");
+    if (!mode || strcmp(mode, m->name) != 0 || !steps) {
+        fprintf(stderr, "simplenet_amp: %s is a checkpoint of mode %s, not %s\n", path,
+                mode ? mode : "(none)", m->name);
+        exit(1);
+    }
+    mt_tensor *params[2 * N_LAYERS];
+    const char *names[2 * N_LAYERS] = {"1.weight", "1.bias",   "2.weight",
+                                       "2.bias",   "3.weight", "3.bias"};
+    for (int i = 0; i < N_LAYERS; i++) {
+        params[2 * i] = layers[i].weight;
+        params[2 * i + 1] = layers[i].bias;
+    }
+    /* "fc1.weight" ...: strict, so nothing is missing and nothing else is under "fc" */
+    mt_state_load_into(s, "fc", params, names, 2 * N_LAYERS, true);
+    mt_optimizer_state_load(opt, s, "optim.");
+    if (scaler) mt_grad_scaler_state_load(scaler, s, "scaler.");
+    long done = strtol(steps, NULL, 10);
+    mt_state_free(s);
+    check("restoring the checkpoint");
+    return done;
 }
 
 /* One training step: forward under autocast, (scaled) backward, optimizer step. The returned
@@ -317,6 +387,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         check("mt_grad_scaler_new");
     }
 
+    long start = c->resume_path ? checkpoint_load(c->resume_path, c, m, layers, opt, scaler) : 0;
     int total = c->steps * c->epochs;
     /* On the CPU every op has finished when it returns, so single steps can be timed too; their
        median shrugs off the odd step slowed by another process. On a GPU a step's ops return
@@ -339,7 +410,8 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         }
         double ts = now_s();
         mt_scope_begin();
-        mt_tensor *loss = train_step(m, layers, opt, scaler, xs[s % c->steps], ys[s % c->steps]);
+        int b = (int)((start + s) % c->steps); /* a resumed run continues the batch order */
+        mt_tensor *loss = train_step(m, layers, opt, scaler, xs[b], ys[b]);
         if (!loss && mt_last_status() == MT_OK) {
             fprintf(stderr,
                     "simplenet_amp: %s step %d: the forward pass returned no loss and "
@@ -381,6 +453,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     r->peak_bytes_all = mt_peak_bytes();
     r->rss_delta_bytes = maxrss_bytes() - rss0;
 
+    if (c->save_path) checkpoint_save(c->save_path, m, layers, opt, scaler, start + total);
     mt_grad_scaler_free(scaler);
     mt_optimizer_free(opt);
     for (int i = 0; i < N_LAYERS; i++) mt_linear_layer_free(&layers[i]);

@@ -3,8 +3,15 @@
  * A two-layer MLP learns a fixed random "teacher" function y = tanh(x A) from 1024 samples.
  * The forward pass runs under autocast (GEMMs in FP16 or BF16, the loss in FP32), a
  * GradScaler scales the loss so small FP16 gradients do not underflow, and AdamW updates the
- * FP32 parameters. Usage: train_mlp [fp16|bf16|fp32] (default fp16). */
+ * FP32 parameters.
+ *
+ * Usage: train_mlp [fp16|bf16|fp32] [--steps N] [--save PATH] [--resume PATH]
+ * (default fp16, 300 steps). --save writes a safetensors checkpoint (the model as "fc1.weight"
+ * ..., the names of the matching PyTorch module; the AdamW state; the GradScaler; the step)
+ * at the end; --resume continues from one: 150 steps saved and resumed for 150 more end with
+ * the same parameters, bit for bit, as 300 steps in one run. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "mixtape.h"
 
@@ -13,10 +20,66 @@ static int fail(const char *what) {
     return 1;
 }
 
+static int usage(void) {
+    fprintf(stderr,
+            "usage: train_mlp [fp16|bf16|fp32] [--steps N] [--save PATH] [--resume PATH]\n");
+    return 2;
+}
+
+/* The model, optimizer and scaler in one state dict. */
+static int save(const char *path, mt_linear_layer *l1, mt_linear_layer *l2, mt_optimizer *opt,
+                mt_grad_scaler *scaler, int step) {
+    mt_state *s = mt_state_new();
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", step);
+    mt_linear_layer_state_put(l1, s, "fc1.");
+    mt_linear_layer_state_put(l2, s, "fc2.");
+    mt_optimizer_state_save(opt, s, "optim.");
+    mt_grad_scaler_state_save(scaler, s, "scaler.");
+    mt_state_set_meta(s, "step", buf);
+    mt_state_save(s, path);
+    mt_state_free(s);
+    return mt_last_status() == MT_OK ? 0 : fail("saving the checkpoint");
+}
+
+/* Restores what save wrote; *step is the number of steps it had done. */
+static int resume(const char *path, mt_linear_layer *l1, mt_linear_layer *l2, mt_optimizer *opt,
+                  mt_grad_scaler *scaler, int *step) {
+    mt_state *s = mt_state_load(path, MT_CPU);
+    if (!s) return fail("loading the checkpoint");
+    mt_tensor *params[] = {l1->weight, l1->bias, l2->weight, l2->bias};
+    const char *st = mt_state_get_meta(s, "step");
+    *step = st ? atoi(st) : 0;
+    /* the model strictly under "fc" (a PyTorch state dict of the same module loads too) */
+    mt_state_load_into(s, "fc", params,
+                       (const char *[]){"1.weight", "1.bias", "2.weight", "2.bias"}, 4, true);
+    mt_optimizer_state_load(opt, s, "optim.");
+    mt_grad_scaler_state_load(scaler, s, "scaler.");
+    mt_state_free(s);
+    return mt_last_status() == MT_OK ? 0 : fail("restoring the checkpoint");
+}
+
 int main(int argc, char **argv) {
     mt_dtype low = MT_F16;
-    if (argc > 1 && strcmp(argv[1], "bf16") == 0) low = MT_BF16;
-    if (argc > 1 && strcmp(argv[1], "fp32") == 0) low = MT_F32; /* autocast region disabled */
+    const char *save_path = NULL, *resume_path = NULL;
+    int steps = 300;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "bf16") == 0)
+            low = MT_BF16;
+        else if (strcmp(argv[i], "fp32") == 0)
+            low = MT_F32; /* autocast region disabled */
+        else if (strcmp(argv[i], "fp16") == 0)
+            low = MT_F16;
+        else if (strcmp(argv[i], "--save") == 0 && i + 1 < argc)
+            save_path = argv[++i];
+        else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc)
+            resume_path = argv[++i];
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else
+            return usage();
+    }
+    if (steps < 1) return usage();
     mt_manual_seed(0);
 
     /* The data set. Intermediate results die with the scope; mt_retain keeps y past it. */
@@ -36,8 +99,11 @@ int main(int argc, char **argv) {
     mt_grad_scaler *scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
     if (mt_last_status() != MT_OK) return fail("making the optimizer");
 
+    int start = 0;
+    if (resume_path && resume(resume_path, &l1, &l2, opt, scaler, &start)) return 1;
+    if (resume_path) printf("resumed from %s after %d steps\n", resume_path, start);
     double first = 0, last = 0;
-    for (int step = 0; step < 300; step++) {
+    for (int step = start; step < start + steps; step++) {
         mt_scope_begin(); /* everything a step makes is released by mt_scope_end */
         mt_autocast_begin(low, MT_AMP_O1);
         mt_tensor *h = mt_relu(mt_linear_layer_forward(&l1, x));
@@ -49,7 +115,7 @@ int main(int argc, char **argv) {
         last = mt_item(loss);
         mt_scope_end();
         if (mt_last_status() != MT_OK) return fail("training step"); /* one check per step */
-        if (step == 0) first = last;
+        if (step == start) first = last;
         if (step % 50 == 0)
             printf("step %3d  loss %.5f  scale %g\n", step, last, mt_grad_scaler_get_scale(scaler));
     }
@@ -58,6 +124,7 @@ int main(int argc, char **argv) {
            : low == MT_BF16 ? "bf16"
                             : "fp32",
            first, last, (long long)mt_grad_scaler_skipped_steps(scaler));
+    if (save_path && save(save_path, &l1, &l2, opt, scaler, start + steps)) return 1;
 
     mt_grad_scaler_free(scaler);
     mt_optimizer_free(opt);

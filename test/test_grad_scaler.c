@@ -166,9 +166,7 @@ static mt_optimizer *make_opt(opt_kind k, mt_tensor **p, int n) {
             p, n, &(mt_sgd_opts){.lr = MT_SET(0.1), .weight_decay = 0.01, .multi_precision = true});
     case OPT_MOMENTUM:
         return mt_momentum_new(p, n,
-                               &(mt_momentum_opts){.lr = MT_SET(0.1),
-                                                   .momentum = MT_SET(0.9),
-                                                   .multi_precision = true});
+                               &(mt_momentum_opts){.lr = MT_SET(0.1), .momentum = MT_SET(0.9), .multi_precision = true});
     case OPT_ADAM:
         return mt_adam_new(p, n, &(mt_adam_opts){.lr = MT_SET(0.01), .multi_precision = true});
     }

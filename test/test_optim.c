@@ -67,11 +67,7 @@ static mt_optimizer *make_opt(const ref_opt *r, mt_tensor **ps, int n, bool mp) 
             &(mt_sgd_opts){.lr = MT_SET(r->lr), .weight_decay = r->wd, .multi_precision = mp});
     case MT_OPTIM_MOMENTUM:
         return mt_momentum_new(ps, n,
-                               &(mt_momentum_opts){.lr = MT_SET(r->lr),
-                                                   .momentum = MT_SET(r->mom),
-                                                   .weight_decay = r->wd,
-                                                   .nesterov = r->nesterov,
-                                                   .multi_precision = mp});
+                               &(mt_momentum_opts){.lr = MT_SET(r->lr), .momentum = MT_SET(r->mom), .weight_decay = r->wd, .nesterov = r->nesterov, .multi_precision = mp});
     case MT_OPTIM_ADAM:
     case MT_OPTIM_ADAMW: {
         mt_adam_opts o = {.lr = MT_SET(r->lr),

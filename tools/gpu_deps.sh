@@ -5,14 +5,15 @@
 #   tools/gpu_deps.sh fetch [DIR]        on a Debian 12 machine with apt and pip: downloads
 #                                        into DIR (default .gpu-deps/ in the repository,
 #                                        ignored by git; about 14 MiB) the .debs of OpenBLAS
-#                                        (OpenMP), libgfortran5, libquadmath0, cmocka and
+#                                        (OpenMP), libgfortran5, libquadmath0, cmocka, cJSON and
 #                                        pkgconf, and the meson and ninja wheels.
 #   tools/gpu_deps.sh unpack DIR PREFIX  on the target: unpacks the .debs under PREFIX/root
 #                                        (dpkg-deb, else ar + tar, else Python), links what the
 #                                        build needs into PREFIX/lib, PREFIX/include and
 #                                        PREFIX/bin, writes relocatable openblas.pc and
-#                                        cmocka.pc into PREFIX/lib/pkgconfig, installs the
-#                                        wheels into PREFIX/py (pip --no-index), and prints
+#                                        cmocka.pc and libcjson.pc into PREFIX/lib/pkgconfig,
+#                                        installs the wheels into PREFIX/py (pip --no-index),
+#                                        and prints
 #                                        the exports on stdout:
 #                                          eval "$(tools/gpu_deps.sh unpack .gpu-deps /tmp/p)"
 #   tools/gpu_deps.sh exports PREFIX     prints the exports of an unpacked PREFIX again.
@@ -30,7 +31,7 @@ set -euo pipefail
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 DEBS=(libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libquadmath0 libcmocka0 libcmocka-dev
-      pkgconf-bin libpkgconf3)
+      libcjson1 libcjson-dev pkgconf-bin libpkgconf3)
 MULTIARCH=x86_64-linux-gnu
 prefix= # set by cmd_unpack
 
@@ -215,10 +216,16 @@ cmd_unpack() {
     local h
     for h in cblas.h openblas_config.h f77blas.h; do link_into "$obinc/$h" "include/$h"; done
     for h in cmocka.h cmocka_pbc.h; do link_into "usr/include/$h" "include/$h"; done
+    # cJSON (checkpoint headers, src/io): included as <cjson/cJSON.h>
+    link_into "$la/libcjson.so.1" lib/libcjson.so.1
+    link_into "$la/libcjson.so.1" lib/libcjson.so
+    mkdir -p "$prefix/include/cjson"
+    link_into usr/include/cjson/cJSON.h include/cjson/cJSON.h
     local cm_version
     cm_version=$(sed -n 's/^Version: *//p' "$prefix/root/$la/pkgconfig/cmocka.pc" 2>/dev/null)
     write_pc openblas "OpenBLAS (OpenMP)" "${ob_version:-0.3.21}" openblas
     write_pc cmocka "Unit testing framework for C" "${cm_version:-1.1.5}" cmocka
+    write_pc libcjson "Ultralightweight JSON parser in ANSI C" 1.7.15 cjson
 
     # pkgconf, for a machine without pkg-config.
     if [[ -e "$prefix/root/usr/bin/pkgconf" ]]; then

@@ -476,3 +476,165 @@ int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) 
     if (rc == 0) rc = be->fill(s->t[SKIPPED], (double)in->skipped_steps);
     return rc;
 }
+
+/* ------------------------------------------------------------------ checkpoints */
+
+static const char *const state_names[N_STATE] = {"scale", "growth_tracker", "bad_steps",
+                                                 "skipped_steps", "found_inf"};
+enum { H_GROWTH, H_BACKOFF, H_MIN, H_MAX, H_INTERVAL, H_AFTER, N_HPARAM };
+static const char *const hparam_names[N_HPARAM] = {"growth_factor",   "backoff_factor",
+                                                   "min_scale",       "max_scale",
+                                                   "growth_interval", "backoff_after"};
+
+static int scaler_key(const char *fn, char *key, size_t cap, const char *prefix, const char *name) {
+    if ((size_t)snprintf(key, cap, "%s%s", prefix, name) >= cap)
+        return mt_error_set(MT_ERR_INVALID, "%s: arg 3: prefix '%s' is too long", fn, prefix);
+    return 0;
+}
+
+static int scaler_put(const char *fn, mt_state *st, const char *prefix, const char *name,
+                      mt_tensor *t) {
+    char key[600];
+    int rc = t ? scaler_key(fn, key, sizeof key, prefix, name) : (int)mt_last_status();
+    if (!rc) rc = mt_state_put(st, key, t);
+    mt_tensor_unref(t);
+    return rc ? rc : 0;
+}
+
+static int check_between_steps(const mt_grad_scaler *s, const char *fn) {
+    if (s->n_opts)
+        return mt_error_set(MT_ERR_STATE,
+                            "%s: called between unscale/step and update; save or load the "
+                            "scaler between training steps",
+                            fn);
+    return 0;
+}
+
+int mt_grad_scaler_state_save(mt_grad_scaler *s, mt_state *st, const char *prefix) {
+    const char *fn = "mt_grad_scaler_state_save";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!st) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    if (!prefix) prefix = "";
+    int rc = check_between_steps(s, fn);
+    if (rc) return rc;
+    mt_api_enter();
+    const double hp[N_HPARAM] = {s->growth_factor, s->backoff_factor,  s->min_scale,
+                                 s->max_scale,     s->growth_interval, s->backoff_after};
+    for (int i = 0; i < N_HPARAM && !rc; i++)
+        rc = scaler_put(fn, st, prefix, hparam_names[i], mt_scalar(hp[i], MT_F64, MT_CPU));
+    if (!rc) rc = scaler_put(fn, st, prefix, "disabled", mt_scalar(s->disabled, MT_BOOL, MT_CPU));
+    /* copies of the device values (no host read); the host values before first use */
+    const double host[N_STATE] = {s->host.scale, (double)s->host.good_steps,
+                                  (double)s->host.bad_steps, (double)s->host.skipped_steps, 0.0};
+    for (int i = 0; i < N_STATE && !rc; i++)
+        rc = scaler_put(fn, st, prefix, state_names[i],
+                        s->t[SCALE] ? mt_clone(s->t[i]) : mt_scalar(host[i], MT_F32, MT_CPU));
+    return mt_api_exit_status(rc);
+}
+
+/* A one-element entry of dtype dt: its tensor (owned) and its value. */
+static mt_tensor *scaler_get(const char *fn, mt_state *st, const char *prefix, const char *name,
+                             mt_dtype dt, double *value) {
+    char key[600];
+    if (scaler_key(fn, key, sizeof key, prefix, name) < 0) return NULL;
+    if (!mt_state_contains(st, key)) {
+        mt_error_set(MT_ERR_INVALID, "%s: the state has no entry '%s'", fn, key);
+        return NULL;
+    }
+    mt_tensor *t = mt_state_get(st, key);
+    if (t && (t->dtype != dt || t->numel != 1)) {
+        mt_error_set(MT_ERR_INVALID,
+                     "%s: entry '%s' is %s with %lld elements, expected a %s scalar", fn, key,
+                     mt_dtype_name(t->dtype), (long long)t->numel, mt_dtype_name(dt));
+        mt_tensor_unref(t);
+        return NULL;
+    }
+    if (t) *value = mt_item(t);
+    return t;
+}
+
+/* The saved options, checked as mt_grad_scaler_new checks them. */
+static int check_loaded_options(const char *fn, const double *h) {
+    bool ok = h[H_MIN] > 0 && h[H_MAX] >= h[H_MIN] && h[H_MAX] <= FLT_MAX &&
+              isfinite(h[H_GROWTH]) && h[H_GROWTH] >= 1.0 && h[H_BACKOFF] > 0.0 &&
+              h[H_BACKOFF] <= 1.0;
+    for (int i = H_INTERVAL; i <= H_AFTER; i++)
+        ok = ok && h[i] >= 1 && h[i] <= INT32_MAX && h[i] == floor(h[i]);
+    if (!ok)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: saved options are invalid (growth %g, backoff %g, scale range "
+                            "[%g, %g], growth_interval %g, backoff_after %g)",
+                            fn, h[H_GROWTH], h[H_BACKOFF], h[H_MIN], h[H_MAX], h[H_INTERVAL],
+                            h[H_AFTER]);
+    return 0;
+}
+
+static int check_loaded_values(const char *fn, const double *h, const double *v) {
+    if (!(v[SCALE] >= h[H_MIN] && v[SCALE] <= h[H_MAX]))
+        return mt_error_set(MT_ERR_INVALID, "%s: saved scale %g is outside [%g, %g]", fn, v[SCALE],
+                            h[H_MIN], h[H_MAX]);
+    for (int i = GOOD; i <= SKIPPED; i++)
+        if (!(v[i] >= 0 && v[i] == floor(v[i])))
+            return mt_error_set(MT_ERR_INVALID, "%s: saved %s %g is not a count", fn,
+                                state_names[i], v[i]);
+    if (v[FOUND_INF] != 0 && v[FOUND_INF] != 1)
+        return mt_error_set(MT_ERR_INVALID, "%s: saved found_inf %g is not 0 or 1", fn,
+                            v[FOUND_INF]);
+    return 0;
+}
+
+int mt_grad_scaler_state_load(mt_grad_scaler *s, mt_state *st, const char *prefix) {
+    const char *fn = "mt_grad_scaler_state_load";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!st) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    if (!prefix) prefix = "";
+    int rc = check_between_steps(s, fn);
+    if (rc) return rc;
+    mt_api_enter();
+    double h[N_HPARAM], v[N_STATE], disabled = 0;
+    mt_tensor *t[N_STATE] = {0}, *made[N_STATE] = {0};
+    for (int i = 0; i < N_HPARAM && !rc; i++) {
+        mt_tensor *x = scaler_get(fn, st, prefix, hparam_names[i], MT_F64, &h[i]);
+        rc = x ? 0 : (int)mt_last_status();
+        mt_tensor_unref(x);
+    }
+    if (!rc) {
+        mt_tensor *x = scaler_get(fn, st, prefix, "disabled", MT_BOOL, &disabled);
+        rc = x ? 0 : (int)mt_last_status();
+        mt_tensor_unref(x);
+    }
+    for (int i = 0; i < N_STATE && !rc; i++)
+        if (!(t[i] = scaler_get(fn, st, prefix, state_names[i], MT_F32, &v[i])))
+            rc = mt_last_status();
+    if (!rc) rc = check_loaded_options(fn, h);
+    if (!rc) rc = check_loaded_values(fn, h, v);
+    /* the device values are copied as saved (no rounding through the host); before first
+       use the state is made on the entries' device and follows the parameters from there */
+    mt_device dev = s->t[SCALE] ? s->device : (t[SCALE] ? t[SCALE]->device : MT_CPU);
+    for (int i = 0; i < N_STATE && !rc; i++) {
+        made[i] = mt_tensor_new(fn, 0, NULL, MT_F32, dev);
+        if (!made[i] || mt_copy(made[i], t[i]) < 0) rc = mt_last_status();
+    }
+    if (!rc) {
+        release_tensors(s);
+        for (int i = 0; i < N_STATE; i++) {
+            s->t[i] = made[i];
+            made[i] = NULL;
+        }
+        s->device = dev;
+        s->host = (mt_grad_scaler_state){v[SCALE], (int64_t)v[GOOD], (int64_t)v[BAD],
+                                         (int64_t)v[SKIPPED]};
+        s->growth_factor = h[H_GROWTH];
+        s->backoff_factor = h[H_BACKOFF];
+        s->min_scale = h[H_MIN];
+        s->max_scale = h[H_MAX];
+        s->growth_interval = (int)h[H_INTERVAL];
+        s->backoff_after = (int)h[H_AFTER];
+        s->disabled = disabled != 0;
+    }
+    for (int i = 0; i < N_STATE; i++) {
+        mt_tensor_unref(t[i]);
+        mt_tensor_unref(made[i]);
+    }
+    return mt_api_exit_status(rc);
+}

@@ -66,3 +66,28 @@ void mt_linear_layer_free(mt_linear_layer *l) {
     mt_tensor_unref(l->bias);
     l->weight = l->bias = NULL;
 }
+
+/* "<prefix>weight" and "<prefix>bias": torch.nn.Linear's state dict names. */
+int mt_linear_layer_state_put(mt_linear_layer *l, mt_state *s, const char *prefix) {
+    static const char fn[] = "mt_linear_layer_state_put";
+    if (!l) return mt_error_set(MT_ERR_NULL, "%s: arg 1: layer is NULL", fn);
+    if (!l->weight) return mt_error_set(MT_ERR_STATE, "%s: arg 1: layer is not initialised", fn);
+    if (!s) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    if (!prefix) prefix = "";
+    char key[512];
+    if (snprintf(key, sizeof key, "%sweight", prefix) >= (int)sizeof key)
+        return mt_error_set(MT_ERR_INVALID, "%s: arg 3: prefix is too long", fn);
+    int rc = mt_state_put(s, key, l->weight);
+    if (rc || !l->bias) return rc;
+    snprintf(key, sizeof key, "%sbias", prefix);
+    return mt_state_put(s, key, l->bias);
+}
+
+int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *prefix, bool strict) {
+    static const char fn[] = "mt_linear_layer_state_load";
+    if (!l) return mt_error_set(MT_ERR_NULL, "%s: arg 1: layer is NULL", fn);
+    if (!l->weight) return mt_error_set(MT_ERR_STATE, "%s: arg 1: layer is not initialised", fn);
+    mt_tensor *params[2] = {l->weight, l->bias};
+    const char *names[2] = {"weight", "bias"};
+    return mt_state_load_into(s, prefix, params, names, l->bias ? 2 : 1, strict);
+}

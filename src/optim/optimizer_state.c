@@ -1,0 +1,264 @@
+/* Saving and restoring an optimizer's state in a state dict (src/io), so that a resumed run
+   continues bit for bit: the kind and options, the step count (Adam's bias correction), and
+   per parameter the moments and the FP32 master weight. Names follow torch's optimizer
+   state_dict ("state.<i>.exp_avg", ...), under a caller's prefix. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "optimizer_impl.h"
+
+static const char *const kind_names[] = {"sgd", "momentum", "adam", "adamw"};
+
+/* The options as (name, pointer) pairs, saved as F64 scalars. */
+typedef struct {
+    const char *name;
+    double *value;
+    double hi; /* valid range [0, hi) */
+} hparam;
+
+static int hparams_of(mt_optimizer *o, hparam *h) {
+    int n = 0;
+    h[n++] = (hparam){"lr", &o->lr, INFINITY};
+    h[n++] = (hparam){"weight_decay", &o->weight_decay, INFINITY};
+    if (o->kind == MT_OPTIM_MOMENTUM) h[n++] = (hparam){"momentum", &o->momentum, INFINITY};
+    if (o->kind == MT_OPTIM_ADAM || o->kind == MT_OPTIM_ADAMW) {
+        h[n++] = (hparam){"beta1", &o->beta1, 1.0};
+        h[n++] = (hparam){"beta2", &o->beta2, 1.0};
+        h[n++] = (hparam){"eps", &o->eps, INFINITY};
+    }
+    return n;
+}
+
+/* The per-parameter slots this optimizer has: name and the array it lives in. */
+typedef struct {
+    const char *name;
+    mt_tensor **arr;
+} slot;
+
+static int slots_of(mt_optimizer *o, slot *sl) {
+    int n = 0;
+    if (o->kind == MT_OPTIM_MOMENTUM) sl[n++] = (slot){"momentum_buffer", o->moment1};
+    if (o->kind == MT_OPTIM_ADAM || o->kind == MT_OPTIM_ADAMW) {
+        sl[n++] = (slot){"exp_avg", o->moment1};
+        sl[n++] = (slot){"exp_avg_sq", o->moment2};
+    }
+    if (o->masters) sl[n++] = (slot){"master", o->masters};
+    return n;
+}
+
+static int key_of(const char *fn, char *key, size_t cap, const char *prefix, const char *name) {
+    if ((size_t)snprintf(key, cap, "%s%s", prefix, name) >= cap)
+        return mt_error_set(MT_ERR_INVALID, "%s: arg 3: prefix '%s' is too long", fn, prefix);
+    return 0;
+}
+
+static int put_new(mt_state *s, const char *key, mt_tensor *t) {
+    if (!t) return mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    int rc = mt_state_put(s, key, t);
+    mt_tensor_unref(t);
+    return rc;
+}
+
+static int save_body(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix) {
+    char key[600];
+    int rc = key_of(fn, key, sizeof key, prefix, "kind");
+    if (!rc) rc = mt_state_set_meta(s, key, kind_names[o->kind]);
+    if (!rc && !(rc = key_of(fn, key, sizeof key, prefix, "multi_precision")))
+        rc = mt_state_set_meta(s, key, o->multi_precision ? "true" : "false");
+    if (!rc && !(rc = key_of(fn, key, sizeof key, prefix, "nesterov")))
+        rc = mt_state_set_meta(s, key, o->nesterov ? "true" : "false");
+    hparam h[8];
+    int nh = hparams_of(o, h);
+    for (int i = 0; i < nh && !rc; i++)
+        if (!(rc = key_of(fn, key, sizeof key, prefix, h[i].name)))
+            rc = put_new(s, key, mt_scalar(*h[i].value, MT_F64, MT_CPU));
+    if (!rc && !(rc = key_of(fn, key, sizeof key, prefix, "n_params")))
+        rc = put_new(s, key, mt_scalar(o->n, MT_I64, MT_CPU));
+    /* copies, so that the next step does not change what was saved */
+    if (!rc && o->step_count && !(rc = key_of(fn, key, sizeof key, prefix, "step")))
+        rc = put_new(s, key, mt_clone(o->step_count));
+    slot sl[4];
+    int ns = slots_of(o, sl);
+    for (int i = 0; i < o->n && !rc; i++)
+        for (int k = 0; k < ns && !rc; k++) {
+            if (!sl[k].arr[i]) continue; /* a moment not made yet: no step saw a gradient */
+            char name[128];
+            snprintf(name, sizeof name, "state.%d.%s", i, sl[k].name);
+            if (!(rc = key_of(fn, key, sizeof key, prefix, name)))
+                rc = put_new(s, key, mt_clone(sl[k].arr[i]));
+        }
+    return rc;
+}
+
+int mt_optimizer_state_save(mt_optimizer *o, mt_state *s, const char *prefix) {
+    static const char fn[] = "mt_optimizer_state_save";
+    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", fn);
+    if (!s) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    mt_api_enter();
+    bool prev = mt_set_grad_enabled(false);
+    int rc = save_body(fn, o, s, prefix ? prefix : "");
+    mt_set_grad_enabled(prev);
+    return mt_api_exit_status(rc);
+}
+
+/* ------------------------------------------------------------------ load */
+
+/* The entry prefix+name (owned reference), or NULL: missing (with an error when required). */
+static mt_tensor *get_entry(const char *fn, mt_state *s, const char *prefix, const char *name,
+                            bool required) {
+    char key[600];
+    if (key_of(fn, key, sizeof key, prefix, name) < 0) return NULL;
+    if (!mt_state_contains(s, key)) {
+        if (required) mt_error_set(MT_ERR_INVALID, "%s: the state has no entry '%s'", fn, key);
+        return NULL;
+    }
+    return mt_state_get(s, key);
+}
+
+/* A host double from a one-element entry of the expected dtype. */
+static int get_number(const char *fn, mt_state *s, const char *prefix, const char *name,
+                      mt_dtype dt, double *out) {
+    mt_tensor *t = get_entry(fn, s, prefix, name, true);
+    if (!t) return mt_last_status();
+    int rc = 0;
+    if (t->dtype != dt || t->numel != 1)
+        rc = mt_error_set(
+            MT_ERR_INVALID, "%s: entry '%s%s' is %s with %lld elements, expected a %s scalar", fn,
+            prefix, name, mt_dtype_name(t->dtype), (long long)t->numel, mt_dtype_name(dt));
+    else
+        *out = mt_item(t);
+    mt_tensor_unref(t);
+    return rc ? rc : (int)mt_last_status();
+}
+
+static int check_meta(const char *fn, mt_state *s, const char *prefix, const char *name,
+                      const char *want) {
+    char key[600];
+    int rc = key_of(fn, key, sizeof key, prefix, name);
+    if (rc) return rc;
+    const char *v = mt_state_get_meta(s, key);
+    if (!v) return mt_error_set(MT_ERR_INVALID, "%s: the state has no metadata '%s'", fn, key);
+    if (strcmp(v, want) != 0)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: the saved optimizer has %s '%s' but this one has '%s'", fn, key, v,
+                            want);
+    return 0;
+}
+
+/* What a load will install, made in full before anything changes. */
+typedef struct {
+    double h[8];
+    mt_tensor *step;      /* on the device, to copy into o->step_count */
+    mt_tensor **fresh[4]; /* per slot, per parameter: new tensor on the device, or NULL */
+} pending;
+
+static mt_tensor *device_copy(const char *fn, const mt_tensor *src, mt_device dev) {
+    mt_tensor *t = mt_tensor_new(fn, src->ndim, src->shape, src->dtype, dev);
+    if (t && mt_copy(t, (mt_tensor *)src) < 0) {
+        mt_tensor_unref(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* Reads and checks one parameter's slot; fills *out with a device copy (or NULL: absent). */
+static int load_slot(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix, int i,
+                     const slot *sl, mt_tensor **out) {
+    char name[128];
+    snprintf(name, sizeof name, "state.%d.%s", i, sl->name);
+    bool is_master = strcmp(sl->name, "master") == 0;
+    const mt_tensor *p = o->params[i];
+    /* a master exists exactly for the low-precision parameters (made at construction) */
+    bool required = is_master && o->masters[i];
+    mt_tensor *t = get_entry(fn, s, prefix, name, required);
+    if (!t) return mt_last_status();
+    int rc = 0;
+    mt_dtype want = is_master || p->dtype != MT_F64 ? MT_F32 : MT_F64;
+    if (is_master && !o->masters[i])
+        rc = mt_error_set(MT_ERR_INVALID,
+                          "%s: entry '%s%s' is a master weight but params[%d] (%s) has none", fn,
+                          prefix, name, i, mt_dtype_name(p->dtype));
+    else if (t->dtype != want || t->ndim != p->ndim ||
+             memcmp(t->shape, p->shape, (size_t)p->ndim * sizeof *p->shape) != 0) {
+        char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
+        rc = mt_error_set(MT_ERR_SHAPE, "%s: entry '%s%s' is %s %s, expected %s %s (params[%d])",
+                          fn, prefix, name, mt_dtype_name(t->dtype), mt_shape_str(t, b1, sizeof b1),
+                          mt_dtype_name(want), mt_shape_str(p, b2, sizeof b2), i);
+    } else if (!(*out = device_copy(fn, t, o->device)))
+        rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    mt_tensor_unref(t);
+    return rc;
+}
+
+static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix,
+                        pending *pd, const hparam *h, int nh, const slot *sl, int ns) {
+    int rc = check_meta(fn, s, prefix, "kind", kind_names[o->kind]);
+    if (!rc)
+        rc = check_meta(fn, s, prefix, "multi_precision", o->multi_precision ? "true" : "false");
+    if (!rc) rc = check_meta(fn, s, prefix, "nesterov", o->nesterov ? "true" : "false");
+    double n = 0;
+    if (!rc) rc = get_number(fn, s, prefix, "n_params", MT_I64, &n);
+    if (!rc && n != o->n)
+        rc = mt_error_set(MT_ERR_INVALID,
+                          "%s: the saved optimizer has %.0f parameters, this one %d", fn, n, o->n);
+    for (int k = 0; k < nh && !rc; k++) {
+        rc = get_number(fn, s, prefix, h[k].name, MT_F64, &pd->h[k]);
+        if (!rc && !(isfinite(pd->h[k]) && pd->h[k] >= 0 && pd->h[k] < h[k].hi))
+            rc = mt_error_set(MT_ERR_INVALID, "%s: saved %s%s %g is out of range", fn, prefix,
+                              h[k].name, pd->h[k]);
+    }
+    if (!rc && o->step_count) {
+        mt_tensor *t = get_entry(fn, s, prefix, "step", true);
+        if (!t)
+            rc = mt_last_status();
+        else if (t->dtype != MT_F32 || t->numel != 1)
+            rc =
+                mt_error_set(MT_ERR_INVALID, "%s: entry '%sstep' is not an f32 scalar", fn, prefix);
+        else if (!(pd->step = device_copy(fn, t, o->device)))
+            rc = mt_last_status();
+        mt_tensor_unref(t);
+    }
+    for (int k = 0; k < ns && !rc; k++) {
+        if (!(pd->fresh[k] = calloc((size_t)o->n, sizeof *pd->fresh[k])))
+            rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+        for (int i = 0; i < o->n && !rc; i++)
+            rc = load_slot(fn, o, s, prefix, i, &sl[k], &pd->fresh[k][i]);
+    }
+    return rc;
+}
+
+int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix) {
+    static const char fn[] = "mt_optimizer_state_load";
+    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", fn);
+    if (!s) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    if (!prefix) prefix = "";
+    mt_api_enter();
+    bool prev = mt_set_grad_enabled(false);
+    hparam h[8];
+    slot sl[4];
+    int nh = hparams_of(o, h), ns = slots_of(o, sl);
+    pending pd = {0};
+    int rc = load_prepare(fn, o, s, prefix, &pd, h, nh, sl, ns);
+    /* everything is made: install it (masters and the step count keep their identity) */
+    if (!rc && pd.step) rc = mt_copy(o->step_count, pd.step);
+    for (int k = 0; k < ns && !rc; k++)
+        for (int i = 0; i < o->n && !rc; i++) {
+            if (sl[k].arr == o->masters) {
+                if (o->masters[i]) rc = mt_copy(o->masters[i], pd.fresh[k][i]);
+                continue;
+            }
+            mt_tensor_unref(sl[k].arr[i]);
+            sl[k].arr[i] = pd.fresh[k][i];
+            pd.fresh[k][i] = NULL;
+        }
+    if (!rc)
+        for (int k = 0; k < nh; k++) *h[k].value = pd.h[k];
+    mt_tensor_unref(pd.step);
+    for (int k = 0; k < ns; k++) {
+        for (int i = 0; pd.fresh[k] && i < o->n; i++) mt_tensor_unref(pd.fresh[k][i]);
+        free(pd.fresh[k]);
+    }
+    mt_set_grad_enabled(prev);
+    return mt_api_exit_status(rc);
+}
