@@ -110,6 +110,28 @@ static void test_gather(void **state) {
     mt_scope_end();
 }
 
+/* Non-contiguous inputs and indices give what their contiguous copies give. */
+static void test_index_strided(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *w = seq(MT_F32, MT_SHAPE(5, 3));
+    int64_t idx[6] = {0, 1, 2, 3, 4, 0};
+    mt_tensor *it = mt_transpose(i64_tensor(idx, MT_SHAPE(2, 3)), 0, 1);
+    assert_false(mt_is_contiguous(it));
+    double *want = mt_test_values(mt_embedding(w, mt_contiguous(it)));
+    assert_tensor_close(mt_embedding(w, it), want, 18, 0, 0);
+    free(want);
+    mt_tensor *xt = mt_transpose(seq(MT_F32, MT_SHAPE(4, 3)), 0, 1);
+    mt_tensor *gi = i64_tensor((int64_t[]){3, 0, 1, 1, 2, 3}, MT_SHAPE(3, 2));
+    want = mt_test_values(mt_gather(mt_contiguous(xt), 1, gi));
+    assert_tensor_close(mt_gather(xt, 1, gi), want, 6, 0, 0);
+    free(want);
+    want = mt_test_values(mt_argmax(mt_contiguous(xt), 1, false));
+    assert_tensor_close(mt_argmax(xt, 1, false), want, 3, 0, 0);
+    free(want);
+    mt_scope_end();
+}
+
 typedef struct {
     int which, dim;
     mt_tensor *index;
@@ -237,6 +259,7 @@ int main(void) {
         MT_TEST_CPU_ONLY(test_embedding, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_index_select, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_gather, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_index_strided, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_index_gradcheck, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_argmax, CUDA_LATER),
         MT_TEST(test_randperm),

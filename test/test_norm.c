@@ -254,6 +254,23 @@ static void test_batch_norm_gradcheck(void **state) {
     mt_scope_end();
 }
 
+/* Only the residual needs a gradient: it gets the incoming gradient, masked by the relu. */
+static void test_batch_norm_act_residual_grad(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = random_tensor(MT_F32, 51, MT_SHAPE(4, 2, 3));
+    mt_tensor *res = random_tensor(MT_F32, 52, MT_SHAPE(4, 2, 3));
+    mt_set_requires_grad(res, true);
+    mt_tensor *y = mt_batch_norm_act(x, NULL, NULL, NULL, NULL, res, true, 0.1, 1e-5, MT_ACT_RELU);
+    assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    double *yv = mt_test_values(y), mask[24];
+    for (int i = 0; i < 24; i++) mask[i] = yv[i] > 0;
+    assert_tensor_close(mt_grad(res), mask, 24, 0, 0);
+    assert_null(mt_grad(x));
+    free(yv);
+    mt_scope_end();
+}
+
 /* O1 and O2 BF16: the activation stays BF16, weight, bias and statistics stay FP32, and the
    gradients come back in each input's dtype. */
 static void test_norm_autocast(void **state) {
@@ -393,6 +410,7 @@ int main(void) {
         MT_TEST_CPU_ONLY(test_batch_norm_reference, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_batch_norm_offset, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_batch_norm_gradcheck, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_batch_norm_act_residual_grad, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_norm_autocast, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_batch_norm_running_buffers, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_norm_errors, CUDA_LATER),
