@@ -235,6 +235,9 @@ static void test_index_errors(void **state) {
     assert_error(MT_ERR_SHAPE, "mt_gather: arg 3: index shape [2]");
     assert_null(mt_gather(w, 0, i64_tensor((int64_t[]){0, 0, 0, 0}, MT_SHAPE(1, 4))));
     assert_error(MT_ERR_SHAPE, "no larger size outside dim 0");
+    assert_null(mt_index_select(mt_scalar(2.0, MT_F32, mt_test_device()), 0,
+                                i64_tensor((int64_t[]){0, 0}, MT_SHAPE(2))));
+    assert_error(MT_ERR_SHAPE, "input must have at least 1 dim");
     assert_null(mt_embedding(NULL, NULL));
     assert_int_equal(mt_last_status(), MT_OK);
     mt_scope_end();

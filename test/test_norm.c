@@ -98,6 +98,24 @@ static void test_layer_norm_gradcheck(void **state) {
     mt_scope_end();
 }
 
+/* No rows: an empty result, and zero gradients for weight and bias. */
+static void test_layer_norm_empty(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = mt_zeros(MT_SHAPE(0, 4), MT_F32, mt_test_device());
+    mt_tensor *w = mt_full(MT_SHAPE(4), MT_F32, mt_test_device(), 2.0);
+    mt_tensor *b = mt_zeros(MT_SHAPE(4), MT_F32, mt_test_device());
+    mt_set_requires_grad(w, true);
+    mt_set_requires_grad(b, true);
+    mt_tensor *y = mt_layer_norm(x, 1, w, b, 1e-5);
+    assert_shape(y, 0, 4);
+    assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    double zero[4] = {0};
+    assert_tensor_close(mt_grad(w), zero, 4, 0, 0);
+    assert_tensor_close(mt_grad(b), zero, 4, 0, 0);
+    mt_scope_end();
+}
+
 /* A non-contiguous input is normalised as its logical values. */
 static void test_layer_norm_strided(void **state) {
     (void)state;
@@ -407,6 +425,7 @@ int main(void) {
         MT_TEST_CPU_ONLY(test_layer_norm_reference, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_layer_norm_gradcheck, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_layer_norm_strided, CUDA_LATER),
+        MT_TEST_CPU_ONLY(test_layer_norm_empty, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_batch_norm_reference, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_batch_norm_offset, CUDA_LATER),
         MT_TEST_CPU_ONLY(test_batch_norm_gradcheck, CUDA_LATER),
