@@ -116,14 +116,6 @@ static void test_dropout_errors(void **state) {
     mt_scope_end();
 }
 
-static void test_dropout_unsupported_device(void **state) {
-    (void)state;
-    mt_scope_begin();
-    mt_tensor *x = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
-    assert_null(mt_dropout(x, 0.5, true));
-    assert_error(MT_ERR_UNSUPPORTED, "has no dropout kernel");
-    mt_scope_end();
-}
 
 
 int main(void) {
@@ -134,9 +126,6 @@ int main(void) {
         MT_TEST(test_dropout_eval_and_edges),
         MT_TEST(test_dropout_gradcheck),
         MT_TEST(test_dropout_errors),
-        mt_test_device_is_cpu()
-            ? MT_TEST_SKIPPED(test_dropout_unsupported_device, "the CPU has the kernel")
-            : (struct CMUnitTest)MT_TEST(test_dropout_unsupported_device),
     };
     return MT_RUN_TESTS(tests);
 }

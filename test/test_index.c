@@ -110,6 +110,28 @@ static void test_gather(void **state) {
     mt_scope_end();
 }
 
+/* Non-contiguous inputs and indices give what their contiguous copies give. */
+static void test_index_strided(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *w = seq(MT_F32, MT_SHAPE(5, 3));
+    int64_t idx[6] = {0, 1, 2, 3, 4, 0};
+    mt_tensor *it = mt_transpose(i64_tensor(idx, MT_SHAPE(2, 3)), 0, 1);
+    assert_false(mt_is_contiguous(it));
+    double *want = mt_test_values(mt_embedding(w, mt_contiguous(it)));
+    assert_tensor_close(mt_embedding(w, it), want, 18, 0, 0);
+    free(want);
+    mt_tensor *xt = mt_transpose(seq(MT_F32, MT_SHAPE(4, 3)), 0, 1);
+    mt_tensor *gi = i64_tensor((int64_t[]){3, 0, 1, 1, 2, 3}, MT_SHAPE(3, 2));
+    want = mt_test_values(mt_gather(mt_contiguous(xt), 1, gi));
+    assert_tensor_close(mt_gather(xt, 1, gi), want, 6, 0, 0);
+    free(want);
+    want = mt_test_values(mt_argmax(mt_contiguous(xt), 1, false));
+    assert_tensor_close(mt_argmax(xt, 1, false), want, 3, 0, 0);
+    free(want);
+    mt_scope_end();
+}
+
 typedef struct {
     int which, dim;
     mt_tensor *index;
@@ -213,22 +235,14 @@ static void test_index_errors(void **state) {
     assert_error(MT_ERR_SHAPE, "mt_gather: arg 3: index shape [2]");
     assert_null(mt_gather(w, 0, i64_tensor((int64_t[]){0, 0, 0, 0}, MT_SHAPE(1, 4))));
     assert_error(MT_ERR_SHAPE, "no larger size outside dim 0");
+    assert_null(mt_index_select(mt_scalar(2.0, MT_F32, mt_test_device()), 0,
+                                i64_tensor((int64_t[]){0, 0}, MT_SHAPE(2))));
+    assert_error(MT_ERR_SHAPE, "input must have at least 1 dim");
     assert_null(mt_embedding(NULL, NULL));
     assert_int_equal(mt_last_status(), MT_OK);
     mt_scope_end();
 }
 
-static void test_index_unsupported_device(void **state) {
-    (void)state;
-    mt_scope_begin();
-    mt_tensor *w = mt_zeros(MT_SHAPE(5, 3), MT_F32, mt_test_device());
-    mt_tensor *i = i64_tensor((int64_t[]){1, 2}, MT_SHAPE(2));
-    assert_null(mt_embedding(w, i));
-    assert_error(MT_ERR_UNSUPPORTED, "has no index_select kernel");
-    assert_null(mt_argmax(w, 1, false));
-    assert_error(MT_ERR_UNSUPPORTED, "has no argmax kernel");
-    mt_scope_end();
-}
 
 
 int main(void) {
@@ -236,13 +250,11 @@ int main(void) {
         MT_TEST(test_embedding),
         MT_TEST(test_index_select),
         MT_TEST(test_gather),
+        MT_TEST(test_index_strided),
         MT_TEST(test_index_gradcheck),
         MT_TEST(test_argmax),
         MT_TEST(test_randperm),
         MT_TEST(test_index_errors),
-        mt_test_device_is_cpu()
-            ? MT_TEST_SKIPPED(test_index_unsupported_device, "the CPU has the kernels")
-            : (struct CMUnitTest)MT_TEST(test_index_unsupported_device),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -6,6 +6,7 @@
    per-chunk partial sums are combined in double. Every activation tensor (x, residual, y and
    the gradients) has x's dtype: the op casts them. */
 #include <math.h>
+#include <string.h>
 #include "cpu.h"
 
 #define CHUNK 512
@@ -30,27 +31,23 @@ static inline char *bn_at(const void *base, const bn_ctx *c, int64_t n, int64_t 
 #define LOAD   mt_cpu_load_f32
 #define STORE  mt_cpu_store_f32
 #define SQRT   sqrtf
-#define LANES  16
 #include "cpu_batch_norm_impl.h"
 #undef T
 #undef SFX
 #undef LOAD
 #undef STORE
 #undef SQRT
-#undef LANES
 #define T      double
 #define SFX(n) n##_d
 #define LOAD   mt_cpu_load_f64
 #define STORE  mt_cpu_store_f64
 #define SQRT   sqrt
-#define LANES  8
 #include "cpu_batch_norm_impl.h"
 #undef T
 #undef SFX
 #undef LOAD
 #undef STORE
 #undef SQRT
-#undef LANES
 
 static void *opt(const mt_tensor *t) {
     return t ? mt_tensor_data(t) : NULL;

@@ -1,6 +1,6 @@
 /* Batch-norm channel kernels for one accumulation type, included by cpu_batch_norm.c with
    T = float (F32, F16 and BF16 activations) and T = double (F64). The includer defines T,
-   SFX(name), LOAD, STORE, SQRT and LANES. A channel's elements are N runs of S contiguous values;
+   SFX(name), LOAD, STORE and SQRT. A channel's elements are N runs of S contiguous values;
    they are read in chunks of CHUNK into stack buffers. */
 #include "cpu_norm_sums_impl.h"
 

@@ -4,6 +4,7 @@
    Rows run in parallel; weight and bias gradients are summed per thread range, then across
    ranges in a fixed order. */
 #include <math.h>
+#include <string.h>
 #include "cpu.h"
 
 typedef struct {
@@ -23,27 +24,23 @@ typedef struct {
 #define LOAD   mt_cpu_load_f32
 #define STORE  mt_cpu_store_f32
 #define SQRT   sqrtf
-#define LANES  16
 #include "cpu_layer_norm_impl.h"
 #undef T
 #undef SFX
 #undef LOAD
 #undef STORE
 #undef SQRT
-#undef LANES
 #define T      double
 #define SFX(n) n##_d
 #define LOAD   mt_cpu_load_f64
 #define STORE  mt_cpu_store_f64
 #define SQRT   sqrt
-#define LANES  8
 #include "cpu_layer_norm_impl.h"
 #undef T
 #undef SFX
 #undef LOAD
 #undef STORE
 #undef SQRT
-#undef LANES
 
 static const char *opt_data(const mt_tensor *t) {
     return t ? mt_tensor_data(t) : NULL;

@@ -1,6 +1,6 @@
 /* Layer-norm row kernels for one accumulation type, included by cpu_layer_norm.c once with
    T = float (F32, F16 and BF16 activations) and once with T = double (F64), so the two
-   precisions share one text. The includer defines T, SFX(name), LOAD, STORE, SQRT, LANES. */
+   precisions share one text. The includer defines T, SFX(name), LOAD, STORE and SQRT. */
 #include "cpu_norm_sums_impl.h"
 
 /* rows [rb, re): y = (x - mean) * rstd * w + b, row statistics saved */

@@ -58,14 +58,27 @@ __global__ void __launch_bounds__(INDEX_THREADS) index_add_kernel(mt_cuda_index_
     }
 }
 
+// Any dtype as a double, as the CPU compares (integers included).
+MT_DEV double argmax_load(const char *p, mt_dtype dt, int64_t i) {
+    switch (dt) {
+    case MT_I64:
+        return (double)((const int64_t *)p)[i];
+    case MT_I32:
+        return (double)((const int32_t *)p)[i];
+    case MT_BOOL:
+        return ((const uint8_t *)p)[i] ? 1.0 : 0.0;
+    default:
+        return mt_load<double>(p, dt, i);
+    }
+}
+
 // out[o, i] = the first j of the largest x[o, j, i]; NaN beats numbers
-template <typename A>
 __global__ void __launch_bounds__(INDEX_THREADS) argmax_kernel(mt_cuda_index_args a) {
     GRID_STRIDE(e, a.outer * a.inner) {
         int64_t i = e % a.inner, o = e / a.inner, best_j = 0;
-        A best = mt_load<A>(a.src, a.sdt, o * a.n * a.inner + i);
+        double best = argmax_load(a.src, a.sdt, o * a.n * a.inner + i);
         for (int64_t j = 1; j < a.n; j++) {
-            A v = mt_load<A>(a.src, a.sdt, (o * a.n + j) * a.inner + i);
+            double v = argmax_load(a.src, a.sdt, (o * a.n + j) * a.inner + i);
             if (!isnan(best) && (v > best || isnan(v))) {
                 best = v;
                 best_j = j;
@@ -140,10 +153,7 @@ extern "C" int mt_cuda_index_add(const mt_cuda_ctx *c, const mt_cuda_index_args 
 extern "C" int mt_cuda_argmax(const mt_cuda_ctx *c, const mt_cuda_index_args *a) {
     int64_t n = a->outer * a->inner;
     if (n == 0 || a->n == 0) return 0;
-    if (a->sdt == MT_F64)
-        MT_LAUNCH(argmax_kernel<double>, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
-    else
-        MT_LAUNCH(argmax_kernel<float>, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
+    MT_LAUNCH(argmax_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
     return (int)cudaGetLastError();
 }
 

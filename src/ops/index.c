@@ -118,19 +118,22 @@ static mt_tensor *select_rows(mt_op_id op, mt_tensor *x, int dim, mt_tensor *ind
 static mt_tensor *index_select(mt_tensor *x, int dim, mt_tensor *index) {
     const char *name = "mt_index_select";
     int d;
-    if (check_index_tensor(name, 3, x, index) < 0 ||
-        mt_dim_normalize(name, 2, dim, x->ndim ? x->ndim : 1, &d) < 0)
+    if (check_index_tensor(name, 3, x, index) < 0) return NULL;
+    if (x->ndim == 0) { /* the result's size along dim is the index's length */
+        mt_error_set(MT_ERR_SHAPE, "%s: arg 1: input must have at least 1 dim, got a 0-d tensor",
+                     name);
         return NULL;
+    }
+    if (mt_dim_normalize(name, 2, dim, x->ndim, &d) < 0) return NULL;
     if (index->ndim > 1) {
         char s[MT_SHAPE_BUF];
         mt_error_set(MT_ERR_SHAPE, "%s: arg 3: index must be 0-d or 1-d, got shape %s", name,
                      mt_shape_str(index, s, sizeof s));
         return NULL;
     }
-    int64_t size = x->ndim ? x->shape[d] : 1;
     char what[64];
-    snprintf(what, sizeof what, "dim %d has size %lld", d, (long long)size);
-    if (check_indices(name, 3, index, size, what) < 0) return NULL;
+    snprintf(what, sizeof what, "dim %d has size %lld", d, (long long)x->shape[d]);
+    if (check_indices(name, 3, index, x->shape[d], what) < 0) return NULL;
     int64_t shape[MT_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) shape[i] = i == d ? index->numel : x->shape[i];
     return select_rows(MT_OP_INDEX_SELECT, x, d, index, x->ndim, shape);

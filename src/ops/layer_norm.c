@@ -19,9 +19,11 @@ static int ln_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
         grads[i] = mt_tensor_new(NAME, m->ndim, m->shape, m->dtype, x->device);
         if (!grads[i]) rc = MT_ERR_OOM;
     }
-    if (rc == 0)
-        rc = mt_backend_get(x->device)->layer_norm_backward(grads[0], grads[1], grads[2], gy, x,
-                                                            mean, rstd, w);
+    const mt_backend *be = mt_backend_get(x->device);
+    if (rc == 0 && x->numel == 0) /* no rows: the sums over them are 0 */
+        for (int i = 0; i < 3 && rc == 0; i++) rc = grads[i] ? be->fill(grads[i], 0.0) : 0;
+    else if (rc == 0)
+        rc = be->layer_norm_backward(grads[0], grads[1], grads[2], gy, x, mean, rstd, w);
     mt_tensor_unref(gy);
     for (int i = 0; i < 3; i++) {
         if (rc == 0)
