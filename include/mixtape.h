@@ -62,7 +62,8 @@ typedef enum {
     MT_ERR_STATE = -6,       /* call not valid in the current state (autograd, scaler) */
     MT_ERR_UNSUPPORTED = -7, /* valid request this build cannot serve */
     MT_ERR_NULL = -8,        /* a required argument was NULL */
-    MT_ERR_INTERNAL = -9
+    MT_ERR_INTERNAL = -9,
+    MT_ERR_TIMEOUT = -10 /* a collective did not complete in time (mt_dist_set_timeout) */
 } mt_status;
 
 mt_status mt_last_status(void);
@@ -277,6 +278,19 @@ const char *mt_grad_fn_name(const mt_tensor *t);
 
 /* Finite-difference gradient check in FP64. fn maps inputs to one tensor; every input that
    requires grad is checked by central differences against mt_backward with a random cotangent. */
+/* Gradient-ready hooks: fn(leaf, user) runs once per backward that reaches the leaf (a
+   tensor that requires grad and has no grad_fn), right after the leaf's gradient for that
+   backward is final: every path from the root to the leaf has delivered its part, and
+   mt_grad(leaf) holds the accumulated value (or NULL when no gradient reached it). Hooks run
+   in registration order, on the thread running backward, with grad mode off; a negative
+   return stops the backward with that status. Not called for leaves the backward does not
+   reach. Hooks assume one backward at a time through a given leaf, and must not add or
+   remove hooks of that leaf while running. Returns a handle > 0, or a negative status. */
+typedef int (*mt_grad_ready_hook)(mt_tensor *leaf, void *user);
+int mt_tensor_register_grad_ready_hook(mt_tensor *leaf, mt_grad_ready_hook fn, void *user);
+/* Removes the hook with that handle; MT_ERR_INVALID when the leaf has none such. */
+int mt_tensor_remove_grad_ready_hook(mt_tensor *leaf, int handle);
+
 typedef mt_tensor *(*mt_gradcheck_fn)(mt_tensor *const *inputs, void *ctx);
 typedef struct {
     double eps;  /* 0: 1e-6 */
@@ -410,6 +424,57 @@ int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias,
                          mt_device dev);
 mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x);
 void mt_linear_layer_free(mt_linear_layer *l);
+
+/* ---------------------------------------------------------------- data parallel */
+
+/* Processes (ranks) of one job, launched by `mpirun -np N prog` (as root Open MPI also needs
+   --allow-run-as-root, and --oversubscribe for more ranks than cores). CPU tensors go
+   through MPI. CUDA tensors are not supported yet (NCCL: issue 11): a collective on one fails
+   with MT_ERR_UNSUPPORTED naming the op and the device.
+   Collectives are called by every rank in the same order, with the same dtype and shape;
+   each first checks that the ranks agree (op, dtype, element count, root) and fails with
+   MT_ERR_SHAPE on every rank when they do not, instead of exchanging mismatched buffers.
+   Every wait is bounded (mt_dist_set_timeout, default 300 s, or the environment variable
+   MT_DIST_TIMEOUT in seconds): a peer that never joins gives MT_ERR_TIMEOUT, after which
+   the world refuses further collectives (MPI cannot cancel a started collective). Process
+   failures are returned as errors (MPI_ERRORS_RETURN), though mpirun usually ends the whole
+   job when a rank dies. FP16/BF16 tensors are reduced in FP32 on a staging buffer and
+   rounded once; sum and average of integers are exact (average is refused for integers);
+   MT_BOOL: sum and max are logical or. */
+typedef enum { MT_REDUCE_SUM, MT_REDUCE_MAX, MT_REDUCE_AVG } mt_reduce_op;
+typedef struct mt_dist_work mt_dist_work;
+
+/* Joins the job described by the launcher's environment (Open MPI's OMPI_COMM_WORLD_*, or a
+   PMI/PMIx launcher). Without a launcher the process is a world of one, with no MPI at all.
+   Idempotent. */
+int mt_dist_init(void);
+/* Waits for what is still in flight (bounded) and leaves MPI; a later mt_dist_init fails
+   (MPI cannot be initialised twice in a process). */
+int mt_dist_finalize(void);
+bool mt_dist_is_initialized(void);
+int mt_dist_rank(void);       /* 0 before init */
+int mt_dist_world_size(void); /* 1 before init */
+int mt_dist_barrier(void);
+/* seconds > 0; applies to every later wait of this process */
+int mt_dist_set_timeout(double seconds);
+double mt_dist_timeout(void);
+
+/* In place on every rank: t := op over the ranks' t. t: contiguous, CPU. */
+int mt_all_reduce(mt_tensor *t, mt_reduce_op op);
+/* In place: every rank's t := root's t. */
+int mt_broadcast(mt_tensor *t, int root);
+/* A new tensor [world_size, ...t's shape]: row r is rank r's t. */
+mt_tensor *mt_all_gather(const mt_tensor *t);
+/* Started, not finished: t (or out) must not be read or written until mt_dist_wait. The
+   work holds references to its tensors. NULL with an error set on failure. */
+mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op);
+mt_dist_work *mt_broadcast_async(mt_tensor *t, int root);
+/* out: contiguous [world_size, ...t's shape], same dtype and device as t. */
+mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t);
+/* Waits (bounded), finishes the result (FP16/BF16 rounding, averaging) and frees w. */
+int mt_dist_wait(mt_dist_work *w);
+/* True once w has finished on this rank (mt_dist_wait still needed); false on error too. */
+bool mt_dist_work_done(mt_dist_work *w);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <threads.h>
 #include "../tensor/backend.h"
+#include "hooks.h"
 #include "node.h"
 
 /* A growable list that starts in a buffer of its own: the small graphs of a training step
@@ -164,8 +165,29 @@ static void free_saved(mt_node *n) {
     n->freed = true;
 }
 
+/* Counts one more gradient contribution the hooked leaf of edge i will receive in the
+   backward with this mark. */
+static void count_hooked_leaf(mt_node *n, int i, uint64_t mark) {
+    mt_tensor *leaf = n->edges[i].leaf;
+    if (!leaf || !leaf->hooks || !mt_node_needs(n, i)) return;
+    if (leaf->hooks->mark != mark) {
+        leaf->hooks->mark = mark;
+        leaf->hooks->pending = 0;
+    }
+    leaf->hooks->pending++;
+}
+
+/* One contribution to a hooked leaf has arrived; the last one fires its hooks. */
+static int leaf_contribution_done(mt_tensor *leaf) {
+    if (!leaf->hooks || --leaf->hooks->pending != 0) return 0;
+    return mt_grad_hooks_fire(leaf);
+}
+
 static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
-    if (!root->grad_fn) return accumulate_leaf(root, mt_retain(seed));
+    if (!root->grad_fn) {
+        int rc = accumulate_leaf(root, mt_retain(seed));
+        return rc == 0 && root->hooks ? mt_grad_hooks_fire(root) : rc;
+    }
 
     /* 1. every node reachable from the root, and its number of consumers */
     static atomic_uint_fast64_t visit_counter;
@@ -179,6 +201,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
     for (size_t i = 0; rc == 0 && i < all.len; i++) {
         mt_node *n = all.items[i];
         for (int e = 0; e < n->n_inputs && rc == 0; e++) {
+            count_hooked_leaf(n, e, mark);
             mt_node *m = n->edges[e].fn;
             if (!m) continue;
             if (m->visit_mark != mark) {
@@ -217,6 +240,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
             }
             if (n->edges[i].leaf) {
                 if (gi) rc = accumulate_leaf(n->edges[i].leaf, gi);
+                if (rc == 0) rc = leaf_contribution_done(n->edges[i].leaf);
             } else {
                 mt_node *m = n->edges[i].fn;
                 if (gi) rc = accumulate(&m->grad_acc, gi);

@@ -262,6 +262,7 @@ void mt_release(mt_tensor *t) {
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
     if (t->grad_fn) mt_node_release(t->grad_fn);
     if (t->grad) mt_release(t->grad);
+    if (t->hooks) mt_grad_hooks_free(t->hooks);
     storage_release(t->storage);
     pool_put(POOL_TENSOR, t);
     mt_tensor_count(-1);

@@ -9,6 +9,7 @@
 #include "op_table.h"
 
 struct mt_node;
+struct mt_grad_hooks;
 
 /* Refcounted memory block; views share one. The version counter lives here because every
    view of the same memory sees an in-place change (as torch's shared version counter). */
@@ -34,7 +35,11 @@ struct mt_tensor {
     bool requires_grad;      /* leaf flag set by the user, or "has grad_fn" for results */
     struct mt_node *grad_fn; /* strong; NULL for leaves */
     mt_tensor *grad;         /* accumulated gradient of a leaf */
+    struct mt_grad_hooks *hooks; /* grad-ready hooks of a leaf (src/autograd/hooks.c) */
 };
+
+/* Frees a leaf's hook list (src/autograd/hooks.c); NULL is fine. */
+void mt_grad_hooks_free(struct mt_grad_hooks *h);
 
 /* ---- errors (src/tensor/error.c) */
 /* Records the first error of the thread (later ones are dropped) and returns status. */
