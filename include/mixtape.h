@@ -476,6 +476,44 @@ int mt_dist_wait(mt_dist_work *w);
 /* True once w has finished on this rank (mt_dist_wait still needed); false on error too. */
 bool mt_dist_work_done(mt_dist_work *w);
 
+/* Data-parallel training over a parameter list (torch's DistributedDataParallel): at
+   creation every rank checks that all ranks have the same parameters (count, dtypes,
+   shapes; a mismatch is an error on every rank) and takes rank 0's values. The gradients
+   are packed into buckets of about bucket_mb, in reverse order of the list (the order
+   backward finishes them) and one dtype per bucket; a grad-ready hook on each parameter
+   copies its gradient into its bucket, and a bucket's non-blocking all-reduce starts as soon
+   as its last gradient is ready, while backward goes on (buckets start in index order, the
+   same on every rank). mt_ddp_wait, after backward and before the optimizer step (or the
+   scaler's unscale), starts what is left (a parameter no gradient reached this step takes
+   part with zeros, so unused parameters never hang the job), waits (bounded), and writes the
+   average over the ranks into each parameter's gradient (the division by the world size is
+   folded into that copy). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
+   number of backward + mt_ddp_wait steps. CPU parameters only for now (NCCL: issue 11). */
+typedef struct mt_ddp mt_ddp;
+typedef struct {
+    double bucket_mb;   /* 0: 25 (MiB) */
+    bool per_parameter; /* one bucket, one all-reduce per parameter (for comparison) */
+    bool no_overlap;    /* start every all-reduce in mt_ddp_wait instead of during backward */
+} mt_ddp_opts;
+typedef struct {
+    int buckets;                  /* fixed at creation */
+    int64_t allreduce_calls;      /* in the last step mt_ddp_wait finished */
+    int64_t started_in_backward;  /* of those, started from a hook, before mt_ddp_wait */
+    double wait_seconds;          /* spent in the last mt_ddp_wait */
+    int64_t steps;                /* mt_ddp_wait calls that reduced */
+} mt_ddp_stats;
+mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts);
+int mt_ddp_wait(mt_ddp *d);
+/* on: gradients accumulate locally (torch's no_sync) and mt_ddp_wait does nothing; the
+   first backward after switching it off reduces the accumulated gradients. */
+int mt_ddp_set_no_sync(mt_ddp *d, bool on);
+int mt_ddp_stats_get(const mt_ddp *d, mt_ddp_stats *out);
+/* Removes the hooks; NULL is fine. */
+void mt_ddp_free(mt_ddp *d);
+/* The found-inf flag of every step is all-reduced (max) over the ranks before the skip
+   decision, so all ranks skip the same steps and keep the same scale. Needs mt_dist_init. */
+int mt_grad_scaler_set_dist(mt_grad_scaler *s, bool on);
+
 #ifdef __cplusplus
 }
 #endif
