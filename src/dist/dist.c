@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 #include "dist_impl.h"
 
@@ -58,9 +59,14 @@ int mt_dist_mpi_error(const char *op, int code) {
 
 static void pause_briefly(long spins) {
     /* spin first (a collective among ranks on one node completes in microseconds), then
-       sleep so that a waiting rank leaves the cores to the ranks still computing */
-    if (spins < 200) return;
-    struct timespec ts = {0, spins < 2000 ? 2000 : 50000};
+       yield the core (on an oversubscribed node the peer we wait for may need it), and only
+       after a long wait sleep, so that a waiting rank costs the machine nothing */
+    if (spins < 100) return;
+    if (spins < 100000) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
 }
 
