@@ -56,22 +56,23 @@ static mt_tensor *batch_loss(model *m, int step, int from, int rows, bool overfl
 }
 
 typedef struct {
-    bool adamw, amp;
-    int overflow_step; /* -1: none */
+    bool adamw, amp, o2; /* o2: FP16 parameters (mt_amp_decorate) with FP32 masters */
+    int overflow_step;   /* -1: none */
 } config;
 
 /* Trains `steps` steps on rows [from, from + rows) of each global batch; with ddp, the
    gradients are averaged over the ranks before the step. Returns the skipped steps. */
 static int64_t train(model *m, const config *c, int from, int rows, mt_ddp *ddp, int steps) {
-    mt_optimizer *o = c->adamw ? mt_adamw_new(m->p, NP, &(mt_adam_opts){.lr = 0.01})
-                               : mt_sgd_new(m->p, NP, &(mt_sgd_opts){.lr = 0.1});
+    mt_optimizer *o =
+        c->adamw ? mt_adamw_new(m->p, NP, &(mt_adam_opts){.lr = 0.01, .multi_precision = c->o2})
+                 : mt_sgd_new(m->p, NP, &(mt_sgd_opts){.lr = 0.1, .multi_precision = c->o2});
     mt_grad_scaler *s =
         c->amp ? mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024}) : NULL;
     if (s && ddp) assert_int_equal(mt_grad_scaler_set_dist(s, true), 0);
     for (int step = 0; step < steps; step++) {
         mt_scope_begin();
         mt_optimizer_zero_grad(o);
-        if (c->amp) mt_autocast_begin(MT_F16, MT_AMP_O1);
+        if (c->amp) mt_autocast_begin(MT_F16, c->o2 ? MT_AMP_O2 : MT_AMP_O1);
         mt_tensor *loss = batch_loss(m, step, from, rows, step == c->overflow_step);
         if (c->amp) mt_autocast_end();
         assert_int_equal(mt_backward(s ? mt_grad_scaler_scale(s, loss) : loss, NULL), 0);
@@ -102,6 +103,10 @@ static void check_equivalence(const config *c, double tol) {
     model ref, dp;
     model_init(&ref, 1);
     model_init(&dp, 1 + (uint64_t)me); /* different on each rank: mt_ddp_new takes rank 0's */
+    if (c->o2) {
+        assert_int_equal(mt_amp_decorate(ref.p, NP, MT_F16, NULL), 0);
+        assert_int_equal(mt_amp_decorate(dp.p, NP, MT_F16, NULL), 0);
+    }
     mt_ddp *ddp = mt_ddp_new(dp.p, NP, NULL);
     assert_non_null(ddp);
     int64_t ref_skipped = train(&ref, c, 0, W * B, NULL, 4);
@@ -299,6 +304,16 @@ static void test_mismatch_across_ranks(void **state) {
     mt_release(b);
 }
 
+/* O2: FP16 parameters and gradients (bucketed in FP32), FP32 master weights */
+static void test_sgd_amp_o2_one_rank_overflows(void **state) {
+    (void)state;
+    check_equivalence(&(config){.amp = true, .o2 = true, .overflow_step = 1}, 2e-3);
+}
+static void test_adamw_amp_o2(void **state) {
+    (void)state;
+    check_equivalence(&(config){.adamw = true, .amp = true, .o2 = true, .overflow_step = -1}, 2e-3);
+}
+
 int main(void) {
     mt_test_dist_begin();
     const struct CMUnitTest tests[] = {
@@ -306,6 +321,8 @@ int main(void) {
         MT_TEST(test_adamw_fp32),
         MT_TEST(test_sgd_amp_o1_one_rank_overflows),
         MT_TEST(test_adamw_amp_o1_one_rank_overflows),
+        MT_TEST(test_sgd_amp_o2_one_rank_overflows),
+        MT_TEST(test_adamw_amp_o2),
         MT_TEST(test_bucket_counts_and_overlap),
         MT_TEST(test_no_sync_accumulates),
         MT_TEST(test_unused_parameter),
