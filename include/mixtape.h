@@ -496,11 +496,11 @@ typedef struct {
     bool no_overlap;    /* start every all-reduce in mt_ddp_wait instead of during backward */
 } mt_ddp_opts;
 typedef struct {
-    int buckets;                  /* fixed at creation */
-    int64_t allreduce_calls;      /* in the last step mt_ddp_wait finished */
-    int64_t started_in_backward;  /* of those, started from a hook, before mt_ddp_wait */
-    double wait_seconds;          /* spent in the last mt_ddp_wait */
-    int64_t steps;                /* mt_ddp_wait calls that reduced */
+    int buckets;                 /* fixed at creation */
+    int64_t allreduce_calls;     /* in the last step mt_ddp_wait finished */
+    int64_t started_in_backward; /* of those, started from a hook, before mt_ddp_wait */
+    double wait_seconds;         /* spent in the last mt_ddp_wait */
+    int64_t steps;               /* mt_ddp_wait calls that reduced */
 } mt_ddp_stats;
 mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts);
 int mt_ddp_wait(mt_ddp *d);

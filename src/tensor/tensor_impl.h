@@ -32,9 +32,9 @@ struct mt_tensor {
     int64_t numel;
     mt_storage *storage;
     /* autograd */
-    bool requires_grad;      /* leaf flag set by the user, or "has grad_fn" for results */
-    struct mt_node *grad_fn; /* strong; NULL for leaves */
-    mt_tensor *grad;         /* accumulated gradient of a leaf */
+    bool requires_grad;          /* leaf flag set by the user, or "has grad_fn" for results */
+    struct mt_node *grad_fn;     /* strong; NULL for leaves */
+    mt_tensor *grad;             /* accumulated gradient of a leaf */
     struct mt_grad_hooks *hooks; /* grad-ready hooks of a leaf (src/autograd/hooks.c) */
 };
 
