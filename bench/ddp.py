@@ -9,20 +9,25 @@ per step (torch's bucket count from its DDP logging data).
   /usr/bin/python3 bench/ddp.py --sample build/samples/simplenet_amp [--hidden 512] [--batch 64]
 
 Configurations: 1 rank; 2 ranks bucketed (25 MiB, overlap on); 2 ranks bucketed with overlap
-off (all-reduces started after backward); 2 ranks one all-reduce per parameter. Prints a
+off (all-reduces started after backward); 2 ranks one all-reduce per parameter; and, to
+tell CPU contention from communication on a small machine, 2 independent mixtape processes
+without DDP (the same compute, no all-reduce). Prints a
 table, and with --json one JSON object per configuration and line."""
 import argparse, json, os, subprocess, sys, time
 
 
 def mixtape(args, ranks, extra):
+    ddp = '--no-ddp' not in extra
+    extra = [e for e in extra if e != '--no-ddp']
     cmd = ['mpirun', '-np', str(ranks), '--oversubscribe', '--allow-run-as-root', '--bind-to',
-           'none', args.sample, '--ddp', '--device', 'cpu', '--modes', 'fp32', '--threads', '1',
+           'none', args.sample] + (['--ddp'] if ddp else []) + ['--device', 'cpu', '--modes', 'fp32', '--threads', '1',
            '--hidden', str(args.hidden), '--batch', str(args.batch), '--steps', str(args.steps),
            '--epochs', '1', '--json'] + extra
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.startswith('{')]
     assert len(rows) == ranks, out
-    assert len({r['param_checksum'] for r in rows}) == 1, 'replicas diverged: %s' % rows
+    if ddp:
+        assert len({r['param_checksum'] for r in rows}) == 1, 'replicas diverged: %s' % rows
     return {'ms_median': max(r['ms_median'] for r in rows),
             'allreduce_calls_per_step': rows[0]['allreduce_calls_per_step'],
             'loss': rows[0]['loss'], 'param_checksum': rows[0]['param_checksum']}
@@ -88,6 +93,7 @@ def main():
     args = ap.parse_args()
     configs = [
         ('1 rank', 1, [], 25),
+        ('2 independent processes, no DDP', 2, ['--no-ddp'], None),
         ('2 ranks, buckets 25 MiB, overlap', 2, [], 25),
         ('2 ranks, buckets 25 MiB, no overlap', 2, ['--no-overlap'], None),
         ('2 ranks, one all-reduce per parameter', 2, ['--per-param'], 0.0001),

@@ -479,9 +479,10 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
            (long long)r->peak_bytes_all, (long long)r->host_syncs);
     print_json_number((double)r->host_syncs / r->timed_steps);
     printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
-           "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"param_checksum\": ",
+           "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": %.4f, "
+           "\"param_checksum\": ",
            mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls, r->ddp.buckets,
-           (long long)r->ddp.started_in_backward);
+           (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds);
     print_json_number(r->checksum);
     printf("}\n");
     fflush(stdout);

@@ -58,15 +58,12 @@ int mt_dist_mpi_error(const char *op, int code) {
 }
 
 static void pause_briefly(long spins) {
-    /* spin first (a collective among ranks on one node completes in microseconds), then
-       yield the core (on an oversubscribed node the peer we wait for may need it), and only
-       after a long wait sleep, so that a waiting rank costs the machine nothing */
-    if (spins < 100) return;
-    if (spins < 100000) {
-        sched_yield();
-        return;
-    }
-    struct timespec ts = {0, 100000};
+    /* spin briefly (a collective among ranks on one node completes in microseconds), then
+       sleep in short, growing naps: a waiting rank must not take the core from the peer it
+       waits for (ranks often share cores), and a nap of at most 200 us costs little */
+    if (spins < 64) return;
+    long us = spins < 128 ? 10 : spins < 256 ? 50 : 200;
+    struct timespec ts = {0, us * 1000};
     nanosleep(&ts, NULL);
 }
 
