@@ -207,9 +207,47 @@ static void test_timeout_is_bounded(void **state) {
     assert_error(MT_ERR_INVALID, "not a positive number");
 }
 
+/* What main saw before joining the job: a collective before mt_dist_init, and (without a
+   launcher) a torchrun-style WORLD_SIZE=2, which this build cannot serve. */
+typedef struct {
+    int status;
+    char msg[256];
+} probe;
+static probe before_init, torchrun_env;
+
+static void record(int rc, probe *out) {
+    out->status = rc;
+    snprintf(out->msg, sizeof out->msg, "%s", mt_last_error());
+    mt_clear_error();
+}
+
+static void probe_before_init(void) {
+    mt_tensor *t = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU);
+    record(mt_all_reduce(t, MT_REDUCE_SUM), &before_init);
+    mt_release(t);
+    torchrun_env.status = 1; /* not probed: launched by mpirun */
+    if (!getenv("OMPI_COMM_WORLD_SIZE")) {
+        setenv("WORLD_SIZE", "2", 1);
+        record(mt_dist_init(), &torchrun_env);
+        unsetenv("WORLD_SIZE");
+    }
+}
+
+static void test_before_init(void **state) {
+    (void)state;
+    assert_int_equal(before_init.status, MT_ERR_STATE);
+    assert_non_null(strstr(before_init.msg, "mt_all_reduce: call mt_dist_init first"));
+    if (torchrun_env.status != 1) {
+        assert_int_equal(torchrun_env.status, MT_ERR_UNSUPPORTED);
+        assert_non_null(strstr(torchrun_env.msg, "WORLD_SIZE=2 but no MPI launcher"));
+    }
+}
+
 int main(void) {
+    probe_before_init();
     mt_test_dist_begin();
     const struct CMUnitTest tests[] = {
+        MT_TEST(test_before_init),
         MT_TEST(test_all_reduce_every_dtype),
         MT_TEST(test_broadcast_and_gather_every_dtype),
         MT_TEST(test_async_works),
