@@ -5,7 +5,6 @@
 typedef struct {
     int calls;
     double seen[4];  /* sum of the leaf's gradient at each call */
-    int order[8];    /* which recorder fired, in order (shared log) */
     int *log, *nlog; /* shared log of a test */
     int tag;
     int fail_with;

@@ -33,8 +33,9 @@ int mt_dist_wait_request(const char *op, MPI_Request *req);
 int mt_dist_test_request(const char *op, MPI_Request *req, bool *done);
 
 /* Checks that every rank of comm passes the same n values: one all-reduce of the values
-   and their negations with MAX. On a mismatch returns MT_ERR_SHAPE (on every rank) and
-   writes the index of the first differing value and its min/max over the ranks. */
+   and their negations with MAX. On a mismatch returns MT_ERR_SHAPE on every rank, without
+   setting an error (the caller words it), and writes the index of the first differing value
+   and its min/max over the ranks. */
 int mt_dist_agree(const char *op, MPI_Comm comm, const int64_t *vals, int n, int *bad, int64_t *lo,
                   int64_t *hi);
 
