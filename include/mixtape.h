@@ -73,7 +73,8 @@ typedef enum {
     MT_ERR_STATE = -6,       /* call not valid in the current state (autograd, scaler) */
     MT_ERR_UNSUPPORTED = -7, /* valid request this build cannot serve */
     MT_ERR_NULL = -8,        /* a required argument was NULL */
-    MT_ERR_INTERNAL = -9
+    MT_ERR_INTERNAL = -9,
+    MT_ERR_TIMEOUT = -10 /* a collective did not complete in time (mt_dist_set_timeout) */
 } mt_status;
 
 mt_status mt_last_status(void);
@@ -359,6 +360,19 @@ const char *mt_grad_fn_name(const mt_tensor *t);
 
 /* Finite-difference gradient check in FP64. fn maps inputs to one tensor; every input that
    requires grad is checked by central differences against mt_backward with a random cotangent. */
+/* Gradient-ready hooks: fn(leaf, user) runs once per backward that reaches the leaf (a
+   tensor that requires grad and has no grad_fn), right after the leaf's gradient for that
+   backward is final: every path from the root to the leaf has delivered its part, and
+   mt_grad(leaf) holds the accumulated value (or NULL when no gradient reached it). Hooks run
+   in registration order, on the thread running backward, with grad mode off; a negative
+   return stops the backward with that status. Not called for leaves the backward does not
+   reach. Hooks assume one backward at a time through a given leaf, and must not add or
+   remove hooks of that leaf while running. Returns a handle > 0, or a negative status. */
+typedef int (*mt_grad_ready_hook)(mt_tensor *leaf, void *user);
+int mt_tensor_register_grad_ready_hook(mt_tensor *leaf, mt_grad_ready_hook fn, void *user);
+/* Removes the hook with that handle; MT_ERR_INVALID when the leaf has none such. */
+int mt_tensor_remove_grad_ready_hook(mt_tensor *leaf, int handle);
+
 typedef mt_tensor *(*mt_gradcheck_fn)(mt_tensor *const *inputs, void *ctx);
 typedef struct {
     double eps;  /* 0: 1e-6 */
@@ -624,6 +638,95 @@ int mt_grad_scaler_state_load(mt_grad_scaler *gs, mt_state *s, const char *prefi
    "fc1." gives "fc1.weight"), and loads them back (mt_state_load_into). */
 int mt_linear_layer_state_put(mt_linear_layer *l, mt_state *s, const char *prefix);
 int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *prefix, bool strict);
+
+/* ---------------------------------------------------------------- data parallel */
+
+/* Processes (ranks) of one job, launched by `mpirun -np N prog` (as root Open MPI also needs
+   --allow-run-as-root, and --oversubscribe for more ranks than cores). CPU tensors go
+   through MPI. CUDA tensors are not supported yet (NCCL: issue 11): a collective on one fails
+   with MT_ERR_UNSUPPORTED naming the op and the device.
+   Collectives are called by every rank in the same order, with the same dtype and shape;
+   each first checks that the ranks agree (op, dtype, element count, root) and fails with
+   MT_ERR_SHAPE on every rank when they do not, instead of exchanging mismatched buffers.
+   Every wait is bounded (mt_dist_set_timeout, default 300 s, or the environment variable
+   MT_DIST_TIMEOUT in seconds): a peer that never joins gives MT_ERR_TIMEOUT, after which
+   the world refuses further collectives (MPI cannot cancel a started collective). Process
+   failures are returned as errors (MPI_ERRORS_RETURN), though mpirun usually ends the whole
+   job when a rank dies. FP16/BF16 tensors are reduced in FP32 on a staging buffer and
+   rounded once; sum and average of integers are exact (average is refused for integers);
+   MT_BOOL: sum and max are logical or. */
+typedef enum { MT_REDUCE_SUM, MT_REDUCE_MAX, MT_REDUCE_AVG } mt_reduce_op;
+typedef struct mt_dist_work mt_dist_work;
+
+/* Joins the job described by the launcher's environment (Open MPI's OMPI_COMM_WORLD_*, or a
+   PMI/PMIx launcher). Without a launcher the process is a world of one, with no MPI at all.
+   Idempotent. */
+int mt_dist_init(void);
+/* Waits for what is still in flight (bounded) and leaves MPI; a later mt_dist_init fails
+   (MPI cannot be initialised twice in a process). */
+int mt_dist_finalize(void);
+bool mt_dist_is_initialized(void);
+int mt_dist_rank(void);       /* 0 before init */
+int mt_dist_world_size(void); /* 1 before init */
+int mt_dist_barrier(void);
+/* seconds > 0; applies to every later wait of this process */
+int mt_dist_set_timeout(double seconds);
+double mt_dist_timeout(void);
+
+/* In place on every rank: t := op over the ranks' t. t: contiguous, CPU. */
+int mt_all_reduce(mt_tensor *t, mt_reduce_op op);
+/* In place: every rank's t := root's t. */
+int mt_broadcast(mt_tensor *t, int root);
+/* A new tensor [world_size, ...t's shape]: row r is rank r's t. */
+mt_tensor *mt_all_gather(const mt_tensor *t);
+/* Started, not finished: t (or out) must not be read or written until mt_dist_wait. The
+   work holds references to its tensors. NULL with an error set on failure. */
+mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op);
+mt_dist_work *mt_broadcast_async(mt_tensor *t, int root);
+/* out: contiguous [world_size, ...t's shape], same dtype and device as t. */
+mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t);
+/* Waits (bounded), finishes the result (FP16/BF16 rounding, averaging) and frees w. */
+int mt_dist_wait(mt_dist_work *w);
+/* True once w has finished on this rank (mt_dist_wait still needed); false on error too. */
+bool mt_dist_work_done(mt_dist_work *w);
+
+/* Data-parallel training over a parameter list (torch's DistributedDataParallel): at
+   creation every rank checks that all ranks have the same parameters (count, dtypes,
+   shapes; a mismatch is an error on every rank) and takes rank 0's values. The gradients
+   are packed into buckets of about bucket_mb, in reverse order of the list (the order
+   backward finishes them) and one dtype per bucket; a grad-ready hook on each parameter
+   copies its gradient into its bucket, and a bucket's non-blocking all-reduce starts as soon
+   as its last gradient is ready, while backward goes on (buckets start in index order, the
+   same on every rank). mt_ddp_wait, after backward and before the optimizer step (or the
+   scaler's unscale), starts what is left (a parameter no gradient reached this step takes
+   part with zeros, so unused parameters never hang the job), waits (bounded), and writes the
+   average over the ranks into each parameter's gradient (the division by the world size is
+   folded into that copy). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
+   number of backward + mt_ddp_wait steps. CPU parameters only for now (NCCL: issue 11). */
+typedef struct mt_ddp mt_ddp;
+typedef struct {
+    double bucket_mb;   /* 0: 25 (MiB) */
+    bool per_parameter; /* one bucket, one all-reduce per parameter (for comparison) */
+    bool no_overlap;    /* start every all-reduce in mt_ddp_wait instead of during backward */
+} mt_ddp_opts;
+typedef struct {
+    int buckets;                 /* fixed at creation */
+    int64_t allreduce_calls;     /* in the last step mt_ddp_wait finished */
+    int64_t started_in_backward; /* of those, started from a hook, before mt_ddp_wait */
+    double wait_seconds;         /* spent in the last mt_ddp_wait */
+    int64_t steps;               /* mt_ddp_wait calls that reduced */
+} mt_ddp_stats;
+mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts);
+int mt_ddp_wait(mt_ddp *d);
+/* on: gradients accumulate locally (torch's no_sync) and mt_ddp_wait does nothing; the
+   first backward after switching it off reduces the accumulated gradients. */
+int mt_ddp_set_no_sync(mt_ddp *d, bool on);
+int mt_ddp_stats_get(const mt_ddp *d, mt_ddp_stats *out);
+/* Removes the hooks; NULL is fine. */
+void mt_ddp_free(mt_ddp *d);
+/* The found-inf flag of every step is all-reduced (max) over the ranks before the skip
+   decision, so all ranks skip the same steps and keep the same scale. Needs mt_dist_init. */
+int mt_grad_scaler_set_dist(mt_grad_scaler *s, bool on);
 
 #ifdef __cplusplus
 }

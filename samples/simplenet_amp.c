@@ -17,6 +17,11 @@
  * --save PATH writes a checkpoint (model, optimizer, GradScaler, step) after the run, and
  * --resume PATH continues from one: a run of 2 epochs equals, bit for bit, a run of 1 epoch
  * saved and resumed for 1 more (with one mode selected).
+ * With --ddp the sample is one rank of a data-parallel job (mpirun -np N simplenet_amp --ddp):
+ * every rank trains on its own batches, the gradients are averaged through mt_ddp (buckets of
+ * --bucket-mb MiB, started during backward) and the GradScaler skips the same steps on every
+ * rank; each rank reports its all-reduce calls per step and a parameter checksum (equal on
+ * every rank when the replicas stayed in sync).
  * Run with --help for the options. */
 #include <errno.h>
 #include <getopt.h>
@@ -59,6 +64,8 @@ typedef struct {
     bool run[N_MODES];
     uint64_t seed;
     const char *save_path, *resume_path; /* checkpoints; NULL: none */
+    bool ddp;
+    mt_ddp_opts ddp_opts;
 } config;
 
 typedef struct {
@@ -69,6 +76,8 @@ typedef struct {
        peak_bytes_all: mt_peak_bytes, every device and the host together */
     int64_t peak_bytes, data_bytes, cached_bytes, peak_bytes_all, rss_delta_bytes, skipped;
     int64_t host_syncs; /* host waits for the device during the timed steps */
+    mt_ddp_stats ddp;   /* --ddp: the last step's all-reduce calls, buckets */
+    double checksum;    /* the sum of every parameter after training */
 } result;
 
 static const char *device_name(mt_device d) {
@@ -113,7 +122,12 @@ static void usage(FILE *f) {
                "  --seed N        seed for data and weights (default 2023)\n"
                "  --json          one JSON object per mode and line on stdout, nothing else\n"
                "  --save PATH     write a checkpoint after the run (one mode only)\n"
-               "  --resume PATH   continue from a checkpoint of the same mode and sizes\n");
+               "  --resume PATH   continue from a checkpoint of the same mode and sizes\n"
+
+               "  --ddp           data parallel over the ranks of mpirun -np N (CPU)\n"
+               "  --bucket-mb X   --ddp gradient bucket size in MiB (default 25)\n"
+               "  --per-param     --ddp: one all-reduce per parameter (no buckets)\n"
+               "  --no-overlap    --ddp: start the all-reduces after backward, not during it\n");
 }
 
 static long parse_long(const char *opt, const char *s, long lo, long hi) {
@@ -162,16 +176,30 @@ static void parse_args(int argc, char **argv, config *c) {
         O_JSON,
         O_SAVE,
         O_RESUME,
+        O_DDP,
+        O_BUCKET_MB,
+        O_PER_PARAM,
+        O_NO_OVERLAP,
         O_HELP
     };
-    static const struct option opts[] = {
-        {"hidden", required_argument, 0, O_HIDDEN}, {"batch", required_argument, 0, O_BATCH},
-        {"steps", required_argument, 0, O_STEPS},   {"epochs", required_argument, 0, O_EPOCHS},
-        {"warmup", required_argument, 0, O_WARMUP}, {"modes", required_argument, 0, O_MODES},
-        {"device", required_argument, 0, O_DEVICE}, {"threads", required_argument, 0, O_THREADS},
-        {"seed", required_argument, 0, O_SEED},     {"json", no_argument, 0, O_JSON},
-        {"save", required_argument, 0, O_SAVE},     {"resume", required_argument, 0, O_RESUME},
-        {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
+    static const struct option opts[] = {{"hidden", required_argument, 0, O_HIDDEN},
+                                         {"batch", required_argument, 0, O_BATCH},
+                                         {"steps", required_argument, 0, O_STEPS},
+                                         {"epochs", required_argument, 0, O_EPOCHS},
+                                         {"warmup", required_argument, 0, O_WARMUP},
+                                         {"modes", required_argument, 0, O_MODES},
+                                         {"device", required_argument, 0, O_DEVICE},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"save", required_argument, 0, O_SAVE},
+                                         {"resume", required_argument, 0, O_RESUME},
+                                         {"ddp", no_argument, 0, O_DDP},
+                                         {"bucket-mb", required_argument, 0, O_BUCKET_MB},
+                                         {"per-param", no_argument, 0, O_PER_PARAM},
+                                         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
+                                         {"help", no_argument, 0, O_HELP},
+                                         {0, 0, 0, 0}};
     long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = 1;
     bool dev_given = false;
     *c = (config){.seed = 2023, .dev = MT_CPU};
@@ -211,6 +239,26 @@ static void parse_args(int argc, char **argv, config *c) {
             break;
         case O_RESUME:
             c->resume_path = optarg;
+            break;
+        case O_DDP:
+            c->ddp = true;
+            break;
+        case O_BUCKET_MB: {
+            char *end;
+            c->ddp_opts.bucket_mb = strtod(optarg, &end);
+            if (end == optarg || *end || !(c->ddp_opts.bucket_mb > 0)) {
+                fprintf(stderr,
+                        "simplenet_amp: --bucket-mb: expected a positive number, got \"%s\"\n",
+                        optarg);
+                exit(2);
+            }
+            break;
+        }
+        case O_PER_PARAM:
+            c->ddp_opts.per_parameter = true;
+            break;
+        case O_NO_OVERLAP:
+            c->ddp_opts.no_overlap = true;
             break;
         case O_DEVICE:
             dev_given = true;
@@ -336,7 +384,7 @@ static long checkpoint_load(const char *path, const config *c, const mode_spec *
 /* One training step: forward under autocast, (scaled) backward, optimizer step. The returned
    loss belongs to the caller's scope. */
 static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_optimizer *opt,
-                             mt_grad_scaler *scaler, mt_tensor *x, mt_tensor *y) {
+                             mt_grad_scaler *scaler, mt_ddp *ddp, mt_tensor *x, mt_tensor *y) {
     if (m->low != MT_F32) mt_autocast_begin(m->low, m->level);
     mt_tensor *h = mt_relu(mt_linear_layer_forward(&layers[0], x));
     h = mt_relu(mt_linear_layer_forward(&layers[1], h));
@@ -345,9 +393,11 @@ static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_opt
     if (m->low != MT_F32) mt_autocast_end();
     if (scaler) {
         mt_backward(mt_grad_scaler_scale(scaler, loss), NULL);
+        if (ddp) mt_ddp_wait(ddp);            /* averaged gradients before the (scaler's) step */
         mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
     } else {
         mt_backward(loss, NULL);
+        if (ddp) mt_ddp_wait(ddp);
         mt_optimizer_step(opt);
     }
     mt_optimizer_zero_grad(opt);
@@ -386,6 +436,14 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
         check("mt_grad_scaler_new");
     }
+    mt_ddp *ddp = NULL;
+    if (c->ddp) {
+        /* rank 0's initial weights to every rank; the scaler's skip decision is shared */
+        ddp = mt_ddp_new(params, 2 * N_LAYERS, &c->ddp_opts);
+        check("mt_ddp_new");
+        if (scaler) mt_grad_scaler_set_dist(scaler, true);
+        check("mt_grad_scaler_set_dist");
+    }
 
     long start = c->resume_path ? checkpoint_load(c->resume_path, c, m, layers, opt, scaler) : 0;
     int total = c->steps * c->epochs;
@@ -411,7 +469,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         double ts = now_s();
         mt_scope_begin();
         int b = (int)((start + s) % c->steps); /* a resumed run continues the batch order */
-        mt_tensor *loss = train_step(m, layers, opt, scaler, xs[b], ys[b]);
+        mt_tensor *loss = train_step(m, layers, opt, scaler, ddp, xs[b], ys[b]);
         if (!loss && mt_last_status() == MT_OK) {
             fprintf(stderr,
                     "simplenet_amp: %s step %d: the forward pass returned no loss and "
@@ -454,6 +512,15 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     r->rss_delta_bytes = maxrss_bytes() - rss0;
 
     if (c->save_path) checkpoint_save(c->save_path, m, layers, opt, scaler, start + total);
+    if (ddp) mt_ddp_stats_get(ddp, &r->ddp);
+    r->checksum = 0;
+    mt_scope_begin();
+    for (int i = 0; i < 2 * N_LAYERS; i++)
+        r->checksum += mt_item(mt_sum_all(mt_cast(params[i], MT_F64)));
+    mt_scope_end();
+    check("the parameter checksum");
+
+    mt_ddp_free(ddp);
     mt_grad_scaler_free(scaler);
     mt_optimizer_free(opt);
     for (int i = 0; i < N_LAYERS; i++) mt_linear_layer_free(&layers[i]);
@@ -486,6 +553,12 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
            (long long)r->skipped, c->warmup, r->timed_steps, (long long)r->cached_bytes,
            (long long)r->peak_bytes_all, (long long)r->host_syncs);
     print_json_number((double)r->host_syncs / r->timed_steps);
+    printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
+           "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": %.4f, "
+           "\"param_checksum\": ",
+           mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls, r->ddp.buckets,
+           (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds);
+    print_json_number(r->checksum);
     printf("}\n");
     fflush(stdout);
 }
@@ -494,10 +567,16 @@ int main(int argc, char **argv) {
     config c;
     parse_args(argc, argv, &c);
     if (c.threads > 0) mt_set_num_threads(c.threads);
+    if (c.ddp) {
+        mt_dist_init();
+        check("mt_dist_init");
+    }
+    /* --ddp: only rank 0 prints the table (with --json every rank prints its lines) */
+    bool quiet = !c.json && mt_dist_rank() != 0;
 
     /* Random inputs and targets, made once: every mode trains on the same data. They are made
        on the CPU so that every device sees the same numbers. */
-    mt_manual_seed(c.seed);
+    mt_manual_seed(c.seed + (uint64_t)mt_dist_rank()); /* each rank its own batches */
     mt_tensor **xs = calloc((size_t)c.steps, sizeof *xs);
     mt_tensor **ys = calloc((size_t)c.steps, sizeof *ys);
     if (!xs || !ys) {
@@ -514,7 +593,12 @@ int main(int argc, char **argv) {
         check("making the data");
     }
 
-    if (!c.json) {
+    if (!c.json && !quiet) {
+        if (c.ddp)
+            printf("data parallel: %d ranks, each batch %lld per rank, %s\n", mt_dist_world_size(),
+                   (long long)c.batch,
+                   c.ddp_opts.per_parameter ? "one all-reduce per parameter"
+                                            : "gradient buckets (mt_ddp)");
         printf("SimpleNet: 3 x Linear(%lld, %lld), ReLU, MSE loss; SGD lr 1e-4; batch %lld; "
                "%d batches x %d epochs on %s (%d threads)\n",
                (long long)c.hidden, (long long)c.hidden, (long long)c.batch, c.steps, c.epochs,
@@ -535,14 +619,20 @@ int main(int argc, char **argv) {
             print_json(&c, &MODES[k], &r);
             continue;
         }
+        if (quiet) continue;
         char speedup[32] = "-";
         if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r.ms_per_step);
         printf("%-28s %10.2f %12.7g %9s %10.1f %8lld %10.2f\n", MODES[k].label, r.ms_per_step,
                r.loss, speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped,
                (double)r.host_syncs / r.timed_steps);
+        if (c.ddp)
+            printf("  %d buckets: %lld all-reduce calls per step (%lld started during backward), "
+                   "param checksum %.9g\n",
+                   r.ddp.buckets, (long long)r.ddp.allreduce_calls,
+                   (long long)r.ddp.started_in_backward, r.checksum);
         fflush(stdout);
     }
-    if (!c.json) {
+    if (!c.json && !quiet) {
         printf("ms/step excludes the first %d (warm-up) step(s)%s; peak MiB is the %s's peak "
                "(mt_memory_stats_get) during the mode, including the %.1f MiB data set; "
                "syncs/step: host waits for the device per timed step (mt_host_sync_count).\n",
@@ -560,5 +650,6 @@ int main(int argc, char **argv) {
     }
     free(xs);
     free(ys);
+    if (c.ddp && mt_dist_finalize() < 0) check("mt_dist_finalize");
     return 0;
 }

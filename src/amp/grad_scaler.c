@@ -32,6 +32,7 @@ struct mt_grad_scaler {
     double growth_factor, backoff_factor, min_scale, max_scale;
     int growth_interval, backoff_after;
     bool disabled;
+    bool dist;             /* found-inf flags are all-reduced (max) over the ranks (mt_dist) */
     mt_tensor *t[N_STATE]; /* on `device`, made on first use; until then `host` holds it */
     mt_device device;
     mt_grad_scaler_state host;
@@ -284,6 +285,10 @@ static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn, bool a
     mt_tensor *one = rc == 0 && !apply ? mt_scalar(1.0, MT_F32, s->device) : NULL;
     if (rc == 0 && !apply && !one) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
     if (rc == 0) rc = be->unscale(grads, n, apply ? inv : one, st->found);
+    /* every rank must take the same skip decision (and keep the same scale): a flag raised
+       on one rank is raised on all before the optimizer sees it */
+    if (rc == 0 && s->dist && mt_dist_world_size() > 1)
+        rc = mt_all_reduce(st->found, MT_REDUCE_MAX);
     if (rc == 0 && apply)
         for (int i = 0; i < n; i++)
             if (grads[i]) mt_tensor_bump_version(grads[i]);
@@ -396,6 +401,20 @@ int mt_grad_scaler_update(mt_grad_scaler *s) {
     if (rc == 0) rc = be->scale_update(&a);
     if (rc == 0) clear_step(s);
     return mt_api_exit_status(rc);
+}
+
+int mt_grad_scaler_set_dist(mt_grad_scaler *s, bool on) {
+    const char *fn = "mt_grad_scaler_set_dist";
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (on && !mt_dist_is_initialized())
+        return mt_error_set(MT_ERR_STATE, "%s: call mt_dist_init first", fn);
+    if (s->n_opts)
+        return mt_error_set(MT_ERR_STATE,
+                            "%s: a step is in progress; call it before scale or "
+                            "after update",
+                            fn);
+    s->dist = on;
+    return 0;
 }
 
 int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o) {

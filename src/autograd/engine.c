@@ -6,6 +6,7 @@
 #include <string.h>
 #include <threads.h>
 #include "../tensor/backend.h"
+#include "hooks.h"
 #include "node.h"
 
 /* A growable list that starts in a buffer of its own: the small graphs of a training step
@@ -154,29 +155,50 @@ static int pending_add(pending_table *t, mt_tensor *leaf, mt_tensor *g) {
    sum that a gradless leaf would adopt but that aliases other memory is copied; then the
    adds are in place or adoptions (only a user-set expanded .grad still needs an allocation,
    and another thread's backward into the same leaf can race the copy decision). */
+/* Copies a sum that a gradless leaf would adopt but that aliases other memory (the part of
+   committing that can fail); true when it was made exclusive or needs no copy. */
+static int pending_prepare(pending_grad *p) {
+    if (!p->grad || exclusively_owned(p->grad)) return 0;
+    mtx_t *lock = leaf_lock(p->leaf);
+    mtx_lock(lock);
+    bool adopts = p->leaf->grad == NULL; /* else the sum is added in place: no copy */
+    mtx_unlock(lock);
+    if (!adopts) return 0;
+    mt_tensor *c = mt_clone(p->grad);
+    if (!c) return mt_backward_status();
+    mt_tensor_unref(p->grad);
+    p->grad = c;
+    return 0;
+}
+
+/* Adds one prepared sum to its leaf's .grad (in place, or adopted). */
+static int pending_apply(pending_grad *p) {
+    if (!p->grad) return 0;
+    mtx_t *lock = leaf_lock(p->leaf);
+    mtx_lock(lock);
+    int rc = accumulate_leaf_locked(p->leaf, p->grad);
+    mtx_unlock(lock);
+    p->grad = NULL;
+    return rc;
+}
+
+static int pending_commit_one(pending_grad *p) {
+    int rc = pending_prepare(p);
+    return rc ? rc : pending_apply(p);
+}
+
+/* Adds every pending sum to its leaf's .grad. What can fail (copies) happens for all leaves
+   first; then the adds are in place or adoptions (only a user-set expanded .grad still needs
+   an allocation, and another thread's backward into the same leaf can race the copy
+   decision). */
 static int pending_commit(pending_table *t) {
     for (size_t i = 0; i < t->cap; i++) {
-        pending_grad *p = &t->slots[i];
-        if (!p->grad || exclusively_owned(p->grad)) continue;
-        mtx_t *lock = leaf_lock(p->leaf);
-        mtx_lock(lock);
-        bool adopts = p->leaf->grad == NULL; /* else the sum is added in place: no copy */
-        mtx_unlock(lock);
-        if (!adopts) continue;
-        mt_tensor *c = mt_clone(p->grad);
-        if (!c) return mt_backward_status();
-        mt_tensor_unref(p->grad);
-        p->grad = c;
+        int rc = pending_prepare(&t->slots[i]);
+        if (rc) return rc;
     }
     int rc = 0;
     for (size_t i = 0; i < t->cap; i++) {
-        pending_grad *p = &t->slots[i];
-        if (!p->grad) continue;
-        mtx_t *lock = leaf_lock(p->leaf);
-        mtx_lock(lock);
-        int r = accumulate_leaf_locked(p->leaf, p->grad);
-        mtx_unlock(lock);
-        p->grad = NULL;
+        int r = pending_apply(&t->slots[i]);
         if (r < 0 && rc == 0) rc = r;
     }
     return rc;
@@ -241,8 +263,33 @@ static void free_saved(mt_node *n) {
     n->freed = true;
 }
 
+/* Counts one more gradient contribution the hooked leaf of edge i will receive in the
+   backward with this mark. */
+static void count_hooked_leaf(mt_node *n, int i, uint64_t mark) {
+    mt_tensor *leaf = n->edges[i].leaf;
+    if (!leaf || !leaf->hooks || !mt_node_needs(n, i)) return;
+    if (leaf->hooks->mark != mark) {
+        leaf->hooks->mark = mark;
+        leaf->hooks->pending = 0;
+    }
+    leaf->hooks->pending++;
+}
+
+/* One contribution to a hooked leaf has arrived. The last one gives the leaf its gradient at
+   once and fires its hooks, so that a data-parallel hook starts its all-reduce during the
+   backward: a hooked leaf is the one exception to the all-or-nothing rule (its gradient is
+   final before the rest of the tape has run). */
+static int leaf_contribution_done(pending_table *t, mt_tensor *leaf) {
+    if (!leaf->hooks || --leaf->hooks->pending != 0) return 0;
+    int rc = pending_commit_one(pending_slot(t, leaf));
+    return rc ? rc : mt_grad_hooks_fire(leaf);
+}
+
 static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
-    if (!root->grad_fn) return accumulate_leaf(root, mt_tensor_ref(seed));
+    if (!root->grad_fn) {
+        int rc = accumulate_leaf(root, mt_tensor_ref(seed));
+        return rc == 0 && root->hooks ? mt_grad_hooks_fire(root) : rc;
+    }
 
     /* 1. every node reachable from the root, and its number of consumers */
     static atomic_uint_fast64_t visit_counter;
@@ -258,6 +305,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
         mt_node *n = all.items[i];
         for (int e = 0; e < n->n_inputs && rc == 0; e++) {
             leaf_edges += n->edges[e].leaf != NULL;
+            count_hooked_leaf(n, e, mark);
             mt_node *m = n->edges[e].fn;
             if (!m) continue;
             if (m->visit_mark != mark) {
@@ -300,6 +348,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
             }
             if (n->edges[i].leaf) {
                 if (gi) rc = pending_add(&pending, n->edges[i].leaf, gi);
+                if (rc == 0) rc = leaf_contribution_done(&pending, n->edges[i].leaf);
             } else {
                 mt_node *m = n->edges[i].fn;
                 if (gi) rc = accumulate(&m->grad_acc, gi);

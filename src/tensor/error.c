@@ -77,6 +77,8 @@ const char *mt_status_name(mt_status s) {
         return "NULL argument";
     case MT_ERR_INTERNAL:
         return "internal error";
+    case MT_ERR_TIMEOUT:
+        return "timed out";
     }
     return "unknown status";
 }

@@ -275,6 +275,7 @@ void mt_tensor_unref(mt_tensor *t) {
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
     if (t->grad_fn) mt_node_release(t->grad_fn);
     if (t->grad) mt_tensor_unref(t->grad);
+    if (t->hooks) mt_grad_hooks_free(t->hooks);
     storage_release(t->storage);
     mt_tensor_count(-1);
     if (mt_ownership_checked()) {

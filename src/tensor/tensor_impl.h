@@ -9,6 +9,7 @@
 #include "op_table.h"
 
 struct mt_node;
+struct mt_grad_hooks;
 
 /* Refcounted memory block; views share one. The version counter lives here because every
    view of the same memory sees an in-place change (as torch's shared version counter). */
@@ -39,7 +40,11 @@ struct mt_tensor {
     atomic_int user_refs;  /* mt_retain calls by the user not yet released (checked mode) */
     const char *made_by;   /* the op or public call that made the tensor, for reports */
     bool amp_keep_fp32;      /* a norm parameter: mt_amp_decorate leaves it FP32 */
+    struct mt_grad_hooks *hooks; /* grad-ready hooks of a leaf (src/autograd/hooks.c) */
 };
+
+/* Frees a leaf's hook list (src/autograd/hooks.c); NULL is fine. */
+void mt_grad_hooks_free(struct mt_grad_hooks *h);
 
 /* ---- errors (src/tensor/error.c) */
 /* Records the first error of the thread (later ones are dropped) and returns status. */

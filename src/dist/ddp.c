@@ -1,0 +1,394 @@
+/* mt_ddp: data-parallel gradient averaging with buckets and backward/communication overlap
+   (see include/mixtape.h). The reduction runs on a duplicate of the process group's
+   communicator, so a user's own collectives never interleave with a step's buckets. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "../math/half.h"
+#include "dist_impl.h"
+
+#define DEFAULT_BUCKET_MB 25.0
+#define DESC              10 /* per parameter: dtype, ndim, 8 dims */
+
+typedef struct mt_ddp mt_ddp;
+
+typedef struct {
+    mt_ddp *ddp;
+    mt_tensor *t;
+    int index, bucket, hook;
+    int64_t offset; /* in elements of its bucket */
+    bool ready;     /* its gradient is in the bucket this step */
+} ddp_param;
+
+typedef struct {
+    mt_dtype dt; /* of the parameters; the buffer is FP32 for FP16/BF16 */
+    void *buf;
+    int64_t numel;
+    int n_params, n_ready;
+    bool launched, pending;
+    MPI_Request req;
+} ddp_bucket;
+
+struct mt_ddp {
+    ddp_param *params;
+    int n;
+    ddp_bucket *buckets;
+    int nb, next; /* buckets [0, next) are started this step */
+    MPI_Comm comm;
+    bool mpi, no_overlap, no_sync, leak_buffers;
+    int64_t calls, calls_in_backward;
+    mt_ddp_stats stats;
+};
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool is_half(mt_dtype dt) {
+    return dt == MT_F16 || dt == MT_BF16;
+}
+static size_t buf_esize(mt_dtype dt) {
+    return is_half(dt) ? sizeof(float) : mt_dtype_size(dt);
+}
+
+static int launch(mt_ddp *d, ddp_bucket *b) {
+    b->launched = true;
+    d->calls++;
+    if (!d->mpi) return 0; /* a world of one: the sum is the value */
+    MPI_Datatype type = b->dt == MT_F64 ? MPI_DOUBLE : MPI_FLOAT;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, type, MPI_SUM, d->comm, &b->req);
+    if (rc != MPI_SUCCESS) return mt_dist_mpi_error("mt_ddp", rc);
+    b->pending = true;
+    return 0;
+}
+
+/* Starts the buckets that are complete, in index order (every rank the same order), and
+   lets MPI progress the ones in flight. */
+static int launch_ready(mt_ddp *d, bool in_backward) {
+    int rc = 0;
+    while (rc == 0 && d->next < d->nb &&
+           d->buckets[d->next].n_ready == d->buckets[d->next].n_params) {
+        rc = launch(d, &d->buckets[d->next++]);
+        if (in_backward) d->calls_in_backward++;
+    }
+    for (int i = 0; rc == 0 && i < d->next; i++) {
+        ddp_bucket *b = &d->buckets[i];
+        bool done = false;
+        if (b->pending) rc = mt_dist_test_request("mt_ddp", &b->req, &done);
+        if (done) b->pending = false;
+    }
+    return rc;
+}
+
+/* The parameter's gradient (zeros when it has none) into its slot of the bucket. */
+static int copy_in(ddp_param *p, ddp_bucket *b) {
+    mt_tensor *g = p->t->grad;
+    int64_t n = p->t->numel;
+    char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+    if (!g) {
+        memset(dst, 0, (size_t)n * buf_esize(b->dt));
+        return 0;
+    }
+    if (g->dtype != b->dt || g->numel != n)
+        return mt_error_set(
+            MT_ERR_STATE, "mt_ddp: parameter %d has a %s gradient of %lld elements, expected %s",
+            p->index, mt_dtype_name(g->dtype), (long long)g->numel, mt_dtype_name(b->dt));
+    mt_tensor *c = mt_is_contiguous(g) ? mt_tensor_ref(g) : mt_contiguous(g);
+    if (!c) return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    const void *src = mt_tensor_data(c);
+    if (is_half(b->dt)) {
+        const uint16_t *h = src;
+        float *f = (float *)dst;
+        for (int64_t i = 0; i < n; i++)
+            f[i] = b->dt == MT_F16 ? mt_f16_to_f32(h[i]) : mt_bf16_to_f32(h[i]);
+    } else {
+        memcpy(dst, src, (size_t)n * mt_dtype_size(b->dt));
+    }
+    mt_tensor_unref(c);
+    return 0;
+}
+
+static int on_grad_ready(mt_tensor *leaf, void *user) {
+    (void)leaf;
+    ddp_param *p = user;
+    mt_ddp *d = p->ddp;
+    if (d->no_sync) return 0;
+    if (p->ready)
+        return mt_error_set(MT_ERR_STATE,
+                            "mt_ddp: the gradient of parameter %d was ready twice before "
+                            "mt_ddp_wait; call mt_ddp_wait after each backward, or use "
+                            "mt_ddp_set_no_sync to accumulate",
+                            p->index);
+    int rc = mt_dist_ready("mt_ddp");
+    ddp_bucket *b = &d->buckets[p->bucket];
+    if (rc == 0) rc = copy_in(p, b);
+    if (rc < 0) return rc;
+    p->ready = true;
+    b->n_ready++;
+    return d->no_overlap ? 0 : launch_ready(d, true);
+}
+
+/* The averaged bucket values into each parameter's gradient. */
+static int copy_out(mt_ddp *d, ddp_param *p, int world) {
+    ddp_bucket *b = &d->buckets[p->bucket];
+    mt_tensor *g = p->t->grad;
+    if (!g || !mt_is_contiguous(g) || g->dtype != b->dt) {
+        g = mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, b->dt, p->t->device);
+        if (!g) return mt_last_status();
+        mt_tensor_unref(p->t->grad);
+        p->t->grad = g;
+    }
+    int64_t n = p->t->numel;
+    const char *src = (const char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+    if (b->dt == MT_F64) {
+        const double *s = (const double *)src;
+        double *o = mt_tensor_data(g);
+        for (int64_t i = 0; i < n; i++) o[i] = s[i] / (double)world;
+    } else if (b->dt == MT_F32) {
+        const float *s = (const float *)src;
+        float *o = mt_tensor_data(g);
+        for (int64_t i = 0; i < n; i++) o[i] = s[i] / (float)world;
+    } else {
+        const float *s = (const float *)src;
+        uint16_t *o = mt_tensor_data(g);
+        for (int64_t i = 0; i < n; i++)
+            o[i] = b->dt == MT_F16 ? mt_f32_to_f16(s[i] / (float)world)
+                                   : mt_f32_to_bf16(s[i] / (float)world);
+    }
+    mt_tensor_bump_version(g);
+    return 0;
+}
+
+static void reset_step(mt_ddp *d) {
+    for (int i = 0; i < d->n; i++) d->params[i].ready = false;
+    for (int i = 0; i < d->nb; i++) {
+        d->buckets[i].n_ready = 0;
+        d->buckets[i].launched = d->buckets[i].pending = false;
+    }
+    d->next = 0;
+    d->calls = d->calls_in_backward = 0;
+}
+
+int mt_ddp_wait(mt_ddp *d) {
+    if (!d) return mt_error_set(MT_ERR_NULL, "mt_ddp_wait: arg 1: ddp is NULL");
+    if (d->no_sync) return 0;
+    int rc = mt_dist_ready("mt_ddp_wait");
+    if (rc < 0) return rc;
+    double t0 = now();
+    /* parameters no gradient reached this step take part with zeros */
+    for (int i = 0; rc == 0 && i < d->n; i++) {
+        ddp_param *p = &d->params[i];
+        if (p->ready) continue;
+        ddp_bucket *b = &d->buckets[p->bucket];
+        char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+        memset(dst, 0, (size_t)p->t->numel * buf_esize(b->dt));
+        p->ready = true;
+        b->n_ready++;
+    }
+    if (rc == 0) rc = launch_ready(d, false);
+    for (int i = 0; rc == 0 && i < d->nb; i++)
+        if (d->buckets[i].pending) {
+            rc = mt_dist_wait_request("mt_ddp_wait", &d->buckets[i].req);
+            if (rc == 0) d->buckets[i].pending = false;
+        }
+    if (rc == MT_ERR_TIMEOUT) d->leak_buffers = true; /* MPI may still write into them */
+    int world = mt_dist_world_size();
+    for (int i = 0; rc == 0 && i < d->n; i++) rc = copy_out(d, &d->params[i], world);
+    if (rc == 0) {
+        d->stats.allreduce_calls = d->calls;
+        d->stats.started_in_backward = d->calls_in_backward;
+        d->stats.wait_seconds = now() - t0;
+        d->stats.steps++;
+    }
+    reset_step(d);
+    return rc;
+}
+
+/* Local checks of the parameter list; 0 or an error (set, on this rank only). */
+static int check_local(mt_tensor *const *params, int n) {
+    const char *fn = "mt_ddp_new";
+    if (!params && n > 0) return mt_error_set(MT_ERR_NULL, "%s: arg 1: params is NULL", fn);
+    if (n < 0) return mt_error_set(MT_ERR_INVALID, "%s: arg 2: n = %d is negative", fn, n);
+    char dev[32];
+    for (int i = 0; i < n; i++) {
+        mt_tensor *t = params[i];
+        if (!t) return mt_error_set(MT_ERR_NULL, "%s: arg 1: parameter %d is NULL", fn, i);
+        if (t->device.type != MT_DEVICE_CPU)
+            return mt_error_set(MT_ERR_UNSUPPORTED,
+                                "%s: parameter %d is on %s: only CPU parameters are supported yet "
+                                "(NCCL backend, issue 11)",
+                                fn, i, mt_dist_device_str(t->device, dev, sizeof dev));
+        if (t->grad_fn || !t->requires_grad)
+            return mt_error_set(MT_ERR_STATE, "%s: parameter %d must be a leaf that requires grad",
+                                fn, i);
+        if (t->numel > INT_MAX / 8)
+            return mt_error_set(MT_ERR_UNSUPPORTED, "%s: parameter %d has too many elements (%lld)",
+                                fn, i, (long long)t->numel);
+        for (int j = 0; j < i; j++)
+            if (params[j] == t)
+                return mt_error_set(MT_ERR_INVALID, "%s: parameter %d is parameter %d again", fn, i,
+                                    j);
+    }
+    return 0;
+}
+
+/* Every rank must hold the same parameters: first the count and whether each rank's list
+   passed its local checks, then dtype and shape of each. Errors are raised on every rank. */
+static int check_ranks(MPI_Comm comm, mt_tensor *const *params, int n, int local_rc) {
+    const char *fn = "mt_ddp_new";
+    int64_t head[2] = {n, local_rc < 0};
+    int bad = 0;
+    int64_t lo = 0, hi = 0;
+    int rc = mt_dist_agree(fn, comm, head, 2, &bad, &lo, &hi);
+    if (local_rc < 0) return local_rc; /* this rank's own message says why */
+    if (rc == MT_ERR_SHAPE && bad == 1)
+        return mt_error_set(MT_ERR_STATE, "%s: another rank refused its parameter list", fn);
+    if (rc == MT_ERR_SHAPE)
+        return mt_error_set(MT_ERR_SHAPE,
+                            "%s: the ranks have different numbers of parameters (this rank %d: "
+                            "%d; over the ranks %lld..%lld)",
+                            fn, mt_dist_rank(), n, (long long)lo, (long long)hi);
+    if (rc < 0 || n == 0) return rc;
+    int64_t *desc = calloc((size_t)n * DESC, sizeof *desc);
+    if (!desc) return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+    for (int i = 0; i < n; i++) {
+        desc[i * DESC] = params[i]->dtype;
+        desc[i * DESC + 1] = params[i]->ndim;
+        for (int k = 0; k < params[i]->ndim; k++) desc[i * DESC + 2 + k] = params[i]->shape[k];
+    }
+    rc = mt_dist_agree(fn, comm, desc, n * DESC, &bad, &lo, &hi);
+    free(desc);
+    if (rc != MT_ERR_SHAPE) return rc;
+    char b[MT_SHAPE_BUF];
+    mt_tensor *t = params[bad / DESC];
+    return mt_error_set(
+        MT_ERR_SHAPE, "%s: parameter %d differs between the ranks (this rank %d: shape %s %s)", fn,
+        bad / DESC, mt_dist_rank(), mt_shape_str(t, b, sizeof b), mt_dtype_name(t->dtype));
+}
+
+/* Reverse registration order, a new bucket at a dtype change or when the size is reached. */
+static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
+    size_t cap = (size_t)(bucket_mb * 1024.0 * 1024.0);
+    d->buckets = calloc((size_t)(d->n ? d->n : 1), sizeof *d->buckets);
+    if (!d->buckets) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory");
+    ddp_bucket *cur = NULL;
+    size_t cur_bytes = 0;
+    for (int i = d->n - 1; i >= 0; i--) {
+        ddp_param *p = &d->params[i];
+        size_t bytes = (size_t)p->t->numel * buf_esize(p->t->dtype);
+        if (!cur || per_parameter || cur->dt != p->t->dtype || cur_bytes + bytes > cap) {
+            cur = &d->buckets[d->nb++];
+            cur->dt = p->t->dtype;
+            cur_bytes = 0;
+        }
+        p->bucket = (int)(cur - d->buckets);
+        p->offset = cur->numel;
+        cur->numel += p->t->numel;
+        cur->n_params++;
+        cur_bytes += bytes;
+    }
+    for (int i = 0; i < d->nb; i++) {
+        ddp_bucket *b = &d->buckets[i];
+        b->buf = calloc((size_t)(b->numel ? b->numel : 1), buf_esize(b->dt));
+        if (!b->buf) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory for bucket %d", i);
+    }
+    return 0;
+}
+
+/* Rank 0's parameter values to every rank. */
+static int broadcast_params(mt_ddp *d) {
+    for (int i = 0; i < d->n && d->mpi; i++) {
+        mt_tensor *t = d->params[i].t;
+        MPI_Request req;
+        int rc = MPI_Ibcast(mt_tensor_data(t), (int)(t->numel * (int64_t)mt_dtype_size(t->dtype)),
+                            MPI_BYTE, 0, d->comm, &req);
+        rc = rc != MPI_SUCCESS ? mt_dist_mpi_error("mt_ddp_new", rc)
+                               : mt_dist_wait_request("mt_ddp_new", &req);
+        if (rc < 0) return rc;
+        mt_tensor_bump_version(t);
+    }
+    return 0;
+}
+
+static void ddp_destroy(mt_ddp *d) {
+    for (int i = 0; d->params && i < d->n; i++) {
+        ddp_param *p = &d->params[i];
+        if (p->hook > 0) mt_tensor_remove_grad_ready_hook(p->t, p->hook);
+        mt_tensor_unref(p->t);
+    }
+    for (int i = 0; d->buckets && i < d->nb; i++)
+        if (!d->leak_buffers) free(d->buckets[i].buf);
+    if (d->mpi && d->comm != MPI_COMM_NULL && !d->leak_buffers) MPI_Comm_free(&d->comm);
+    free(d->buckets);
+    free(d->params);
+    free(d);
+}
+
+mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
+    const char *fn = "mt_ddp_new";
+    mt_ddp_opts o = opts ? *opts : (mt_ddp_opts){0};
+    if (mt_dist_ready(fn) < 0) return NULL;
+    if (!(o.bucket_mb >= 0)) {
+        mt_error_set(MT_ERR_INVALID, "%s: bucket_mb %g must be >= 0", fn, o.bucket_mb);
+        return NULL;
+    }
+    if (o.bucket_mb == 0) o.bucket_mb = DEFAULT_BUCKET_MB;
+    mt_dist_state *st = mt_dist_state_get();
+    mt_ddp *d = calloc(1, sizeof *d);
+    if (!d) {
+        mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+        return NULL;
+    }
+    d->mpi = st->mpi;
+    d->comm = MPI_COMM_NULL;
+    d->no_overlap = o.no_overlap;
+    int rc = 0;
+    if (d->mpi) {
+        rc = MPI_Comm_dup(st->comm, &d->comm);
+        rc = rc != MPI_SUCCESS ? mt_dist_mpi_error(fn, rc) : 0;
+    }
+    int local = rc == 0 ? check_local(params, n) : rc;
+    if (rc == 0 && d->mpi) rc = check_ranks(d->comm, params, n, local);
+    if (rc == 0) rc = local;
+    if (rc == 0 && !(d->params = calloc((size_t)(n ? n : 1), sizeof *d->params)))
+        rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+    for (int i = 0; rc == 0 && i < n; i++, d->n++)
+        d->params[i] = (ddp_param){.ddp = d, .t = mt_tensor_ref(params[i]), .index = i};
+    if (rc == 0) rc = make_buckets(d, o.bucket_mb, o.per_parameter);
+    if (rc == 0) rc = broadcast_params(d);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int h = mt_tensor_register_grad_ready_hook(params[i], on_grad_ready, &d->params[i]);
+        if (h < 0) rc = h;
+        d->params[i].hook = h;
+    }
+    if (rc < 0) {
+        ddp_destroy(d);
+        return NULL;
+    }
+    d->stats.buckets = d->nb;
+    return d;
+}
+
+int mt_ddp_set_no_sync(mt_ddp *d, bool on) {
+    if (!d) return mt_error_set(MT_ERR_NULL, "mt_ddp_set_no_sync: arg 1: ddp is NULL");
+    for (int i = 0; on && i < d->n; i++)
+        if (d->params[i].ready)
+            return mt_error_set(MT_ERR_STATE, "mt_ddp_set_no_sync: a step's gradients are being "
+                                              "reduced; call mt_ddp_wait first");
+    d->no_sync = on;
+    return 0;
+}
+
+int mt_ddp_stats_get(const mt_ddp *d, mt_ddp_stats *out) {
+    if (!d) return mt_error_set(MT_ERR_NULL, "mt_ddp_stats_get: arg 1: ddp is NULL");
+    if (!out) return mt_error_set(MT_ERR_NULL, "mt_ddp_stats_get: arg 2: out is NULL");
+    *out = d->stats;
+    return 0;
+}
+
+void mt_ddp_free(mt_ddp *d) {
+    if (d) ddp_destroy(d);
+}

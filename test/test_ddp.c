@@ -1,0 +1,335 @@
+/* mt_ddp, run as every rank of the job (mpirun -np 2 from test/meson.build, and alone as a
+   world of one): a W-rank run on batches of B equals a one-rank run on batches of W*B (SGD
+   and AdamW, FP32 and O1 with the GradScaler, with a step that overflows on one rank only),
+   bucket counts and overlap, no_sync, unused parameters, and errors. */
+#include "dist_test_util.h"
+
+#define IN  8
+#define HID 16
+#define OUT 4
+#define B   4 /* rows per rank */
+#define NP  4
+
+typedef struct {
+    mt_tensor *p[NP]; /* w1 [HID, IN], b1, w2 [OUT, HID], b2 */
+} model;
+
+static const int64_t shapes[NP][2] = {{HID, IN}, {HID, 0}, {OUT, HID}, {OUT, 0}};
+
+static void model_init(model *m, uint64_t seed) {
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int k = 0; k < NP; k++) {
+        int ndim = shapes[k][1] ? 2 : 1;
+        int64_t n = shapes[k][0] * (ndim == 2 ? shapes[k][1] : 1);
+        double v[HID * IN];
+        for (int64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = ((double)(s >> 11) / 9007199254740992.0 - 0.5) * 0.8;
+        }
+        m->p[k] = mt_from_data(v, MT_F64, ndim, shapes[k], MT_CPU);
+        mt_tensor *f = mt_cast(m->p[k], MT_F32);
+        mt_release(m->p[k]);
+        m->p[k] = f;
+        mt_set_requires_grad(f, true);
+    }
+}
+
+static void model_free(model *m) {
+    for (int k = 0; k < NP; k++) mt_release(m->p[k]);
+}
+
+/* rows [from, from + rows) of step's global batch; `overflow` puts a value FP16 cannot hold
+   into the first row of the last rank's share */
+static mt_tensor *batch_loss(model *m, int step, int from, int rows, bool overflow) {
+    double x[64 * IN], y[64 * OUT];
+    int W = mt_dist_world_size();
+    for (int r = 0; r < rows; r++) {
+        int g = from + r;
+        for (int i = 0; i < IN; i++) x[r * IN + i] = sin(step * 7.0 + g * 3.0 + i);
+        for (int o = 0; o < OUT; o++) y[r * OUT + o] = cos(step * 5.0 + g * 2.0 + o);
+        if (overflow && g == (W - 1) * B) x[r * IN] = 1e6;
+    }
+    mt_tensor *xt = mt_cast(mt_from_data(x, MT_F64, MT_SHAPE(rows, IN), MT_CPU), MT_F32);
+    mt_tensor *yt = mt_cast(mt_from_data(y, MT_F64, MT_SHAPE(rows, OUT), MT_CPU), MT_F32);
+    mt_tensor *h = mt_tanh(mt_linear(xt, m->p[0], m->p[1]));
+    return mt_mse_loss(mt_linear(h, m->p[2], m->p[3]), yt);
+}
+
+typedef struct {
+    bool adamw, amp, o2; /* o2: FP16 parameters (mt_amp_decorate) with FP32 masters */
+    int overflow_step;   /* -1: none */
+} config;
+
+/* Trains `steps` steps on rows [from, from + rows) of each global batch; with ddp, the
+   gradients are averaged over the ranks before the step. Returns the skipped steps. */
+static int64_t train(model *m, const config *c, int from, int rows, mt_ddp *ddp, int steps) {
+    mt_optimizer *o =
+        c->adamw
+            ? mt_adamw_new(m->p, NP, &(mt_adam_opts){.lr = MT_SET(0.01), .multi_precision = c->o2})
+            : mt_sgd_new(m->p, NP, &(mt_sgd_opts){.lr = MT_SET(0.1), .multi_precision = c->o2});
+    mt_grad_scaler *s =
+        c->amp ? mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024}) : NULL;
+    if (s && ddp) assert_int_equal(mt_grad_scaler_set_dist(s, true), 0);
+    for (int step = 0; step < steps; step++) {
+        mt_scope_begin();
+        mt_optimizer_zero_grad(o);
+        if (c->amp) mt_autocast_begin(MT_F16, c->o2 ? MT_AMP_O2 : MT_AMP_O1);
+        mt_tensor *loss = batch_loss(m, step, from, rows, step == c->overflow_step);
+        if (c->amp) mt_autocast_end();
+        assert_int_equal(mt_backward(s ? mt_grad_scaler_scale(s, loss) : loss, NULL), 0);
+        if (ddp) assert_int_equal(mt_ddp_wait(ddp), 0);
+        assert_int_equal(s ? mt_grad_scaler_minimize(s, o) : mt_optimizer_step(o), 0);
+        mt_scope_end();
+    }
+    int64_t skipped = s ? mt_grad_scaler_skipped_steps(s) : 0;
+    mt_grad_scaler_free(s);
+    mt_optimizer_free(o);
+    return skipped;
+}
+
+/* Every rank holds exactly the same values of t. */
+static void assert_same_on_every_rank(mt_tensor *t) {
+    mt_tensor *all = mt_all_gather(t);
+    assert_non_null(all);
+    int64_t n = mt_numel(t);
+    double *v = mt_test_values(all);
+    for (int r = 1; r < mt_dist_world_size(); r++)
+        for (int64_t i = 0; i < n; i++) assert_true(v[r * n + i] == v[i]);
+    free(v);
+    mt_release(all);
+}
+
+static void check_equivalence(const config *c, double tol) {
+    int W = mt_dist_world_size(), me = mt_dist_rank();
+    model ref, dp;
+    model_init(&ref, 1);
+    model_init(&dp, 1 + (uint64_t)me); /* different on each rank: mt_ddp_new takes rank 0's */
+    if (c->o2) {
+        assert_int_equal(mt_amp_decorate(ref.p, NP, MT_F16, NULL), 0);
+        assert_int_equal(mt_amp_decorate(dp.p, NP, MT_F16, NULL), 0);
+    }
+    mt_ddp *ddp = mt_ddp_new(dp.p, NP, NULL);
+    assert_non_null(ddp);
+    int64_t ref_skipped = train(&ref, c, 0, W * B, NULL, 4);
+    int64_t dp_skipped = train(&dp, c, me * B, B, ddp, 4);
+    assert_true(dp_skipped == ref_skipped);
+    if (c->overflow_step >= 0) assert_true(dp_skipped == 1);
+    for (int k = 0; k < NP; k++) {
+        double *want = mt_test_values(ref.p[k]);
+        assert_tensor_close(dp.p[k], want, mt_numel(ref.p[k]), tol, tol);
+        free(want);
+        assert_same_on_every_rank(dp.p[k]);
+    }
+    mt_ddp_free(ddp);
+    model_free(&ref);
+    model_free(&dp);
+}
+
+static void test_sgd_fp32(void **state) {
+    (void)state;
+    check_equivalence(&(config){.overflow_step = -1}, 1e-5);
+}
+static void test_adamw_fp32(void **state) {
+    (void)state;
+    check_equivalence(&(config){.adamw = true, .overflow_step = -1}, 1e-5);
+}
+/* O1: FP16 GEMM outputs are rounded per rank's share instead of once: FP16 tolerance */
+static void test_sgd_amp_o1_one_rank_overflows(void **state) {
+    (void)state;
+    check_equivalence(&(config){.amp = true, .overflow_step = 1}, 2e-3);
+}
+static void test_adamw_amp_o1_one_rank_overflows(void **state) {
+    (void)state;
+    check_equivalence(&(config){.adamw = true, .amp = true, .overflow_step = 2}, 2e-3);
+}
+
+static mt_ddp_stats one_step(const mt_ddp_opts *opts) {
+    model m;
+    model_init(&m, 3);
+    mt_ddp *ddp = mt_ddp_new(m.p, NP, opts);
+    assert_non_null(ddp);
+    mt_scope_begin();
+    assert_int_equal(mt_backward(batch_loss(&m, 0, mt_dist_rank() * B, B, false), NULL), 0);
+    assert_int_equal(mt_ddp_wait(ddp), 0);
+    mt_scope_end();
+    mt_ddp_stats st;
+    assert_int_equal(mt_ddp_stats_get(ddp, &st), 0);
+    mt_ddp_free(ddp);
+    model_free(&m);
+    return st;
+}
+
+static void test_bucket_counts_and_overlap(void **state) {
+    (void)state;
+    mt_ddp_stats st = one_step(NULL); /* 25 MiB: everything in one bucket */
+    assert_int_equal(st.buckets, 1);
+    assert_int_equal(st.allreduce_calls, 1);
+    assert_int_equal(st.started_in_backward, 1);
+    assert_int_equal(st.steps, 1);
+    /* 600 bytes: b2 + w2 + b1 (336 bytes) fill one bucket, w1 (512) another */
+    st = one_step(&(mt_ddp_opts){.bucket_mb = 600.0 / (1024 * 1024)});
+    assert_int_equal(st.buckets, 2);
+    assert_int_equal(st.allreduce_calls, 2);
+    assert_int_equal(st.started_in_backward, 2);
+    st = one_step(&(mt_ddp_opts){.per_parameter = true});
+    assert_int_equal(st.buckets, NP);
+    assert_int_equal(st.allreduce_calls, NP);
+    st = one_step(&(mt_ddp_opts){.per_parameter = true, .no_overlap = true});
+    assert_int_equal(st.allreduce_calls, NP);
+    assert_int_equal(st.started_in_backward, 0);
+}
+
+/* Two micro-batches, the first under no_sync: the gradients equal the average over the
+   ranks of the accumulated sums, i.e. one big batch's two halves summed. */
+static void test_no_sync_accumulates(void **state) {
+    (void)state;
+    int W = mt_dist_world_size(), me = mt_dist_rank();
+    model m, ref;
+    model_init(&m, 5);
+    model_init(&ref, 5);
+    mt_ddp *ddp = mt_ddp_new(m.p, NP, NULL);
+    assert_non_null(ddp);
+    mt_scope_begin();
+    assert_int_equal(mt_ddp_set_no_sync(ddp, true), 0);
+    assert_int_equal(mt_backward(batch_loss(&m, 0, me * B, B, false), NULL), 0);
+    assert_int_equal(mt_ddp_wait(ddp), 0); /* nothing to do */
+    mt_ddp_stats st;
+    assert_int_equal(mt_ddp_stats_get(ddp, &st), 0);
+    assert_int_equal(st.steps, 0);
+    assert_int_equal(mt_ddp_set_no_sync(ddp, false), 0);
+    assert_int_equal(mt_backward(batch_loss(&m, 1, me * B, B, false), NULL), 0);
+    assert_int_equal(mt_ddp_wait(ddp), 0);
+    assert_int_equal(mt_ddp_stats_get(ddp, &st), 0);
+    assert_int_equal(st.steps, 1);
+    assert_int_equal(st.allreduce_calls, 1);
+    assert_int_equal(mt_backward(batch_loss(&ref, 0, 0, W * B, false), NULL), 0);
+    assert_int_equal(mt_backward(batch_loss(&ref, 1, 0, W * B, false), NULL), 0);
+    for (int k = 0; k < NP; k++) {
+        double *want = mt_test_values(mt_grad(ref.p[k]));
+        assert_tensor_close(mt_grad(m.p[k]), want, mt_numel(m.p[k]), 1e-6, 1e-5);
+        free(want);
+    }
+    mt_scope_end();
+    mt_ddp_free(ddp);
+    model_free(&m);
+    model_free(&ref);
+}
+
+/* A parameter only rank 1 uses: the others take part with zeros, nobody hangs, and every
+   rank ends with the same average. */
+static void test_unused_parameter(void **state) {
+    (void)state;
+    int W = mt_dist_world_size(), me = mt_dist_rank();
+    mt_tensor *p[2] = {mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 1.0),
+                       mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 1.0)};
+    for (int k = 0; k < 2; k++) mt_set_requires_grad(p[k], true);
+    mt_ddp *ddp = mt_ddp_new(p, 2, &(mt_ddp_opts){.per_parameter = true});
+    assert_non_null(ddp);
+    mt_scope_begin();
+    mt_tensor *loss = mt_sum_all(mt_mul_scalar(p[0], 3.0));
+    if (me == 1) loss = mt_add(loss, mt_sum_all(mt_mul_scalar(p[1], 2.0)));
+    assert_int_equal(mt_backward(loss, NULL), 0);
+    assert_int_equal(mt_ddp_wait(ddp), 0);
+    double g0[3] = {3, 3, 3}, g1[2] = {W > 1 ? 2.0 / W : 0, W > 1 ? 2.0 / W : 0};
+    assert_tensor_close(mt_grad(p[0]), g0, 3, 0, 0);
+    assert_tensor_close(mt_grad(p[1]), g1, 2, 0, 0);
+    mt_scope_end();
+    mt_ddp_free(ddp);
+    mt_release(p[0]);
+    mt_release(p[1]);
+}
+
+/* A second backward before mt_ddp_wait (accumulation without no_sync) is refused. */
+static void test_ready_twice_refused(void **state) {
+    (void)state;
+    mt_tensor *p = mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 1.0);
+    mt_set_requires_grad(p, true);
+    mt_ddp *ddp = mt_ddp_new(&p, 1, NULL);
+    mt_scope_begin();
+    assert_int_equal(mt_backward(mt_sum_all(p), NULL), 0);
+    assert_int_equal(mt_backward(mt_sum_all(p), NULL), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "was ready twice before mt_ddp_wait");
+    mt_clear_error();
+    assert_int_equal(mt_ddp_wait(ddp), 0); /* the step still completes on every rank */
+    mt_scope_end();
+    mt_ddp_free(ddp);
+    mt_release(p);
+}
+
+static void test_argument_errors(void **state) {
+    (void)state;
+    mt_tensor *c = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU); /* does not require grad */
+    assert_null(mt_ddp_new(&c, 1, NULL));
+    assert_error(MT_ERR_STATE, "parameter 0 must be a leaf that requires grad");
+    assert_null(mt_ddp_new(NULL, 1, NULL));
+    assert_error(MT_ERR_NULL, "params is NULL");
+    mt_set_requires_grad(c, true);
+    assert_null(mt_ddp_new(&c, 1, &(mt_ddp_opts){.bucket_mb = -1}));
+    assert_error(MT_ERR_INVALID, "bucket_mb -1 must be >= 0");
+    assert_int_equal(mt_ddp_wait(NULL), MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "mt_ddp_wait: arg 1");
+    if (mt_cuda_available()) {
+        mt_tensor *g = mt_zeros(MT_SHAPE(2), MT_F32, MT_CUDA(0));
+        mt_set_requires_grad(g, true);
+        assert_null(mt_ddp_new(&g, 1, NULL));
+        assert_error(MT_ERR_UNSUPPORTED, "parameter 0 is on cuda:0");
+        mt_release(g);
+    }
+    mt_release(c);
+}
+
+/* Ranks with different parameter lists: an error on every rank, no hang. */
+static void test_mismatch_across_ranks(void **state) {
+    (void)state;
+    int me = mt_dist_rank();
+    mt_tensor *a = mt_zeros(MT_SHAPE(me ? 3 : 4), MT_F32, MT_CPU);
+    mt_tensor *b = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU);
+    mt_set_requires_grad(a, true);
+    mt_set_requires_grad(b, true);
+    mt_tensor *ps[2] = {b, a};
+    assert_null(mt_ddp_new(ps, 2, NULL));
+    assert_error(MT_ERR_SHAPE, "parameter 1 differs between the ranks");
+    mt_clear_error();
+    assert_null(mt_ddp_new(ps, me ? 1 : 2, NULL));
+    assert_error(MT_ERR_SHAPE, "different numbers of parameters");
+    mt_clear_error();
+    mt_tensor *plain = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU);
+    mt_tensor *qs[1] = {me ? plain : b};
+    assert_null(mt_ddp_new(qs, 1, NULL));
+    if (me)
+        assert_error(MT_ERR_STATE, "must be a leaf that requires grad");
+    else
+        assert_error(MT_ERR_STATE, "another rank refused its parameter list");
+    mt_release(plain);
+    mt_release(a);
+    mt_release(b);
+}
+
+/* O2: FP16 parameters and gradients (bucketed in FP32), FP32 master weights */
+static void test_sgd_amp_o2_one_rank_overflows(void **state) {
+    (void)state;
+    check_equivalence(&(config){.amp = true, .o2 = true, .overflow_step = 1}, 2e-3);
+}
+static void test_adamw_amp_o2(void **state) {
+    (void)state;
+    check_equivalence(&(config){.adamw = true, .amp = true, .o2 = true, .overflow_step = -1}, 2e-3);
+}
+
+int main(void) {
+    mt_test_dist_begin();
+    const struct CMUnitTest tests[] = {
+        MT_TEST(test_sgd_fp32),
+        MT_TEST(test_adamw_fp32),
+        MT_TEST(test_sgd_amp_o1_one_rank_overflows),
+        MT_TEST(test_adamw_amp_o1_one_rank_overflows),
+        MT_TEST(test_sgd_amp_o2_one_rank_overflows),
+        MT_TEST(test_adamw_amp_o2),
+        MT_TEST(test_bucket_counts_and_overlap),
+        MT_TEST(test_no_sync_accumulates),
+        MT_TEST(test_unused_parameter),
+        MT_TEST(test_ready_twice_refused),
+        MT_TEST(test_argument_errors),
+        MT_TEST_MULTI_RANK(test_mismatch_across_ranks),
+    };
+    return mt_test_dist_end(MT_RUN_TESTS(tests));
+}
