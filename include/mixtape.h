@@ -237,6 +237,13 @@ mt_tensor *mt_to(mt_tensor *t, mt_device dev);
 mt_tensor *mt_clone(mt_tensor *t);
 mt_tensor *mt_contiguous(mt_tensor *t); /* t itself when already contiguous */
 mt_tensor *mt_detach(mt_tensor *t);     /* shares storage, no autograd history */
+/* Channels-last (torch.channels_last): a 4-d tensor keeps its NCHW logical shape and may
+   carry NHWC strides. Every op takes such tensors; conv2d and pooling keep the input's
+   format in their output and run their NHWC path on it. mt_to_channels_last is a recorded
+   copy (the gradient flows through), or t itself when already channels-last; mt_contiguous
+   turns it back into NCHW. */
+mt_tensor *mt_to_channels_last(mt_tensor *t);
+bool mt_is_channels_last(const mt_tensor *t); /* 4-d with dense NHWC strides */
 
 /* Views: share storage with their input. */
 mt_tensor *mt_reshape(mt_tensor *t, int ndim, const int64_t *shape); /* one -1 allowed; copies
