@@ -1,7 +1,7 @@
 /* mt_to_channels_last: a copy of a 4-d tensor with NHWC strides under its NCHW shape (torch's
    x.to(memory_format=torch.channels_last)). The gradient passes through unchanged: the copy
    changes the layout, never a value. */
-#include "dispatch.h"
+#include "memory_format.h"
 
 static int identity_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     (void)n;
@@ -35,4 +35,14 @@ mt_tensor *mt_to_channels_last(mt_tensor *t) {
     if (!t) return NULL;
     mt_api_enter();
     return mt_api_exit(to_channels_last_impl(t));
+}
+
+mt_tensor *mt_dense_4d(const char *op, mt_tensor *t, bool channels_last) {
+    if (mt_is_contiguous(t) || mt_is_channels_last(t)) return mt_retain(t);
+    mt_tensor *out = mt_tensor_new_format(op, t->shape, t->dtype, t->device, channels_last);
+    if (out && mt_backend_get(t->device)->copy(out, t)) {
+        mt_release(out);
+        return NULL;
+    }
+    return out;
 }
