@@ -71,11 +71,11 @@ static dnnl_primitive_t conv_prim(const char *op, const conv_key *k) {
             rc = mt_dnnl_check(op, dnnl_primitive_desc_create(&pd, &bd, NULL, e, hint),
                                "a backward-data convolution");
     } else if (rc == 0) {
-        rc = mt_dnnl_check(op,
-                           dnnl_dilated_convolution_backward_weights_desc_init(
-                               &bd, dnnl_convolution_direct, &src, &wei, NULL, &dst, st, dil, pad,
-                               pad),
-                           "a backward-weight descriptor");
+        rc = mt_dnnl_check(
+            op,
+            dnnl_dilated_convolution_backward_weights_desc_init(
+                &bd, dnnl_convolution_direct, &src, &wei, NULL, &dst, st, dil, pad, pad),
+            "a backward-weight descriptor");
         if (rc == 0)
             rc = mt_dnnl_check(op, dnnl_primitive_desc_create(&pd, &bd, NULL, e, hint),
                                "a backward-weight convolution");
@@ -85,8 +85,7 @@ static dnnl_primitive_t conv_prim(const char *op, const conv_key *k) {
 }
 
 static void key_init(conv_key *k, conv_kind kind, const mt_tensor *x, const mt_tensor *w,
-                     const mt_tensor *y, bool bias, bool channels_last,
-                     const mt_conv2d_params *p) {
+                     const mt_tensor *y, bool bias, bool channels_last, const mt_conv2d_params *p) {
     memset(k, 0, sizeof *k);
     k->kind = kind;
     k->dtype = (int)mt_dnnl_dtype(x->dtype);
@@ -108,8 +107,8 @@ static int conv_run(const char *op, dnnl_primitive_t prim, int n, const mt_tenso
         dnnl_memory_desc_t user;
         bool weights = kinds[i] == DNNL_ARG_WEIGHTS || kinds[i] == DNNL_ARG_DIFF_WEIGHTS;
         rc = mt_dnnl_md_of(op, &user, ts[i], weights ? groups : 1);
-        const dnnl_memory_desc_t *w = want[i] == dnnl_query_undef ? &user
-                                                                   : mt_dnnl_query_md(prim, want[i]);
+        const dnnl_memory_desc_t *w =
+            want[i] == dnnl_query_undef ? &user : mt_dnnl_query_md(prim, want[i]);
         if (rc == 0 && !w) rc = mt_error_set(MT_ERR_INTERNAL, "%s: oneDNN query failed", op);
         if (rc == 0) rc = mt_dnnl_bind(op, &args[i], ts[i], &user, w, i == out);
     }

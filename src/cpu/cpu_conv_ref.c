@@ -19,8 +19,8 @@ static inline int64_t in_pos(int64_t o, int64_t k, int64_t stride, int64_t pad, 
 int mt_cpu_conv2d_ref(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
                       const mt_conv2d_params *p) {
     int64_t N = y->shape[0], OC = y->shape[1], OH = y->shape[2], OW = y->shape[3];
-    int64_t H = x->shape[2], W = x->shape[3], ICg = w->shape[1], KH = w->shape[2],
-            KW = w->shape[3], OCg = OC / p->groups;
+    int64_t H = x->shape[2], W = x->shape[3], ICg = w->shape[1], KH = w->shape[2], KW = w->shape[3],
+            OCg = OC / p->groups;
 #pragma omp parallel for collapse(2) num_threads(mt_cpu_num_threads())
     for (int64_t n = 0; n < N; n++)
         for (int64_t oc = 0; oc < OC; oc++) {
@@ -38,7 +38,8 @@ int mt_cpu_conv2d_ref(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, cons
                             for (int64_t kw = 0; kw < KW; kw++) {
                                 int64_t iw =
                                     in_pos(ow, kw, p->stride[1], p->padding[1], p->dilation[1], W);
-                                if (iw >= 0) s += *at(x, n, c0 + ic, ih, iw) * *at(w, oc, ic, kh, kw);
+                                if (iw >= 0)
+                                    s += *at(x, n, c0 + ic, ih, iw) * *at(w, oc, ic, kh, kw);
                             }
                         }
                     *at(y, n, oc, oh, ow) = s;
@@ -71,7 +72,8 @@ int mt_cpu_conv2d_backward_data_ref(mt_tensor *gx, const mt_tensor *gy, const mt
                             for (int64_t kw = 0; kw < KW; kw++) {
                                 int64_t iw =
                                     in_pos(ow, kw, p->stride[1], p->padding[1], p->dilation[1], W);
-                                if (iw >= 0) *at(gx, n, c0 + ic, ih, iw) += g * *at(w, oc, ic, kh, kw);
+                                if (iw >= 0)
+                                    *at(gx, n, c0 + ic, ih, iw) += g * *at(w, oc, ic, kh, kw);
                             }
                         }
                 }
@@ -100,7 +102,8 @@ int mt_cpu_conv2d_backward_weight_ref(mt_tensor *gw, const mt_tensor *gy, const 
                             for (int64_t ow = 0; ow < OW; ow++) {
                                 int64_t iw =
                                     in_pos(ow, kw, p->stride[1], p->padding[1], p->dilation[1], W);
-                                if (iw >= 0) s += *at(gy, n, oc, oh, ow) * *at(x, n, c0 + ic, ih, iw);
+                                if (iw >= 0)
+                                    s += *at(gy, n, oc, oh, ow) * *at(x, n, c0 + ic, ih, iw);
                             }
                         }
                     *at(gw, oc, ic, kh, kw) = s;

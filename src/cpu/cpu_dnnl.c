@@ -50,9 +50,8 @@ dnnl_engine_t mt_dnnl_engine(const char *op) {
 static dnnl_stream_t thread_stream(const char *op) {
     dnnl_engine_t e = mt_dnnl_engine(op);
     if (!e) return NULL;
-    if (!stream &&
-        mt_dnnl_check(op, dnnl_stream_create(&stream, e, dnnl_stream_default_flags),
-                      "creating a stream"))
+    if (!stream && mt_dnnl_check(op, dnnl_stream_create(&stream, e, dnnl_stream_default_flags),
+                                 "creating a stream"))
         return NULL;
     return stream;
 }

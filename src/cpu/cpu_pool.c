@@ -12,19 +12,31 @@
 
 static inline double ld(const char *p, mt_dtype dt) {
     switch (dt) {
-    case MT_F64: return *(const double *)p;
-    case MT_F16: return mt_f16_to_f32(*(const uint16_t *)p);
-    case MT_BF16: return mt_bf16_to_f32(*(const uint16_t *)p);
-    default: return *(const float *)p;
+    case MT_F64:
+        return *(const double *)p;
+    case MT_F16:
+        return mt_f16_to_f32(*(const uint16_t *)p);
+    case MT_BF16:
+        return mt_bf16_to_f32(*(const uint16_t *)p);
+    default:
+        return *(const float *)p;
     }
 }
 
 static inline void st(char *p, mt_dtype dt, double v) {
     switch (dt) {
-    case MT_F64: *(double *)p = v; break;
-    case MT_F16: *(uint16_t *)p = mt_f32_to_f16((float)v); break;
-    case MT_BF16: *(uint16_t *)p = mt_f32_to_bf16((float)v); break;
-    default: *(float *)p = (float)v; break;
+    case MT_F64:
+        *(double *)p = v;
+        break;
+    case MT_F16:
+        *(uint16_t *)p = mt_f32_to_f16((float)v);
+        break;
+    case MT_BF16:
+        *(uint16_t *)p = mt_f32_to_bf16((float)v);
+        break;
+    default:
+        *(float *)p = (float)v;
+        break;
     }
 }
 
@@ -57,8 +69,7 @@ static void window_of(const mt_pool2d_params *p, int64_t oh, int64_t ow, int64_t
     w->w0 = ws > 0 ? ws : 0;
     w->h1 = he < H ? he : H;
     w->w1 = we < W ? we : W;
-    w->divisor =
-        (double)(p->count_include_pad ? padded : (w->h1 - w->h0) * (w->w1 - w->w0));
+    w->divisor = (double)(p->count_include_pad ? padded : (w->h1 - w->h0) * (w->w1 - w->w0));
 }
 
 typedef struct {
@@ -98,7 +109,7 @@ int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
     int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
     mt_dtype dt = x->dtype;
-#pragma omp parallel for collapse(2) if (y->numel * 4 > MT_CPU_PARALLEL_MIN)                     \
+#pragma omp parallel for collapse(2) if (y->numel * 4 > MT_CPU_PARALLEL_MIN)                       \
     num_threads(mt_cpu_num_threads())
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) {
@@ -160,8 +171,7 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
                             for (int64_t v = w.w0; v < w.w1; v++) acc[h * W + v] += g;
                     }
                 for (int64_t h = 0; h < H; h++)
-                    for (int64_t v = 0; v < W; v++)
-                        st(pix(&gxp, h, v), gx->dtype, acc[h * W + v]);
+                    for (int64_t v = 0; v < W; v++) st(pix(&gxp, h, v), gx->dtype, acc[h * W + v]);
             }
         if (acc) mt_host_free(acc, nbytes ? nbytes : 1);
     }

@@ -40,9 +40,8 @@ static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_conv2d_
         (b && mt_check_same_device(name, x, b) < 0))
         return -1;
     if (x->ndim != 4)
-        return mt_error_set(MT_ERR_SHAPE,
-                            "%s: arg 1: input must be 4-d [N, C, H, W], got shape %s", name,
-                            mt_shape_str(x, bx, sizeof bx));
+        return mt_error_set(MT_ERR_SHAPE, "%s: arg 1: input must be 4-d [N, C, H, W], got shape %s",
+                            name, mt_shape_str(x, bx, sizeof bx));
     if (w->ndim != 4)
         return mt_error_set(MT_ERR_SHAPE,
                             "%s: arg 2: weight must be 4-d [out_channels, in_channels / groups, "
@@ -60,8 +59,9 @@ static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_conv2d_
                             name, mt_shape_str(w, bw, sizeof bw), (long long)(w->shape[1] * g),
                             (long long)g, mt_shape_str(x, bx, sizeof bx), (long long)C);
     if (b && (b->ndim != 1 || b->shape[0] != OC))
-        return mt_error_set(MT_ERR_SHAPE, "%s: arg 3: bias of shape %s does not fit weight %s "
-                                          "(expected [%lld])",
+        return mt_error_set(MT_ERR_SHAPE,
+                            "%s: arg 3: bias of shape %s does not fit weight %s "
+                            "(expected [%lld])",
                             name, mt_shape_str(b, bb, sizeof bb), mt_shape_str(w, bw, sizeof bw),
                             (long long)OC);
     out_shape[0] = x->shape[0];
@@ -98,19 +98,23 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     int rc = 0;
     if (mt_node_needs(n, 0)) {
         mt_tensor *gx = mt_tensor_new_format(name, mx->shape, mx->dtype, g->device, cl);
-        rc = !gx ? mt_backward_failed()
+        rc = !gx     ? mt_backward_failed()
              : empty ? be->fill(gx, 0.0)
                      : be->conv2d_backward_data(gx, gy, n->saved[1], p);
-        if (rc) mt_release(gx);
-        else gi[0] = gx;
+        if (rc)
+            mt_release(gx);
+        else
+            gi[0] = gx;
     }
     if (rc == 0 && mt_node_needs(n, 1)) {
         mt_tensor *gw = mt_tensor_new(name, 4, mw->shape, mw->dtype, g->device);
-        rc = !gw ? mt_backward_failed()
+        rc = !gw     ? mt_backward_failed()
              : empty ? be->fill(gw, 0.0)
                      : be->conv2d_backward_weight(gw, gy, n->saved[0], p);
-        if (rc) mt_release(gw);
-        else gi[1] = gw;
+        if (rc)
+            mt_release(gw);
+        else
+            gi[1] = gw;
     }
     if (rc == 0 && mt_node_needs(n, 2)) { /* the bias gradient sums gy over N, H and W */
         int64_t oc = mw->shape[0];
@@ -120,8 +124,10 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             mt_tensor_header_init(&h, gb->storage, gb->dtype, 4, (int64_t[]){1, oc, 1, 1}, NULL,
                                   gb->offset);
         rc = gb ? be->reduce(MT_OP_SUM, &h, gy, 0xDu) : mt_backward_failed();
-        if (rc) mt_release(gb);
-        else gi[2] = gb;
+        if (rc)
+            mt_release(gb);
+        else
+            gi[2] = gb;
     }
     mt_release(gy);
     return rc;
@@ -135,12 +141,12 @@ static mt_tensor *conv_run(mt_tensor **c, mt_tensor *const *in, const int64_t *s
     bool cl = mt_prefers_channels_last(c[0]);
     mt_tensor *out = mt_tensor_new_format(name, shape, c[0]->dtype, c[0]->device, cl);
     int rc = out ? 0 : mt_backward_failed();
-    if (rc == 0)
-        rc = out->numel == 0 ? 0 : be->conv2d(out, c[0], c[1], c[2], p);
+    if (rc == 0) rc = out->numel == 0 ? 0 : be->conv2d(out, c[0], c[1], c[2], p);
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_CONV2D, conv_backward, in, 3, out, &rc);
         mt_conv2d_params *state = node ? malloc(sizeof *state) : NULL;
-        if (node && !state) rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", name);
+        if (node && !state)
+            rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", name);
         if (state) {
             *state = *p;
             mt_node_set_state(node, state, NULL);

@@ -23,8 +23,8 @@ static int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, b
 static int pool_geometry(const char *name, const mt_tensor *x, const mt_pool2d_opts *o,
                          mt_pool2d_params *p, int64_t *shape) {
     char bx[MT_SHAPE_BUF];
-    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: options are NULL (kernel is required)",
-                                name);
+    if (!o)
+        return mt_error_set(MT_ERR_NULL, "%s: arg 2: options are NULL (kernel is required)", name);
     for (int i = 0; i < 2; i++) {
         int64_t k = o->kernel[i], s = o->stride[i] ? o->stride[i] : k, pad = o->padding[i];
         if (k < 1 || s < 1 || pad < 0)
@@ -66,8 +66,10 @@ static int pool_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     int rc = gx ? mt_backend_get(g->device)->pool2d_backward(gx, gy, n->saved[0], p)
                 : mt_backward_failed();
     mt_release(gy);
-    if (rc) mt_release(gx);
-    else gi[0] = gx;
+    if (rc)
+        mt_release(gx);
+    else
+        gi[0] = gx;
     return rc;
 }
 
@@ -88,7 +90,8 @@ static mt_tensor *pool_run(mt_tensor *x, mt_pool2d_params *p, int64_t *shape) {
     if (rc == 0) {
         mt_node *node = mt_record(op, pool_backward, &c, 1, out, &rc);
         mt_pool2d_params *state = node ? malloc(sizeof *state) : NULL;
-        if (node && !state) rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", name);
+        if (node && !state)
+            rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", name);
         if (state) {
             *state = *p;
             mt_node_set_state(node, state, NULL);
