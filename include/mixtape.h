@@ -451,6 +451,17 @@ int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias,
 mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x);
 void mt_linear_layer_free(mt_linear_layer *l);
 
+/* y = conv2d(x, W, b, opts), W [out, in / groups, kH, kW] and b [out] initialised like
+   torch.nn.Conv2d (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * kH * kW). */
+typedef struct {
+    mt_tensor *weight, *bias; /* bias NULL when made without */
+    mt_conv2d_opts opts;      /* stride, padding, dilation, groups (opts NULL at init: defaults) */
+} mt_conv2d_layer;
+int mt_conv2d_layer_init(mt_conv2d_layer *l, int64_t in, int64_t out, int64_t kh, int64_t kw,
+                         const mt_conv2d_opts *opts, bool bias, mt_dtype dt, mt_device dev);
+mt_tensor *mt_conv2d_layer_forward(mt_conv2d_layer *l, mt_tensor *x);
+void mt_conv2d_layer_free(mt_conv2d_layer *l);
+
 #ifdef __cplusplus
 }
 #endif

@@ -307,6 +307,59 @@ static void test_conv2d_device(void **state) {
     mt_scope_end();
 }
 
+/* torch.nn.Conv2d's init: W and b within 1/sqrt(fan_in), spread over it; forward = mt_conv2d. */
+static void test_conv2d_layer(void **state) {
+    (void)state;
+    mt_manual_seed(3);
+    mt_conv2d_layer l;
+    mt_conv2d_opts o = {.stride = {2, 2}, .padding = {1, 1}, .groups = 2};
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 3, 3, &o, true, MT_F32, MT_CPU), 0);
+    assert_shape(l.weight, 6, 2, 3, 3);
+    assert_shape(l.bias, 6);
+    assert_true(mt_requires_grad(l.weight) && mt_requires_grad(l.bias));
+    double bound = 1.0 / sqrt(2.0 * 3 * 3), lo = 1, hi = -1;
+    double *w = mt_test_values(l.weight);
+    for (int i = 0; i < 108; i++) {
+        assert_true(fabs(w[i]) <= bound);
+        lo = fmin(lo, w[i]), hi = fmax(hi, w[i]);
+    }
+    assert_true(lo < -0.8 * bound && hi > 0.8 * bound); /* drawn over the whole range */
+    free(w);
+    double *b = mt_test_values(l.bias);
+    for (int i = 0; i < 6; i++) assert_true(fabs(b[i]) <= bound);
+    free(b);
+    mt_scope_begin();
+    mt_tensor *x = mt_randn(MT_SHAPE(2, 4, 7, 7), MT_F32, MT_CPU);
+    mt_tensor *y = mt_conv2d_layer_forward(&l, x), *r = mt_conv2d(x, l.weight, l.bias, &o);
+    assert_shape(y, 2, 6, 4, 4);
+    double *rv = mt_test_values(r);
+    assert_tensor_close(y, rv, mt_numel(r), 0, 0);
+    free(rv);
+    mt_scope_end();
+    mt_conv2d_layer_free(&l);
+    assert_null(l.weight);
+    mt_tensor *x1 = mt_zeros(MT_SHAPE(1, 4, 3, 3), MT_F32, MT_CPU);
+    assert_null(mt_conv2d_layer_forward(&l, x1));
+    assert_error(MT_ERR_STATE, "layer is not initialised");
+    mt_release(x1);
+    assert_int_equal(
+        mt_conv2d_layer_init(&l, 4, 6, 3, 3, &(mt_conv2d_opts){.groups = 3}, true, MT_F32, MT_CPU),
+        MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "groups 3 must be positive and divide in 4 and out 6");
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 0, 3, NULL, true, MT_F32, MT_CPU),
+                     MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "kernel [0, 3]");
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_I64, MT_CPU),
+                     MT_ERR_DTYPE);
+    assert_error(MT_ERR_DTYPE, "parameters must be floating");
+    assert_int_equal(mt_conv2d_layer_init(NULL, 4, 6, 1, 1, NULL, false, MT_F32, MT_CPU),
+                     MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "layer is NULL");
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_F32, MT_CPU), 0);
+    assert_null(l.bias);
+    mt_conv2d_layer_free(&l);
+}
+
 #define WHY "CUDA kernels (cuDNN): issue 9"
 
 int main(void) {
@@ -317,6 +370,7 @@ int main(void) {
         MT_TEST_CPU_ONLY(test_conv2d_gradcheck, WHY),
         MT_TEST_CPU_ONLY(test_conv2d_strided_inputs, WHY),
         MT_TEST_CPU_ONLY(test_conv2d_autocast, WHY),
+        MT_TEST_CPU_ONLY(test_conv2d_layer, WHY),
         MT_TEST(test_conv2d_errors),
         MT_TEST(test_conv2d_device),
     };
