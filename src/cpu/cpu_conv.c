@@ -2,8 +2,8 @@
    and BF16 (BF16 natively: FP32 accumulation, AVX512-BF16/AMX where the CPU has them). F16
    runs through F32 copies (oneDNN 2.6 has no F16 convolution on CPUs); F64 through the plain
    reference loops of cpu_conv_ref.c, so that FP64 gradchecks work (oneDNN has no F64).
-   The source and destination are described in the output's format (NCHW or NHWC); the
-   weights in whatever blocked format oneDNN prefers, reordered per call. */
+   Channels-last tensors are handed to oneDNN as they are (NHWC); NCHW ones and the weights are
+   reordered per call into the blocked layouts oneDNN prefers. */
 #include <string.h>
 #include "cpu_dnnl.h"
 
@@ -19,10 +19,21 @@ typedef struct {
 static int conv_descs(const char *op, const conv_key *k, dnnl_memory_desc_t *src,
                       dnnl_memory_desc_t *wei, dnnl_memory_desc_t *bia, dnnl_memory_desc_t *dst) {
     dnnl_data_type_t dt = (dnnl_data_type_t)k->dtype;
-    if (mt_dnnl_md_plain(op, src, 4, k->x, dt, k->channels_last) ||
-        mt_dnnl_md_plain(op, dst, 4, k->y, dt, k->channels_last) ||
-        mt_dnnl_md_plain(op, bia, 1, k->w, dt, false))
-        return mt_last_status();
+    if (mt_dnnl_md_plain(op, bia, 1, k->w, dt, false)) return mt_last_status();
+    if (k->channels_last) { /* oneDNN's fast kernels read and write NHWC directly */
+        if (mt_dnnl_md_plain(op, src, 4, k->x, dt, true) ||
+            mt_dnnl_md_plain(op, dst, 4, k->y, dt, true))
+            return mt_last_status();
+    } else { /* plain NCHW only has im2col + GEMM: let oneDNN pick a blocked layout (nChw16c)
+                and reorder in and out, as PyTorch's oneDNN path does */
+        dnnl_dims_t xd = {k->x[0], k->x[1], k->x[2], k->x[3]},
+                    yd = {k->y[0], k->y[1], k->y[2], k->y[3]};
+        if (mt_dnnl_check(op, dnnl_memory_desc_init_by_tag(src, 4, xd, dt, dnnl_format_tag_any),
+                          "describing the input") ||
+            mt_dnnl_check(op, dnnl_memory_desc_init_by_tag(dst, 4, yd, dt, dnnl_format_tag_any),
+                          "describing the output"))
+            return mt_last_status();
+    }
     dnnl_dims_t wd;
     int nd = 4;
     int64_t g = k->p.groups;
