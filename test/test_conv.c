@@ -283,6 +283,26 @@ static void test_conv2d_errors(void **state) {
     mt_scope_end();
 }
 
+/* Out of memory (an output or a layout buffer over the limit) is an error, and nothing leaks
+   (the fixture checks). */
+static void test_conv2d_pool_oom(void **state) {
+    (void)state;
+    mt_tensor *z = mt_zeros(MT_SHAPE(2, 8, 32, 32), MT_F32, MT_CPU), *x = mt_to_channels_last(z);
+    mt_release(z);
+    mt_tensor *w = mt_zeros(MT_SHAPE(8, 8, 3, 3), MT_F32, MT_CPU);
+    mt_debug_set_alloc_limit(4096);
+    assert_null(mt_conv2d(x, w, NULL, NULL));
+    assert_error(MT_ERR_OOM, "mt_conv2d");
+    assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}}));
+    assert_error(MT_ERR_OOM, "mt_max_pool2d");
+    mt_debug_set_alloc_limit(0);
+    mt_tensor *y = mt_conv2d(x, w, NULL, NULL);
+    assert_non_null(y);
+    mt_release(y);
+    mt_release(w);
+    mt_release(x);
+}
+
 /* The kernels exist on the CPU only so far: elsewhere the op answers UNSUPPORTED, naming the
    op and the device. */
 static void test_conv2d_device(void **state) {
@@ -371,6 +391,7 @@ int main(void) {
         MT_TEST_CPU_ONLY(test_conv2d_strided_inputs, WHY),
         MT_TEST_CPU_ONLY(test_conv2d_autocast, WHY),
         MT_TEST_CPU_ONLY(test_conv2d_layer, WHY),
+        MT_TEST_CPU_ONLY(test_conv2d_pool_oom, WHY),
         MT_TEST(test_conv2d_errors),
         MT_TEST(test_conv2d_device),
     };
