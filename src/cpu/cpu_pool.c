@@ -3,9 +3,10 @@
    (n, c) plane per task; sums in F64, each output rounded once. Max pooling's backward finds
    the argmax again from the input (the first maximum of the window, a NaN taking over, as
    torch's CPU kernel) instead of storing indices in the forward.
-   These loops are this backend's own: oneDNN's average pooling divides by the full kernel
-   where torch clips the window to the padded input (ceil_mode), has no adaptive pooling with
-   uneven windows, and its max-pooling backward needs a workspace from a training forward. */
+   These loops serve what cpu_pool_dnnl.c leaves: oneDNN's average pooling divides by the full
+   kernel where torch clips the window to the padded input (ceil_mode), it has no adaptive
+   pooling with uneven windows nor F16/F64, and its max-pooling backward needs a workspace
+   from a training forward. */
 #include <math.h>
 #include "../math/half.h"
 #include "cpu.h"
@@ -106,6 +107,9 @@ static void argmax(const plane *x, const window *w, int64_t *bh, int64_t *bw, do
 }
 
 int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
+    bool done;
+    int rc = mt_cpu_pool2d_dnnl(y, x, p, &done);
+    if (rc || done) return rc;
     int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
     mt_dtype dt = x->dtype;
@@ -135,6 +139,9 @@ int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
 
 int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
                            const mt_pool2d_params *p) {
+    bool done;
+    int rc = mt_cpu_pool2d_backward_dnnl(gx, gy, p, &done);
+    if (rc || done) return rc;
     int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
     int64_t H = gx->shape[2], W = gx->shape[3];
     size_t nbytes = (size_t)(H * W) * sizeof(double);
