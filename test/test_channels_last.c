@@ -78,6 +78,26 @@ static void test_channels_last_elementwise(void **state) {
     }
 }
 
+/* Elementwise results keep the format of their first full-shape input (torch's rule), so a
+   channels-last network stays channels-last through its activations and residual adds. */
+static void test_channels_last_elementwise_keeps_format(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = sample(MT_F32), *c = mt_to_channels_last(x);
+    mt_tensor *bias = mt_zeros(MT_SHAPE(1, 3, 1, 1), MT_F32, mt_test_device());
+    assert_true(mt_is_channels_last(mt_relu(c)));
+    assert_true(mt_is_channels_last(mt_add(c, c)));
+    assert_true(mt_is_channels_last(mt_add(c, bias)));
+    assert_true(mt_is_channels_last(mt_add(bias, c))); /* the first full-shape input */
+    assert_true(mt_is_contiguous(mt_add(x, c)));
+    assert_true(mt_is_channels_last(mt_mul_scalar(c, 2.0)));
+    assert_true(mt_is_channels_last(mt_gt(c, bias)));
+    assert_true(mt_is_contiguous(mt_relu(x)));
+    assert_same_values(mt_add(bias, c), x, 0);
+    assert_no_error();
+    mt_scope_end();
+}
+
 static void test_channels_last_grad(void **state) {
     (void)state;
     mt_scope_begin();
@@ -124,8 +144,11 @@ static void test_channels_last_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_to_channels_last_layout), MT_TEST(test_channels_last_elementwise),
-        MT_TEST(test_channels_last_grad),      MT_TEST(test_channels_last_gradcheck),
+        MT_TEST(test_to_channels_last_layout),
+        MT_TEST(test_channels_last_elementwise),
+        MT_TEST(test_channels_last_elementwise_keeps_format),
+        MT_TEST(test_channels_last_grad),
+        MT_TEST(test_channels_last_gradcheck),
         MT_TEST(test_channels_last_errors),
     };
     return MT_RUN_TESTS(tests);

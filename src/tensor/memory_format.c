@@ -43,3 +43,18 @@ mt_tensor *mt_tensor_new_format(const char *op, const int64_t *shape, mt_dtype d
     if (!out) mt_error_set(MT_ERR_OOM, "%s: out of memory for a tensor header", op);
     return out;
 }
+
+mt_tensor *mt_tensor_new_like(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
+                              mt_device dev, const mt_tensor *const *like, int n) {
+    bool cl = false;
+    for (int i = 0; ndim == 4 && i < n; i++) {
+        const mt_tensor *t = like[i];
+        if (!t || t->ndim != 4 || t->shape[0] != shape[0] || t->shape[1] != shape[1] ||
+            t->shape[2] != shape[2] || t->shape[3] != shape[3])
+            continue;
+        cl = mt_prefers_channels_last(t);
+        break;
+    }
+    return cl ? mt_tensor_new_format(op, shape, dt, dev, true)
+              : mt_tensor_new(op, ndim, shape, dt, dev);
+}

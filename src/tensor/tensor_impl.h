@@ -100,6 +100,12 @@ bool mt_prefers_channels_last(const mt_tensor *t);
 mt_tensor *mt_tensor_new_format(const char *op, const int64_t *shape, mt_dtype dt, mt_device dev,
                                 bool channels_last);
 
+/* A new tensor of the shape: channels-last when it is 4-d and the first of like[0..n) with
+   that shape prefers channels-last (elementwise results keep their inputs' format, as
+   torch's), else contiguous. */
+mt_tensor *mt_tensor_new_like(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
+                              mt_device dev, const mt_tensor *const *like, int n);
+
 /* ---- checks used by op entry points (src/tensor/check.c); each sets a message and returns
    a negative status, or 0 */
 int mt_check_floating(const char *op, int arg, const mt_tensor *t);
