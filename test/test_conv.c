@@ -128,6 +128,7 @@ static void check_case(const conv_case *k, mt_dtype dt, bool cl, double tol) {
     mt_tensor *cot = mt_test_tensor(gy, dt, MT_SHAPE(k->n, k->oc, out_size(k, 0), out_size(k, 1)));
     /* the cotangent as the op will see it (rounded to dt) */
     double *gyr = mt_test_values(cot);
+    if (cl) cot = mt_to_channels_last(cot); /* the NHWC backward paths (the scope owns both) */
     reference(k, x, w, b, y, gyr, gx, gw, in.b ? gb : NULL);
     mt_tensor *out = mt_conv2d(in.x, in.w, in.b, &k->o);
     assert_no_error();

@@ -149,6 +149,7 @@ static void check_case(const pool_case *k, mt_dtype dt, bool cl, double tol) {
     mt_set_requires_grad(leaf, true);
     mt_tensor *x = cl ? mt_to_channels_last(leaf) : leaf;
     mt_tensor *cot = mt_test_tensor(g, dt, MT_SHAPE(k->n, k->c, out_size(k, 0), out_size(k, 1)));
+    if (cl) cot = mt_to_channels_last(cot); /* the NHWC backward paths (the scope owns both) */
     double *xv = mt_test_values(leaf), *gv = mt_test_values(cot);
     double *y = malloc(sizeof(double) * (size_t)ny), *gx = malloc(sizeof(double) * (size_t)nx);
     reference(k, xv, y, gv, gx);

@@ -106,10 +106,107 @@ static void argmax(const plane *x, const window *w, int64_t *bh, int64_t *bw, do
         }
 }
 
+/* ---- F32 NHWC: every tensor has channel stride 1. For each output position the window's
+   rows of C floats are read in order, so the loops stream memory (the plane-by-plane loops
+   below would read one float per cache line). F32 sums, as torch's CPU kernels. */
+
+static bool nhwc_f32(const mt_tensor *a, const mt_tensor *b) {
+    return a->dtype == MT_F32 && b->dtype == MT_F32 && a->strides[1] == 1 && b->strides[1] == 1 &&
+           a->shape[1] > 1;
+}
+
+static inline float *px(const mt_tensor *t, int64_t n, int64_t h, int64_t w) {
+    return (float *)mt_tensor_data(t) + n * t->strides[0] + h * t->strides[2] + w * t->strides[3];
+}
+
+static void pool_nhwc_f32(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
+    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
+    int64_t H = x->shape[2], W = x->shape[3];
+#pragma omp parallel for collapse(2) if (y->numel * 4 > MT_CPU_PARALLEL_MIN)                       \
+    num_threads(mt_cpu_num_threads())
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                window w;
+                window_of(p, oh, ow, H, W, OH, OW, &w);
+                float *yr = px(y, n, oh, ow);
+                bool max = p->kind == MT_POOL_MAX;
+                for (int64_t c = 0; c < C; c++) yr[c] = max ? -INFINITY : 0.0f;
+                for (int64_t h = w.h0; h < w.h1; h++)
+                    for (int64_t v = w.w0; v < w.w1; v++) {
+                        const float *xr = px(x, n, h, v);
+                        if (max) {
+                            for (int64_t c = 0; c < C; c++)
+                                if (xr[c] > yr[c] || isnan(xr[c])) yr[c] = xr[c];
+                        } else {
+                            for (int64_t c = 0; c < C; c++) yr[c] += xr[c];
+                        }
+                    }
+                if (!max)
+                    for (int64_t c = 0; c < C; c++) yr[c] /= (float)w.divisor;
+            }
+}
+
+/* gx (zeroed here) += the scatter of gy; max pooling keeps each channel's running maximum
+   and its position in per-thread rows of C. Returns false when those rows cannot be had. */
+static bool pool_backward_nhwc_f32(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                                   const mt_pool2d_params *p) {
+    int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
+    int64_t H = gx->shape[2], W = gx->shape[3];
+    size_t nbytes = (size_t)C * (sizeof(float) + sizeof(int64_t));
+    int failed = 0;
+#pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        float *best = p->kind == MT_POOL_MAX ? mt_host_alloc(nbytes) : NULL;
+        int64_t *arg = best ? (int64_t *)(best + C) : NULL;
+        if (p->kind == MT_POOL_MAX && !best) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        /* one sample per task: the scatter of one sample never touches another's gradient */
+#pragma omp for
+        for (int64_t n = 0; n < N; n++) {
+            if (p->kind == MT_POOL_MAX && !best) continue;
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t v = 0; v < W; v++)
+                    for (int64_t c = 0; c < C; c++) px(gx, n, h, v)[c] = 0.0f;
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    window w;
+                    window_of(p, oh, ow, H, W, OH, OW, &w);
+                    const float *gr = px(gy, n, oh, ow);
+                    if (p->kind != MT_POOL_MAX) {
+                        for (int64_t h = w.h0; h < w.h1; h++)
+                            for (int64_t v = w.w0; v < w.w1; v++) {
+                                float *gxr = px(gx, n, h, v);
+                                for (int64_t c = 0; c < C; c++) gxr[c] += gr[c] / (float)w.divisor;
+                            }
+                        continue;
+                    }
+                    for (int64_t c = 0; c < C; c++) best[c] = -INFINITY, arg[c] = w.h0 * W + w.w0;
+                    for (int64_t h = w.h0; h < w.h1; h++)
+                        for (int64_t v = w.w0; v < w.w1; v++) {
+                            const float *xr = px(x, n, h, v);
+                            for (int64_t c = 0; c < C; c++) /* the first maximum; NaN wins */
+                                if (xr[c] > best[c] || isnan(xr[c]))
+                                    best[c] = xr[c], arg[c] = h * W + v;
+                        }
+                    for (int64_t c = 0; c < C; c++) px(gx, n, arg[c] / W, arg[c] % W)[c] += gr[c];
+                }
+        }
+        if (best) mt_host_free(best, nbytes);
+    }
+    return !failed;
+}
+
 int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
     bool done;
     int rc = mt_cpu_pool2d_dnnl(y, x, p, &done);
     if (rc || done) return rc;
+    if (nhwc_f32(x, y)) {
+        pool_nhwc_f32(y, x, p);
+        return 0;
+    }
     int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
     mt_dtype dt = x->dtype;
@@ -142,6 +239,11 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
     bool done;
     int rc = mt_cpu_pool2d_backward_dnnl(gx, gy, p, &done);
     if (rc || done) return rc;
+    if (nhwc_f32(gx, gy) && (p->kind != MT_POOL_MAX || nhwc_f32(x, gx)))
+        return pool_backward_nhwc_f32(gx, gy, x, p)
+                   ? 0
+                   : mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for %lld channels",
+                                  (long long)gy->shape[1]);
     int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
     int64_t H = gx->shape[2], W = gx->shape[3];
     size_t nbytes = (size_t)(H * W) * sizeof(double);
