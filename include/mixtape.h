@@ -255,6 +255,39 @@ mt_tensor *mt_log_softmax(mt_tensor *t, int dim);
 mt_tensor *mt_matmul(mt_tensor *a, mt_tensor *b);               /* like torch.matmul */
 mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b); /* w [out, in]; b may be NULL */
 
+/* ---- convolution and pooling: NCHW logical shapes like torch; channels-last inputs give
+   channels-last outputs. F32, BF16 and F16 (CPU: through oneDNN; F16 computed in F32) and
+   F64 (a plain reference path, for gradchecks). conv2d runs in the low dtype under autocast
+   (rule LOWER); pooling runs in its input's dtype. On CUDA these answer MT_ERR_UNSUPPORTED
+   until the cuDNN half of issue 9 lands. */
+
+/* Zero in stride, dilation or groups means 1 (torch rejects 0 there); padding 0 is 0. */
+typedef struct {
+    int64_t stride[2];   /* [h, w] */
+    int64_t padding[2];  /* zeros on both sides of each spatial dim */
+    int64_t dilation[2]; /* spacing of the kernel taps */
+    int64_t groups;      /* in_channels and out_channels divisible by it; groups == in_channels
+                            is a depthwise convolution */
+} mt_conv2d_opts;
+/* y [N, OC, OH, OW] = conv2d(x [N, C, H, W], w [OC, C / groups, kH, kW]) + b [OC] (b may be
+   NULL; opts NULL: stride 1, no padding); OH = (H + 2 padding - dilation (kH - 1) - 1) /
+   stride + 1, as torch.nn.functional.conv2d. */
+mt_tensor *mt_conv2d(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_conv2d_opts *opts);
+
+typedef struct {
+    int64_t kernel[2];  /* required, >= 1 */
+    int64_t stride[2];  /* 0: the kernel size (torch's stride=None) */
+    int64_t padding[2]; /* at most half the kernel; max pooling pads with -inf, average with 0 */
+    bool ceil_mode;     /* ceil instead of floor in the output size, as torch */
+    bool exclude_pad;   /* average only: torch's count_include_pad=False */
+} mt_pool2d_opts;
+/* x [N, C, H, W]. Max pooling's gradient goes to the first maximum of each window (a NaN
+   wins), like torch's CPU kernel. */
+mt_tensor *mt_max_pool2d(mt_tensor *x, const mt_pool2d_opts *opts);
+mt_tensor *mt_avg_pool2d(mt_tensor *x, const mt_pool2d_opts *opts);
+/* torch's adaptive_avg_pool2d: output window i covers [floor(i H / OH), ceil((i+1) H / OH)). */
+mt_tensor *mt_adaptive_avg_pool2d(mt_tensor *x, int64_t out_h, int64_t out_w);
+
 mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
 #define MT_IGNORE_INDEX_NONE INT64_MIN
 /* logits [N, C], labels MT_I64 [N]; mean over labels != ignore_index. mt_cross_entropy
@@ -318,6 +351,13 @@ mt_tensor *mt_to(mt_tensor *t, mt_device dev);
 mt_tensor *mt_clone(mt_tensor *t);
 mt_tensor *mt_contiguous(mt_tensor *t); /* t itself when already contiguous */
 mt_tensor *mt_detach(mt_tensor *t);     /* shares storage, no autograd history */
+/* Channels-last (torch.channels_last): a 4-d tensor keeps its NCHW logical shape and may
+   carry NHWC strides. Every op takes such tensors; conv2d and pooling keep the input's
+   format in their output and run their NHWC path on it. mt_to_channels_last is a recorded
+   copy (the gradient flows through), or t itself when already channels-last; mt_contiguous
+   turns it back into NCHW. */
+mt_tensor *mt_to_channels_last(mt_tensor *t);
+bool mt_is_channels_last(const mt_tensor *t); /* 4-d with dense NHWC strides */
 
 /* Views: share storage with their input. */
 mt_tensor *mt_reshape(mt_tensor *t, int ndim, const int64_t *shape); /* one -1 allowed; copies
@@ -727,6 +767,17 @@ void mt_ddp_free(mt_ddp *d);
 /* The found-inf flag of every step is all-reduced (max) over the ranks before the skip
    decision, so all ranks skip the same steps and keep the same scale. Needs mt_dist_init. */
 int mt_grad_scaler_set_dist(mt_grad_scaler *s, bool on);
+
+/* y = conv2d(x, W, b, opts), W [out, in / groups, kH, kW] and b [out] initialised like
+   torch.nn.Conv2d (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * kH * kW). */
+typedef struct {
+    mt_tensor *weight, *bias; /* bias NULL when made without */
+    mt_conv2d_opts opts;      /* stride, padding, dilation, groups (opts NULL at init: defaults) */
+} mt_conv2d_layer;
+int mt_conv2d_layer_init(mt_conv2d_layer *l, int64_t in, int64_t out, int64_t kh, int64_t kw,
+                         const mt_conv2d_opts *opts, bool bias, mt_dtype dt, mt_device dev);
+mt_tensor *mt_conv2d_layer_forward(mt_conv2d_layer *l, mt_tensor *x);
+void mt_conv2d_layer_free(mt_conv2d_layer *l);
 
 #ifdef __cplusplus
 }

@@ -143,6 +143,54 @@ static mt_tensor *g_linear(mt_tensor *const *in, int n, const golden_case *c) {
     if (n != 2 && !need_inputs(n, 3)) return NULL;
     return mt_linear(in[0], in[1], n == 3 ? in[2] : NULL);
 }
+/* A pair param ("stride" 2 a b) into a[2]; false (reported) when missing. */
+static bool param_pair(const golden_case *c, const char *key, int64_t *a) {
+    const golden_param *p = param(c, key, 2);
+    if (p) a[0] = (int64_t)p->v[0], a[1] = (int64_t)p->v[1];
+    return p != NULL;
+}
+/* The output must keep a channels-last input's memory format. */
+static mt_tensor *keeps_format(mt_tensor *x, mt_tensor *out) {
+    if (out && mt_is_channels_last(x) && !mt_is_contiguous(x) && !mt_is_channels_last(out)) {
+        snprintf(adapter_err, sizeof adapter_err, "a channels-last input gave an NCHW output");
+        mt_release(out);
+        return NULL;
+    }
+    return out;
+}
+static mt_tensor *g_conv2d(mt_tensor *const *in, int n, const golden_case *c) {
+    mt_conv2d_opts o = {0};
+    if (n != 2 && !need_inputs(n, 3)) return NULL;
+    if (!param_pair(c, "stride", o.stride) || !param_pair(c, "padding", o.padding) ||
+        !param_pair(c, "dilation", o.dilation) || !param_i64(c, "groups", &o.groups))
+        return NULL;
+    return keeps_format(in[0], mt_conv2d(in[0], in[1], n == 3 ? in[2] : NULL, &o));
+}
+static bool pool_opts(const golden_case *c, mt_pool2d_opts *o) {
+    int ceil, incl;
+    if (!param_pair(c, "kernel", o->kernel) || !param_pair(c, "stride", o->stride) ||
+        !param_pair(c, "padding", o->padding) || !param_int(c, "ceil_mode", &ceil) ||
+        !param_int(c, "count_include_pad", &incl))
+        return false;
+    o->ceil_mode = ceil != 0;
+    o->exclude_pad = incl == 0;
+    return true;
+}
+static mt_tensor *g_max_pool2d(mt_tensor *const *in, int n, const golden_case *c) {
+    mt_pool2d_opts o = {0};
+    if (!need_inputs(n, 1) || !pool_opts(c, &o)) return NULL;
+    return keeps_format(in[0], mt_max_pool2d(in[0], &o));
+}
+static mt_tensor *g_avg_pool2d(mt_tensor *const *in, int n, const golden_case *c) {
+    mt_pool2d_opts o = {0};
+    if (!need_inputs(n, 1) || !pool_opts(c, &o)) return NULL;
+    return keeps_format(in[0], mt_avg_pool2d(in[0], &o));
+}
+static mt_tensor *g_adaptive_avg_pool2d(mt_tensor *const *in, int n, const golden_case *c) {
+    int64_t size[2];
+    if (!need_inputs(n, 1) || !param_pair(c, "output_size", size)) return NULL;
+    return keeps_format(in[0], mt_adaptive_avg_pool2d(in[0], size[0], size[1]));
+}
 static mt_tensor *g_cross_entropy(mt_tensor *const *in, int n, const golden_case *c) {
     if (!need_inputs(n, 2)) return NULL;
     if (!golden_param_get(c, "ignore_index")) return mt_cross_entropy(in[0], in[1]);
@@ -280,13 +328,14 @@ typedef struct {
     const char *op;
     golden_fn fn;
     bool exact;
-    const char *cpu_only; /* why other devices skip it (their kernels come later), or NULL */
+    const char *cpu_only; /* why other devices skip it (no kernels there yet), or NULL */
 } golden_op;
 
 #define OP(name, exact)                                                                            \
     { #name, g_##name, exact, NULL }
-#define OP_CPU(name, exact)                                                                        \
-    { #name, g_##name, exact, "CUDA kernels: issue 9" }
+#define OP_CPU(name, exact, why)                                                                   \
+    { #name, g_##name, exact, why }
+#define ISSUE9 "CUDA kernels (cuDNN): issue 9"
 
 static const golden_op golden_ops[] = {
     OP(add, false),
@@ -329,6 +378,10 @@ static const golden_op golden_ops[] = {
     OP(log_softmax, false),
     OP(matmul, false),
     OP(linear, false),
+    OP_CPU(conv2d, false, ISSUE9),
+    OP_CPU(max_pool2d, true, ISSUE9),
+    OP_CPU(avg_pool2d, false, ISSUE9),
+    OP_CPU(adaptive_avg_pool2d, false, ISSUE9),
     OP(mse_loss, false),
     OP(cross_entropy, false),
     OP(cat, true),
@@ -523,12 +576,23 @@ static bool is_transposed(const golden_case *c, int i) {
     return false;
 }
 
+static bool is_channels_last(const golden_case *c, int i) {
+    const golden_param *p = golden_param_get(c, "channels_last");
+    for (int k = 0; p && k < p->n; k++)
+        if ((int)p->v[k] == i) return true;
+    return false;
+}
+
 /* Input i as the op sees it, and the leaf its gradient accumulates in: for a transposed input,
-   a non-contiguous view (transpose of the last two dims) of a contiguous leaf. */
+   a non-contiguous view (transpose of the last two dims) of a contiguous leaf; for a
+   channels-last input, the leaf's mt_to_channels_last copy (gradients flow through it). */
 static bool build_input(golden_report *r, const golden_case *c, int i, mt_tensor **in,
                         mt_tensor **leaf) {
     const golden_tensor *g = &c->in[i];
-    if (!is_transposed(c, i)) {
+    if (is_channels_last(c, i)) {
+        *leaf = build(g);
+        *in = *leaf ? mt_to_channels_last(*leaf) : NULL;
+    } else if (!is_transposed(c, i)) {
         *in = build(g);
         *leaf = *in ? mt_retain(*in) : NULL;
     } else if (g->ndim < 2) {
@@ -713,12 +777,14 @@ int main(void) {
     };
     for (int k = 0; k < GOLDEN_NOPS; k++) { /* one test per op file, named golden_<op> */
         states[k].op = &golden_ops[k];
-        const char *skip = mt_test_device_is_cpu() ? NULL : golden_ops[k].cpu_only;
-        snprintf(names[k], sizeof names[k], "golden_%s%s%s", golden_ops[k].op,
-                 skip ? " # SKIP " : "", skip ? skip : "");
-        tests[k + 2] = skip ? (struct CMUnitTest){.name = names[k], .test_func = mt_test_not_run}
-                            : (struct CMUnitTest){names[k], golden_test, golden_setup,
-                                                  golden_teardown, &states[k]};
+        snprintf(names[k], sizeof names[k], "golden_%s", golden_ops[k].op);
+        tests[k + 2] =
+            (struct CMUnitTest){names[k], golden_test, golden_setup, golden_teardown, &states[k]};
+        if (golden_ops[k].cpu_only && !mt_test_device_is_cpu()) { /* reported skipped */
+            snprintf(names[k], sizeof names[k], "golden_%s # SKIP %s", golden_ops[k].op,
+                     golden_ops[k].cpu_only);
+            tests[k + 2] = (struct CMUnitTest){.name = names[k], .test_func = mt_test_not_run};
+        }
     }
     return MT_RUN_TESTS(tests);
 }

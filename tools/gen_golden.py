@@ -547,6 +547,96 @@ def linear_op(files):
     files.append(fo)
 
 
+CL = torch.channels_last
+
+
+def conv_ops(files):
+    """conv2d: NCHW and NHWC (param channels_last: those inputs are fed to the op as
+    channels-last copies of their leaves), F32/F64 with gradients, F16/BF16 forward, and
+    O1 BF16 autocast with gradients of the FP32 leaves."""
+    fo = OpFile("conv2d")
+    geoms = {  # x shape, w shape, stride, padding, dilation, groups, bias
+        "basic": ((2, 3, 6, 5), (4, 3, 3, 3), (1, 1), (1, 1), (1, 1), 1, True),
+        "strided": ((1, 4, 9, 8), (6, 2, 3, 2), (2, 1), (1, 0), (1, 2), 2, True),
+        "depthwise": ((2, 4, 7, 7), (4, 1, 3, 3), (2, 2), (1, 1), (1, 1), 4, False),
+        "pointwise": ((2, 8, 4, 4), (5, 8, 1, 1), (1, 1), (0, 0), (1, 1), 1, True),
+    }
+    for gname, (xs, ws, st, pad, dil, grp, bias) in geoms.items():
+        params = {"stride": list(st), "padding": list(pad), "dilation": list(dil), "groups": grp}
+
+        def fn(t, st=st, pad=pad, dil=dil, grp=grp, cl=False):
+            x = t[0].to(memory_format=CL) if cl else t[0]
+            return F.conv2d(x, t[1], t[2] if len(t) > 2 else None, st, pad, dil, grp)
+
+        for dt in (F32, F64, BF16, F16):
+            for cl in (False, True):
+                if dt == F64 and cl:
+                    continue
+                name = "%s_%s_%s" % (gname, "nhwc" if cl else "nchw", NAMES[dt])
+                g = gen_for("conv2d_" + name)
+                ins = [make(g, xs, dt), make(g, ws, dt)] + ([make(g, (ws[0],), dt)] if bias else [])
+                pr = dict(params, channels_last=[0]) if cl else params
+                fo.case(name, lambda t, fn=fn, cl=cl: fn(t, cl=cl), ins, params=pr)
+        for cl in (False, True):
+            name = "%s_%s_autocast_bf16" % (gname, "nhwc" if cl else "nchw")
+            g = gen_for("conv2d_" + name)
+            ins = [make(g, xs, F32), make(g, ws, F32)] + ([make(g, (ws[0],), F32)] if bias else [])
+            pr = dict(params, channels_last=[0]) if cl else params
+            fo.case(name, lambda t, fn=fn, cl=cl: fn(t, cl=cl), ins, params=pr, autocast=BF16)
+    files.append(fo)
+
+
+def pool_ops(files):
+    """max_pool2d, avg_pool2d, adaptive_avg_pool2d: NCHW and NHWC, F32/F64 with gradients,
+    BF16 forward."""
+    windows = {  # kernel, stride, padding, ceil_mode, count_include_pad
+        "k3s2p1": ((3, 3), (2, 2), (1, 1), False, True),
+        "k3s2p1_ceil": ((3, 3), (2, 2), (1, 1), True, True),
+        "k3s2p1_ceil_nopad": ((3, 3), (2, 2), (1, 1), True, False),
+        "k2": ((2, 2), (2, 2), (0, 0), False, True),
+        "k32s12p11_ceil": ((3, 2), (1, 2), (1, 1), True, True),
+    }
+    for op in ("max_pool2d", "avg_pool2d"):
+        fo = OpFile(op)
+        for wname, (k, st, pad, ceil, incl) in windows.items():
+            if op == "max_pool2d" and not incl:
+                continue
+            params = {"kernel": list(k), "stride": list(st), "padding": list(pad),
+                      "ceil_mode": ceil, "count_include_pad": incl}
+
+            def fn(t, k=k, st=st, pad=pad, ceil=ceil, incl=incl, cl=False, op=op):
+                x = t[0].to(memory_format=CL) if cl else t[0]
+                if op == "max_pool2d":
+                    return F.max_pool2d(x, k, st, pad, ceil_mode=ceil)
+                return F.avg_pool2d(x, k, st, pad, ceil_mode=ceil, count_include_pad=incl)
+
+            for dt in (F32, F64, BF16):
+                for cl in (False, True):
+                    if dt == F64 and cl:
+                        continue
+                    name = "%s_%s_%s" % (wname, "nhwc" if cl else "nchw", NAMES[dt])
+                    g = gen_for(op + "_" + name)
+                    pr = dict(params, channels_last=[0]) if cl else params
+                    fo.case(name, lambda t, fn=fn, cl=cl: fn(t, cl=cl), [make(g, (2, 3, 7, 8), dt)],
+                            params=pr)
+        files.append(fo)
+    fo = OpFile("adaptive_avg_pool2d")
+    for size in ((3, 4), (1, 1), (7, 8), (5, 3)):
+        for dt in (F32, F64, BF16):
+            for cl in (False, True):
+                if dt == F64 and cl:
+                    continue
+                name = "%dx%d_%s_%s" % (size[0], size[1], "nhwc" if cl else "nchw", NAMES[dt])
+                g = gen_for("adaptive_avg_pool2d_" + name)
+                pr = {"output_size": list(size)}
+                if cl:
+                    pr["channels_last"] = [0]
+                fo.case(name, lambda t, size=size, cl=cl: F.adaptive_avg_pool2d(
+                    t[0].to(memory_format=CL) if cl else t[0], size),
+                    [make(g, (2, 3, 7, 8), dt)], params=pr)
+    files.append(fo)
+
+
 def loss_ops(files):
     fo = OpFile("mse_loss")
     for dt in (F32, F64, F16, BF16):
@@ -888,7 +978,7 @@ def main():
     torch.set_num_threads(1)  # reproducible reductions
     files = []
     for gen in (binary_ops, scalar_ops, unary_ops, compare_ops, where_op, reduce_ops,
-                softmax_ops, matmul_op, linear_op, loss_ops, join_ops, cast_op, view_ops, copy_ops):
+                softmax_ops, matmul_op, linear_op, conv_ops, pool_ops, loss_ops, join_ops, cast_op, view_ops, copy_ops):
         gen(files)
     edge_cases(files)
     gen_golden_nn.nn_ops(files, sys.modules[__name__])

@@ -95,6 +95,27 @@ int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, cons
 int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,
                                   const mt_tensor *labels, const mt_tensor *lse,
                                   const mt_tensor *scale, int64_t ignore_index);
+/* convolution (cpu_conv.c: oneDNN; cpu_conv_ref.c: the F64 reference loops) */
+int mt_cpu_conv2d(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
+                  const mt_conv2d_params *p);
+int mt_cpu_conv2d_backward_data(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *w,
+                                const mt_conv2d_params *p);
+int mt_cpu_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
+                                  const mt_conv2d_params *p);
+int mt_cpu_conv2d_ref(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
+                      const mt_conv2d_params *p);
+int mt_cpu_conv2d_backward_data_ref(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *w,
+                                    const mt_conv2d_params *p);
+int mt_cpu_conv2d_backward_weight_ref(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
+                                      const mt_conv2d_params *p);
+/* pooling (cpu_pool.c); cpu_pool_dnnl.c runs the cases where oneDNN agrees with torch and
+   sets *done, else returns 0 with *done false */
+int mt_cpu_pool2d_dnnl(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p, bool *done);
+int mt_cpu_pool2d_backward_dnnl(mt_tensor *gx, const mt_tensor *gy, const mt_pool2d_params *p,
+                                bool *done);
+int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
+int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                           const mt_pool2d_params *p);
 int mt_cpu_unscale(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
                    mt_tensor *found_inf);
 int mt_cpu_scale_update(const mt_scale_update_args *a);

@@ -25,6 +25,16 @@ void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts) {
     it->numel = t0->numel;
     bool flat = true; /* the common case, all operands contiguous: one row */
     for (int k = 0; k < nops && flat; k++) flat = contiguous(ts[k]);
+    /* a channels-last (NHWC) first operand: walk N, H, W, C, its memory order; operands
+       with the same strides are then one row too */
+    bool nhwc = !flat && t0->ndim == 4 && mt_is_channels_last(t0);
+    static const int nchw_order[4] = {0, 1, 2, 3}, nhwc_order[4] = {0, 2, 3, 1};
+    for (int k = 0; k < nops && nhwc; k++) {
+        flat = true;
+        for (int d = 0; d < 4 && flat; d++)
+            flat = ts[k]->shape[d] == 1 || ts[k]->strides[d] == t0->strides[d];
+        if (!flat) break;
+    }
     if (flat) {
         it->ndim = 1;
         it->shape[0] = t0->numel;
@@ -37,7 +47,8 @@ void mt_cpu_iter_init(mt_cpu_iter *it, int nops, const mt_tensor *const *ts) {
     }
     int nd = 0;
     /* drop size-1 dims, then merge dim i into the previous kept dim when contiguous for all */
-    for (int d = 0; d < t0->ndim; d++) {
+    for (int j = 0; j < t0->ndim; j++) {
+        int d = t0->ndim == 4 ? (nhwc ? nhwc_order : nchw_order)[j] : j;
         if (t0->shape[d] == 1) continue;
         if (nd > 0) {
             bool merge = true;

@@ -1,22 +1,6 @@
 /* Linear layer: y = x W^T + b with W [out, in], initialised like torch.nn.Linear. */
 #include <math.h>
-#include "../tensor/tensor_impl.h"
-
-/* U(-bound, bound) of shape [n0(, n1)] in dtype dt, drawn from the global generator in FP32
-   (F64 for F64) and rounded once; a leaf that requires grad. */
-static mt_tensor *uniform_param(int ndim, const int64_t *shape, double bound, mt_dtype dt,
-                                mt_device dev) {
-    mt_dtype draw = dt == MT_F64 ? MT_F64 : MT_F32;
-    mt_tensor *u = mt_rand(ndim, shape, draw, dev);
-    mt_tensor *s = u ? mt_mul_scalar(u, 2.0 * bound) : NULL;
-    mt_tensor_unref(u);
-    mt_tensor *v = s ? mt_add_scalar(s, -bound) : NULL;
-    mt_tensor_unref(s);
-    mt_tensor *p = v ? mt_cast(v, dt) : NULL;
-    mt_tensor_unref(v);
-    if (p) mt_set_requires_grad(p, true);
-    return p;
-}
+#include "init.h"
 
 int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias, mt_dtype dt,
                          mt_device dev) {
@@ -36,8 +20,8 @@ int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias,
     /* kaiming_uniform(a = sqrt(5)) of W and torch's bias init both reduce to
        U(-1/sqrt(in), 1/sqrt(in)) */
     double bound = 1.0 / sqrt((double)in);
-    l->weight = uniform_param(2, (const int64_t[]){out, in}, bound, dt, dev);
-    if (l->weight && bias) l->bias = uniform_param(1, (const int64_t[]){out}, bound, dt, dev);
+    l->weight = mt_nn_uniform_param(2, (const int64_t[]){out, in}, bound, dt, dev);
+    if (l->weight && bias) l->bias = mt_nn_uniform_param(1, (const int64_t[]){out}, bound, dt, dev);
     mt_set_grad_enabled(prev);
     if (!l->weight || (bias && !l->bias)) {
         mt_linear_layer_free(l);

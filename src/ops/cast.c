@@ -19,14 +19,20 @@ static int identity_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return 0;
 }
 
-/* A contiguous copy of t in dtype dt on dev, recorded as op with backward fn. */
+/* A copy of t in dtype dt on dev (contiguous, or channels-last as below), recorded as op with
+   backward fn. */
 static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
                           mt_backward_fn bw) {
     const char *name = mt_op_fullname(op);
-    mt_tensor *out = mt_tensor_new(name, t->ndim, t->shape, dt, dev);
+    /* cast, to and clone keep a channels-last layout (torch's preserve_format), so that an
+       autocast cast feeds convolutions their NHWC path; contiguous asks for NCHW */
+    bool same = dev.type == t->device.type && dev.index == t->device.index;
+    bool cl = same && op != MT_OP_CONTIGUOUS && t->ndim == 4 && mt_prefers_channels_last(t);
+    mt_tensor *out = cl ? mt_tensor_new_format(name, t->shape, dt, dev, true)
+                        : mt_tensor_new(name, t->ndim, t->shape, dt, dev);
     if (!out) return NULL;
     int rc;
-    if (dev.type == t->device.type && dev.index == t->device.index) {
+    if (same) {
         rc = mt_backend_get(dev)->copy(out, t);
     } else if (t->device.type == MT_DEVICE_CPU) { /* host -> device */
         mt_tensor *src =

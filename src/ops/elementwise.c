@@ -275,7 +275,8 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     bool owned;
     int compute = dispatch(op, in, 2, c, &owned);
     if (compute < 0) return NULL;
-    mt_tensor *out = mt_tensor_new(name, nd, shape, cmp ? MT_BOOL : (mt_dtype)compute, a->device);
+    mt_tensor *out = mt_tensor_new_like(name, nd, shape, cmp ? MT_BOOL : (mt_dtype)compute,
+                                        a->device, (const mt_tensor *const *)c, 2);
     /* inputs that already have the output's shape go to the kernel as they are */
     mt_tensor *ea = NULL, *eb = NULL;
     int rc = out ? 0 : MT_ERR_OOM;
@@ -344,7 +345,8 @@ mt_tensor *mt_unary_op_internal(mt_op_id op, mt_tensor *a, double p) {
     bool owned;
     int compute = dispatch(op, &a, 1, &c, &owned);
     if (compute < 0) return NULL;
-    mt_tensor *out = mt_tensor_new(name, c->ndim, c->shape, (mt_dtype)compute, a->device);
+    mt_tensor *out = mt_tensor_new_like(name, c->ndim, c->shape, (mt_dtype)compute, a->device,
+                                        (const mt_tensor *const *)&c, 1);
     int rc = out ? mt_backend_get(a->device)->unary(op, out, c, p) : MT_ERR_OOM;
     mt_backward_fn bw = unary_backward_fn(op);
     if (rc == 0 && bw) {
@@ -440,7 +442,8 @@ mt_tensor *mt_where(mt_tensor *cond, mt_tensor *a, mt_tensor *b) {
     bool owned;
     int compute = dispatch(MT_OP_WHERE, in, 3, c, &owned);
     if (compute < 0) return mt_api_exit(NULL);
-    mt_tensor *out = mt_tensor_new(name, nd2, shape, (mt_dtype)compute, a->device);
+    mt_tensor *out = mt_tensor_new_like(name, nd2, shape, (mt_dtype)compute, a->device,
+                                        (const mt_tensor *const *)c, 3);
     mt_tensor *e[3] = {0};
     int rc = out ? 0 : MT_ERR_OOM;
     for (int i = 0; i < 3 && rc == 0; i++)

@@ -172,6 +172,42 @@ static int no_argmax(mt_tensor *out, const mt_tensor *x, int dim) {
     (void)x, (void)dim;
     return unsupported("argmax", out->device);
 }
+/* For families named after ops: the message names the op the user called. */
+static int unsupported_op(const char *op, const char *kernel, mt_device dev) {
+    char d[32];
+    return mt_error_set(MT_ERR_UNSUPPORTED, "%s: the %s backend has no %s kernel", op,
+                        mt_device_str(dev, d, sizeof d), kernel);
+}
+/* the op's own name, so that the message names the op the user called */
+static const char *pool_op(const mt_pool2d_params *p) {
+    return p->kind == MT_POOL_MAX   ? "mt_max_pool2d"
+           : p->kind == MT_POOL_AVG ? "mt_avg_pool2d"
+                                    : "mt_adaptive_avg_pool2d";
+}
+static int no_conv2d(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
+                     const mt_conv2d_params *p) {
+    (void)x, (void)w, (void)b, (void)p;
+    return unsupported_op("mt_conv2d", "convolution forward", y->device);
+}
+static int no_conv2d_backward_data(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *w,
+                                   const mt_conv2d_params *p) {
+    (void)gy, (void)w, (void)p;
+    return unsupported_op("mt_conv2d", "convolution backward-data", gx->device);
+}
+static int no_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
+                                     const mt_conv2d_params *p) {
+    (void)gy, (void)x, (void)p;
+    return unsupported_op("mt_conv2d", "convolution backward-weight", gw->device);
+}
+static int no_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
+    (void)x;
+    return unsupported_op(pool_op(p), "pooling forward", y->device);
+}
+static int no_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                              const mt_pool2d_params *p) {
+    (void)gy, (void)x;
+    return unsupported_op(pool_op(p), "pooling backward", gx->device);
+}
 
 static void complete(mt_backend *b) {
 #define FILL(family)                                                                               \
@@ -193,6 +229,11 @@ static void complete(mt_backend *b) {
     FILL(gemm);
     FILL(cross_entropy);
     FILL(cross_entropy_backward);
+    FILL(conv2d);
+    FILL(conv2d_backward_data);
+    FILL(conv2d_backward_weight);
+    FILL(pool2d);
+    FILL(pool2d_backward);
     FILL(random);
     FILL(has_nonfinite);
     FILL(unscale);

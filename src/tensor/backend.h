@@ -68,6 +68,24 @@ typedef struct {
     const mt_tensor *gy, *x, *y, *weight, *save_mean, *save_rstd;
     bool training;
 } mt_bn_backward_args;
+/* Geometry of a 2-d convolution in NCHW logical shapes: x [N, C, H, W], w [OC, C / groups,
+   KH, KW], y [N, OC, OH, OW] with OH = (H + 2 padding - dilation (KH - 1) - 1) / stride + 1
+   (floor), as torch. Every value >= 1 but padding (>= 0). */
+typedef struct {
+    int64_t stride[2], padding[2], dilation[2], groups;
+} mt_conv2d_params;
+
+typedef enum { MT_POOL_MAX, MT_POOL_AVG, MT_POOL_ADAPTIVE_AVG } mt_pool_kind;
+/* A 2-d pooling window, torch's semantics: the window of output (oh, ow) starts at
+   oh * stride - padding; the output size (ceil_mode included) is decided by the op and is
+   y's shape. Average: the divisor counts the window clipped to the padded input
+   (count_include_pad) or to the input. Adaptive: windows [floor(o H / OH), ceil((o+1) H / OH)),
+   kernel, stride and padding unused. */
+typedef struct {
+    mt_pool_kind kind;
+    int64_t kernel[2], stride[2], padding[2];
+    bool count_include_pad;
+} mt_pool2d_params;
 
 typedef struct mt_backend {
     const char *name;
@@ -116,6 +134,24 @@ typedef struct mt_backend {
     int (*cross_entropy_backward)(mt_tensor *grad_logits, const mt_tensor *logits,
                                   const mt_tensor *labels, const mt_tensor *lse,
                                   const mt_tensor *scale, int64_t ignore_index);
+    /* --- convolution and pooling (NCHW logical shapes). Every 4-d tensor argument is dense
+       NCHW (contiguous) or dense NHWC (channels-last) strides, weights included; the output's
+       format is the one the kernel computes in, and inputs of the other format are converted.
+       One dtype for all (bias included); F16/BF16 accumulate in FP32. */
+    /* y = conv2d(x, w) + b (b NULL or [OC]) */
+    int (*conv2d)(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
+                  const mt_conv2d_params *p);
+    /* gx = the gradient of conv2d's input, from gy and w */
+    int (*conv2d_backward_data)(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *w,
+                                const mt_conv2d_params *p);
+    /* gw = the gradient of conv2d's weight, from gy and x (computed in x's format) */
+    int (*conv2d_backward_weight)(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
+                                  const mt_conv2d_params *p);
+    int (*pool2d)(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
+    /* gx (every element written) from gy; max pooling reads x again for the argmax (the first
+       maximum of each window, NaN winning, as torch) instead of keeping indices */
+    int (*pool2d_backward)(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                           const mt_pool2d_params *p);
     /* Philox draws: element i uses counter offset + i / 4 (src/math/philox.h) */
     int (*random)(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset);
     /* true when any element is inf or nan (waits for the device: debug checks only) */

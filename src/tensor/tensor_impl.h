@@ -122,6 +122,21 @@ int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const
 /* A view of t expanded (stride 0) to the given shape; t must broadcast to it. */
 mt_tensor *mt_tensor_expand_to(const mt_tensor *t, int ndim, const int64_t *shape);
 
+/* ---- memory formats of 4-d tensors (src/tensor/memory_format.c) */
+/* NHWC strides of the NCHW shape[4]. */
+void mt_channels_last_strides(const int64_t *shape, int64_t *strides);
+/* Channels-last and not also contiguous: the format an op's output keeps. */
+bool mt_prefers_channels_last(const mt_tensor *t);
+/* A new 4-d tensor of NCHW shape, NHWC strides when channels_last (else contiguous). */
+mt_tensor *mt_tensor_new_format(const char *op, const int64_t *shape, mt_dtype dt, mt_device dev,
+                                bool channels_last);
+
+/* A new tensor of the shape: channels-last when it is 4-d and the first of like[0..n) with
+   that shape prefers channels-last (elementwise results keep their inputs' format, as
+   torch's), else contiguous. */
+mt_tensor *mt_tensor_new_like(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
+                              mt_device dev, const mt_tensor *const *like, int n);
+
 /* ---- checks used by op entry points (src/tensor/check.c); each sets a message and returns
    a negative status, or 0 */
 int mt_check_floating(const char *op, int arg, const mt_tensor *t);

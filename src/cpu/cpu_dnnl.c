@@ -1,0 +1,208 @@
+/* oneDNN engine, stream, primitive cache and argument binding (see cpu_dnnl.h).
+   The cache is per thread: a primitive is never destroyed while another thread runs it, and
+   lookups take no lock. Creating a primitive descriptor (choosing an implementation) costs
+   tens of microseconds to milliseconds, more than a small convolution. */
+#include "cpu_dnnl.h"
+#include <stdlib.h>
+#include <string.h>
+#include <threads.h>
+
+#define CACHE_SLOTS 64
+
+typedef struct {
+    size_t nbytes;
+    unsigned char *key; /* malloc'd */
+    dnnl_primitive_t prim;
+} cache_slot;
+
+/* Two caches, so that the reorders an op runs never evict the op's own primitive while the
+   op holds it. */
+typedef struct {
+    cache_slot slot[CACHE_SLOTS];
+    int next;
+} prim_cache;
+static _Thread_local prim_cache op_cache, reorder_cache;
+static _Thread_local dnnl_stream_t stream;
+static dnnl_engine_t engine;
+static dnnl_status_t engine_status = dnnl_success;
+static once_flag engine_once = ONCE_FLAG_INIT;
+
+int mt_dnnl_check(const char *op, dnnl_status_t st, const char *what) {
+    if (st == dnnl_success) return 0;
+    if (st == dnnl_out_of_memory)
+        return mt_error_set(MT_ERR_OOM, "%s: oneDNN ran out of memory (%s)", op, what);
+    if (st == dnnl_unimplemented)
+        return mt_error_set(MT_ERR_UNSUPPORTED, "%s: oneDNN has no implementation for %s", op,
+                            what);
+    return mt_error_set(MT_ERR_INTERNAL, "%s: oneDNN failed in %s (status %d)", op, what, (int)st);
+}
+
+static void engine_init(void) {
+    engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
+}
+
+dnnl_engine_t mt_dnnl_engine(const char *op) {
+    call_once(&engine_once, engine_init);
+    if (mt_dnnl_check(op, engine_status, "creating the CPU engine")) return NULL;
+    return engine;
+}
+
+static dnnl_stream_t thread_stream(const char *op) {
+    dnnl_engine_t e = mt_dnnl_engine(op);
+    if (!e) return NULL;
+    if (!stream && mt_dnnl_check(op, dnnl_stream_create(&stream, e, dnnl_stream_default_flags),
+                                 "creating a stream"))
+        return NULL;
+    return stream;
+}
+
+static dnnl_primitive_t cache_get(prim_cache *c, const void *key, size_t nbytes) {
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        cache_slot *s = &c->slot[i];
+        if (s->prim && s->nbytes == nbytes && memcmp(s->key, key, nbytes) == 0) return s->prim;
+    }
+    return NULL;
+}
+
+static dnnl_primitive_t cache_put(prim_cache *c, const char *op, const void *key, size_t nbytes,
+                                  dnnl_primitive_desc_t pd) {
+    dnnl_primitive_t prim = NULL;
+    int rc = mt_dnnl_check(op, dnnl_primitive_create(&prim, pd), "creating a primitive");
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) return NULL;
+    unsigned char *copy = malloc(nbytes);
+    if (!copy) {
+        dnnl_primitive_destroy(prim);
+        mt_error_set(MT_ERR_OOM, "%s: out of memory for the primitive cache", op);
+        return NULL;
+    }
+    memcpy(copy, key, nbytes);
+    cache_slot *s = &c->slot[c->next]; /* round robin: the oldest entry goes */
+    c->next = (c->next + 1) % CACHE_SLOTS;
+    if (s->prim) dnnl_primitive_destroy(s->prim);
+    free(s->key);
+    *s = (cache_slot){nbytes, copy, prim};
+    return prim;
+}
+
+dnnl_primitive_t mt_dnnl_cache_get(const void *key, size_t nbytes) {
+    return cache_get(&op_cache, key, nbytes);
+}
+
+dnnl_primitive_t mt_dnnl_cache_put(const char *op, const void *key, size_t nbytes,
+                                   dnnl_primitive_desc_t pd) {
+    return cache_put(&op_cache, op, key, nbytes, pd);
+}
+
+const dnnl_memory_desc_t *mt_dnnl_query_md(dnnl_primitive_t prim, dnnl_query_t what) {
+    const_dnnl_primitive_desc_t pd = NULL;
+    if (dnnl_primitive_get_primitive_desc(prim, &pd) != dnnl_success) return NULL;
+    return dnnl_primitive_desc_query_md(pd, what, 0);
+}
+
+dnnl_data_type_t mt_dnnl_dtype(mt_dtype dt) {
+    return dt == MT_BF16 ? dnnl_bf16 : dt == MT_F16 ? dnnl_f16 : dnnl_f32;
+}
+
+int mt_dnnl_md_of(const char *op, dnnl_memory_desc_t *md, const mt_tensor *t, int64_t groups) {
+    dnnl_dims_t dims, strides;
+    int nd = t->ndim;
+    if (groups > 1) {
+        dims[0] = groups;
+        strides[0] = t->strides[0] * (t->shape[0] / groups);
+        dims[1] = t->shape[0] / groups;
+        strides[1] = t->strides[0];
+        for (int i = 1; i < nd; i++) {
+            dims[i + 1] = t->shape[i];
+            strides[i + 1] = t->strides[i];
+        }
+        nd++;
+    } else {
+        for (int i = 0; i < nd; i++) {
+            dims[i] = t->shape[i];
+            strides[i] = t->strides[i];
+        }
+    }
+    return mt_dnnl_check(
+        op, dnnl_memory_desc_init_by_strides(md, nd, dims, mt_dnnl_dtype(t->dtype), strides),
+        "describing a tensor");
+}
+
+int mt_dnnl_md_plain(const char *op, dnnl_memory_desc_t *md, int ndim, const int64_t *dims,
+                     dnnl_data_type_t dt, bool channels_last) {
+    dnnl_dims_t d;
+    for (int i = 0; i < ndim; i++) d[i] = dims[i];
+    dnnl_format_tag_t tag = ndim == 1 ? dnnl_a : channels_last ? dnnl_acdb : dnnl_abcd;
+    return mt_dnnl_check(op, dnnl_memory_desc_init_by_tag(md, ndim, d, dt, tag),
+                         "describing a tensor");
+}
+
+static int reorder(const char *op, dnnl_memory_t from, dnnl_memory_t to) {
+    const dnnl_memory_desc_t *src = NULL, *dst = NULL;
+    dnnl_memory_get_memory_desc(from, &src);
+    dnnl_memory_get_memory_desc(to, &dst);
+    dnnl_engine_t e = mt_dnnl_engine(op);
+    dnnl_stream_t s = thread_stream(op);
+    if (!e || !s) return mt_last_status();
+    unsigned char key[2 * sizeof(dnnl_memory_desc_t) + 1] = {'r'};
+    memcpy(key + 1, src, sizeof *src);
+    memcpy(key + 1 + sizeof *src, dst, sizeof *dst);
+    dnnl_primitive_t prim = cache_get(&reorder_cache, key, sizeof key);
+    if (!prim) {
+        dnnl_primitive_desc_t pd = NULL;
+        if (mt_dnnl_check(op, dnnl_reorder_primitive_desc_create(&pd, src, e, dst, e, NULL),
+                          "a layout reorder"))
+            return mt_last_status();
+        prim = cache_put(&reorder_cache, op, key, sizeof key, pd);
+        if (!prim) return mt_last_status();
+    }
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    int rc = mt_dnnl_check(op, dnnl_primitive_execute(prim, s, 2, args), "a layout reorder");
+    if (rc == 0) rc = mt_dnnl_check(op, dnnl_stream_wait(s), "a layout reorder");
+    return rc;
+}
+
+int mt_dnnl_bind(const char *op, mt_dnnl_arg *a, const mt_tensor *t, const dnnl_memory_desc_t *user,
+                 const dnnl_memory_desc_t *want, bool output) {
+    *a = (mt_dnnl_arg){.output = output};
+    dnnl_engine_t e = mt_dnnl_engine(op);
+    if (!e) return mt_last_status();
+    if (mt_dnnl_check(op, dnnl_memory_create(&a->user, user, e, mt_tensor_data(t)),
+                      "wrapping a tensor"))
+        return mt_last_status();
+    if (dnnl_memory_desc_equal(user, want)) {
+        a->mem = a->user;
+        a->user = NULL;
+        return 0;
+    }
+    a->nbytes = dnnl_memory_desc_get_size(want);
+    a->scratch = mt_host_alloc(a->nbytes ? a->nbytes : 1);
+    if (!a->scratch)
+        return mt_error_set(MT_ERR_OOM, "%s: out of memory for a %zu-byte layout buffer", op,
+                            a->nbytes);
+    if (mt_dnnl_check(op, dnnl_memory_create(&a->mem, want, e, a->scratch), "a layout buffer"))
+        return mt_last_status();
+    return output ? 0 : reorder(op, a->user, a->mem);
+}
+
+int mt_dnnl_execute(const char *op, dnnl_primitive_t prim, int n, const int *kinds,
+                    mt_dnnl_arg *args) {
+    dnnl_stream_t s = thread_stream(op);
+    if (!s) return mt_last_status();
+    dnnl_exec_arg_t ea[8];
+    for (int i = 0; i < n; i++) ea[i] = (dnnl_exec_arg_t){kinds[i], args[i].mem};
+    int rc = mt_dnnl_check(op, dnnl_primitive_execute(prim, s, n, ea), "running a primitive");
+    if (rc == 0) rc = mt_dnnl_check(op, dnnl_stream_wait(s), "running a primitive");
+    for (int i = 0; rc == 0 && i < n; i++)
+        if (args[i].output && args[i].user) rc = reorder(op, args[i].mem, args[i].user);
+    return rc;
+}
+
+void mt_dnnl_release(mt_dnnl_arg *args, int n) {
+    for (int i = 0; i < n; i++) {
+        if (args[i].mem) dnnl_memory_destroy(args[i].mem);
+        if (args[i].user) dnnl_memory_destroy(args[i].user);
+        if (args[i].scratch) mt_host_free(args[i].scratch, args[i].nbytes ? args[i].nbytes : 1);
+        args[i] = (mt_dnnl_arg){0};
+    }
+}

@@ -1,0 +1,15 @@
+#include "init.h"
+
+mt_tensor *mt_nn_uniform_param(int ndim, const int64_t *shape, double bound, mt_dtype dt,
+                               mt_device dev) {
+    mt_dtype draw = dt == MT_F64 ? MT_F64 : MT_F32;
+    mt_tensor *u = mt_rand(ndim, shape, draw, dev);
+    mt_tensor *s = u ? mt_mul_scalar(u, 2.0 * bound) : NULL;
+    mt_tensor_unref(u);
+    mt_tensor *v = s ? mt_add_scalar(s, -bound) : NULL;
+    mt_tensor_unref(s);
+    mt_tensor *p = v ? mt_cast(v, dt) : NULL;
+    mt_tensor_unref(v);
+    if (p) mt_set_requires_grad(p, true);
+    return p;
+}

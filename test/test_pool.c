@@ -1,0 +1,280 @@
+/* Pooling: max, average (count_include_pad, ceil_mode) and adaptive average against direct
+   loops written here, forward and gradient (max: to the first maximum of each window), NCHW
+   and NHWC, F32, BF16, F64; FP64 gradchecks; ties and NaN; errors; the CUDA answer. */
+#include "test_util.h"
+
+typedef struct {
+    int kind; /* 0 max, 1 avg, 2 adaptive */
+    int64_t n, c, h, w;
+    mt_pool2d_opts o;
+    int64_t oh, ow; /* adaptive: the output size */
+} pool_case;
+
+static const pool_case cases[] = {
+    {0, 2, 3, 7, 8, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}, 0, 0},
+    {0,
+     2,
+     3,
+     7,
+     8,
+     {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true},
+     0,
+     0},
+    {0, 1, 2, 6, 6, {.kernel = {2, 2}}, 0, 0},
+    {0,
+     1,
+     2,
+     5,
+     9,
+     {.kernel = {3, 2}, .stride = {1, 2}, .padding = {1, 1}, .ceil_mode = true},
+     0,
+     0},
+    {1, 2, 3, 7, 8, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}, 0, 0},
+    {1,
+     2,
+     3,
+     7,
+     8,
+     {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .exclude_pad = true},
+     0,
+     0},
+    {1,
+     2,
+     3,
+     6,
+     7,
+     {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true},
+     0,
+     0},
+    {1,
+     2,
+     3,
+     6,
+     7,
+     {.kernel = {3, 3},
+      .stride = {2, 2},
+      .padding = {1, 1},
+      .ceil_mode = true,
+      .exclude_pad = true},
+     0,
+     0},
+    {1, 1, 2, 5, 5, {.kernel = {2, 3}, .stride = {2, 1}}, 0, 0},
+    {2, 2, 3, 7, 9, {.kernel = {0, 0}}, 3, 4},
+    {2, 2, 3, 7, 9, {.kernel = {0, 0}}, 7, 9},
+    {2, 1, 4, 5, 6, {.kernel = {0, 0}}, 1, 1},
+    {2, 1, 2, 5, 6, {.kernel = {0, 0}}, 4, 5},
+};
+#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+static int64_t stride_of(const pool_case *k, int i) {
+    return k->o.stride[i] ? k->o.stride[i] : k->o.kernel[i];
+}
+
+/* torch's output size, written out independently of the library */
+static int64_t out_size(const pool_case *k, int i) {
+    if (k->kind == 2) return i ? k->ow : k->oh;
+    int64_t in = i ? k->w : k->h, kk = k->o.kernel[i], p = k->o.padding[i], s = stride_of(k, i);
+    int64_t num = in + 2 * p - kk + (k->o.ceil_mode ? s - 1 : 0);
+    int64_t out = num / s + 1;
+    if (k->o.ceil_mode && (out - 1) * s >= in + p) out--;
+    return out;
+}
+
+static void fill(double *v, int64_t n, uint32_t seed) {
+    uint32_t s = seed * 2654435761u + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        v[i] = (double)(s >> 8) / (double)(1u << 23) - 1.0;
+    }
+}
+
+/* Direct pooling of contiguous NCHW doubles, and the input gradient from gy. */
+static void reference(const pool_case *k, const double *x, double *y, const double *gy,
+                      double *gx) {
+    int64_t OH = out_size(k, 0), OW = out_size(k, 1);
+    memset(gx, 0, sizeof(double) * (size_t)(k->n * k->c * k->h * k->w));
+    for (int64_t p = 0; p < k->n * k->c; p++) {
+        const double *xp = x + p * k->h * k->w;
+        double *gp = gx + p * k->h * k->w;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t h0, h1, w0, w1;
+                double div;
+                if (k->kind == 2) {
+                    h0 = oh * k->h / OH, h1 = ((oh + 1) * k->h + OH - 1) / OH;
+                    w0 = ow * k->w / OW, w1 = ((ow + 1) * k->w + OW - 1) / OW;
+                    div = (double)((h1 - h0) * (w1 - w0));
+                } else {
+                    h0 = oh * stride_of(k, 0) - k->o.padding[0];
+                    w0 = ow * stride_of(k, 1) - k->o.padding[1];
+                    h1 = h0 + k->o.kernel[0], w1 = w0 + k->o.kernel[1];
+                    int64_t ph = h1 < k->h + k->o.padding[0] ? h1 : k->h + k->o.padding[0];
+                    int64_t pw = w1 < k->w + k->o.padding[1] ? w1 : k->w + k->o.padding[1];
+                    div = (double)((ph - h0) * (pw - w0));
+                    h0 = h0 < 0 ? 0 : h0, w0 = w0 < 0 ? 0 : w0;
+                    h1 = h1 > k->h ? k->h : h1, w1 = w1 > k->w ? k->w : w1;
+                    if (k->o.exclude_pad) div = (double)((h1 - h0) * (w1 - w0));
+                }
+                int64_t yi = (p * OH + oh) * OW + ow, best = h0 * k->w + w0;
+                double s = 0.0, m = -INFINITY;
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t v = w0; v < w1; v++) {
+                        double e = xp[h * k->w + v];
+                        s += e;
+                        if (e > m || isnan(e)) m = e, best = h * k->w + v;
+                    }
+                y[yi] = k->kind == 0 ? m : s / div;
+                if (k->kind == 0)
+                    gp[best] += gy[yi];
+                else
+                    for (int64_t h = h0; h < h1; h++)
+                        for (int64_t v = w0; v < w1; v++) gp[h * k->w + v] += gy[yi] / div;
+            }
+    }
+}
+
+static mt_tensor *run(const pool_case *k, mt_tensor *x) {
+    return k->kind == 0   ? mt_max_pool2d(x, &k->o)
+           : k->kind == 1 ? mt_avg_pool2d(x, &k->o)
+                          : mt_adaptive_avg_pool2d(x, k->oh, k->ow);
+}
+
+static void check_case(const pool_case *k, mt_dtype dt, bool cl, double tol) {
+    int64_t nx = k->n * k->c * k->h * k->w, ny = k->n * k->c * out_size(k, 0) * out_size(k, 1);
+    double *v = malloc(sizeof(double) * (size_t)nx), *g = malloc(sizeof(double) * (size_t)ny);
+    fill(v, nx, (uint32_t)(k - cases) + 1);
+    fill(g, ny, 77);
+    mt_scope_begin();
+    mt_tensor *leaf = mt_test_tensor(v, dt, MT_SHAPE(k->n, k->c, k->h, k->w));
+    mt_set_requires_grad(leaf, true);
+    mt_tensor *x = cl ? mt_to_channels_last(leaf) : leaf;
+    mt_tensor *cot = mt_test_tensor(g, dt, MT_SHAPE(k->n, k->c, out_size(k, 0), out_size(k, 1)));
+    if (cl) cot = mt_to_channels_last(cot); /* the NHWC backward paths (the scope owns both) */
+    double *xv = mt_test_values(leaf), *gv = mt_test_values(cot);
+    double *y = malloc(sizeof(double) * (size_t)ny), *gx = malloc(sizeof(double) * (size_t)nx);
+    reference(k, xv, y, gv, gx);
+    mt_tensor *out = run(k, x);
+    assert_no_error();
+    assert_int_equal(mt_dtype_of(out), dt);
+    assert_shape(out, k->n, k->c, out_size(k, 0), out_size(k, 1));
+    assert_true(cl ? mt_is_channels_last(out) : mt_is_contiguous(out));
+    assert_tensor_close(out, y, ny, tol, tol);
+    assert_int_equal(mt_backward(out, cot), 0);
+    assert_tensor_close(mt_grad(leaf), gx, nx, tol, tol);
+    mt_scope_end();
+    free(v), free(g), free(xv), free(gv), free(y), free(gx);
+}
+
+static void test_pool_reference(void **state) {
+    (void)state;
+    for (int i = 0; i < NCASES; i++)
+        for (int cl = 0; cl < 2; cl++) {
+            check_case(&cases[i], MT_F32, cl, 1e-6);
+            check_case(&cases[i], MT_F64, cl, 1e-12);
+            check_case(&cases[i], MT_BF16, cl, 1e-2); /* one rounding of each result */
+        }
+}
+
+static mt_tensor *fn_pool(mt_tensor *const *in, void *ctx) {
+    return run(ctx, in[0]);
+}
+
+static void test_pool_gradcheck(void **state) {
+    (void)state;
+    for (int i = 0; i < NCASES; i++) {
+        const pool_case *k = &cases[i];
+        double v[512];
+        int64_t nx = k->n * k->c * k->h * k->w;
+        assert_true(nx <= 512);
+        fill(v, nx, 31u + (uint32_t)i);
+        mt_tensor *x = mt_test_tensor(v, MT_F64, MT_SHAPE(k->n, k->c, k->h, k->w));
+        mt_set_requires_grad(x, true);
+        int rc = mt_gradcheck(fn_pool, &x, 1, (void *)k, NULL);
+        if (rc) fail_msg("case %d: %s", i, mt_last_error());
+        mt_release(x);
+    }
+}
+
+/* Ties go to the first element of the window (torch's CPU rule); a NaN wins and propagates. */
+static void test_max_pool_ties_and_nan(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(1, 1, 4, 4), MT_F32, mt_test_device());
+    mt_set_requires_grad(x, true);
+    mt_tensor *y = mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}});
+    assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    const double g[16] = {1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0};
+    assert_tensor_close(mt_grad(x), g, 16, 0, 0);
+    double v[16] = {0};
+    v[5] = NAN;
+    v[4] = 3;
+    mt_tensor *xn = mt_test_tensor(v, MT_F32, MT_SHAPE(1, 1, 4, 4));
+    mt_tensor *yn = mt_max_pool2d(xn, &(mt_pool2d_opts){.kernel = {2, 2}});
+    assert_tensor_close(yn, ((const double[]){NAN, 0, 0, 0}), 4, 0, 0);
+    mt_scope_end();
+    assert_no_error();
+}
+
+static void test_pool_errors(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = mt_zeros(MT_SHAPE(1, 2, 5, 5), MT_F32, d);
+    assert_null(mt_max_pool2d(x, NULL));
+    assert_error(MT_ERR_NULL, "mt_max_pool2d: arg 2: options are NULL");
+    assert_null(mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {0, 2}}));
+    assert_error(MT_ERR_INVALID, "mt_avg_pool2d: arg 2: kernel must be positive");
+    assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}, .padding = {2, 0}}));
+    assert_error(MT_ERR_INVALID, "padding [2, 0] must be at most half the kernel [2, 2]");
+    assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {6, 2}}));
+    assert_error(MT_ERR_SHAPE, "the output would be empty");
+    assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}, .exclude_pad = true}));
+    assert_error(MT_ERR_INVALID, "exclude_pad is for average pooling");
+    assert_null(
+        mt_avg_pool2d(mt_zeros(MT_SHAPE(2, 5, 5), MT_F32, d), &(mt_pool2d_opts){.kernel = {2, 2}}));
+    assert_error(MT_ERR_SHAPE, "mt_avg_pool2d: arg 1: input must be 4-d [N, C, H, W]");
+    assert_null(mt_adaptive_avg_pool2d(x, 0, 3));
+    assert_error(MT_ERR_INVALID, "mt_adaptive_avg_pool2d: output size [0, 3] must be positive");
+    assert_null(mt_adaptive_avg_pool2d(mt_zeros(MT_SHAPE(1, 2, 5, 5), MT_I32, d), 2, 2));
+    assert_error(MT_ERR_DTYPE, "mt_adaptive_avg_pool2d: arg 1");
+    assert_null(mt_max_pool2d(NULL, &(mt_pool2d_opts){.kernel = {2, 2}}));
+    assert_null(mt_adaptive_avg_pool2d(NULL, 1, 1));
+    assert_no_error();
+    mt_scope_end();
+}
+
+static void test_pool_device(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(1, 2, 4, 4), MT_F32, mt_test_device());
+    mt_tensor *y[3] = {mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}}), NULL, NULL};
+    const char *ops[3] = {"mt_max_pool2d", "mt_avg_pool2d", "mt_adaptive_avg_pool2d"};
+    for (int i = 0; i < 3; i++) {
+        if (i == 1) y[1] = mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}});
+        if (i == 2) y[2] = mt_adaptive_avg_pool2d(x, 2, 2);
+        if (mt_test_device_is_cpu()) {
+            assert_no_error();
+            assert_tensor_close(y[i], ((const double[]){1, 1, 1, 1, 1, 1, 1, 1}), 8, 0, 0);
+        } else {
+            assert_null(y[i]);
+            char msg[112];
+            snprintf(msg, sizeof msg, "%s: the %s backend has no pooling forward kernel", ops[i],
+                     mt_test_device_name());
+            assert_error(MT_ERR_UNSUPPORTED, msg);
+        }
+    }
+    mt_scope_end();
+}
+
+#define WHY "CUDA kernels (cuDNN): issue 9"
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST_CPU_ONLY(test_pool_reference, WHY),
+        MT_TEST_CPU_ONLY(test_pool_gradcheck, WHY),
+        MT_TEST_CPU_ONLY(test_max_pool_ties_and_nan, WHY),
+        MT_TEST(test_pool_errors),
+        MT_TEST(test_pool_device),
+    };
+    return MT_RUN_TESTS(tests);
+}
