@@ -90,6 +90,12 @@ int mt_cpu_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool log);
 int mt_cpu_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
                             int dim, bool log);
 int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
+/* BF16 c = alpha a b + beta c natively through oneDNN (cpu_gemm_dnnl.c), used by mt_cpu_gemm
+   where mt_cpu_bf16_gemm_native() (the CPU has AVX512-BF16; MT_CPU_BF16_GEMM=convert: never).
+   *unsupported: oneDNN has no kernel for these layouts (nothing done, no error). */
+bool mt_cpu_bf16_gemm_native(void);
+int mt_cpu_gemm_bf16_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
+                          double beta, bool *unsupported);
 int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, const mt_tensor *logits,
                          const mt_tensor *labels, int64_t ignore_index);
 int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,

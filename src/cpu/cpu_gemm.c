@@ -449,6 +449,11 @@ int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alp
         scale_c(c, beta);
         return 0;
     }
+    if (dt == MT_BF16 && mt_cpu_bf16_gemm_native()) {
+        bool unsupported;
+        int rc = mt_cpu_gemm_bf16_dnnl(c, a, b, alpha, beta, &unsupported);
+        if (rc || !unsupported) return rc;
+    }
     if (g.M > INT_MAX || g.N > INT_MAX || g.K > INT_MAX)
         return mt_error_set(MT_ERR_UNSUPPORTED,
                             "mt_matmul: a %lld x %lld x %lld matmul exceeds the BLAS int range",

@@ -1,0 +1,126 @@
+/* BF16 GEMM through oneDNN's matmul. On CPUs with AVX512-BF16 (and AMX) oneDNN multiplies BF16
+   operands natively with FP32 accumulation, where the generic path (cpu_gemm.c) widens both
+   operands to FP32 panels for OpenBLAS. Used only where the CPU has AVX512-BF16 (elsewhere
+   oneDNN would emulate BF16, slower than widening); MT_CPU_BF16_GEMM=convert forces the
+   generic path. Same contract as the generic path: FP32 accumulation, one rounding to BF16
+   at the end; the summation order differs, so results agree within BF16 rounding, not bit
+   for bit. Operands are described as they lie in memory (strides, transposes; a broadcast
+   batch dim, stride 0 or size 1, becomes a dim of size 1), so nothing is copied. */
+#include <stdlib.h>
+#include <string.h>
+#include "cpu_dnnl.h"
+
+bool mt_cpu_bf16_gemm_native(void) {
+    static int state; /* 0 unknown, 1 yes, 2 no: a benign race computes the same answer */
+    if (!state) {
+        const char *v = getenv("MT_CPU_BF16_GEMM");
+        bool off = v && strcmp(v, "convert") == 0;
+        bool has = false;
+#if defined(__x86_64__) && defined(__GNUC__)
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512bf16");
+#endif
+        state = has && !off ? 1 : 2;
+    }
+    return state == 1;
+}
+
+/* The primitive's key: every descriptor it depends on (zero-filled padding). */
+typedef struct {
+    char tag; /* 'm' */
+    int nd;
+    float alpha, beta;
+    int64_t adims[MT_MAX_DIMS], astr[MT_MAX_DIMS];
+    int64_t bdims[MT_MAX_DIMS], bstr[MT_MAX_DIMS];
+    int64_t cdims[MT_MAX_DIMS];
+} matmul_key;
+
+/* Operand t over c's nd dims: missing leading dims and broadcast dims get size 1. */
+static void operand(const mt_tensor *t, int nd, int64_t *dims, int64_t *str) {
+    int off = nd - t->ndim;
+    for (int i = 0; i < nd; i++) {
+        if (i < off) {
+            dims[i] = 1;
+            str[i] = 0;
+            continue;
+        }
+        int64_t s = t->shape[i - off], st = t->strides[i - off];
+        bool batch = i < nd - 2, bcast = batch && (s == 1 || st == 0);
+        dims[i] = bcast ? 1 : s;
+        str[i] = bcast ? 0 : st;
+    }
+}
+
+static int describe(const char *op, dnnl_memory_desc_t *md, int nd, const int64_t *dims,
+                    const int64_t *str) {
+    dnnl_dims_t d, s;
+    for (int i = 0; i < nd; i++) {
+        d[i] = dims[i];
+        s[i] = dims[i] == 1 ? 1 : str[i]; /* a size-1 dim's stride is never used */
+    }
+    return mt_dnnl_check(op, dnnl_memory_desc_init_by_strides(md, nd, d, dnnl_bf16, s),
+                         "describing a bf16 matmul operand");
+}
+
+static dnnl_primitive_t matmul_primitive(const char *op, const matmul_key *k,
+                                         const dnnl_memory_desc_t *amd,
+                                         const dnnl_memory_desc_t *bmd,
+                                         const dnnl_memory_desc_t *cmd, bool *unsupported) {
+    dnnl_primitive_t prim = mt_dnnl_cache_get(k, sizeof *k);
+    if (prim) return prim;
+    dnnl_engine_t eng = mt_dnnl_engine(op);
+    if (!eng) return NULL;
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = mt_dnnl_check(op, dnnl_matmul_desc_init(&desc, amd, bmd, NULL, cmd), "a bf16 matmul");
+    if (!rc) rc = mt_dnnl_check(op, dnnl_primitive_attr_create(&attr), "matmul attributes");
+    if (!rc && k->alpha != 1.0f)
+        rc = mt_dnnl_check(op, dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha),
+                           "the matmul's alpha");
+    if (!rc && k->beta != 0.0f) { /* c = alpha a b + beta c: a sum post-op reads c */
+        rc = mt_dnnl_check(op, dnnl_post_ops_create(&post), "the matmul's beta");
+        if (!rc) rc = mt_dnnl_check(op, dnnl_post_ops_append_sum(post, k->beta), "beta");
+        if (!rc) rc = mt_dnnl_check(op, dnnl_primitive_attr_set_post_ops(attr, post), "beta");
+    }
+    if (!rc) {
+        dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, attr, eng, NULL);
+        /* a layout oneDNN has no kernel for: not an error, the generic path takes it */
+        if (st == dnnl_unimplemented) *unsupported = true;
+        rc = *unsupported ? -1 : mt_dnnl_check(op, st, "a bf16 matmul");
+    }
+    if (post) dnnl_post_ops_destroy(post);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return rc ? NULL : mt_dnnl_cache_put(op, k, sizeof *k, pd);
+}
+
+int mt_cpu_gemm_bf16_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
+                          double beta, bool *unsupported) {
+    *unsupported = false;
+    static const char op[] = "mt_matmul";
+    matmul_key k;
+    memset(&k, 0, sizeof k);
+    k.tag = 'm';
+    k.nd = c->ndim;
+    k.alpha = (float)alpha;
+    k.beta = (float)beta;
+    operand(a, k.nd, k.adims, k.astr);
+    operand(b, k.nd, k.bdims, k.bstr);
+    for (int i = 0; i < k.nd; i++) k.cdims[i] = c->shape[i];
+    dnnl_memory_desc_t amd, bmd, cmd;
+    if (describe(op, &amd, k.nd, k.adims, k.astr) || describe(op, &bmd, k.nd, k.bdims, k.bstr) ||
+        mt_dnnl_md_of(op, &cmd, c, 1))
+        return mt_last_status();
+    dnnl_primitive_t prim = matmul_primitive(op, &k, &amd, &bmd, &cmd, unsupported);
+    if (!prim) return *unsupported ? 0 : mt_last_status();
+    mt_dnnl_arg args[3];
+    memset(args, 0, sizeof args);
+    int rc = mt_dnnl_bind(op, &args[0], a, &amd, &amd, false);
+    if (!rc) rc = mt_dnnl_bind(op, &args[1], b, &bmd, &bmd, false);
+    if (!rc) rc = mt_dnnl_bind(op, &args[2], c, &cmd, &cmd, true);
+    static const int kinds[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    if (!rc) rc = mt_dnnl_execute(op, prim, 3, kinds, args);
+    mt_dnnl_release(args, 3);
+    return rc;
+}
