@@ -5,8 +5,10 @@
 #   tools/gpu_deps.sh fetch [DIR]        on a Debian 12 machine with apt and pip: downloads
 #                                        into DIR (default .gpu-deps/ in the repository,
 #                                        ignored by git; about 14 MiB) the .debs of OpenBLAS
-#                                        (OpenMP), libgfortran5, libquadmath0, cmocka, cJSON and
-#                                        pkgconf, and the meson and ninja wheels.
+#                                        (OpenMP), libgfortran5, libquadmath0, cmocka, cJSON,
+#                                        oneDNN and pkgconf, and the meson and ninja wheels
+#                                        (not Open MPI: the GPU build goes without data
+#                                        parallelism, -Dmpi=auto finds none there).
 #   tools/gpu_deps.sh unpack DIR PREFIX  on the target: unpacks the .debs under PREFIX/root
 #                                        (dpkg-deb, else ar + tar, else Python), links what the
 #                                        build needs into PREFIX/lib, PREFIX/include and
@@ -31,7 +33,7 @@ set -euo pipefail
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 DEBS=(libopenblas0-openmp libopenblas-openmp-dev libgfortran5 libquadmath0 libcmocka0 libcmocka-dev
-      libcjson1 libcjson-dev pkgconf-bin libpkgconf3)
+      libcjson1 libcjson-dev libdnnl2 libdnnl-dev pkgconf-bin libpkgconf3)
 MULTIARCH=x86_64-linux-gnu
 prefix= # set by cmd_unpack
 
@@ -221,6 +223,12 @@ cmd_unpack() {
     link_into "$la/libcjson.so.1" lib/libcjson.so
     mkdir -p "$prefix/include/cjson"
     link_into usr/include/cjson/cJSON.h include/cjson/cJSON.h
+    # oneDNN (convolution, pooling and BF16 GEMM on the CPU): found by meson's find_library
+    # through LIBRARY_PATH and CPATH (the exports below)
+    link_into "$la/libdnnl.so.2" lib/libdnnl.so.2
+    link_into "$la/libdnnl.so.2" lib/libdnnl.so
+    mkdir -p "$prefix/include/oneapi"
+    link_into usr/include/oneapi/dnnl include/oneapi/dnnl
     local cm_version
     cm_version=$(sed -n 's/^Version: *//p' "$prefix/root/$la/pkgconfig/cmocka.pc" 2>/dev/null)
     write_pc openblas "OpenBLAS (OpenMP)" "${ob_version:-0.3.21}" openblas
