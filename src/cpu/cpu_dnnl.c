@@ -23,6 +23,40 @@ typedef struct {
 } prim_cache;
 static _Thread_local prim_cache op_cache, reorder_cache;
 static _Thread_local dnnl_stream_t stream;
+
+/* A thread's caches and stream are destroyed when the thread exits (a thread-specific key
+   whose destructor runs then), so worker threads that ran ops leak nothing. */
+static tss_t thread_key;
+static bool thread_key_ok;
+static once_flag thread_key_once = ONCE_FLAG_INIT;
+static _Thread_local bool thread_registered;
+
+static void cache_clear(prim_cache *c) {
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        if (c->slot[i].prim) dnnl_primitive_destroy(c->slot[i].prim);
+        free(c->slot[i].key);
+        c->slot[i] = (cache_slot){0};
+    }
+    c->next = 0;
+}
+
+static void thread_exit(void *unused) {
+    (void)unused;
+    cache_clear(&op_cache);
+    cache_clear(&reorder_cache);
+    if (stream) dnnl_stream_destroy(stream);
+    stream = NULL;
+}
+
+static void thread_key_init(void) {
+    thread_key_ok = tss_create(&thread_key, thread_exit) == thrd_success;
+}
+
+static void thread_register(void) {
+    if (thread_registered) return;
+    call_once(&thread_key_once, thread_key_init);
+    thread_registered = thread_key_ok && tss_set(thread_key, &thread_key) == thrd_success;
+}
 static dnnl_engine_t engine;
 static dnnl_status_t engine_status = dnnl_success;
 static once_flag engine_once = ONCE_FLAG_INIT;
@@ -53,6 +87,7 @@ static dnnl_stream_t thread_stream(const char *op) {
     if (!stream && mt_dnnl_check(op, dnnl_stream_create(&stream, e, dnnl_stream_default_flags),
                                  "creating a stream"))
         return NULL;
+    thread_register();
     return stream;
 }
 
@@ -77,6 +112,7 @@ static dnnl_primitive_t cache_put(prim_cache *c, const char *op, const void *key
         return NULL;
     }
     memcpy(copy, key, nbytes);
+    thread_register();
     cache_slot *s = &c->slot[c->next]; /* round robin: the oldest entry goes */
     c->next = (c->next + 1) % CACHE_SLOTS;
     if (s->prim) dnnl_primitive_destroy(s->prim);

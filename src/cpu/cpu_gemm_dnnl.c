@@ -51,15 +51,15 @@ static void operand(const mt_tensor *t, int nd, int64_t *dims, int64_t *str) {
     }
 }
 
-static int describe(const char *op, dnnl_memory_desc_t *md, int nd, const int64_t *dims,
-                    const int64_t *str) {
+/* false when oneDNN cannot describe the layout (then the generic path takes the GEMM) */
+static bool describe(dnnl_memory_desc_t *md, int nd, const int64_t *dims, const int64_t *str) {
     dnnl_dims_t d, s;
     for (int i = 0; i < nd; i++) {
         d[i] = dims[i];
         s[i] = dims[i] == 1 ? 1 : str[i]; /* a size-1 dim's stride is never used */
+        if (s[i] <= 0) return false;      /* a broadcast row or column: no oneDNN layout */
     }
-    return mt_dnnl_check(op, dnnl_memory_desc_init_by_strides(md, nd, d, dnnl_bf16, s),
-                         "describing a bf16 matmul operand");
+    return dnnl_memory_desc_init_by_strides(md, nd, d, dnnl_bf16, s) == dnnl_success;
 }
 
 static dnnl_primitive_t matmul_primitive(const char *op, const matmul_key *k,
@@ -74,8 +74,13 @@ static dnnl_primitive_t matmul_primitive(const char *op, const matmul_key *k,
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t post = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    int rc = mt_dnnl_check(op, dnnl_matmul_desc_init(&desc, amd, bmd, NULL, cmd), "a bf16 matmul");
-    if (!rc) rc = mt_dnnl_check(op, dnnl_primitive_attr_create(&attr), "matmul attributes");
+    /* a layout or broadcast oneDNN's matmul does not take: not an error, the generic path
+       does it */
+    if (dnnl_matmul_desc_init(&desc, amd, bmd, NULL, cmd) != dnnl_success) {
+        *unsupported = true;
+        return NULL;
+    }
+    int rc = mt_dnnl_check(op, dnnl_primitive_attr_create(&attr), "matmul attributes");
     if (!rc && k->alpha != 1.0f)
         rc = mt_dnnl_check(op, dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha),
                            "the matmul's alpha");
@@ -86,8 +91,7 @@ static dnnl_primitive_t matmul_primitive(const char *op, const matmul_key *k,
     }
     if (!rc) {
         dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, attr, eng, NULL);
-        /* a layout oneDNN has no kernel for: not an error, the generic path takes it */
-        if (st == dnnl_unimplemented) *unsupported = true;
+        if (st == dnnl_unimplemented || st == dnnl_invalid_arguments) *unsupported = true;
         rc = *unsupported ? -1 : mt_dnnl_check(op, st, "a bf16 matmul");
     }
     if (post) dnnl_post_ops_destroy(post);
@@ -109,9 +113,11 @@ int mt_cpu_gemm_bf16_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, 
     operand(b, k.nd, k.bdims, k.bstr);
     for (int i = 0; i < k.nd; i++) k.cdims[i] = c->shape[i];
     dnnl_memory_desc_t amd, bmd, cmd;
-    if (describe(op, &amd, k.nd, k.adims, k.astr) || describe(op, &bmd, k.nd, k.bdims, k.bstr) ||
-        mt_dnnl_md_of(op, &cmd, c, 1))
-        return mt_last_status();
+    if (!describe(&amd, k.nd, k.adims, k.astr) || !describe(&bmd, k.nd, k.bdims, k.bstr)) {
+        *unsupported = true;
+        return 0;
+    }
+    if (mt_dnnl_md_of(op, &cmd, c, 1)) return mt_last_status();
     dnnl_primitive_t prim = matmul_primitive(op, &k, &amd, &bmd, &cmd, unsupported);
     if (!prim) return *unsupported ? 0 : mt_last_status();
     mt_dnnl_arg args[3];
