@@ -157,8 +157,10 @@ static bool pool_backward_nhwc_f32(mt_tensor *gx, const mt_tensor *gy, const mt_
     int failed = 0;
 #pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
     {
-        float *best = p->kind == MT_POOL_MAX ? mt_host_alloc(nbytes) : NULL;
-        int64_t *arg = best ? (int64_t *)(best + C) : NULL;
+        /* the int64 indices first: the block is 64-byte aligned, and after C floats they
+           would not be 8-byte aligned for an odd C */
+        int64_t *arg = p->kind == MT_POOL_MAX ? mt_host_alloc(nbytes) : NULL;
+        float *best = arg ? (float *)(arg + C) : NULL;
         if (p->kind == MT_POOL_MAX && !best) {
 #pragma omp atomic write
             failed = 1;
@@ -194,7 +196,7 @@ static bool pool_backward_nhwc_f32(mt_tensor *gx, const mt_tensor *gy, const mt_
                     for (int64_t c = 0; c < C; c++) px(gx, n, arg[c] / W, arg[c] % W)[c] += gr[c];
                 }
         }
-        if (best) mt_host_free(best, nbytes);
+        if (arg) mt_host_free(arg, nbytes);
     }
     return !failed;
 }
