@@ -24,23 +24,30 @@ static void split3(const mt_tensor *t, int dim, int64_t *outer, int64_t *n, int6
     *n = t->ndim ? t->shape[dim] : 1;
 }
 
+/* What the forward and the backward share: rows of D normalised values, their statistics
+   and the weight. */
+static mt_cuda_layer_norm_args ln_args(const mt_tensor *x, const mt_tensor *mean,
+                                       const mt_tensor *rstd, const mt_tensor *weight) {
+    int64_t rows = mean->numel;
+    return (mt_cuda_layer_norm_args){.rows = rows,
+                                     .D = rows ? x->numel / rows : 0,
+                                     .wide = mean->dtype == MT_F64,
+                                     .x = mt_tensor_data(x),
+                                     .xdt = x->dtype,
+                                     .weight = data_or_null(weight),
+                                     .mean = mt_tensor_data(mean),
+                                     .rstd = mt_tensor_data(rstd)};
+}
+
 int mt_cuda_be_layer_norm(mt_tensor *y, mt_tensor *mean, mt_tensor *rstd, const mt_tensor *x,
                           const mt_tensor *weight, const mt_tensor *bias, double eps) {
     mt_cuda_device_ctx *c = ctx_for("mt_layer_norm", x);
     if (!c) return MT_ERR_DEVICE;
-    int64_t rows = mean->numel;
-    mt_cuda_layer_norm_args a = {.rows = rows,
-                                 .D = rows ? x->numel / rows : 0,
-                                 .wide = mean->dtype == MT_F64,
-                                 .x = mt_tensor_data(x),
-                                 .y = mt_tensor_data(y),
-                                 .xdt = x->dtype,
-                                 .ydt = y->dtype,
-                                 .weight = data_or_null(weight),
-                                 .bias = data_or_null(bias),
-                                 .mean = mt_tensor_data(mean),
-                                 .rstd = mt_tensor_data(rstd),
-                                 .eps = eps};
+    mt_cuda_layer_norm_args a = ln_args(x, mean, rstd, weight);
+    a.y = mt_tensor_data(y);
+    a.ydt = y->dtype;
+    a.bias = data_or_null(bias);
+    a.eps = eps;
     return launched("mt_layer_norm", mt_cuda_layer_norm(&c->kctx, &a));
 }
 
@@ -49,21 +56,13 @@ int mt_cuda_be_layer_norm_backward(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, 
                                    const mt_tensor *weight) {
     mt_cuda_device_ctx *c = ctx_for("mt_layer_norm", x);
     if (!c) return MT_ERR_DEVICE;
-    int64_t rows = mean->numel;
-    mt_cuda_layer_norm_args a = {.rows = rows,
-                                 .D = rows ? x->numel / rows : 0,
-                                 .wide = mean->dtype == MT_F64,
-                                 .x = mt_tensor_data(x),
-                                 .gy = mt_tensor_data(gy),
-                                 .gx = data_or_null(gx),
-                                 .xdt = x->dtype,
-                                 .gydt = gy->dtype,
-                                 .gxdt = gx ? gx->dtype : x->dtype,
-                                 .weight = data_or_null(weight),
-                                 .mean = mt_tensor_data(mean),
-                                 .rstd = mt_tensor_data(rstd),
-                                 .gw = data_or_null(gw),
-                                 .gb = data_or_null(gb)};
+    mt_cuda_layer_norm_args a = ln_args(x, mean, rstd, weight);
+    a.gy = mt_tensor_data(gy);
+    a.gydt = gy->dtype;
+    a.gx = data_or_null(gx);
+    a.gxdt = gx ? gx->dtype : x->dtype;
+    a.gw = data_or_null(gw);
+    a.gb = data_or_null(gb);
     return launched("mt_layer_norm", mt_cuda_layer_norm_backward(&c->kctx, &a));
 }
 
