@@ -26,28 +26,8 @@ static inline char *bn_at(const void *base, const bn_ctx *c, int64_t n, int64_t 
     return (char *)base + ((n * c->C + ch) * c->S + s) * c->es;
 }
 
-#define T      float
-#define SFX(n) n##_f
-#define LOAD   mt_cpu_load_f32
-#define STORE  mt_cpu_store_f32
-#define SQRT   sqrtf
-#include "cpu_batch_norm_impl.h"
-#undef T
-#undef SFX
-#undef LOAD
-#undef STORE
-#undef SQRT
-#define T      double
-#define SFX(n) n##_d
-#define LOAD   mt_cpu_load_f64
-#define STORE  mt_cpu_store_f64
-#define SQRT   sqrt
-#include "cpu_batch_norm_impl.h"
-#undef T
-#undef SFX
-#undef LOAD
-#undef STORE
-#undef SQRT
+#define MT_ACCUM_IMPL "cpu_batch_norm_impl.h"
+#include "cpu_accum_types.h"
 
 static void *opt(const mt_tensor *t) {
     return t ? mt_tensor_data(t) : NULL;

@@ -19,28 +19,8 @@ typedef struct {
     double eps;
 } ln_ctx;
 
-#define T      float
-#define SFX(n) n##_f
-#define LOAD   mt_cpu_load_f32
-#define STORE  mt_cpu_store_f32
-#define SQRT   sqrtf
-#include "cpu_layer_norm_impl.h"
-#undef T
-#undef SFX
-#undef LOAD
-#undef STORE
-#undef SQRT
-#define T      double
-#define SFX(n) n##_d
-#define LOAD   mt_cpu_load_f64
-#define STORE  mt_cpu_store_f64
-#define SQRT   sqrt
-#include "cpu_layer_norm_impl.h"
-#undef T
-#undef SFX
-#undef LOAD
-#undef STORE
-#undef SQRT
+#define MT_ACCUM_IMPL "cpu_layer_norm_impl.h"
+#include "cpu_accum_types.h"
 
 static const char *opt_data(const mt_tensor *t) {
     return t ? mt_tensor_data(t) : NULL;
