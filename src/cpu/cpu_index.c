@@ -8,15 +8,6 @@
 
 #define COLS 256 /* columns per index_add task */
 
-/* x seen as [outer, n, inner] around dim */
-static void split3(const mt_tensor *t, int dim, int64_t *outer, int64_t *n, int64_t *inner) {
-    *outer = 1;
-    *inner = 1;
-    for (int d = 0; d < dim; d++) *outer *= t->shape[d];
-    for (int d = dim + 1; d < t->ndim; d++) *inner *= t->shape[d];
-    *n = t->ndim ? t->shape[dim] : 1;
-}
-
 typedef struct {
     const char *src;
     char *dst;
@@ -42,7 +33,7 @@ int mt_cpu_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_te
                    .index = mt_tensor_data(index),
                    .k = index->numel,
                    .es = (int64_t)mt_dtype_size(x->dtype)};
-    split3(x, dim, &c.outer, &c.n, &c.inner);
+    mt_split_at_dim(x, dim, &c.outer, &c.n, &c.inner);
     return mt_cpu_for_parts(select_rows, &c, c.outer * c.k, out->numel);
 }
 
@@ -78,7 +69,7 @@ int mt_cpu_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_t
                    .k = index->numel,
                    .sdt = src->dtype,
                    .ddt = dst->dtype};
-    split3(dst, dim, &c.outer, &c.n, &c.inner);
+    mt_split_at_dim(dst, dim, &c.outer, &c.n, &c.inner);
     int64_t tasks = c.outer * ((c.inner + COLS - 1) / COLS);
     return mt_cpu_for_parts(add_blocks, &c, tasks, src->numel * 2);
 }
@@ -176,7 +167,7 @@ int mt_cpu_argmax(mt_tensor *out, const mt_tensor *x, int dim) {
                    .dst = mt_tensor_data(out),
                    .es = (int64_t)mt_dtype_size(x->dtype),
                    .sdt = x->dtype};
-    split3(x, dim, &c.outer, &c.n, &c.inner);
+    mt_split_at_dim(x, dim, &c.outer, &c.n, &c.inner);
     if (mt_cpu_for_parts(argmax_outer, &c, c.outer, x->numel))
         return mt_error_set(MT_ERR_OOM, "mt_argmax: out of memory for a row buffer");
     return 0;

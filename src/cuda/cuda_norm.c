@@ -15,15 +15,6 @@ static char *data_or_null(const mt_tensor *t) {
     return t ? mt_tensor_data(t) : NULL;
 }
 
-/* x seen as [outer, n, inner] around dim */
-static void split3(const mt_tensor *t, int dim, int64_t *outer, int64_t *n, int64_t *inner) {
-    *outer = 1;
-    *inner = 1;
-    for (int d = 0; d < dim; d++) *outer *= t->shape[d];
-    for (int d = dim + 1; d < t->ndim; d++) *inner *= t->shape[d];
-    *n = t->ndim ? t->shape[dim] : 1;
-}
-
 /* What the forward and the backward share: rows of D normalised values, their statistics
    and the weight. */
 static mt_cuda_layer_norm_args ln_args(const mt_tensor *x, const mt_tensor *mean,
@@ -138,7 +129,7 @@ static mt_cuda_index_args index_args(const mt_tensor *src, const mt_tensor *dst,
                             .es = (int)mt_dtype_size(src->dtype),
                             .sdt = src->dtype,
                             .ddt = dst->dtype};
-    split3(shaped, dim, &a.outer, &a.n, &a.inner);
+    mt_split_at_dim(shaped, dim, &a.outer, &a.n, &a.inner);
     return a;
 }
 

@@ -36,10 +36,10 @@ struct mt_tensor {
     struct mt_node *grad_fn; /* strong; NULL for leaves */
     mt_tensor *grad;         /* accumulated gradient of a leaf */
     /* ownership */
-    atomic_int scope_refs; /* how many of the references are held by open scopes */
-    atomic_int user_refs;  /* mt_retain calls by the user not yet released (checked mode) */
-    const char *made_by;   /* the op or public call that made the tensor, for reports */
-    bool amp_keep_fp32;      /* a norm parameter: mt_amp_decorate leaves it FP32 */
+    atomic_int scope_refs;       /* how many of the references are held by open scopes */
+    atomic_int user_refs;        /* mt_retain calls by the user not yet released (checked mode) */
+    const char *made_by;         /* the op or public call that made the tensor, for reports */
+    bool amp_keep_fp32;          /* a norm parameter: mt_amp_decorate leaves it FP32 */
     struct mt_grad_hooks *hooks; /* grad-ready hooks of a leaf (src/autograd/hooks.c) */
 };
 
@@ -113,6 +113,15 @@ static inline void mt_tensor_bump_version(mt_tensor *t) {
 }
 static inline uint64_t mt_tensor_version(const mt_tensor *t) {
     return atomic_load_explicit(&t->storage->version, memory_order_relaxed);
+}
+/* t seen as [outer, n, inner] around dim (the indexing kernels of both backends) */
+static inline void mt_split_at_dim(const mt_tensor *t, int dim, int64_t *outer, int64_t *n,
+                                   int64_t *inner) {
+    *outer = 1;
+    *inner = 1;
+    for (int d = 0; d < dim; d++) *outer *= t->shape[d];
+    for (int d = dim + 1; d < t->ndim; d++) *inner *= t->shape[d];
+    *n = t->ndim ? t->shape[dim] : 1;
 }
 /* Normalises a possibly negative dim; error naming op and arg when out of range. */
 int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out);
