@@ -78,10 +78,20 @@ void mt_node_set_state(mt_node *n, void *state, void (*state_free)(void *state))
     n->has_saved = true;
 }
 
+int mt_node_copy_state(mt_node *n, const void *src, size_t bytes, const char *op) {
+    void *state = malloc(bytes);
+    if (!state) return mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", op);
+    memcpy(state, src, bytes);
+    mt_node_set_state(n, state, NULL);
+    return 0;
+}
+
 void mt_node_free_state(mt_node *n) {
     if (!n->state) return;
-    if (n->state_free) n->state_free(n->state);
-    else free(n->state);
+    if (n->state_free)
+        n->state_free(n->state);
+    else
+        free(n->state);
     n->state = NULL;
     n->state_free = NULL;
 }

@@ -71,6 +71,9 @@ int mt_node_save(mt_node *n, int slot, const mt_tensor *t);
    malloc'd blocks: free() is used) when the node dies or its saved data is freed after a
    backward without retain_graph. */
 void mt_node_set_state(mt_node *n, void *state, void (*state_free)(void *state));
+/* Gives the node a copy of `bytes` bytes at src as its state (op parameters kept for the
+   backward); 0, or MT_ERR_OOM naming op. */
+int mt_node_copy_state(mt_node *n, const void *src, size_t bytes, const char *op);
 /* Frees the state block now (no-op without one). */
 void mt_node_free_state(mt_node *n);
 /* Makes n the grad_fn of out (out takes the creating reference) and records out's metadata. */

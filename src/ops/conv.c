@@ -144,12 +144,8 @@ static mt_tensor *conv_run(mt_tensor **c, mt_tensor *const *in, const int64_t *s
     if (rc == 0) rc = out->numel == 0 ? 0 : be->conv2d(out, c[0], c[1], c[2], p);
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_CONV2D, conv_backward, in, 3, out, &rc);
-        mt_conv2d_params *state = node ? malloc(sizeof *state) : NULL;
-        if (node && !state)
-            rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", name);
-        if (state) {
-            *state = *p;
-            mt_node_set_state(node, state, NULL);
+        if (node) rc = mt_node_copy_state(node, p, sizeof *p, name);
+        if (node && rc == 0) {
             node->ints[0] = cl;
             node->n_ints = 1;
             /* dW needs x and dx needs W: save only what a needed gradient uses */

@@ -89,12 +89,8 @@ static mt_tensor *pool_run(mt_tensor *x, mt_pool2d_params *p, int64_t *shape) {
     int rc = out ? be->pool2d(out, d, p) : mt_backward_failed();
     if (rc == 0) {
         mt_node *node = mt_record(op, pool_backward, &c, 1, out, &rc);
-        mt_pool2d_params *state = node ? malloc(sizeof *state) : NULL;
-        if (node && !state)
-            rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", name);
-        if (state) {
-            *state = *p;
-            mt_node_set_state(node, state, NULL);
+        if (node) rc = mt_node_copy_state(node, p, sizeof *p, name);
+        if (node && rc == 0) {
             node->ints[0] = cl;
             node->n_ints = 1;
             if (p->kind == MT_POOL_MAX) rc = mt_node_save(node, 0, d);
