@@ -156,7 +156,7 @@ static int pending_add(pending_table *t, mt_tensor *leaf, mt_tensor *g) {
    adds are in place or adoptions (only a user-set expanded .grad still needs an allocation,
    and another thread's backward into the same leaf can race the copy decision). */
 /* Copies a sum that a gradless leaf would adopt but that aliases other memory (the part of
-   committing that can fail); true when it was made exclusive or needs no copy. */
+   committing that can fail); 0, or the status of the failed copy. */
 static int pending_prepare(pending_grad *p) {
     if (!p->grad || exclusively_owned(p->grad)) return 0;
     mtx_t *lock = leaf_lock(p->leaf);
