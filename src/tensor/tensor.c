@@ -172,8 +172,7 @@ static mt_tensor *header_new(const char *op) {
         return NULL;
     }
     atomic_init(&t->refcount, 1);
-    const char *entry = mt_api_entry(); /* a view is named by the public call that made it */
-    t->made_by = entry && strcmp(op, "view") == 0 ? entry : op;
+    t->made_by = op;
     mt_tensor_count(1);
     return t;
 }
@@ -247,6 +246,8 @@ mt_tensor *mt_tensor_view_of(const mt_tensor *t, int ndim, const int64_t *shape,
                              const int64_t *strides, int64_t offset) {
     mt_tensor *v = header_new("view");
     if (!v) return NULL;
+    const char *entry = mt_api_entry(); /* a view is named by the public call that made it */
+    if (entry) v->made_by = entry;
     header_set(v, t->storage, t->dtype, ndim, shape, strides, offset);
     atomic_fetch_add_explicit(&t->storage->refcount, 1, memory_order_relaxed);
     return v;
