@@ -328,6 +328,52 @@ static void test_bad_label_reported_then_recovers(void **state) {
     mt_scope_end();
 }
 
+/* Embedding a batch and its backward read the indices only on the device: no wait, even
+   though each index is range-checked. A bad index is reported at the next wait (naming
+   mt_embedding, its position and value), its row is zeros, and the library works on. */
+static void test_embedding_checks_indices_without_sync(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_scope_begin();
+    mt_manual_seed(5);
+    mt_tensor *w = mt_randn(MT_SHAPE(6, 3), MT_F32, dev);
+    mt_set_requires_grad(w, true);
+    mt_tensor *good = mt_from_data((const int64_t[]){5, 0, 5, 2}, MT_I64, MT_SHAPE(2, 2), dev);
+    mt_tensor *bad = mt_from_data((const int64_t[]){1, 6}, MT_I64, MT_SHAPE(2), dev);
+    assert_int_equal(mt_synchronize(dev), 0); /* uploads done */
+
+    int64_t n0 = mt_host_sync_count();
+    mt_tensor *loss = mt_sum_all(mt_embedding(w, good));
+    assert_int_equal(mt_backward(loss, NULL), 0);
+    if (mt_host_sync_count() != n0)
+        fail_msg("embedding forward and backward on %s waited for the device %lld time(s)",
+                 mt_test_device_name(), (long long)(mt_host_sync_count() - n0));
+    /* rows 5 (twice), 0 and 2 were used: their gradient is the use count */
+    const double counts[6] = {1, 0, 1, 0, 0, 2};
+    double want[18];
+    for (int i = 0; i < 18; i++) want[i] = counts[i / 3];
+    assert_tensor_close(mt_grad(w), want, 18, 0, 0);
+
+    if (dev.type != MT_DEVICE_CPU) {
+        mt_tensor *out = mt_embedding(w, bad);
+        assert_non_null(out);
+        assert_no_error();
+        double v[6];
+        mt_tensor *o64 = mt_cast(out, MT_F64);
+        assert_int_equal(mt_copy_to_host(o64, v, sizeof v), MT_ERR_INVALID);
+        assert_error(MT_ERR_INVALID,
+                     "mt_embedding: arg 2: index 6 at position 1 is out of range [0, 6)");
+        assert_int_equal(mt_copy_to_host(o64, v, sizeof v), 0); /* reported once */
+        for (int i = 3; i < 6; i++) assert_true(v[i] == 0.0);
+    } else {
+        assert_null(mt_embedding(w, bad));
+        assert_error(MT_ERR_INVALID, "index 6 at position 1");
+    }
+    assert_int_equal(mt_synchronize(dev), 0);
+    assert_no_error();
+    mt_scope_end();
+}
+
 /* ------------------------------------------------------------------ (d) memory */
 
 /* Warm-up steps before memory is steady. Adam's moments are created part way through the
@@ -532,6 +578,7 @@ int main(void) {
                   "on the CPU nothing waits for a device: the sync count is always 0"),
         DEVICE_TEST(test_skipped_step_changes_nothing),
         DEVICE_TEST(test_bad_label_reported_then_recovers),
+        DEVICE_TEST(test_embedding_checks_indices_without_sync),
         DEVICE_TEST(test_memory_flat_over_steps),
         DEVICE_TEST(test_oom_in_forward_changes_nothing),
         DEVICE_TEST(test_oom_in_backward_changes_nothing),

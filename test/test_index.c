@@ -212,25 +212,27 @@ static void test_index_errors(void **state) {
     (void)state;
     mt_scope_begin();
     mt_tensor *w = mt_zeros(MT_SHAPE(5, 3), MT_F32, mt_test_device());
-    assert_null(mt_embedding(w, i64_tensor((int64_t[]){1, 7, 2}, MT_SHAPE(3))));
-    assert_error(MT_ERR_INVALID,
-                 "mt_embedding: arg 2: index 7 at position 1 is out of range [0, 5) (weight has "
-                 "5 rows)");
-    assert_null(mt_embedding(w, i64_tensor((int64_t[]){-1}, MT_SHAPE(1))));
-    assert_error(MT_ERR_INVALID, "index -1 at position 0");
+    /* out-of-range indices: found by the op on the CPU, by the kernel on a device (reported
+       at the next synchronisation, with the same words) */
+    assert_deferred_error(mt_embedding(w, i64_tensor((int64_t[]){1, 7, 2}, MT_SHAPE(3))),
+                          MT_ERR_INVALID, "mt_embedding",
+                          "arg 2: index 7 at position 1 is out of range [0, 5) (weight has 5 rows");
+    assert_deferred_error(mt_embedding(w, i64_tensor((int64_t[]){-1}, MT_SHAPE(1))), MT_ERR_INVALID,
+                          "mt_embedding", "index -1 at position 0");
     assert_null(mt_embedding(w, mt_zeros(MT_SHAPE(2), MT_I32, mt_test_device())));
     assert_error(MT_ERR_DTYPE, "mt_embedding: arg 2: indices must be i64, got i32");
     assert_null(mt_embedding(mt_zeros(MT_SHAPE(5), MT_F32, mt_test_device()),
                              i64_tensor((int64_t[]){1}, MT_SHAPE(1))));
     assert_error(MT_ERR_SHAPE, "weight must be [num_embeddings, dim]");
-    assert_null(mt_index_select(w, 1, i64_tensor((int64_t[]){0, 3}, MT_SHAPE(2))));
-    assert_error(MT_ERR_INVALID,
-                 "mt_index_select: arg 3: index 3 at position 1 is out of range [0, 3) (dim 1 "
-                 "has size 3)");
+    assert_deferred_error(mt_index_select(w, 1, i64_tensor((int64_t[]){0, 3}, MT_SHAPE(2))),
+                          MT_ERR_INVALID, "mt_index_select",
+                          "arg 3: index 3 at position 1 is out of range [0, 3) (dim 1 has size 3");
+    assert_deferred_error(mt_index_select(w, -2, i64_tensor((int64_t[]){5}, MT_SHAPE(1))),
+                          MT_ERR_INVALID, "mt_index_select", "(dim 0 has size 5");
     assert_null(mt_index_select(w, 2, i64_tensor((int64_t[]){0}, MT_SHAPE(1))));
     assert_error(MT_ERR_INVALID, "mt_index_select");
-    assert_null(mt_gather(w, 0, i64_tensor((int64_t[]){0, 9}, MT_SHAPE(1, 2))));
-    assert_error(MT_ERR_INVALID, "mt_gather: arg 3: index 9 at position 1");
+    assert_deferred_error(mt_gather(w, 0, i64_tensor((int64_t[]){0, 9}, MT_SHAPE(1, 2))),
+                          MT_ERR_INVALID, "mt_gather", "arg 3: index 9 at position 1");
     assert_null(mt_gather(w, 0, i64_tensor((int64_t[]){0, 1}, MT_SHAPE(2))));
     assert_error(MT_ERR_SHAPE, "mt_gather: arg 3: index shape [2]");
     assert_null(mt_gather(w, 0, i64_tensor((int64_t[]){0, 0, 0, 0}, MT_SHAPE(1, 4))));
@@ -243,18 +245,11 @@ static void test_index_errors(void **state) {
     mt_scope_end();
 }
 
-
-
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_embedding),
-        MT_TEST(test_index_select),
-        MT_TEST(test_gather),
-        MT_TEST(test_index_strided),
-        MT_TEST(test_index_gradcheck),
-        MT_TEST(test_argmax),
-        MT_TEST(test_randperm),
-        MT_TEST(test_index_errors),
+        MT_TEST(test_embedding),     MT_TEST(test_index_select),    MT_TEST(test_gather),
+        MT_TEST(test_index_strided), MT_TEST(test_index_gradcheck), MT_TEST(test_argmax),
+        MT_TEST(test_randperm),      MT_TEST(test_index_errors),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -108,13 +108,27 @@ mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index) {
 static int report_fault(const char *op, mt_cuda_device_ctx *c) {
     volatile mt_cuda_fault *f = c->fault_host;
     if (f->code == MT_CUDA_FAULT_NONE) return 0;
-    mt_cuda_fault seen = {f->code, f->op, f->a, f->b, f->c};
+    mt_cuda_fault seen = {f->code, f->op, f->a, f->b, f->c, f->dim};
     memset(c->fault_host, 0, sizeof *c->fault_host);
     if (seen.code == MT_CUDA_FAULT_LABEL_RANGE)
         return mt_error_set(MT_ERR_INVALID,
                             "mt_%s: arg 2: label %lld at row %lld is out of range [0, %lld) "
                             "(found on cuda:%d by the kernel, reported by %s)",
                             mt_op_name((mt_op_id)seen.op), seen.b, seen.a, seen.c, c->device, op);
+    if (seen.code == MT_CUDA_FAULT_INDEX_RANGE) {
+        /* the words of the CPU's host check (src/ops/index.c), plus where it was found */
+        bool embedding = seen.op == MT_OP_EMBEDDING;
+        char what[64];
+        if (embedding)
+            snprintf(what, sizeof what, "weight has %lld rows", seen.c);
+        else
+            snprintf(what, sizeof what, "dim %d has size %lld", seen.dim, seen.c);
+        return mt_error_set(MT_ERR_INVALID,
+                            "mt_%s: arg %d: index %lld at position %lld is out of range [0, %lld) "
+                            "(%s; found on cuda:%d by the kernel, reported by %s)",
+                            mt_op_name((mt_op_id)seen.op), embedding ? 2 : 3, seen.b, seen.a,
+                            seen.c, what, c->device, op);
+    }
     return mt_error_set(MT_ERR_INTERNAL, "mt_%s: unknown device fault %d (reported by %s)",
                         mt_op_name((mt_op_id)seen.op), seen.code, op);
 }

@@ -70,7 +70,8 @@ int mt_cuda_be_batch_norm(const mt_bn_args *a);
 int mt_cuda_be_batch_norm_backward(const mt_bn_backward_args *a);
 int mt_cuda_be_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed,
                        uint64_t offset);
-int mt_cuda_be_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+int mt_cuda_be_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index,
+                            mt_op_id op);
 int mt_cuda_be_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
 int mt_cuda_be_gather(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
 int mt_cuda_be_scatter_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);

@@ -133,10 +133,13 @@ static mt_cuda_index_args index_args(const mt_tensor *src, const mt_tensor *dst,
     return a;
 }
 
-int mt_cuda_be_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index) {
+int mt_cuda_be_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index,
+                            mt_op_id op) {
     mt_cuda_device_ctx *c = ctx_for("mt_index_select", x);
     if (!c) return MT_ERR_DEVICE;
     mt_cuda_index_args a = index_args(x, out, x, dim, index);
+    a.op = (int)op;
+    a.dim = dim;
     return launched("mt_index_select", mt_cuda_index_select(&c->kctx, &a));
 }
 
@@ -162,6 +165,7 @@ static mt_cuda_gather_args gather_args(const mt_tensor *x, const mt_tensor *out,
                              .index = mt_tensor_data(index),
                              .nd = index->ndim,
                              .dim = dim,
+                             .user_dim = dim,
                              .es = (int)mt_dtype_size(x->dtype),
                              .numel = numel,
                              .sdt = x->dtype,

@@ -38,11 +38,34 @@ MT_DEV void copy_element(char *dst, const char *src, int es) {
     }
 }
 
+// First writer wins: the host reports this one at the next synchronisation.
+MT_DEV void fault_index(mt_cuda_fault *f, int op, int dim, int64_t pos, int64_t value,
+                        int64_t bound) {
+    if (f && atomicCAS(&f->code, 0, (int)MT_CUDA_FAULT_INDEX_RANGE) == 0) {
+        f->op = op;
+        f->dim = dim;
+        f->a = pos;
+        f->b = value;
+        f->c = bound;
+    }
+}
+
+MT_DEV void zero_element(char *dst, int es) {
+    for (int b = 0; b < es; b++) dst[b] = 0;
+}
+
 // out[o, j, i] = x[o, index[j], i]
-__global__ void __launch_bounds__(INDEX_THREADS) index_select_kernel(mt_cuda_index_args a) {
+__global__ void __launch_bounds__(INDEX_THREADS)
+    index_select_kernel(mt_cuda_index_args a, mt_cuda_fault *fault) {
     GRID_STRIDE(e, a.outer * a.k * a.inner) {
         int64_t i = e % a.inner, j = e / a.inner % a.k, o = e / (a.inner * a.k);
-        copy_element(a.dst + e * a.es, a.src + ((o * a.n + a.index[j]) * a.inner + i) * a.es, a.es);
+        int64_t r = a.index[j];
+        if (r < 0 || r >= a.n) {
+            zero_element(a.dst + e * a.es, a.es);
+            if (o == 0 && i == 0) fault_index(fault, a.op, a.dim, j, r, a.n);
+            continue;
+        }
+        copy_element(a.dst + e * a.es, a.src + ((o * a.n + r) * a.inner + i) * a.es, a.es);
     }
 }
 
@@ -92,13 +115,20 @@ __global__ void __launch_bounds__(INDEX_THREADS) argmax_kernel(mt_cuda_index_arg
 // indexed array would live in local memory).
 
 // out[p] = x[p with coordinate dim replaced by index[p]], out and index of one shape
-__global__ void __launch_bounds__(INDEX_THREADS) gather_kernel(mt_cuda_gather_args a) {
+__global__ void __launch_bounds__(INDEX_THREADS)
+    gather_kernel(mt_cuda_gather_args a, mt_cuda_fault *fault) {
     GRID_STRIDE(p, a.numel) {
+        int64_t r = a.index[p], bound = a.x_shape[a.dim];
+        if (r < 0 || r >= bound) {
+            zero_element(a.out + p * a.es, a.es);
+            fault_index(fault, (int)MT_OP_GATHER, a.user_dim, p, r, bound);
+            continue;
+        }
         int64_t rem = p, off = 0;
         for (int d = a.nd - 1; d >= 0; d--) {
             int64_t c = rem % a.index_shape[d];
             rem /= a.index_shape[d];
-            off += (d == a.dim ? a.index[p] : c) * a.x_strides[d];
+            off += (d == a.dim ? r : c) * a.x_strides[d];
         }
         copy_element(a.out + p * a.es, a.x + off * a.es, a.es);
     }
@@ -136,7 +166,7 @@ __global__ void __launch_bounds__(INDEX_THREADS) scatter_add_kernel(mt_cuda_gath
 extern "C" int mt_cuda_index_select(const mt_cuda_ctx *c, const mt_cuda_index_args *a) {
     int64_t n = a->outer * a->k * a->inner;
     if (n == 0) return 0;
-    MT_LAUNCH(index_select_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
+    MT_LAUNCH(index_select_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a, c->fault);
     return (int)cudaGetLastError();
 }
 
@@ -159,7 +189,7 @@ extern "C" int mt_cuda_argmax(const mt_cuda_ctx *c, const mt_cuda_index_args *a)
 
 extern "C" int mt_cuda_gather(const mt_cuda_ctx *c, const mt_cuda_gather_args *a) {
     if (a->numel == 0) return 0;
-    MT_LAUNCH(gather_kernel, index_blocks(c, a->numel), INDEX_THREADS, 0, c->stream, *a);
+    MT_LAUNCH(gather_kernel, index_blocks(c, a->numel), INDEX_THREADS, 0, c->stream, *a, c->fault);
     return (int)cudaGetLastError();
 }
 

@@ -25,9 +25,10 @@ extern "C" {
 typedef struct {
     int code;          /* 0: none; MT_CUDA_FAULT_* */
     int op;            /* mt_op_id of the op whose kernel found it */
-    long long a, b, c; /* what the message needs (row, value, bound) */
+    long long a, b, c; /* what the message needs (row or position, value, bound) */
+    int dim;           /* the indexed dim (MT_CUDA_FAULT_INDEX_RANGE) */
 } mt_cuda_fault;
-enum { MT_CUDA_FAULT_NONE = 0, MT_CUDA_FAULT_LABEL_RANGE = 1 };
+enum { MT_CUDA_FAULT_NONE = 0, MT_CUDA_FAULT_LABEL_RANGE = 1, MT_CUDA_FAULT_INDEX_RANGE = 2 };
 
 /* Scratch device memory from the caching allocator. Blocks are reused in stream order, so a
    launcher may free its scratch right after enqueuing the kernels that use it. */
@@ -180,7 +181,10 @@ int mt_cuda_batch_norm_backward(const mt_cuda_ctx *c, const mt_cuda_batch_norm_b
 int mt_cuda_dropout(const mt_cuda_ctx *c, char *out, const char *x, mt_dtype dt, int64_t n,
                     double p, uint64_t seed, uint64_t offset);
 
-/* ---- indexing (index.cu); every tensor contiguous, indices range-checked by the op */
+/* ---- indexing (index.cu); every tensor contiguous. The forward kernels (index_select,
+   gather) check every index they read: one outside [0, bound) gives a zero element and sets
+   c->fault (MT_CUDA_FAULT_INDEX_RANGE, op, a = position in the index, b = value, c = bound,
+   dim), first writer wins. The adjoints skip such an index (it matches no destination). */
 /* src and dst seen as [outer, n or k, inner] around the indexed dim; index [k] (I64, device) */
 typedef struct {
     const char *src;
@@ -189,6 +193,7 @@ typedef struct {
     int64_t outer, n, k, inner;
     int es; /* element size of src and dst (index_select) */
     mt_dtype sdt, ddt;
+    int op, dim; /* named by a fault: MT_OP_INDEX_SELECT or MT_OP_EMBEDDING, the caller's dim */
 } mt_cuda_index_args;
 int mt_cuda_index_select(const mt_cuda_ctx *c, const mt_cuda_index_args *a); /* dst [o, k, i] */
 int mt_cuda_index_add(const mt_cuda_ctx *c, const mt_cuda_index_args *a);    /* dst [o, n, i] */
@@ -200,6 +205,7 @@ typedef struct {
     char *out;
     const int64_t *index;
     int nd, dim, es;
+    int user_dim; /* the caller's dim, for a fault (dim is remapped for a 0-d index) */
     int64_t numel;
     int64_t index_shape[MT_MAX_DIMS], index_strides[MT_MAX_DIMS];
     int64_t x_shape[MT_MAX_DIMS], x_strides[MT_MAX_DIMS];

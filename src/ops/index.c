@@ -1,20 +1,24 @@
 /* Indexing ops: mt_index_select, mt_embedding and mt_gather (differentiable: their
    backwards add the incoming gradient back at the indexed places, deterministically, in
    FP32/F64 before one rounding to the input's dtype), mt_argmax (I64, not differentiable)
-   and mt_randperm (from the global Philox generator). Indices are I64 and checked on the
-   host before any kernel runs: an out-of-range one is an error naming the op, its position
-   and its value. */
+   and mt_randperm (from the global Philox generator). Indices are I64. On the CPU they are
+   checked before the kernel runs: an out-of-range one is an error naming the op, its
+   position and its value. A device checks them in its kernel instead (reading them here
+   would be a host sync in every step that embeds a batch): the same error, deferred to the
+   next synchronisation, and zeros where the bad index pointed. */
 #include <stdlib.h>
 #include "../math/philox.h"
 #include "dispatch.h"
 
-/* Every index in [0, bound): else MT_ERR_INVALID naming op, arg, the position and value. */
+/* Every index in [0, bound): else MT_ERR_INVALID naming op, arg, the position and value.
+   Host tensors only: a device's kernel does it. */
 static int check_indices(const char *op, int arg, const mt_tensor *index, int64_t bound,
                          const char *what) {
+    if (index->device.type != MT_DEVICE_CPU) return 0;
     int64_t n = index->numel;
     const int64_t *v;
     int64_t *copy = NULL;
-    if (index->device.type == MT_DEVICE_CPU && mt_is_contiguous(index)) {
+    if (mt_is_contiguous(index)) {
         v = mt_tensor_data(index);
     } else {
         copy = malloc((size_t)(n ? n : 1) * sizeof *copy);
@@ -95,7 +99,7 @@ static mt_tensor *select_rows(mt_op_id op, mt_tensor *x, int dim, mt_tensor *ind
     mt_tensor *out = flat ? mt_tensor_new(name, out_ndim, out_shape, x->dtype, x->device) : NULL;
     int rc = out ? 0 : MT_ERR_OOM;
     if (!xc || !ic) rc = mt_backward_failed();
-    if (rc == 0) rc = mt_backend_get(x->device)->index_select(out, xc, dim, flat);
+    if (rc == 0) rc = mt_backend_get(x->device)->index_select(out, xc, dim, flat, op);
     if (rc == 0) {
         mt_node *node = mt_record(op, index_select_backward, &xc, 1, out, &rc);
         if (node) {
@@ -262,7 +266,8 @@ static mt_tensor *argmax(mt_tensor *x, int dim, bool keepdim) {
     mt_tensor_unref(xc);
     mt_tensor *res = NULL;
     if (rc == 0)
-        res = keepdim ? mt_tensor_ref(out) : mt_tensor_view_of(out, nk, squeezed, NULL, out->offset);
+        res =
+            keepdim ? mt_tensor_ref(out) : mt_tensor_view_of(out, nk, squeezed, NULL, out->offset);
     mt_tensor_unref(out);
     mt_dispatch_done(MT_OP_ARGMAX, x->dtype, res, &x, 1);
     return res;

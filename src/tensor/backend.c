@@ -152,8 +152,9 @@ static int no_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t see
     (void)x, (void)p, (void)seed, (void)offset;
     return unsupported("dropout", out->device);
 }
-static int no_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index) {
-    (void)x, (void)dim, (void)index;
+static int no_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index,
+                           mt_op_id op) {
+    (void)x, (void)dim, (void)index, (void)op;
     return unsupported("index_select", out->device);
 }
 static int no_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src) {

@@ -181,13 +181,16 @@ typedef struct mt_backend {
        i of (seed, offset) for the flat index i; p == 1 gives zeros. The same call on the
        gradient is the backward (the mask is regenerated, never stored). */
     int (*dropout)(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed, uint64_t offset);
-    /* x seen as [outer, n, inner] around dim; index I64 [k] already range-checked:
-       out[o, j, i] = x[o, index[j], i] */
-    int (*index_select)(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
+    /* x seen as [outer, n, inner] around dim; index I64 [k]: out[o, j, i] = x[o, index[j], i].
+       On the CPU the op range-checks the indices before the call. A device reads them only
+       in its kernel: an index outside [0, n) there yields zeros and a deferred fault that
+       names op (MT_OP_INDEX_SELECT or MT_OP_EMBEDDING), reported at the next sync. */
+    int (*index_select)(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index,
+                        mt_op_id op);
     /* dst[o, index[j], i] += src[o, j, i], dst F32 or F64, deterministic (fixed order) */
     int (*index_add)(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
     /* out[p] = x[p with coordinate dim replaced by index[p]] for every position p of index
-       (index I64, out's shape, range-checked) */
+       (index I64, out's shape; range-checked as index_select's) */
     int (*gather)(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
     /* dst[p with dim replaced by index[p]] += src[p], dst F32 or F64, deterministic */
     int (*scatter_add)(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
