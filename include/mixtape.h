@@ -347,6 +347,8 @@ mt_tensor *mt_cat(mt_tensor *const *ts, int n, int dim);
 mt_tensor *mt_stack(mt_tensor *const *ts, int n, int dim);
 
 mt_tensor *mt_cast(mt_tensor *t, mt_dtype dt); /* new reference to t itself when dt matches */
+/* A copy on dev (t itself when already there). Between two CUDA devices it is a peer copy,
+   ordered on both devices' streams, with no host wait; to the CPU it waits. */
 mt_tensor *mt_to(mt_tensor *t, mt_device dev);
 mt_tensor *mt_clone(mt_tensor *t);
 mt_tensor *mt_contiguous(mt_tensor *t); /* t itself when already contiguous */

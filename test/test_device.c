@@ -567,6 +567,71 @@ static void test_uploads_in_flight(void **state) {
     assert_no_error();
 }
 
+/* ------------------------------------------------------------------ (h) peer copies */
+
+/* mt_to between two CUDA devices copies device to device without a host wait, from any
+   layout and dtype, keeps stream order on both sides (a later in-place write to the source
+   or a reuse of its freed block does not reach the copy), and its backward brings the
+   gradient back to the first device. */
+static void test_peer_copy(void **state) {
+    (void)state;
+    mt_device d0 = MT_CUDA(0), d1 = MT_CUDA(1);
+    mt_scope_begin();
+    mt_manual_seed(9);
+    mt_tensor *x = mt_randn(MT_SHAPE(3, 4), MT_F32, d0);
+    mt_set_requires_grad(x, true);
+    double xv[12];
+    mt_tensor *x64 = mt_cast(x, MT_F64);
+    assert_int_equal(mt_copy_to_host(x64, xv, sizeof xv), 0);
+
+    int64_t syncs = mt_host_sync_count();
+    mt_tensor *y = mt_to(x, d1);
+    mt_tensor *yt = mt_to(mt_transpose(x, 0, 1), d1); /* a strided source */
+    mt_tensor *yh = mt_to(mt_cast(x, MT_F16), d1);
+    mt_tensor *back = mt_to(y, d0);
+    assert_int_equal(mt_host_sync_count(), syncs);
+    assert_no_error();
+    assert_int_equal(mt_device_of(y).index, 1);
+    assert_int_equal(mt_device_of(back).index, 0);
+    assert_tensor_close(y, xv, 12, 0, 0);
+    assert_tensor_close(back, xv, 12, 0, 0);
+    double xt[12], xh[12];
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) xt[j * 3 + i] = xv[i * 4 + j];
+    assert_tensor_close(yt, xt, 12, 0, 0);
+    for (int i = 0; i < 12; i++) xh[i] = xv[i];
+    assert_tensor_close(yh, xh, 12, 1e-3, 1e-3);
+    assert_int_equal(mt_dtype_of(yh), MT_F16);
+
+    /* stream order: the source changes right after the copy, and a freed source's block is
+       taken by the next allocation on its device */
+    mt_tensor *src = mt_ones(MT_SHAPE(1000), MT_F32, d0);
+    mt_tensor *dst = mt_to(src, d1);
+    assert_int_equal(mt_mul_scalar_inplace(src, 5.0), 0);
+    mt_tensor *src2 = mt_ones(MT_SHAPE(1000), MT_F32, d0);
+    mt_tensor *dst2 = mt_to(src2, d1);
+    mt_release(src2); /* freed now (the scope lets go of it): the next allocation reuses it */
+    mt_tensor *other = mt_full(MT_SHAPE(1000), MT_F32, d0, 7.0);
+    assert_non_null(other);
+    double ones[1000];
+    for (int i = 0; i < 1000; i++) ones[i] = 1.0;
+    assert_tensor_close(dst, ones, 1000, 0, 0);
+    assert_tensor_close(dst2, ones, 1000, 0, 0);
+
+    /* the gradient of a loss on cuda:1 lands on x, on cuda:0 */
+    mt_tensor *loss = mt_sum_all(mt_mul(y, y));
+    assert_int_equal(mt_backward(loss, NULL), 0);
+    mt_tensor *g = mt_grad(x);
+    assert_int_equal(mt_device_of(g).index, 0);
+    double want[12];
+    for (int i = 0; i < 12; i++) want[i] = 2 * xv[i];
+    assert_tensor_close(g, want, 12, 1e-6, 1e-6);
+    assert_int_equal(mt_synchronize(d0), 0);
+    assert_int_equal(mt_synchronize(d1), 0);
+    assert_no_error();
+    mt_scope_end();
+}
+
 /* ------------------------------------------------------------------ main */
 
 #define CUDA_ONLY(fn, why)                                                                         \
@@ -584,6 +649,10 @@ int main(void) {
         DEVICE_TEST(test_oom_in_backward_changes_nothing),
         DEVICE_TEST(test_missing_cuda_device),
         DEVICE_TEST(test_uploads_in_flight),
+        mt_cuda_device_count() >= 2 && !mt_test_device_is_cpu()
+            ? (struct CMUnitTest)DEVICE_TEST(test_peer_copy)
+            : MT_TEST_SKIPPED(test_peer_copy,
+                              "needs two CUDA devices (the emulated runs set MTEMU_DEVICES=2)"),
     };
     return MT_RUN_TESTS(tests);
 }

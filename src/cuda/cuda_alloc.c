@@ -86,6 +86,24 @@ static void account(device_pool *dp, int64_t delta) {
     mt_mem_account_device(delta);
 }
 
+/* cudaMalloc allocates on the calling thread's current device: make it `device` (a cache
+   hit needs no switch; the contexts set the device again before their next call). */
+static void *device_malloc(int device, size_t size) {
+    void *p = NULL;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != device) {
+        if (cudaSetDevice(device) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return NULL;
+        }
+    }
+    if (cudaMalloc(&p, size) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
 void *mt_cuda_alloc(int device, size_t nbytes) {
     size_t limit = mt_alloc_limit();
     if ((limit && nbytes > limit) || device < 0 || device >= MAX_DEVICES) return NULL;
@@ -99,13 +117,10 @@ void *mt_cuda_alloc(int device, size_t nbytes) {
         p = c->blocks[--c->n];
         dp->cached -= (int64_t)size;
     } else {
-        if (cudaMalloc(&p, size) != cudaSuccess) {
-            (void)cudaGetLastError();
+        p = device_malloc(device, size);
+        if (!p) {
             release_cached(dp);
-            if (cudaMalloc(&p, size) != cudaSuccess) {
-                (void)cudaGetLastError();
-                p = NULL;
-            }
+            p = device_malloc(device, size);
         }
     }
     if (p) account(dp, (int64_t)size);

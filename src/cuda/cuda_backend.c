@@ -105,6 +105,36 @@ static int cuda_download(const mt_tensor *src, void *dst) {
     return rc;
 }
 
+/* Device to device: the destination's stream waits for the source's work so far, copies
+   (over NVLink or PCIe peer access, or staged by the driver where there is none), and the
+   source's stream then waits for the copy, so that the caching allocator may hand the
+   source's block (or the dense temporary) to later work on that stream. No host wait. */
+static int cuda_copy_peer(mt_tensor *dst, const mt_tensor *src) {
+    if (dst->numel == 0) return 0;
+    mt_cuda_device_ctx *s = ctx_of("copy_peer", src);
+    if (!s) return MT_ERR_DEVICE;
+    mt_tensor *tmp = NULL;
+    const mt_tensor *from = src;
+    int rc = 0;
+    if (!mt_is_contiguous(src)) {
+        tmp = dense_like("copy_peer", src);
+        rc = tmp ? cuda_copy(tmp, src) : MT_ERR_OOM;
+        from = tmp;
+    }
+    if (!rc) rc = mt_cuda_check("copy_peer", cudaEventRecord(s->peer_event, s->stream));
+    mt_cuda_device_ctx *d = rc ? NULL : ctx_of("copy_peer", dst); /* now the current device */
+    if (!rc && !d) rc = MT_ERR_DEVICE;
+    if (!rc) rc = mt_cuda_check("copy_peer", cudaStreamWaitEvent(d->stream, s->peer_event, 0));
+    if (!rc)
+        rc = mt_cuda_check("copy_peer",
+                           cudaMemcpyPeerAsync(mt_tensor_data(dst), d->device, mt_tensor_data(from),
+                                               s->device, nbytes_of(dst), d->stream));
+    if (!rc) rc = mt_cuda_check("copy_peer", cudaEventRecord(d->peer_event, d->stream));
+    if (!rc) rc = mt_cuda_check("copy_peer", cudaStreamWaitEvent(s->stream, d->peer_event, 0));
+    mt_tensor_unref(tmp);
+    return rc;
+}
+
 /* ---- elementwise */
 static int cuda_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
     if (out->numel == 0) return 0;
@@ -347,6 +377,7 @@ const mt_backend mt_cuda_backend = {
     .copy = cuda_copy,
     .fill = cuda_fill,
     .upload = cuda_upload,
+    .copy_peer = cuda_copy_peer,
     .download = cuda_download,
     .unary = cuda_unary,
     .binary = cuda_binary,

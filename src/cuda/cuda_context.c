@@ -43,6 +43,7 @@ static void ctx_destroy(mt_cuda_device_ctx *c) {
     if (c->blas) mt_cublas()->destroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->fault_host) cudaFreeHost(c->fault_host);
+    if (c->peer_event) cudaEventDestroy(c->peer_event);
     free(c);
 }
 
@@ -64,6 +65,8 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
     if (!rc && !mt_cublas_load(op)) rc = MT_ERR_DEVICE;
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->create(&c->blas));
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->set_stream(c->blas, c->stream));
+    if (!rc)
+        rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->peer_event, cudaEventDisableTiming));
     if (!rc) c->staging = mt_cuda_staging_new(); /* none: uploads copy from pageable memory */
     int sms = 1;
     if (!rc)

@@ -18,6 +18,7 @@ typedef struct {
     mt_cuda_staging *staging; /* pinned blocks for uploads (cuda_staging.c); NULL: none */
     cublasHandle_t blas;
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
+    cudaEvent_t peer_event;    /* orders the two streams of a device-to-device copy */
     mt_cuda_ctx kctx;
 } mt_cuda_device_ctx;
 

@@ -35,8 +35,8 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
     if (same) {
         rc = mt_backend_get(dev)->copy(out, t);
     } else if (t->device.type == MT_DEVICE_CPU) { /* host -> device */
-        mt_tensor *src =
-            mt_is_contiguous(t) && t->dtype == dt ? mt_tensor_ref(t) : copy_as(op, t, dt, MT_CPU, NULL);
+        mt_tensor *src = mt_is_contiguous(t) && t->dtype == dt ? mt_tensor_ref(t)
+                                                               : copy_as(op, t, dt, MT_CPU, NULL);
         rc = src ? mt_backend_get(dev)->upload(out, mt_tensor_data(src)) : MT_ERR_OOM;
         mt_tensor_unref(src);
     } else if (dev.type == MT_DEVICE_CPU) { /* device -> host */
@@ -44,10 +44,10 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
         rc = host ? mt_backend_get(t->device)->download(t, mt_tensor_data(host)) : MT_ERR_OOM;
         if (rc == 0) rc = mt_cpu_backend.copy(out, host);
         mt_tensor_unref(host);
-    } else { /* device -> device through the host */
-        mt_tensor *host = copy_as(op, t, dt, MT_CPU, NULL);
-        rc = host ? mt_backend_get(dev)->upload(out, mt_tensor_data(host)) : MT_ERR_OOM;
-        mt_tensor_unref(host);
+    } else { /* device -> device of one backend: peer to peer, no host round trip */
+        mt_tensor *src = t->dtype == dt ? mt_tensor_ref(t) : copy_as(op, t, dt, t->device, NULL);
+        rc = src ? mt_backend_get(dev)->copy_peer(out, src) : MT_ERR_OOM;
+        mt_tensor_unref(src);
     }
     if (rc == 0 && bw) {
         mt_node *node = mt_record(op, bw, &t, 1, out, &rc);

@@ -63,6 +63,10 @@ static int no_upload(mt_tensor *dst, const void *src) {
     (void)src;
     return unsupported("upload", dst->device);
 }
+static int no_copy_peer(mt_tensor *dst, const mt_tensor *src) {
+    (void)src;
+    return unsupported("copy_peer", dst->device);
+}
 static int no_download(const mt_tensor *src, void *dst) {
     (void)dst;
     return unsupported("download", src->device);
@@ -221,6 +225,7 @@ static void complete(mt_backend *b) {
     FILL(fill);
     FILL(upload);
     FILL(download);
+    FILL(copy_peer);
     FILL(unary);
     FILL(binary);
     FILL(where);

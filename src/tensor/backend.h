@@ -103,6 +103,10 @@ typedef struct mt_backend {
     /* Reads a contiguous host buffer into / out of a tensor of the same dtype. */
     int (*upload)(mt_tensor *dst, const void *src);
     int (*download)(const mt_tensor *src, void *dst); /* dst contiguous */
+    /* dst = src between two devices of this backend (dst contiguous, src any layout, one
+       dtype), ordered after the work queued on src's device and before later work on both,
+       with no host wait. */
+    int (*copy_peer)(mt_tensor *dst, const mt_tensor *src);
     /* out = op(a, p): unary and tensor-scalar ops; a has out's shape and dtype */
     int (*unary)(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p);
     /* out = op(a, b): a and b expanded to out's shape, same dtype; out BOOL for comparisons */

@@ -38,6 +38,7 @@
 
 struct CUstream_st {
     unsigned flags;
+    int device; // the current device when it was created
 };
 
 struct event_state {
@@ -101,12 +102,34 @@ size_t capacity_from_env() {
     return static_cast<size_t>(n) << shift;
 }
 
+// MTEMU_DEVICES: how many devices the emulator shows (1 to 8, default 1). They share one
+// memory arena (MTEMU_MEM_BYTES in all) and one queue of work; each allocation and stream
+// belongs to the device current when it was made, and the runtime checks that pointers and
+// streams are used on their own device, where the real runtime would fail.
+int device_count_from_env() {
+    const char *v = std::getenv("MTEMU_DEVICES");
+    if (!v || !*v) return 1;
+    char *end;
+    long n = std::strtol(v, &end, 10);
+    if (*end || n < 1 || n > 8) {
+        std::fprintf(stderr, "mtemu: MTEMU_DEVICES=%s is not 1 to 8; using 1\n", v);
+        return 1;
+    }
+    return static_cast<int>(n);
+}
+int device_count() {
+    static const int n = device_count_from_env();
+    return n;
+}
+thread_local int current_device = 0; // per host thread, like the real runtime's
+
 // The device memory arena. Guarded by state_lock below.
 class arena {
   public:
     struct block {
         size_t bytes; // requested
         size_t span;  // taken from the arena: rounded up, plus the gap
+        int device;   // the device it was allocated on
     };
 
     size_t capacity() {
@@ -115,7 +138,7 @@ class arena {
     }
     size_t in_use() const { return in_use_; }
 
-    void *alloc(size_t bytes) {
+    void *alloc(size_t bytes, int on_device) {
         if (!init()) return nullptr;
         size_t span = round_up(bytes, device_alignment) + block_gap;
         for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -123,7 +146,7 @@ class arena {
             size_t off = it->first, left = it->second - span;
             free_.erase(it);
             if (left) free_[off + span] = left;
-            live_[off] = block{bytes, span};
+            live_[off] = block{bytes, span, on_device};
             in_use_ += span;
             if (off + span > high_water_) high_water_ = off + span;
             char *p = base_ + off;
@@ -322,9 +345,23 @@ const error_text *find_error(cudaError_t e) {
 }
 
 cudaError_t check_device(int device_index) {
-    return device_index == 0 ? cudaSuccess
-                             : reportf(cudaErrorInvalidDevice,
-                                       "device %d: the emulator has device 0 only", device_index);
+    if (device_index >= 0 && device_index < device_count()) return cudaSuccess;
+    return reportf(cudaErrorInvalidDevice,
+                   "device %d: the emulator has %d device(s) (MTEMU_DEVICES sets the count)",
+                   device_index, device_count());
+}
+
+// The device of the allocation holding [p, p + n), or -1.
+int allocation_device(const void *p, size_t n) {
+    size_t off;
+    const arena::block *b = device.find(p, &off);
+    return b && n <= b->bytes - off ? b->device : -1;
+}
+
+// The device a stream belongs to: its creator's, or the caller's for the default streams.
+int stream_device(cudaStream_t s) {
+    return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread ? current_device
+                                                                             : s->device;
 }
 
 } // namespace
@@ -337,6 +374,14 @@ void enqueue(cudaStream_t s, std::function<void()> fn) {
     if (!stream_valid(s)) {
         reportf(cudaErrorInvalidResourceHandle, "work queued on stream %p, which does not exist",
                 static_cast<void *>(s));
+        return;
+    }
+    // A kernel or library call goes to a stream of the current device (the real runtime
+    // fails the launch otherwise).
+    if (stream_device(s) != current_device) {
+        reportf(cudaErrorInvalidResourceHandle,
+                "work queued on stream %p of device %d while device %d is current",
+                static_cast<void *>(s), stream_device(s), current_device);
         return;
     }
     queue.push_back(std::move(fn));
@@ -403,15 +448,25 @@ cudaError_t cudaDriverGetVersion(int *driverVersion) {
 // -- the device
 cudaError_t cudaGetDeviceCount(int *count) {
     if (!count) return report(cudaErrorInvalidValue, "cudaGetDeviceCount: null");
-    *count = 1;
+    *count = device_count();
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-    return check_device(device);
+    if (cudaError_t e = check_device(device)) return e;
+    current_device = device;
+    return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *device) {
     if (!device) return report(cudaErrorInvalidValue, "cudaGetDevice: null");
-    *device = 0;
+    *device = current_device;
+    return cudaSuccess;
+}
+// Every pair of distinct emulated devices can reach each other's memory.
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice) {
+    if (!canAccessPeer) return report(cudaErrorInvalidValue, "cudaDeviceCanAccessPeer: null");
+    if (cudaError_t e = check_device(device)) return e;
+    if (cudaError_t e = check_device(peerDevice)) return e;
+    *canAccessPeer = device != peerDevice;
     return cudaSuccess;
 }
 
@@ -420,7 +475,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device_inde
     if (cudaError_t e = check_device(device_index)) return e;
     std::lock_guard<std::recursive_mutex> g(state_lock);
     *prop = cudaDeviceProp{};
-    std::snprintf(prop->name, sizeof prop->name, "mtemu (emulated device)");
+    std::snprintf(prop->name, sizeof prop->name, "mtemu (emulated device %d)", device_index);
     prop->totalGlobalMem = device.capacity();
     prop->sharedMemPerBlock = mtemu::max_shared_per_block;
     prop->sharedMemPerBlockOptin = mtemu::max_shared_per_block;
@@ -515,7 +570,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
     *devPtr = nullptr;
     if (size == 0) return cudaSuccess;
     std::lock_guard<std::recursive_mutex> g(state_lock);
-    *devPtr = device.alloc(size);
+    *devPtr = device.alloc(size, current_device);
     if (!*devPtr)
         return reportf(cudaErrorMemoryAllocation,
                        "cudaMalloc of %zu bytes: out of emulated device memory (%zu of %zu bytes "
@@ -629,6 +684,29 @@ cudaError_t queue_copy(const char *api, void *dst, const void *src, size_t count
 }
 } // namespace
 
+// Device to device between two devices, queued on a stream of the current device (the
+// copy engine of either side may run it; the queue is one, so stream order holds).
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
+                                size_t count, cudaStream_t stream) {
+    if (count == 0) return cudaSuccess;
+    if (cudaError_t e = check_device(dstDevice)) return e;
+    if (cudaError_t e = check_device(srcDevice)) return e;
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!stream_valid(stream))
+        return reportf(cudaErrorInvalidResourceHandle,
+                       "cudaMemcpyPeerAsync: stream %p does not exist",
+                       static_cast<void *>(stream));
+    int dd = allocation_device(dst, count), sd = allocation_device(src, count);
+    if (dd != dstDevice || sd != srcDevice)
+        return reportf(cudaErrorInvalidValue,
+                       "cudaMemcpyPeerAsync(%p on %d <- %p on %d, %zu bytes): the %s is %s", dst,
+                       dstDevice, src, srcDevice, count, dd != dstDevice ? "destination" : "source",
+                       (dd != dstDevice ? dd : sd) < 0 ? "not inside one device allocation"
+                                                       : "an allocation of another device");
+    queue.push_back([dst, src, count] { std::memmove(dst, src, count); });
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
     bool device_to_device;
@@ -666,7 +744,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
     if (flags & ~unsigned{cudaStreamNonBlocking})
         return reportf(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: flags 0x%x", flags);
     std::lock_guard<std::recursive_mutex> g(state_lock);
-    *pStream = new CUstream_st{flags};
+    *pStream = new CUstream_st{flags, current_device};
     streams.insert(*pStream);
     return cudaSuccess;
 }
@@ -757,6 +835,17 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
         if (!event->state->recorded || event->state->done) return cudaSuccess;
     }
     flush();
+    return cudaSuccess;
+}
+
+// The queue is one, in order: work queued after the wait already runs after the event.
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!events.count(event) || !stream_valid(stream))
+        return report(cudaErrorInvalidResourceHandle,
+                      "cudaStreamWaitEvent: not an event or stream");
+    if (flags & ~unsigned{cudaEventWaitExternal})
+        return reportf(cudaErrorInvalidValue, "cudaStreamWaitEvent: flags 0x%x", flags);
     return cudaSuccess;
 }
 
