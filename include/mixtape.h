@@ -504,7 +504,8 @@ typedef struct {
     double value;
     bool set;
 } mt_opt_real;
-#define MT_SET(x) {.value = (x), .set = true}
+#define MT_SET(x)                                                                                  \
+    { .value = (x), .set = true }
 
 typedef struct {
     mt_opt_real lr;      /* default 1e-3 */
@@ -549,6 +550,12 @@ double mt_clip_grad_norm(mt_optimizer *o, double max_norm);
 /* error_if_nonfinite: a non-finite norm is an MT_ERR_INVALID error instead, and the
    gradients are left as they are. */
 double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite);
+/* The same clipping without a host wait, as torch's: the coefficient
+   min(max_norm / (norm + 1e-6), 1) is computed and applied on the device (so a norm within
+   1e-6 of max_norm scales by just under 1 here, and not in mt_clip_grad_norm), and the norm
+   is returned as a 0-d F32 tensor on the optimizer's device (read it with mt_item only when
+   needed: that waits). NULL with an error when the call failed. */
+mt_tensor *mt_clip_grad_norm_async(mt_optimizer *o, double max_norm);
 /* O2 (Paddle's decorate): casts the parameters to `low` in place, except those marked as
    norm parameters (keep_fp32[i] true, or marked by mt_set_amp_keep_fp32); an optimizer made
    afterwards with multi_precision creates their FP32 masters from the low values (O2 master

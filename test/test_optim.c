@@ -67,7 +67,11 @@ static mt_optimizer *make_opt(const ref_opt *r, mt_tensor **ps, int n, bool mp) 
             &(mt_sgd_opts){.lr = MT_SET(r->lr), .weight_decay = r->wd, .multi_precision = mp});
     case MT_OPTIM_MOMENTUM:
         return mt_momentum_new(ps, n,
-                               &(mt_momentum_opts){.lr = MT_SET(r->lr), .momentum = MT_SET(r->mom), .weight_decay = r->wd, .nesterov = r->nesterov, .multi_precision = mp});
+                               &(mt_momentum_opts){.lr = MT_SET(r->lr),
+                                                   .momentum = MT_SET(r->mom),
+                                                   .weight_decay = r->wd,
+                                                   .nesterov = r->nesterov,
+                                                   .multi_precision = mp});
     case MT_OPTIM_ADAM:
     case MT_OPTIM_ADAMW: {
         mt_adam_opts o = {.lr = MT_SET(r->lr),
@@ -643,6 +647,84 @@ static void test_clip_grad_norm(void **state) {
     assert_no_error();
 }
 
+/* The norm of mt_clip_grad_norm_async, read back (a 0-d F32 tensor on the device). */
+static double async_norm(mt_optimizer *o, double max_norm) {
+    mt_tensor *n = mt_clip_grad_norm_async(o, max_norm);
+    assert_non_null(n);
+    assert_int_equal(mt_ndim(n), 0);
+    assert_int_equal(mt_dtype_of(n), MT_F32);
+    assert_on_test_device(n);
+    double v = mt_item(n);
+    mt_release(n);
+    return v;
+}
+
+/* The device-side clip: torch's coefficient min(max / (norm + 1e-6), 1), no host wait,
+   non-finite norms applied as torch, and the same errors. */
+static void test_clip_grad_norm_async(void **state) {
+    (void)state;
+    mt_dtype dts[] = {MT_F32, MT_F64, MT_F16};
+    for (int d = 0; d < 3; d++) {
+        mt_tensor *a = make_param((double[]){0, 0}, dts[d], MT_SHAPE(2));
+        mt_tensor *b = make_param((double[]){0}, dts[d], MT_SHAPE(1));
+        mt_tensor *ps[2] = {a, b};
+        mt_optimizer *o = mt_sgd_new(ps, 2, NULL);
+        assert_float_equal(async_norm(o, 1.0), 0.0, 0); /* no gradients */
+        set_grad(a, (double[]){3, 4});
+        set_grad(b, (double[]){12});
+        double tol = dts[d] == MT_F16 ? 2e-3 : 1e-6;
+        /* below the bound: unchanged (a coefficient of exactly 1) */
+        assert_float_equal(async_norm(o, 20.0), 13.0, 1e-5);
+        mt_tensor *ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){3, 4}), 2, 0, 0);
+        mt_release(ga);
+        /* above: scaled, and no wait until the norm is read */
+        mt_synchronize(mt_test_device());
+        int64_t syncs = mt_host_sync_count();
+        mt_tensor *n = mt_clip_grad_norm_async(o, 6.5);
+        assert_int_equal(mt_host_sync_count(), syncs);
+        assert_float_equal(mt_item(n), 13.0, 1e-5);
+        mt_release(n);
+        double coef = 6.5 / (13.0 + 1e-6);
+        ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){3 * coef, 4 * coef}), 2, 0, tol);
+        mt_release(ga);
+        /* inf: coefficient 0 (inf elements become nan); nan: everything nan; no error */
+        set_grad(a, (double[]){3, 4});
+        set_grad(b, (double[]){INFINITY});
+        assert_true(isinf(async_norm(o, 1.0)));
+        assert_no_error();
+        ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
+        mt_release(ga);
+        set_grad(a, (double[]){3, 4});
+        set_grad(b, (double[]){NAN});
+        assert_true(isnan(async_norm(o, 1.0)));
+        assert_no_error();
+        ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){NAN, NAN}), 2, 0, 0);
+        mt_release(ga);
+        /* inside an O2 region the arithmetic stays F32 */
+        set_grad(a, (double[]){3, 4});
+        set_grad(b, (double[]){12});
+        mt_autocast_begin(MT_F16, MT_AMP_O2);
+        assert_float_equal(async_norm(o, 1e30), 13.0, 1e-5);
+        mt_autocast_end();
+        /* errors: nothing changes */
+        assert_null(mt_clip_grad_norm_async(NULL, 1));
+        assert_error(MT_ERR_NULL, "mt_clip_grad_norm_async: arg 1: optimizer is NULL");
+        assert_null(mt_clip_grad_norm_async(o, -1));
+        assert_error(MT_ERR_INVALID, "mt_clip_grad_norm_async: arg 2: max_norm -1 is invalid");
+        ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){3, 4}), 2, 0, 0);
+        mt_release(ga);
+        mt_optimizer_free(o);
+        mt_release(a);
+        mt_release(b);
+    }
+    assert_no_error();
+}
+
 /* An expanded (stride-0) gradient is replaced by its own copy before scaling in place. */
 static void test_clip_expanded_grad(void **state) {
     (void)state;
@@ -973,6 +1055,7 @@ int main(void) {
         MT_TEST(test_strided),
         MT_TEST(test_many_and_large),
         MT_TEST(test_clip_grad_norm),
+        MT_TEST(test_clip_grad_norm_async),
         MT_TEST(test_clip_expanded_grad),
         MT_TEST(test_decorate),
         MT_TEST(test_decorate_after_optimizer),

@@ -1,7 +1,9 @@
 /* Global gradient-norm clipping (torch.nn.utils.clip_grad_norm_ with the L2 norm): one fused
-   sum-of-squares pass over every gradient, then, only when clipping is needed, one fused
-   in-place scaling pass (the backend's multi-tensor unscale kernel, which is exactly
-   "g *= s for every g"). */
+   sum-of-squares pass over every gradient, then one fused in-place scaling pass (the
+   backend's multi-tensor unscale kernel, which is exactly "g *= s for every g" and does
+   nothing when s is 1). mt_clip_grad_norm reads the norm on the host and scales only when
+   clipping is needed; mt_clip_grad_norm_async computes the coefficient on the device, as
+   torch does, and never waits. */
 #include <math.h>
 #include <stdlib.h>
 #include "../autograd/node.h"
@@ -26,8 +28,8 @@ static int own_grad(const char *op, mt_tensor *p) {
     return 0;
 }
 
-/* g *= coef for every gradient, in place, in one fused pass. */
-static int scale_grads(const char *op, mt_optimizer *o, double coef) {
+/* g *= coef[0] for every gradient, in place, in one fused pass; coef 0-d F32 on the device. */
+static int scale_grads_by(const char *op, mt_optimizer *o, const mt_tensor *coef) {
     const mt_backend *be = mt_backend_get(o->device);
     int rc = 0, k = 0;
     for (int i = 0; i < o->n && rc == 0; i++) {
@@ -37,15 +39,20 @@ static int scale_grads(const char *op, mt_optimizer *o, double coef) {
         o->grad_buf[k++] = p->grad;
     }
     if (rc < 0) return rc;
-    mt_tensor *s = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
-    mt_tensor *flag = s ? mt_tensor_new(op, 0, NULL, MT_F32, o->device) : NULL;
+    mt_tensor *flag = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
     if (!flag) rc = mt_last_status();
-    if (rc == 0) rc = be->fill(s, coef);
     if (rc == 0) rc = be->fill(flag, 0.0);
-    if (rc == 0) rc = be->unscale(o->grad_buf, k, s, flag);
-    mt_tensor_unref(s);
+    if (rc == 0) rc = be->unscale(o->grad_buf, k, (mt_tensor *)coef, flag);
     mt_tensor_unref(flag);
     for (int i = 0; rc == 0 && i < k; i++) mt_tensor_bump_version(o->grad_buf[i]);
+    return rc;
+}
+
+static int scale_grads(const char *op, mt_optimizer *o, double coef) {
+    mt_tensor *s = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
+    int rc = s ? mt_backend_get(o->device)->fill(s, coef) : mt_last_status();
+    if (rc == 0) rc = scale_grads_by(op, o, s);
+    mt_tensor_unref(s);
     return rc;
 }
 
@@ -95,4 +102,61 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
         return NAN;
     }
     return norm;
+}
+
+/* The norm on the device: sqrt of the fused sum of squares (0-d F32); NULL on error. */
+static mt_tensor *device_norm(const char *op, mt_optimizer *o, int k) {
+    mt_tensor *sq = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
+    int rc = sq ? mt_backend_get(o->device)->sq_norm(o->grad_buf, k, sq) : mt_last_status();
+    mt_tensor *norm = rc == 0 ? mt_sqrt(sq) : NULL;
+    mt_tensor_unref(sq);
+    return norm;
+}
+
+/* coef = min(max_norm / (norm + 1e-6), 1) on the device (torch's clip_coef_clamped): NaN for
+   a NaN norm, 0 for an inf one. */
+static mt_tensor *clip_coef(mt_tensor *norm, double max_norm) {
+    mt_tensor *denom = mt_add_scalar(norm, CLIP_EPS);
+    mt_tensor *top = denom ? mt_scalar(max_norm, MT_F32, norm->device) : NULL;
+    mt_tensor *ratio = top ? mt_div(top, denom) : NULL;
+    mt_tensor *one = ratio ? mt_scalar(1.0, MT_F32, norm->device) : NULL;
+    mt_tensor *coef = one ? mt_minimum(ratio, one) : NULL;
+    mt_tensor_unref(denom);
+    mt_tensor_unref(top);
+    mt_tensor_unref(ratio);
+    mt_tensor_unref(one);
+    return coef;
+}
+
+mt_tensor *mt_clip_grad_norm_async(mt_optimizer *o, double max_norm) {
+    static const char op[] = "mt_clip_grad_norm_async";
+    if (!o) {
+        mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
+        return NULL;
+    }
+    if (isnan(max_norm) || max_norm < 0) {
+        mt_error_set(MT_ERR_INVALID, "%s: arg 2: max_norm %g is invalid: expected a value >= 0", op,
+                     max_norm);
+        return NULL;
+    }
+    mt_api_enter();
+    int k = 0;
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad) o->grad_buf[k++] = o->params[i]->grad;
+    if (k == 0) return mt_api_exit(mt_scalar(0.0, MT_F32, o->device));
+    /* F32 throughout, whatever autocast region the caller is in (as the GradScaler does) */
+    mt_autocast_begin(MT_F32, MT_AMP_O1);
+    mt_tensor *norm = device_norm(op, o, k);
+    mt_tensor *coef = norm ? clip_coef(norm, max_norm) : NULL;
+    mt_autocast_end();
+    int rc = coef ? scale_grads_by(op, o, coef) : mt_last_status();
+    mt_tensor_unref(coef);
+    for (int i = 0; i < o->n; i++) o->grad_buf[i] = NULL;
+    if (rc != 0) {
+        if (mt_last_status() == MT_OK)
+            mt_error_set(MT_ERR_INTERNAL, "%s: a backend kernel failed", op);
+        mt_tensor_unref(norm);
+        norm = NULL;
+    }
+    return mt_api_exit(norm);
 }
