@@ -56,25 +56,32 @@ static int scale_grads(const char *op, mt_optimizer *o, double coef) {
     return rc;
 }
 
+static int check_args(const char *op, const mt_optimizer *o, double max_norm) {
+    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
+    if (isnan(max_norm) || max_norm < 0)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: arg 2: max_norm %g is invalid: expected a value >= 0", op,
+                            max_norm);
+    return 0;
+}
+
+/* The gradients present, into o->grad_buf; returns their count. */
+static int collect_grads(mt_optimizer *o) {
+    int k = 0;
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad) o->grad_buf[k++] = o->params[i]->grad;
+    return k;
+}
+
 double mt_clip_grad_norm(mt_optimizer *o, double max_norm) {
     return mt_clip_grad_norm_ex(o, max_norm, false);
 }
 
 double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite) {
     static const char op[] = "mt_clip_grad_norm";
-    if (!o) {
-        mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
-        return NAN;
-    }
-    if (isnan(max_norm) || max_norm < 0) {
-        mt_error_set(MT_ERR_INVALID, "%s: arg 2: max_norm %g is invalid: expected a value >= 0", op,
-                     max_norm);
-        return NAN;
-    }
+    if (check_args(op, o, max_norm) < 0) return NAN;
     const mt_backend *be = mt_backend_get(o->device);
-    int k = 0;
-    for (int i = 0; i < o->n; i++)
-        if (o->params[i]->grad) o->grad_buf[k++] = o->params[i]->grad;
+    int k = collect_grads(o);
     if (k == 0) return 0.0;
 
     double norm = NAN;
@@ -130,19 +137,9 @@ static mt_tensor *clip_coef(mt_tensor *norm, double max_norm) {
 
 mt_tensor *mt_clip_grad_norm_async(mt_optimizer *o, double max_norm) {
     static const char op[] = "mt_clip_grad_norm_async";
-    if (!o) {
-        mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
-        return NULL;
-    }
-    if (isnan(max_norm) || max_norm < 0) {
-        mt_error_set(MT_ERR_INVALID, "%s: arg 2: max_norm %g is invalid: expected a value >= 0", op,
-                     max_norm);
-        return NULL;
-    }
+    if (check_args(op, o, max_norm) < 0) return NULL;
     mt_api_enter();
-    int k = 0;
-    for (int i = 0; i < o->n; i++)
-        if (o->params[i]->grad) o->grad_buf[k++] = o->params[i]->grad;
+    int k = collect_grads(o);
     if (k == 0) return mt_api_exit(mt_scalar(0.0, MT_F32, o->device));
     /* F32 throughout, whatever autocast region the caller is in (as the GradScaler does) */
     mt_autocast_begin(MT_F32, MT_AMP_O1);
