@@ -378,7 +378,7 @@ static const golden_op golden_ops[] = {
     OP(log_softmax, false),
     OP(matmul, false),
     OP(linear, false),
-    OP_CPU(conv2d, false, ISSUE9),
+    OP(conv2d, false),
     OP_CPU(max_pool2d, true, ISSUE9),
     OP_CPU(avg_pool2d, false, ISSUE9),
     OP_CPU(adaptive_avg_pool2d, false, ISSUE9),

@@ -11,6 +11,7 @@
    cuBLAS call of the library goes there, so stream order is program order), the cuBLAS
    handle bound to it, the deferred-fault word and the launch context handed to kernels. */
 typedef struct mt_cuda_staging mt_cuda_staging;
+typedef struct mt_cudnn_state mt_cudnn_state; /* cudnn_state.c */
 
 typedef struct {
     int device;
@@ -19,10 +20,13 @@ typedef struct {
     cublasHandle_t blas;
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
     mt_cuda_ctx kctx;
+    mt_cudnn_state *dnn; /* cuDNN handle and algorithm cache, made on first use (cudnn_state.c) */
 } mt_cuda_device_ctx;
 
 /* The context of device `index`, created on first use; NULL with an error naming op. */
 mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index);
+
+void mt_cudnn_state_free(mt_cudnn_state *s); /* NULL: nothing */
 
 bool mt_cuda_allow_tf32(void); /* mt_cuda_set_allow_tf32's setting (device.c) */
 
