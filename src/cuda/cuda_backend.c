@@ -377,4 +377,6 @@ const mt_backend mt_cuda_backend = {
     .conv2d = mt_cuda_conv2d,
     .conv2d_backward_data = mt_cuda_conv2d_backward_data,
     .conv2d_backward_weight = mt_cuda_conv2d_backward_weight,
+    .pool2d = mt_cuda_be_pool2d,
+    .pool2d_backward = mt_cuda_be_pool2d_backward,
 };

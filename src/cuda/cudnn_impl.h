@@ -35,11 +35,18 @@ typedef struct {
     __typeof__(&cudnnConvolutionForward) conv_fwd;
     __typeof__(&cudnnConvolutionBackwardData) conv_bwd_data;
     __typeof__(&cudnnConvolutionBackwardFilter) conv_bwd_filter;
+    __typeof__(&cudnnCreatePoolingDescriptor) create_pool;
+    __typeof__(&cudnnDestroyPoolingDescriptor) destroy_pool;
+    __typeof__(&cudnnSetPooling2dDescriptor) set_pool_2d;
+    __typeof__(&cudnnPoolingForward) pool_fwd;
 } mt_cudnn_api;
 
 /* Loads cuDNN once; NULL with MT_ERR_UNSUPPORTED naming op and device ("cuDNN not found")
    when the library or one of its entry points is missing. A CPU-only program never gets here. */
 const mt_cudnn_api *mt_cudnn_load(const char *op, int device);
+
+/* True when cuDNN can be loaded (sets no error): where an own kernel can stand in. */
+bool mt_cudnn_available(void);
 
 /* Maps a cuDNN status to an mt error naming op, what was called and cuDNN's message: 0 for
    success, MT_ERR_UNSUPPORTED for the NOT_SUPPORTED family, MT_ERR_OOM for allocation
@@ -78,4 +85,11 @@ int mt_cuda_conv2d_backward_data(mt_tensor *gx, const mt_tensor *gy, const mt_te
                                  const mt_conv2d_params *p);
 int mt_cuda_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
                                    const mt_conv2d_params *p);
+
+/* ---- pooling forward (pool_cudnn.c) */
+/* True when cuDNN computes this pooling exactly as torch: max and average windows whose
+   output size is cuDNN's floor formula (no ceil_mode overhang, so the count_include_pad
+   divisor is the whole kernel), and adaptive pooling with evenly dividing windows. */
+bool mt_cudnn_pool_expressible(const mt_tensor *x, const mt_tensor *y, const mt_pool2d_params *p);
+int mt_cudnn_pool2d(const char *op, mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
 #endif

@@ -45,7 +45,11 @@ static once_flag load_once = ONCE_FLAG_INIT;
     F(bwd_filter_workspace, cudnnGetConvolutionBackwardFilterWorkspaceSize)                        \
     F(conv_fwd, cudnnConvolutionForward)                                                           \
     F(conv_bwd_data, cudnnConvolutionBackwardData)                                                 \
-    F(conv_bwd_filter, cudnnConvolutionBackwardFilter)
+    F(conv_bwd_filter, cudnnConvolutionBackwardFilter)                                             \
+    F(create_pool, cudnnCreatePoolingDescriptor)                                                   \
+    F(destroy_pool, cudnnDestroyPoolingDescriptor)                                                 \
+    F(set_pool_2d, cudnnSetPooling2dDescriptor)                                                    \
+    F(pool_fwd, cudnnPoolingForward)
 
 #if defined(MT_CUDA_EMU)
 static void load(void) {
@@ -97,6 +101,11 @@ const mt_cudnn_api *mt_cudnn_load(const char *op, int device) {
         return NULL;
     }
     return &api;
+}
+
+bool mt_cudnn_available(void) {
+    call_once(&load_once, load);
+    return load_error == NULL;
 }
 
 int mt_cudnn_check(const char *op, const char *what, cudnnStatus_t s) {
