@@ -39,6 +39,8 @@ typedef struct {
     __typeof__(&cudnnDestroyPoolingDescriptor) destroy_pool;
     __typeof__(&cudnnSetPooling2dDescriptor) set_pool_2d;
     __typeof__(&cudnnPoolingForward) pool_fwd;
+    __typeof__(&cudnnBatchNormalizationForwardTraining) bn_fwd_train;
+    __typeof__(&cudnnBatchNormalizationBackward) bn_bwd;
 } mt_cudnn_api;
 
 /* Loads cuDNN once; NULL with MT_ERR_UNSUPPORTED naming op and device ("cuDNN not found")
@@ -92,4 +94,12 @@ int mt_cuda_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_
    divisor is the whole kernel), and adaptive pooling with evenly dividing windows. */
 bool mt_cudnn_pool_expressible(const mt_tensor *x, const mt_tensor *y, const mt_pool2d_params *p);
 int mt_cudnn_pool2d(const char *op, mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
+
+/* ---- batch norm in training (bn_cudnn.c): the plain batch norm (no residual, no ReLU) in
+   training mode, forward and backward, through cuDNN's spatial batch norm; cuda_norm.c's own
+   kernels run the rest (eval, the fused residual + ReLU). */
+bool mt_cudnn_bn_applies(const mt_bn_args *a);
+int mt_cudnn_batch_norm(const mt_bn_args *a);
+bool mt_cudnn_bn_backward_applies(const mt_bn_backward_args *a);
+int mt_cudnn_batch_norm_backward(const mt_bn_backward_args *a);
 #endif

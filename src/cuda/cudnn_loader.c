@@ -49,7 +49,9 @@ static once_flag load_once = ONCE_FLAG_INIT;
     F(create_pool, cudnnCreatePoolingDescriptor)                                                   \
     F(destroy_pool, cudnnDestroyPoolingDescriptor)                                                 \
     F(set_pool_2d, cudnnSetPooling2dDescriptor)                                                    \
-    F(pool_fwd, cudnnPoolingForward)
+    F(pool_fwd, cudnnPoolingForward)                                                               \
+    F(bn_fwd_train, cudnnBatchNormalizationForwardTraining)                                        \
+    F(bn_bwd, cudnnBatchNormalizationBackward)
 
 #if defined(MT_CUDA_EMU)
 static void load(void) {

@@ -2,7 +2,7 @@
 // direction against loops written here, the TF32 rounding of FLOAT data without FMA math, a
 // pooling forward, and the argument checks that make a wrong call fail as cuDNN would
 // (wrong dtype combinations, bad strides and sizes, a workspace too small, NULL or host
-// pointers, destroyed descriptors).
+// pointers, destroyed descriptors), and batch norm's statistics and descriptor checks.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -320,13 +320,85 @@ void test_pooling(void **) {
     cudaFree(dy9);
 }
 
+// Batch norm: HALF data with FLOAT parameters computes; a parameter descriptor of the wrong
+// type or shape, half-given running buffers and device-memory blend factors are refused.
+void test_batch_norm(void **) {
+    cudnnHandle_t h;
+    CHECK(cudnnCreate(&h));
+    cudnnTensorDescriptor_t x, p;
+    CHECK(cudnnCreateTensorDescriptor(&x));
+    CHECK(cudnnCreateTensorDescriptor(&p));
+    set_packed(x, CUDNN_DATA_HALF, 2, 1, 2, 1); // 4 values of one channel
+    set_packed(p, CUDNN_DATA_FLOAT, 1, 1, 1, 1);
+    uint16_t hx[4] = {0x3c00, 0x4000, 0x4200, 0x4400}; // 1, 2, 3, 4
+    float hw = 2, hb = 1, rm = 0, rv = 1;
+    uint16_t *dx, *dy;
+    float *dw, *db, *drm, *drv, *dsm, *dsi;
+    assert_int_equal(cudaMalloc((void **)&dx, 8), cudaSuccess);
+    assert_int_equal(cudaMalloc((void **)&dy, 8), cudaSuccess);
+    float **ps[6] = {&dw, &db, &drm, &drv, &dsm, &dsi};
+    for (float **q : ps) assert_int_equal(cudaMalloc((void **)q, 4), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dx, hx, 8, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dw, &hw, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(db, &hb, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(drm, &rm, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(drv, &rv, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    const float one = 1, zero = 0;
+    CHECK(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x, dx, x,
+                                                 dy, p, dw, db, 0.5, drm, drv, 1e-5, dsm, dsi));
+    float got_rm, got_rv, got_sm, got_si;
+    assert_int_equal(cudaMemcpy(&got_rm, drm, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(&got_rv, drv, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(&got_sm, dsm, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(&got_si, dsi, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    // mean 2.5, biased var 1.25, unbiased 5/3
+    assert_true(std::fabs(got_sm - 2.5f) < 1e-6 && std::fabs(got_rm - 1.25f) < 1e-6);
+    assert_true(std::fabs(got_rv - (0.5f + 0.5f * 5.0f / 3.0f)) < 1e-6);
+    assert_true(std::fabs(got_si - 1.0f / std::sqrt(1.25f + 1e-5f)) < 1e-5);
+    // the parameters of HALF data are FLOAT, not HALF
+    cudnnTensorDescriptor_t bad;
+    CHECK(cudnnCreateTensorDescriptor(&bad));
+    set_packed(bad, CUDNN_DATA_HALF, 1, 1, 1, 1);
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            x, dx, x, dy, bad, dw, db, 0.5, drm,
+                                                            drv, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    set_packed(bad, CUDNN_DATA_FLOAT, 1, 2, 1, 1); // two channels for x's one
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            x, dx, x, dy, bad, dw, db, 0.5, drm,
+                                                            drv, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    // a running mean without its variance; blend factors in device memory
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            x, dx, x, dy, p, dw, db, 0.5, drm,
+                                                            nullptr, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, dw, &zero,
+                                                            x, dx, x, dy, p, dw, db, 0.5, drm, drv,
+                                                            1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    // the backward: dx of a HALF x described as FLOAT is refused
+    set_packed(bad, CUDNN_DATA_FLOAT, 2, 1, 2, 1);
+    assert_int_equal(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one,
+                                                     &zero, x, dx, x, dy, bad, dy, p, dw, db, dsm,
+                                                     1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    CHECK(cudnnDestroyTensorDescriptor(bad));
+    CHECK(cudnnDestroyTensorDescriptor(x));
+    CHECK(cudnnDestroyTensorDescriptor(p));
+    CHECK(cudnnDestroy(h));
+    cudaFree(dx);
+    cudaFree(dy);
+    for (float **q : ps) cudaFree(*q);
+}
+
 } // namespace
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_fma), cmocka_unit_test(test_forward_tf32),
         cmocka_unit_test(test_backward),    cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_pooling),
+        cmocka_unit_test(test_pooling),     cmocka_unit_test(test_batch_norm),
     };
     unsetenv("MTEMU_CUDNN_FAIL");
     cmocka_set_message_output(CM_OUTPUT_TAP);
