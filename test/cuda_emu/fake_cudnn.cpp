@@ -1,11 +1,12 @@
-// The cuDNN functions mixtape calls, for the emulated device (this file: handles, tensor,
+// The cuDNN functions mixtape calls, for the emulated device. This file: handles, tensor,
 // filter and convolution descriptors and the shared helpers; fake_cudnn_conv.cpp: the
-// convolutions; fake_cudnn_norm_pool.cpp: pooling and batch norm). Compiled against the toolkit's
-// cudnn.h, so the compiler checks every signature against the real library's.
+// convolutions; fake_cudnn_norm_pool.cpp: pooling forward and batch norm in training. Compiled
+// against the toolkit's cudnn.h, so the compiler checks every signature against the real
+// library's.
 //
-// Convolutions (forward, backward data, backward filter) are queued on the
-// handle's stream (mtemu::enqueue) and computed on the host when the stream runs, as direct
-// loops: a reference, not fast. Accumulation in the compute type (float, or double for DOUBLE);
+// The computations are queued on the handle's stream (mtemu::enqueue) and run on the host
+// when the stream runs, as direct loops: a reference, not fast. Convolutions accumulate in the
+// compute type (float, or double for DOUBLE), batch norm in double;
 // F16/BF16 through src/math/half.h, each output rounded once. FLOAT data with a math type
 // other than CUDNN_FMA_MATH has its inputs rounded to TF32 first, as tensor cores would, so a
 // TF32 path taken by accident shows as FP32 error in the tests.
