@@ -2,9 +2,9 @@
    F32/F64/F16/BF16 (low precision with FP32 compute and tensor-op math; F32 with FMA math
    unless TF32 is allowed, so F32 results match the CPU's), groups (depthwise included),
    stride, padding and dilation. Each call runs in one memory format, the one of the tensor it
-   computes (y, gx, or x for the weight gradient): every tensor is described with the
-   canonical NCHW or NHWC strides of that format, and an operand of the other format is copied
-   first (stream-ordered temporaries of the caching allocator).
+   computes (y, gx, or x for the weight gradient; NCHW for F64): every tensor is described with
+   the canonical NCHW or NHWC strides of that format, and an operand of the other format is
+   copied (stream-ordered temporaries of the caching allocator).
    The algorithm comes from cuDNN's heuristics (cudnnGet*Algorithm_v7), or, with
    MT_CUDNN_FIND=1 in the environment, from an exhaustive timed search (cudnnFind*AlgorithmEx,
    which waits for the device: counted as a host sync, once per problem); the choice is
@@ -360,55 +360,74 @@ static int fill_bias(mt_tensor *y, const mt_tensor *b) {
 
 /* ---- the three families */
 
+/* The format a call computes in: the one of the tensor it computes (its output, or x for the
+   weight gradient), except that F64 always runs NCHW (cuDNN's double convolutions are its
+   NCHW kernels; channels-last is a tensor-core layout). */
+static bool compute_format(const mt_tensor *t) {
+    return t->dtype != MT_F64 && mt_prefers_channels_last(t);
+}
+
+/* t itself when it is dense in the format, else a new tensor in it (*tmp holds it: the caller
+   copies it to t after the call). */
+static mt_tensor *out_format(const char *op, mt_tensor *t, bool cl, mt_tensor **tmp) {
+    int64_t s[4];
+    *tmp = NULL;
+    if (dense_as(t, cl, s)) return t;
+    *tmp = mt_tensor_new_format(op, t->shape, t->dtype, t->device, cl);
+    return *tmp;
+}
+
+/* Copies a temporary output back to the caller's tensor, and drops the temporaries. */
+static int finish(int rc, mt_tensor *out, mt_tensor *tout, mt_tensor *t1, mt_tensor *t2) {
+    if (rc == 0 && tout) rc = mt_cuda_backend.copy(out, tout);
+    mt_tensor_unref(tout);
+    mt_tensor_unref(t1);
+    mt_tensor_unref(t2);
+    return rc;
+}
+
 int mt_cuda_conv2d(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
                    const mt_conv2d_params *p) {
     const char *op = "mt_conv2d";
     if (y->numel == 0) return 0;
-    bool cl = mt_prefers_channels_last(y);
-    int rc = b ? fill_bias(y, b) : 0;
+    bool cl = compute_format(y);
+    mt_tensor *ty, *tx = NULL, *tw = NULL;
+    mt_tensor *yo = out_format(op, y, cl, &ty);
+    int rc = !yo ? mt_last_status() : b ? fill_bias(yo, b) : 0;
     if (rc == 0 && (x->numel == 0 || w->numel == 0)) { /* no input channel: an empty sum */
-        if (!b) rc = mt_cuda_backend.fill(y, 0.0);
+        if (!b) rc = mt_cuda_backend.fill(yo, 0.0);
     } else if (rc == 0) {
-        mt_tensor *tx, *tw;
         const mt_tensor *xi = in_format(op, x, cl, &tx);
         const mt_tensor *wi = xi ? in_format(op, w, cl, &tw) : NULL;
-        rc = wi ? conv_call(op, MT_CUDNN_FWD, xi, wi, y, cl, p, b != NULL) : mt_last_status();
-        mt_tensor_unref(tx);
-        if (xi) mt_tensor_unref(tw);
+        rc = wi ? conv_call(op, MT_CUDNN_FWD, xi, wi, yo, cl, p, b != NULL) : mt_last_status();
     }
-    return rc;
+    return finish(rc, y, ty, tx, tw);
 }
 
 int mt_cuda_conv2d_backward_data(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *w,
                                  const mt_conv2d_params *p) {
     const char *op = "mt_conv2d";
     if (gx->numel == 0) return 0;
-    bool cl = mt_prefers_channels_last(gx);
-    mt_tensor *tg, *tw;
-    const mt_tensor *gi = in_format(op, gy, cl, &tg);
+    bool cl = compute_format(gx);
+    mt_tensor *tx, *tg = NULL, *tw = NULL;
+    mt_tensor *xo = out_format(op, gx, cl, &tx);
+    const mt_tensor *gi = xo ? in_format(op, gy, cl, &tg) : NULL;
     const mt_tensor *wi = gi ? in_format(op, w, cl, &tw) : NULL;
-    int rc = wi ? conv_call(op, MT_CUDNN_BWD_DATA, gx, wi, gi, cl, p, false) : mt_last_status();
-    mt_tensor_unref(tg);
-    if (gi) mt_tensor_unref(tw);
-    return rc;
+    int rc = wi ? conv_call(op, MT_CUDNN_BWD_DATA, xo, wi, gi, cl, p, false) : mt_last_status();
+    return finish(rc, gx, tx, tg, tw);
 }
 
+/* The weight gradient is computed in x's format (NCHW for F64), then copied to gw's when they
+   differ. */
 int mt_cuda_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
                                    const mt_conv2d_params *p) {
     const char *op = "mt_conv2d";
     if (gw->numel == 0) return 0;
-    bool cl = mt_prefers_channels_last(x);
-    int64_t s[4];
-    mt_tensor *tg, *tw = NULL;
-    const mt_tensor *gi = in_format(op, gy, cl, &tg);
-    /* the weight gradient is computed in x's format, then copied to gw's when they differ */
-    mt_tensor *out = gw;
-    if (gi && !dense_as(gw, cl, s))
-        out = tw = mt_tensor_new_format(op, gw->shape, gw->dtype, gw->device, cl);
-    int rc =
-        gi && out ? conv_call(op, MT_CUDNN_BWD_FILTER, x, out, gi, cl, p, false) : mt_last_status();
-    if (!rc && tw) rc = mt_cuda_backend.copy(gw, tw);
-    mt_tensor_unref(tg);
-    mt_tensor_unref(tw);
-    return rc;
+    bool cl = compute_format(x);
+    mt_tensor *tw, *tg = NULL, *tx = NULL;
+    mt_tensor *wo = out_format(op, gw, cl, &tw);
+    const mt_tensor *gi = wo ? in_format(op, gy, cl, &tg) : NULL;
+    const mt_tensor *xi = gi ? in_format(op, x, cl, &tx) : NULL;
+    int rc = xi ? conv_call(op, MT_CUDNN_BWD_FILTER, xi, wo, gi, cl, p, false) : mt_last_status();
+    return finish(rc, gw, tw, tg, tx);
 }

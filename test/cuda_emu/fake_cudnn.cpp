@@ -20,6 +20,7 @@
 //   channels * groups, filter count divisible by groups, y's dims = cuDNN's output formula;
 // - x and y are fully packed NCHW, or both fully packed NHWC, and the filter's format is the
 //   same (stricter than cuDNN, which takes some mixed layouts: mixtape never mixes them);
+//   DOUBLE in NCHW only; batch norm of HALF, FLOAT or DOUBLE data;
 // - every data pointer non-NULL and its whole extent inside one device allocation; the
 //   workspace at least what cudnnGetConvolution*WorkspaceSize says for the algorithm, and in
 //   device memory. The workspace is overwritten with garbage by the call, so a caller that

@@ -57,6 +57,9 @@ cudnnStatus_t conv_check(const char *api, cudnnHandle_t h, cudnnTensorDescriptor
     if (!ok)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: data type %d with compute type %d", api, dt, ct);
     p->nhwc = w->format == CUDNN_TENSOR_NHWC;
+    if (p->nhwc && dt == CUDNN_DATA_DOUBLE)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: DOUBLE convolutions are emulated in NCHW only",
+                    api);
     if (!packed(x, p->nhwc) || !packed(y, p->nhwc))
         return fail(CUDNN_STATUS_NOT_SUPPORTED,
                     "%s: x and y must both be fully packed %s, as the filter's format (mixed or "

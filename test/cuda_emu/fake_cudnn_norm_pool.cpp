@@ -42,6 +42,8 @@ cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mo
     if (x->dt != y->dt || std::memcmp(x->dims, y->dims, sizeof x->dims) != 0 ||
         std::memcmp(x->strides, y->strides, sizeof x->strides) != 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: x and y (dx, dy) descriptors differ", api);
+    if (x->dt == CUDNN_DATA_BFLOAT16)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: BFLOAT16 batch norm is not emulated", api);
     cudnnDataType_t want = x->dt == CUDNN_DATA_DOUBLE ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     if (p->dt != want || p->dims[0] != 1 || p->dims[1] != x->dims[1] || p->dims[2] != 1 ||
         p->dims[3] != 1)
