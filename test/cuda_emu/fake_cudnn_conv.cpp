@@ -30,7 +30,13 @@ bool packed(const cudnnTensorStruct *t, bool nhwc) {
     return s[3] == 1 && s[2] == d[3] && s[1] == d[2] * d[3] && s[0] == d[1] * d[2] * d[3];
 }
 
+cudnnStatus_t conv_geometry(const char *api, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                            cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t y,
+                            conv_problem *p);
+
 // The problem of (x, w, conv, y) with x and y in the roles of the forward; SUCCESS or a status.
+// The descriptors: live and set, 4-d, the data and compute types, the layouts; then the
+// geometry (conv_geometry).
 cudnnStatus_t conv_check(const char *api, cudnnHandle_t h, cudnnTensorDescriptor_t x,
                          cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t cd,
                          cudnnTensorDescriptor_t y, conv_problem *p) {
@@ -65,6 +71,18 @@ cudnnStatus_t conv_check(const char *api, cudnnHandle_t h, cudnnTensorDescriptor
                     "%s: x and y must both be fully packed %s, as the filter's format (mixed or "
                     "strided layouts are not emulated)",
                     api, p->nhwc ? "NHWC" : "NCHW");
+    p->dt = dt;
+    p->f64 = ct == CUDNN_DATA_DOUBLE;
+    p->tf32_inputs = dt == CUDNN_DATA_FLOAT && cd->math != CUDNN_FMA_MATH;
+    p->flip = cd->mode == CUDNN_CONVOLUTION;
+    p->math = cd->math;
+    return conv_geometry(api, x, w, cd, y, p);
+}
+
+// Sizes and strides: x's channels = filter's channels * groups, y's dims = the output formula.
+cudnnStatus_t conv_geometry(const char *api, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                            cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t y,
+                            conv_problem *p) {
     int g = cd->groups;
     p->n = x->dims[0];
     p->c = x->dims[1];
@@ -110,11 +128,6 @@ cudnnStatus_t conv_check(const char *api, cudnnHandle_t h, cudnnTensorDescriptor
         p->fs[2] = p->s;
         p->fs[3] = 1;
     }
-    p->dt = dt;
-    p->f64 = ct == CUDNN_DATA_DOUBLE;
-    p->tf32_inputs = dt == CUDNN_DATA_FLOAT && cd->math != CUDNN_FMA_MATH;
-    p->flip = cd->mode == CUDNN_CONVOLUTION;
-    p->math = cd->math;
     return CUDNN_STATUS_SUCCESS;
 }
 
