@@ -258,8 +258,10 @@ mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b); /* w [out, in]; 
 /* ---- convolution and pooling: NCHW logical shapes like torch; channels-last inputs give
    channels-last outputs. F32, BF16 and F16 (CPU: through oneDNN; F16 computed in F32) and
    F64 (a plain reference path, for gradchecks). conv2d runs in the low dtype under autocast
-   (rule LOWER); pooling runs in its input's dtype. On CUDA these answer MT_ERR_UNSUPPORTED
-   until the cuDNN half of issue 9 lands. */
+   (rule LOWER); pooling runs in its input's dtype. On CUDA, convolution runs through cuDNN
+   (loaded on first use: without libcudnn.so.9 it answers MT_ERR_UNSUPPORTED; MT_CUDNN_FIND=1 in
+   the environment picks algorithms by an exhaustive timed search, once per shape) and pooling
+   through the backend's own kernels. */
 
 /* Zero in stride, dilation or groups means 1 (torch rejects 0 there); padding 0 is 0. */
 typedef struct {

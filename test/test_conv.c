@@ -114,8 +114,8 @@ static void release_inputs(conv_inputs *in) {
 
 /* Forward and the three gradients of case k against the reference computed from the values
    the tensors hold (low-precision inputs are exact there). */
-static void check_case(const conv_case *k, mt_dtype dt, bool cl, double tol) {
-    conv_inputs in = make_inputs(k, dt, cl, (uint32_t)(k - cases) + 7u);
+static void check_case_seed(const conv_case *k, mt_dtype dt, bool cl, double tol, uint32_t seed) {
+    conv_inputs in = make_inputs(k, dt, cl, seed);
     mt_scope_begin();
     double *x = mt_test_values(in.x), *w = mt_test_values(in.w);
     double *b = in.b ? mt_test_values(in.b) : NULL;
@@ -143,6 +143,10 @@ static void check_case(const conv_case *k, mt_dtype dt, bool cl, double tol) {
     mt_scope_end();
     free(x), free(w), free(b), free(y), free(gy), free(gx), free(gw), free(gyr);
     release_inputs(&in);
+}
+
+static void check_case(const conv_case *k, mt_dtype dt, bool cl, double tol) {
+    check_case_seed(k, dt, cl, tol, (uint32_t)(k - cases) + 7u);
 }
 
 static void test_conv2d_reference_f32(void **state) {
@@ -289,9 +293,10 @@ static void test_conv2d_errors(void **state) {
    (the fixture checks). */
 static void test_conv2d_pool_oom(void **state) {
     (void)state;
-    mt_tensor *z = mt_zeros(MT_SHAPE(2, 8, 32, 32), MT_F32, MT_CPU), *x = mt_to_channels_last(z);
+    mt_device d = mt_test_device();
+    mt_tensor *z = mt_zeros(MT_SHAPE(2, 8, 32, 32), MT_F32, d), *x = mt_to_channels_last(z);
     mt_release(z);
-    mt_tensor *w = mt_zeros(MT_SHAPE(8, 8, 3, 3), MT_F32, MT_CPU);
+    mt_tensor *w = mt_zeros(MT_SHAPE(8, 8, 3, 3), MT_F32, d);
     mt_debug_set_alloc_limit(4096);
     assert_null(mt_conv2d(x, w, NULL, NULL));
     assert_error(MT_ERR_OOM, "mt_conv2d");
@@ -305,8 +310,7 @@ static void test_conv2d_pool_oom(void **state) {
     mt_release(x);
 }
 
-/* The kernels exist on the CPU only so far: elsewhere the op answers UNSUPPORTED, naming the
-   op and the device. */
+/* A small convolution on the device under test, checked element by element. */
 static void test_conv2d_device(void **state) {
     (void)state;
     mt_device d = mt_test_device();
@@ -314,18 +318,11 @@ static void test_conv2d_device(void **state) {
     mt_tensor *x = mt_ones(MT_SHAPE(1, 2, 4, 4), MT_F32, d);
     mt_tensor *w = mt_ones(MT_SHAPE(3, 2, 3, 3), MT_F32, d);
     mt_tensor *y = mt_conv2d(x, w, NULL, NULL);
-    if (mt_test_device_is_cpu()) {
-        assert_no_error();
-        double e[12];
-        for (int i = 0; i < 12; i++) e[i] = 18.0;
-        assert_tensor_close(y, e, 12, 0, 0);
-    } else {
-        assert_null(y);
-        char msg[96];
-        snprintf(msg, sizeof msg, "mt_conv2d: the %s backend has no convolution forward kernel",
-                 mt_test_device_name());
-        assert_error(MT_ERR_UNSUPPORTED, msg);
-    }
+    assert_no_error();
+    assert_on_test_device(y);
+    double e[12];
+    for (int i = 0; i < 12; i++) e[i] = 18.0;
+    assert_tensor_close(y, e, 12, 0, 0);
     mt_scope_end();
 }
 
@@ -333,10 +330,11 @@ static void test_conv2d_device(void **state) {
  */
 static void test_conv2d_layer(void **state) {
     (void)state;
+    mt_device d = mt_test_device();
     mt_manual_seed(3);
     mt_conv2d_layer l;
     mt_conv2d_opts o = {.stride = {2, 2}, .padding = {1, 1}, .groups = 2};
-    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 3, 3, &o, true, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 3, 3, &o, true, MT_F32, d), 0);
     assert_shape(l.weight, 6, 2, 3, 3);
     assert_shape(l.bias, 6);
     assert_true(mt_requires_grad(l.weight) && mt_requires_grad(l.bias));
@@ -352,7 +350,7 @@ static void test_conv2d_layer(void **state) {
     for (int i = 0; i < 6; i++) assert_true(fabs(b[i]) <= bound);
     free(b);
     mt_scope_begin();
-    mt_tensor *x = mt_randn(MT_SHAPE(2, 4, 7, 7), MT_F32, MT_CPU);
+    mt_tensor *x = mt_randn(MT_SHAPE(2, 4, 7, 7), MT_F32, d);
     mt_tensor *y = mt_conv2d_layer_forward(&l, x), *r = mt_conv2d(x, l.weight, l.bias, &o);
     assert_shape(y, 2, 6, 4, 4);
     double *rv = mt_test_values(r);
@@ -361,42 +359,143 @@ static void test_conv2d_layer(void **state) {
     mt_scope_end();
     mt_conv2d_layer_free(&l);
     assert_null(l.weight);
-    mt_tensor *x1 = mt_zeros(MT_SHAPE(1, 4, 3, 3), MT_F32, MT_CPU);
+    mt_tensor *x1 = mt_zeros(MT_SHAPE(1, 4, 3, 3), MT_F32, d);
     assert_null(mt_conv2d_layer_forward(&l, x1));
     assert_error(MT_ERR_STATE, "layer is not initialised");
     mt_release(x1);
     assert_int_equal(
-        mt_conv2d_layer_init(&l, 4, 6, 3, 3, &(mt_conv2d_opts){.groups = 3}, true, MT_F32, MT_CPU),
+        mt_conv2d_layer_init(&l, 4, 6, 3, 3, &(mt_conv2d_opts){.groups = 3}, true, MT_F32, d),
         MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "groups 3 must be positive and divide in 4 and out 6");
-    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 0, 3, NULL, true, MT_F32, MT_CPU),
-                     MT_ERR_INVALID);
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 0, 3, NULL, true, MT_F32, d), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "kernel [0, 3]");
-    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_I64, MT_CPU),
-                     MT_ERR_DTYPE);
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_I64, d), MT_ERR_DTYPE);
     assert_error(MT_ERR_DTYPE, "parameters must be floating");
-    assert_int_equal(mt_conv2d_layer_init(NULL, 4, 6, 1, 1, NULL, false, MT_F32, MT_CPU),
-                     MT_ERR_NULL);
+    assert_int_equal(mt_conv2d_layer_init(NULL, 4, 6, 1, 1, NULL, false, MT_F32, d), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "layer is NULL");
-    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_F32, MT_CPU), 0);
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_F32, d), 0);
     assert_null(l.bias);
     mt_conv2d_layer_free(&l);
 }
 
-#define WHY "CUDA kernels (cuDNN): issue 9"
+/* ---- the CUDA backend's cuDNN paths (on the CPU these run the same checks on oneDNN) */
+
+/* Geometries no other test uses, so that their first call chooses an algorithm. */
+static const conv_case fresh[] = {
+    {2, 3, 6, 5, 4, 2, 2, {.stride = {1, 2}, .padding = {1, 0}}, true},
+    {1, 4, 5, 6, 4, 3, 1, {.padding = {1, 0}, .groups = 4}, true},
+    {1, 2, 4, 5, 3, 2, 3, {.dilation = {2, 1}}, false},
+};
+
+/* MT_CUDNN_FIND=1: an exhaustive search per direction on a CUDA device (each waits for the
+   device, so it is counted as a host sync), then the cached choice; the results are the
+   reference's either way. */
+static void test_conv2d_cudnn_find(void **state) {
+    (void)state;
+    assert_int_equal(setenv("MT_CUDNN_FIND", "1", 1), 0);
+    int64_t s0 = mt_host_sync_count();
+    check_case_seed(&fresh[0], MT_F32, true, 1e-5, 21);
+    int64_t first = mt_host_sync_count() - s0;
+    s0 = mt_host_sync_count();
+    check_case_seed(&fresh[0], MT_F32, true, 1e-5, 22);
+    int64_t again = mt_host_sync_count() - s0;
+    assert_int_equal(unsetenv("MT_CUDNN_FIND"), 0);
+    assert_int_equal(first - again, mt_test_device_is_cpu() ? 0 : 3);
+}
+
+/* A training step's convolutions never wait for the device, the algorithm choice included. */
+static void test_conv2d_no_host_sync(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    const conv_case *k = &fresh[1];
+    conv_inputs in = make_inputs(k, MT_F32, true, 5);
+    mt_scope_begin();
+    mt_tensor *gy = mt_ones(MT_SHAPE(k->n, k->oc, out_size(k, 0), out_size(k, 1)), MT_F32, d);
+    int64_t s0 = mt_host_sync_count();
+    for (int i = 0; i < 2; i++) {
+        mt_tensor *y = mt_conv2d(in.x, in.w, in.b, &k->o);
+        assert_non_null(y);
+        assert_int_equal(mt_backward(y, gy), 0);
+    }
+    assert_int_equal(mt_host_sync_count(), s0);
+    mt_scope_end();
+    release_inputs(&in);
+}
+
+static bool emulated_device(void) {
+    const char *e = getenv("MT_TEST_EMULATED");
+    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
+}
+
+/* Faults injected into the emulator's fake cuDNN (MTEMU_CUDNN_FAIL) become clear errors naming
+   the op, the cuDNN call and its status; the failed call returns nothing and leaks nothing. */
+static void test_conv2d_cudnn_errors(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(1, 2, 4, 4), MT_F32, d);
+    mt_tensor *w = mt_ones(MT_SHAPE(3, 2, 3, 3), MT_F32, d);
+    mt_tensor *b = mt_ones(MT_SHAPE(3), MT_F32, d);
+    mt_set_requires_grad(x, true);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnConvolutionForward=3000", 1);
+    assert_null(mt_conv2d(x, w, b, NULL));
+    assert_error(MT_ERR_UNSUPPORTED,
+                 "mt_conv2d: cuDNN error in cudnnConvolutionForward: CUDNN_STATUS_NOT_SUPPORTED");
+    setenv("MTEMU_CUDNN_FAIL", "cudnnConvolutionForward=4004", 1);
+    assert_null(mt_conv2d(x, w, b, NULL));
+    assert_error(MT_ERR_OOM, "mt_conv2d: cuDNN error in cudnnConvolutionForward: "
+                             "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED");
+    /* the choice of a new geometry */
+    mt_tensor *x2 = mt_ones(MT_SHAPE(1, 2, 5, 5), MT_F32, d);
+    mt_set_requires_grad(x2, true);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnGetConvolutionForwardAlgorithm_v7=2000", 1);
+    assert_null(mt_conv2d(x2, w, NULL, NULL));
+    assert_error(MT_ERR_DEVICE, "cudnnGetConvolution*Algorithm_v7: CUDNN_STATUS_BAD_PARAM");
+    /* a failed backward leaves no gradient */
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_tensor *y = mt_conv2d(x, w, NULL, NULL);
+    assert_non_null(y);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnConvolutionBackwardData=5000", 1);
+    assert_int_not_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    assert_error(MT_ERR_DEVICE, "cuDNN error in cudnnConvolutionBackwardData: "
+                                "CUDNN_STATUS_EXECUTION_FAILED");
+    assert_null(mt_grad(x));
+    unsetenv("MTEMU_CUDNN_FAIL");
+    /* and everything works again */
+    mt_tensor *y2 = mt_conv2d(x2, w, NULL, NULL);
+    assert_non_null(y2);
+    assert_int_equal(mt_backward(mt_sum_all(y2), NULL), 0);
+    assert_non_null(mt_grad(x2));
+    mt_scope_end();
+}
+
+/* The dilated geometry in every dtype and both layouts on fresh shapes (the algorithm choice
+   for low precision and F64 on a device). */
+static void test_conv2d_fresh_dtypes(void **state) {
+    (void)state;
+    check_case_seed(&fresh[2], MT_F64, false, 1e-12, 31);
+    check_case_seed(&fresh[2], MT_F64, true, 1e-12, 32);
+    check_case_seed(&fresh[2], MT_F32, true, 1e-5, 33);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST_CPU_ONLY(test_conv2d_reference_f32, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_reference_f64, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_reference_low, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_gradcheck, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_strided_inputs, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_autocast, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_layer, WHY),
-        MT_TEST_CPU_ONLY(test_conv2d_pool_oom, WHY),
+        MT_TEST(test_conv2d_reference_f32),
+        MT_TEST(test_conv2d_reference_f64),
+        MT_TEST(test_conv2d_reference_low),
+        MT_TEST(test_conv2d_gradcheck),
+        MT_TEST(test_conv2d_strided_inputs),
+        MT_TEST(test_conv2d_autocast),
+        MT_TEST(test_conv2d_layer),
+        MT_TEST(test_conv2d_pool_oom),
         MT_TEST(test_conv2d_errors),
         MT_TEST(test_conv2d_device),
+        MT_TEST(test_conv2d_cudnn_find),
+        MT_TEST(test_conv2d_no_host_sync),
+        MT_TEST(test_conv2d_fresh_dtypes),
+        emulated_device() ? (struct CMUnitTest)MT_TEST(test_conv2d_cudnn_errors)
+                          : MT_TEST_SKIPPED(test_conv2d_cudnn_errors,
+                                            "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);
 }

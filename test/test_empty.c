@@ -384,10 +384,10 @@ static const row rows[] = {
     ROW("gather", r_gather, EMPTY, S(3, 0), 2, true),
     ROW("argmax", r_argmax, EMPTY, S(0), 1, false),
     ROW("argmax", r_argmax_empty_dim, REFUSED, S(0), 0, false),
-    ROW_CPU("conv2d", r_conv2d, EMPTY, S(0, 4, 3, 3), 4, true),
-    ROW_CPU("max_pool2d", r_max_pool2d, EMPTY, S(0, 3, 2, 2), 4, true),
-    ROW_CPU("avg_pool2d", r_avg_pool2d, EMPTY, S(0, 3, 2, 2), 4, true),
-    ROW_CPU("adaptive_avg_pool2d", r_adaptive_avg_pool2d, EMPTY, S(0, 3, 2, 2), 4, true),
+    ROW("conv2d", r_conv2d, EMPTY, S(0, 4, 3, 3), 4, true),
+    ROW("max_pool2d", r_max_pool2d, EMPTY, S(0, 3, 2, 2), 4, true),
+    ROW("avg_pool2d", r_avg_pool2d, EMPTY, S(0, 3, 2, 2), 4, true),
+    ROW("adaptive_avg_pool2d", r_adaptive_avg_pool2d, EMPTY, S(0, 3, 2, 2), 4, true),
     ROW("to_channels_last", r_to_channels_last, EMPTY, S(0, 3, 5, 5), 4, true),
 };
 #define N_ROWS (sizeof rows / sizeof *rows)

@@ -401,7 +401,42 @@ static void test_norm_errors(void **state) {
     mt_scope_end();
 }
 
+static bool emulated_device(void) {
+    const char *e = getenv("MT_TEST_EMULATED");
+    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
+}
 
+/* On CUDA the plain batch norm in training runs through cuDNN, forward and backward; eval and
+   the fused residual + ReLU run on own kernels. A fault injected into the fake cuDNN shows the
+   routing, becomes a clear error naming the op and the call, and changes nothing: the running
+   buffers keep their values and no gradient appears. */
+static void test_batch_norm_cudnn_routing(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = random_tensor(MT_F32, 43, MT_SHAPE(4, 3, 5));
+    mt_set_requires_grad(x, true);
+    mt_tensor *rm = mt_zeros(MT_SHAPE(3), MT_F32, d), *rv = mt_ones(MT_SHAPE(3), MT_F32, d);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationForwardTraining=2000", 1);
+    assert_null(mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5));
+    assert_error(MT_ERR_DEVICE, "mt_batch_norm: cuDNN error in "
+                                "cudnnBatchNormalizationForwardTraining: CUDNN_STATUS_BAD_PARAM");
+    assert_tensor_close(rm, ((const double[]){0, 0, 0}), 3, 0, 0);
+    assert_tensor_close(rv, ((const double[]){1, 1, 1}), 3, 0, 0);
+    assert_non_null(mt_batch_norm(x, rm, rv, NULL, NULL, false, 0.1, 1e-5)); /* eval: own */
+    mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, d), *b = mt_zeros(MT_SHAPE(3), MT_F32, d);
+    assert_non_null(mt_batch_norm_act(x, NULL, NULL, w, b, x, true, 0.1, 1e-5, MT_ACT_RELU));
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_tensor *y = mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5);
+    assert_non_null(y);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationBackward=5000", 1);
+    assert_int_not_equal(mt_backward(mt_sum_all(mt_mul(y, y)), NULL), 0);
+    assert_error(MT_ERR_DEVICE, "cuDNN error in cudnnBatchNormalizationBackward: "
+                                "CUDNN_STATUS_EXECUTION_FAILED");
+    assert_null(mt_grad(x));
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_scope_end();
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -416,6 +451,9 @@ int main(void) {
         MT_TEST(test_norm_autocast),
         MT_TEST(test_batch_norm_running_buffers),
         MT_TEST(test_norm_errors),
+        emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_routing)
+                          : MT_TEST_SKIPPED(test_batch_norm_cudnn_routing,
+                                            "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);
 }

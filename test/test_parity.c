@@ -255,6 +255,35 @@ static mt_tensor *w_embedding(const op_row *r, mt_tensor *const *in) {
     (void)r;
     return mt_embedding(in[0], in[1]);
 }
+/* convolution: cuDNN on CUDA, oneDNN (or F64 loops) on the CPU */
+static mt_tensor *w_conv2d(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    mt_conv2d_opts o = {.stride = {2, 1}, .padding = {1, 1}, .dilation = {1, 2}, .groups = 2};
+    return mt_conv2d(in[0], in[1], in[2], &o);
+}
+static mt_tensor *w_conv2d_depthwise(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    mt_conv2d_opts o = {.padding = {1, 1}, .groups = 4};
+    return mt_conv2d(in[0], in[1], in[2], &o);
+}
+/* pooling: the same window rules on both devices */
+static mt_tensor *w_max_pool2d(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    mt_pool2d_opts o = {.kernel = {3, 2}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true};
+    return mt_max_pool2d(in[0], &o);
+}
+static mt_tensor *w_avg_pool2d(const op_row *r, mt_tensor *const *in) {
+    mt_pool2d_opts o = {.kernel = {3, 3},
+                        .stride = {2, 2},
+                        .padding = {1, 1},
+                        .ceil_mode = true,
+                        .exclude_pad = r->keepdim};
+    return mt_avg_pool2d(in[0], &o);
+}
+static mt_tensor *w_adaptive_avg_pool2d(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_adaptive_avg_pool2d(in[0], 3, 4);
+}
 static mt_tensor *w_argmax(const op_row *r, mt_tensor *const *in) {
     return mt_argmax(in[0], r->dim, r->keepdim);
 }
@@ -297,6 +326,20 @@ static const op_row rows[] = {
         TOL_NORMED, true,
         .in = {IN(DOM_ANY, 4, 3, 6), IN_AS(MT_F32, DOM_ANY, 3), IN_AS(MT_F32, DOM_ANY, 3),
                IN(DOM_ANY, 4, 3, 6)}),
+    /* convolution: sums in a different order on each device */
+    ROW("conv2d [2,4,7,6] * [6,2,3,3] + b, stride 2x1, pad 1, dilation 1x2, groups 2", w_conv2d,
+        FLOATS, TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 2, 4, 7, 6), IN(DOM_ANY, 6, 2, 3, 3), IN(DOM_ANY, 6)}),
+    ROW("conv2d depthwise [2,4,5,5] * [4,1,3,3] + b, pad 1", w_conv2d_depthwise, FLOATS,
+        TOL_NORMED, true, .in = {IN(DOM_ANY, 2, 4, 5, 5), IN(DOM_ANY, 4, 1, 3, 3), IN(DOM_ANY, 4)}),
+    ROW("max_pool2d 3x2 stride 2 pad 1 ceil_mode (ties)", w_max_pool2d, FLOATS, TOL_EXACT, true,
+        .in = {IN(DOM_GRID, 2, 3, 8, 7)}),
+    ROW("avg_pool2d 3x3 stride 2 pad 1 ceil_mode count_include_pad", w_avg_pool2d, FLOATS,
+        TOL_NORMED, true, .in = {IN(DOM_ANY, 2, 3, 8, 7)}),
+    ROW("avg_pool2d 3x3 stride 2 pad 1 ceil_mode exclude_pad", w_avg_pool2d, FLOATS, TOL_NORMED,
+        true, .in = {IN(DOM_ANY, 2, 3, 8, 7)}, .keepdim = true),
+    ROW("adaptive_avg_pool2d [2,3,7,9] -> 3x4 (uneven windows)", w_adaptive_avg_pool2d, FLOATS,
+        TOL_NORMED, true, .in = {IN(DOM_ANY, 2, 3, 7, 9)}),
     /* dropout: the mask is a function of (seed, offset, index) on both devices */
     ROW("dropout p 0.3", w_dropout, FLOATS, TOL_EXACT, true, .in = {IN(DOM_ANY, 7, 33)}, .s = 0.3),
     /* indexing: copies and fixed-order sums, the same bits on both devices */

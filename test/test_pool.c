@@ -243,38 +243,68 @@ static void test_pool_errors(void **state) {
     mt_scope_end();
 }
 
+/* The three poolings on the device under test, checked element by element. */
 static void test_pool_device(void **state) {
     (void)state;
     mt_scope_begin();
     mt_tensor *x = mt_ones(MT_SHAPE(1, 2, 4, 4), MT_F32, mt_test_device());
     mt_tensor *y[3] = {mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}}), NULL, NULL};
-    const char *ops[3] = {"mt_max_pool2d", "mt_avg_pool2d", "mt_adaptive_avg_pool2d"};
     for (int i = 0; i < 3; i++) {
         if (i == 1) y[1] = mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}});
         if (i == 2) y[2] = mt_adaptive_avg_pool2d(x, 2, 2);
-        if (mt_test_device_is_cpu()) {
-            assert_no_error();
-            assert_tensor_close(y[i], ((const double[]){1, 1, 1, 1, 1, 1, 1, 1}), 8, 0, 0);
-        } else {
-            assert_null(y[i]);
-            char msg[112];
-            snprintf(msg, sizeof msg, "%s: the %s backend has no pooling forward kernel", ops[i],
-                     mt_test_device_name());
-            assert_error(MT_ERR_UNSUPPORTED, msg);
-        }
+        assert_no_error();
+        assert_on_test_device(y[i]);
+        assert_tensor_close(y[i], ((const double[]){1, 1, 1, 1, 1, 1, 1, 1}), 8, 0, 0);
     }
     mt_scope_end();
 }
 
-#define WHY "CUDA kernels (cuDNN): issue 9"
+static bool emulated_device(void) {
+    const char *e = getenv("MT_TEST_EMULATED");
+    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
+}
+
+/* On CUDA the forward goes through cuDNN where cuDNN's definition is torch's, else through the
+   backend's own kernel: a fault injected into the fake cuDNN's cudnnPoolingForward shows which
+   (a clear error naming the op and the call), and the own-kernel cases do not see it. */
+static void test_pool_cudnn_routing(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(1, 2, 7, 6), MT_F32, d);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnPoolingForward=3000", 1);
+    assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {3, 3}, .stride = {2, 2}}));
+    assert_error(MT_ERR_UNSUPPORTED,
+                 "mt_max_pool2d: cuDNN error in cudnnPoolingForward: CUDNN_STATUS_NOT_SUPPORTED");
+    assert_null(mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {3, 2}, .padding = {1, 1}}));
+    assert_error(MT_ERR_UNSUPPORTED, "mt_avg_pool2d: cuDNN error in cudnnPoolingForward");
+    assert_null(mt_adaptive_avg_pool2d(x, 7, 3)); /* even windows: an average pooling */
+    assert_error(MT_ERR_UNSUPPORTED, "mt_adaptive_avg_pool2d: cuDNN error in cudnnPoolingForward");
+    /* ceil_mode with a window past the padded input, uneven adaptive windows: own kernels */
+    mt_tensor *y1 =
+        mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}, .stride = {2, 2}, .ceil_mode = true});
+    mt_tensor *y2 = mt_adaptive_avg_pool2d(x, 3, 4);
+    unsetenv("MTEMU_CUDNN_FAIL");
+    assert_non_null(y1);
+    assert_non_null(y2);
+    assert_shape(y1, 1, 2, 4, 3);
+    double e[24];
+    for (int i = 0; i < 24; i++) e[i] = 1.0;
+    assert_tensor_close(y1, e, 24, 0, 0);
+    assert_tensor_close(y2, e, 24, 0, 0);
+    mt_scope_end();
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST_CPU_ONLY(test_pool_reference, WHY),
-        MT_TEST_CPU_ONLY(test_pool_gradcheck, WHY),
-        MT_TEST_CPU_ONLY(test_max_pool_ties_and_nan, WHY),
+        MT_TEST(test_pool_reference),
+        MT_TEST(test_pool_gradcheck),
+        MT_TEST(test_max_pool_ties_and_nan),
         MT_TEST(test_pool_errors),
         MT_TEST(test_pool_device),
+        emulated_device() ? (struct CMUnitTest)MT_TEST(test_pool_cudnn_routing)
+                          : MT_TEST_SKIPPED(test_pool_cudnn_routing,
+                                            "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -153,8 +153,8 @@ step_probe() {
             local croot
             croot=$(dirname "$(dirname "$(readlink -f "$nv")")")
             echo "cuda root (from nvcc): $croot"
-            find "$croot/lib64/" -maxdepth 1 \( -name 'libcublas.so*' -o -name 'libcudart_static.a' \) \
-                2>&1 | head -n 6
+            find "$croot/lib64/" -maxdepth 1 \( -name 'libcublas.so*' -o -name 'libcudart_static.a' \
+                -o -name 'libcudnn.so*' \) 2>&1 | head -n 8
         fi
     } >"$log" 2>&1
     cat "$log"
@@ -203,6 +203,21 @@ step_deps() {
                 export LD_LIBRARY_PATH
                 echo "libcublas.so -> $cand" >>"$log"
             fi
+        fi
+    fi
+    # cuDNN is dlopen'ed (libcudnn.so.9) at the first convolution: where it is not on the
+    # loader's path (a pip wheel's nvidia/cudnn/lib), put its folder there.
+    if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9' && [[ -n "$nv" ]] &&
+        [[ ! -e "$croot/lib64/libcudnn.so.9" ]]; then
+        local dnn
+        dnn=$(find /usr/local/cuda* /usr/lib/x86_64-linux-gnu "$("$python" -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)/nvidia" \
+            -name 'libcudnn.so.9' 2>/dev/null | head -n 1 || true)
+        if [[ -n "$dnn" ]]; then
+            LD_LIBRARY_PATH=${dnn%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            export LD_LIBRARY_PATH
+            echo "libcudnn.so.9 in ${dnn%/*}" >>"$log"
+        else
+            echo "libcudnn.so.9 not found: convolutions on cuda:0 will answer MT_ERR_UNSUPPORTED" >>"$log"
         fi
     fi
     {

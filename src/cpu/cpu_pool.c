@@ -9,6 +9,7 @@
    from a training forward. */
 #include <math.h>
 #include "../math/half.h"
+#include "../math/pool_window.h"
 #include "cpu.h"
 
 static inline double ld(const char *p, mt_dtype dt) {
@@ -41,36 +42,13 @@ static inline void st(char *p, mt_dtype dt, double v) {
     }
 }
 
-typedef struct {
-    int64_t h0, h1, w0, w1; /* the window, clipped to the input */
-    double divisor;         /* averages */
-} window;
-
-static int64_t floor_div(int64_t a, int64_t b) {
-    return a / b - (a % b != 0 && (a < 0) != (b < 0));
-}
+/* the window rules are shared with the CUDA kernels (src/math/pool_window.h) */
+typedef mt_pool_window window;
 
 static void window_of(const mt_pool2d_params *p, int64_t oh, int64_t ow, int64_t H, int64_t W,
                       int64_t OH, int64_t OW, window *w) {
-    if (p->kind == MT_POOL_ADAPTIVE_AVG) {
-        w->h0 = floor_div(oh * H, OH);
-        w->h1 = -floor_div(-(oh + 1) * H, OH); /* ceil */
-        w->w0 = floor_div(ow * W, OW);
-        w->w1 = -floor_div(-(ow + 1) * W, OW);
-        w->divisor = (double)((w->h1 - w->h0) * (w->w1 - w->w0));
-        return;
-    }
-    int64_t hs = oh * p->stride[0] - p->padding[0], ws = ow * p->stride[1] - p->padding[1];
-    int64_t he = hs + p->kernel[0], we = ws + p->kernel[1];
-    /* torch's divisor with padding counts the window clipped to the padded input */
-    int64_t hp = he < H + p->padding[0] ? he : H + p->padding[0];
-    int64_t wp = we < W + p->padding[1] ? we : W + p->padding[1];
-    int64_t padded = (hp - hs) * (wp - ws);
-    w->h0 = hs > 0 ? hs : 0;
-    w->w0 = ws > 0 ? ws : 0;
-    w->h1 = he < H ? he : H;
-    w->w1 = we < W ? we : W;
-    w->divisor = (double)(p->count_include_pad ? padded : (w->h1 - w->h0) * (w->w1 - w->w0));
+    mt_pool_window_of(p->kind == MT_POOL_ADAPTIVE_AVG, p->kernel, p->stride, p->padding,
+                      p->count_include_pad, oh, ow, H, W, OH, OW, w);
 }
 
 typedef struct {

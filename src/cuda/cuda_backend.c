@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cuda_impl.h"
+#include "cudnn_impl.h"
 
 /* The context of t's device, or NULL with the error set. */
 static mt_cuda_device_ctx *ctx_of(const char *op, const mt_tensor *t) {
@@ -404,4 +405,9 @@ const mt_backend mt_cuda_backend = {
     .gather = mt_cuda_be_gather,
     .scatter_add = mt_cuda_be_scatter_add,
     .argmax = mt_cuda_be_argmax,
+    .conv2d = mt_cuda_conv2d,
+    .conv2d_backward_data = mt_cuda_conv2d_backward_data,
+    .conv2d_backward_weight = mt_cuda_conv2d_backward_weight,
+    .pool2d = mt_cuda_be_pool2d,
+    .pool2d_backward = mt_cuda_be_pool2d_backward,
 };

@@ -40,6 +40,7 @@ static void scratch_free(int device, void *p, size_t nbytes) {
 
 static void ctx_destroy(mt_cuda_device_ctx *c) {
     mt_cuda_staging_free(c->staging);
+    mt_cudnn_state_free(c->dnn);
     if (c->blas) mt_cublas()->destroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->fault_host) cudaFreeHost(c->fault_host);

@@ -11,6 +11,7 @@
    cuBLAS call of the library goes there, so stream order is program order), the cuBLAS
    handle bound to it, the deferred-fault word and the launch context handed to kernels. */
 typedef struct mt_cuda_staging mt_cuda_staging;
+typedef struct mt_cudnn_state mt_cudnn_state; /* cudnn_state.c */
 
 typedef struct {
     int device;
@@ -20,10 +21,13 @@ typedef struct {
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
     cudaEvent_t peer_event;    /* orders the two streams of a device-to-device copy */
     mt_cuda_ctx kctx;
+    mt_cudnn_state *dnn; /* cuDNN handle and algorithm cache, made on first use (cudnn_state.c) */
 } mt_cuda_device_ctx;
 
 /* The context of device `index`, created on first use; NULL with an error naming op. */
 mt_cuda_device_ctx *mt_cuda_ctx_get(const char *op, int index);
+
+void mt_cudnn_state_free(mt_cudnn_state *s); /* NULL: nothing */
 
 bool mt_cuda_allow_tf32(void); /* mt_cuda_set_allow_tf32's setting (device.c) */
 
@@ -77,6 +81,10 @@ int mt_cuda_be_index_add(mt_tensor *dst, int dim, const mt_tensor *index, const 
 int mt_cuda_be_gather(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index);
 int mt_cuda_be_scatter_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
 int mt_cuda_be_argmax(mt_tensor *out, const mt_tensor *x, int dim);
+/* ---- pooling families (pool_cuda.c, kernels in pool.cu) */
+int mt_cuda_be_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
+int mt_cuda_be_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                               const mt_pool2d_params *p);
 
 /* ---- caching allocator (cuda_alloc.c): stream-ordered reuse on the device's one stream */
 void *mt_cuda_alloc(int device, size_t nbytes); /* NULL on failure, no error set */

@@ -1,7 +1,8 @@
 /* The host side of the normalisation, dropout and indexing families on CUDA: the tensors of
    the backend call (contiguous, checked by the op) become the plain launch arguments of
-   kernels.h (norm.cu, index.cu). */
-#include "cuda_impl.h"
+   kernels.h (norm.cu, index.cu). Batch norm in training without the fused residual and ReLU
+   runs through cuDNN instead (bn_cudnn.c). */
+#include "cudnn_impl.h"
 
 static mt_cuda_device_ctx *ctx_for(const char *op, const mt_tensor *t) {
     return mt_cuda_ctx_get(op, t->device.index);
@@ -66,6 +67,7 @@ static void ncs(const mt_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
 }
 
 int mt_cuda_be_batch_norm(const mt_bn_args *b) {
+    if (mt_cudnn_bn_applies(b)) return mt_cudnn_batch_norm(b);
     mt_cuda_device_ctx *c = ctx_for("mt_batch_norm", b->x);
     if (!c) return MT_ERR_DEVICE;
     mt_cuda_batch_norm_args a = {.wide = b->save_mean->dtype == MT_F64,
@@ -89,6 +91,7 @@ int mt_cuda_be_batch_norm(const mt_bn_args *b) {
 }
 
 int mt_cuda_be_batch_norm_backward(const mt_bn_backward_args *b) {
+    if (mt_cudnn_bn_backward_applies(b)) return mt_cudnn_batch_norm_backward(b);
     mt_cuda_device_ctx *c = ctx_for("mt_batch_norm", b->x);
     if (!c) return MT_ERR_DEVICE;
     mt_cuda_batch_norm_backward_args a = {.wide = b->save_mean->dtype == MT_F64,

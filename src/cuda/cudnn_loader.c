@@ -1,0 +1,124 @@
+/* cuDNN is loaded on first use (dlopen), not linked, like cuBLAS (cublas_loader.c): a program
+   that never convolves on a GPU never needs the library, and a machine without it still runs
+   everything else; a convolution there fails with MT_ERR_UNSUPPORTED saying cuDNN is missing.
+   The entry points keep the header's exact types through __typeof__. The emulated device links
+   its fake cuDNN (test/cuda_emu/fake_cudnn.cpp) into the program, so there the table points at
+   those functions directly. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <threads.h>
+#include "cudnn_impl.h"
+
+#define MT_STR_(x) #x
+#define MT_STR(x)  MT_STR_(x)
+
+static mt_cudnn_api api;
+static const char *load_error; /* NULL once loaded */
+static once_flag load_once = ONCE_FLAG_INIT;
+
+/* The table, entry by entry: F(field, symbol). */
+#define MT_CUDNN_ENTRIES(F)                                                                        \
+    F(create, cudnnCreate)                                                                         \
+    F(destroy, cudnnDestroy)                                                                       \
+    F(set_stream, cudnnSetStream)                                                                  \
+    F(error_string, cudnnGetErrorString)                                                           \
+    F(create_tensor, cudnnCreateTensorDescriptor)                                                  \
+    F(destroy_tensor, cudnnDestroyTensorDescriptor)                                                \
+    F(set_tensor_nd, cudnnSetTensorNdDescriptor)                                                   \
+    F(create_filter, cudnnCreateFilterDescriptor)                                                  \
+    F(destroy_filter, cudnnDestroyFilterDescriptor)                                                \
+    F(set_filter_4d, cudnnSetFilter4dDescriptor)                                                   \
+    F(create_conv, cudnnCreateConvolutionDescriptor)                                               \
+    F(destroy_conv, cudnnDestroyConvolutionDescriptor)                                             \
+    F(set_conv_2d, cudnnSetConvolution2dDescriptor)                                                \
+    F(set_conv_groups, cudnnSetConvolutionGroupCount)                                              \
+    F(set_conv_math, cudnnSetConvolutionMathType)                                                  \
+    F(fwd_algo_v7, cudnnGetConvolutionForwardAlgorithm_v7)                                         \
+    F(bwd_data_algo_v7, cudnnGetConvolutionBackwardDataAlgorithm_v7)                               \
+    F(bwd_filter_algo_v7, cudnnGetConvolutionBackwardFilterAlgorithm_v7)                           \
+    F(fwd_find, cudnnFindConvolutionForwardAlgorithmEx)                                            \
+    F(bwd_data_find, cudnnFindConvolutionBackwardDataAlgorithmEx)                                  \
+    F(bwd_filter_find, cudnnFindConvolutionBackwardFilterAlgorithmEx)                              \
+    F(fwd_workspace, cudnnGetConvolutionForwardWorkspaceSize)                                      \
+    F(bwd_data_workspace, cudnnGetConvolutionBackwardDataWorkspaceSize)                            \
+    F(bwd_filter_workspace, cudnnGetConvolutionBackwardFilterWorkspaceSize)                        \
+    F(conv_fwd, cudnnConvolutionForward)                                                           \
+    F(conv_bwd_data, cudnnConvolutionBackwardData)                                                 \
+    F(conv_bwd_filter, cudnnConvolutionBackwardFilter)                                             \
+    F(create_pool, cudnnCreatePoolingDescriptor)                                                   \
+    F(destroy_pool, cudnnDestroyPoolingDescriptor)                                                 \
+    F(set_pool_2d, cudnnSetPooling2dDescriptor)                                                    \
+    F(pool_fwd, cudnnPoolingForward)                                                               \
+    F(bn_fwd_train, cudnnBatchNormalizationForwardTraining)                                        \
+    F(bn_bwd, cudnnBatchNormalizationBackward)
+
+#if defined(MT_CUDA_EMU)
+static void load(void) {
+#define MT_DIRECT(field, sym) api.field = sym;
+    MT_CUDNN_ENTRIES(MT_DIRECT)
+#undef MT_DIRECT
+}
+#else
+static char load_error_buf[256];
+
+static void *symbol(void *lib, const char *name) {
+    void *p = dlsym(lib, name);
+    if (!p && !load_error) {
+        snprintf(load_error_buf, sizeof load_error_buf, "libcudnn lacks %s", name);
+        load_error = load_error_buf;
+    }
+    return p;
+}
+
+static void load(void) {
+    static const char *const names[] = {"libcudnn.so." MT_STR(CUDNN_MAJOR), "libcudnn.so"};
+    void *lib = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !lib; i++)
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *why = dlerror();
+        snprintf(load_error_buf, sizeof load_error_buf, "cannot load %s: %s", names[0],
+                 why ? why : "not found");
+        load_error = load_error_buf;
+        return;
+    }
+    /* object-to-function pointer conversion through memcpy: ISO C has no cast for it */
+#define MT_LOAD(field, sym)                                                                        \
+    do {                                                                                           \
+        void *p = symbol(lib, #sym);                                                               \
+        memcpy(&api.field, &p, sizeof p);                                                          \
+    } while (0);
+    MT_CUDNN_ENTRIES(MT_LOAD)
+#undef MT_LOAD
+    /* the library stays loaded for the life of the process (handles may outlive any caller) */
+}
+#endif
+
+const mt_cudnn_api *mt_cudnn_load(const char *op, int device) {
+    call_once(&load_once, load);
+    if (load_error) {
+        mt_error_set(MT_ERR_UNSUPPORTED, "%s: cuDNN not found, needed on cuda:%d (%s)", op, device,
+                     load_error);
+        return NULL;
+    }
+    return &api;
+}
+
+bool mt_cudnn_available(void) {
+    call_once(&load_once, load);
+    return load_error == NULL;
+}
+
+int mt_cudnn_check(const char *op, const char *what, cudnnStatus_t s) {
+    if (s == CUDNN_STATUS_SUCCESS) return 0;
+    int family = (int)s / 1000 * 1000; /* cuDNN 9 codes refine a family: 3002 is a 3000 */
+    mt_status st = family == CUDNN_STATUS_NOT_SUPPORTED ? MT_ERR_UNSUPPORTED
+                   : s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                           s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
+                       ? MT_ERR_OOM
+                       : MT_ERR_DEVICE;
+    const char *msg = api.error_string ? api.error_string(s) : NULL;
+    return mt_error_set(st, "%s: cuDNN error in %s: %s (status %d)", op, what,
+                        msg ? msg : "unknown status", (int)s);
+}
