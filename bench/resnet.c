@@ -187,15 +187,19 @@ static bool safe_for_shell(const char *s) {
     return !strchr(s, '\'');
 }
 
-int main(int argc, char **argv) {
-    const char *arch = "resnet18", *threads = "1,2", *python = MT_TORCH_PYTHON;
-    const char *sample = MT_RESNET_AMP;
-    long batch = 16, image = 64, steps = 6, repeat = 3;
-    bool torch = true;
+typedef struct {
+    const char *arch, *threads, *python, *sample;
+    long batch, image, steps, repeat;
+    bool torch;
+} options;
+
+/* Returns 0, or the exit status for bad options. */
+static int parse_args(int argc, char **argv, options *o) {
+    *o = (options){"resnet18", "1,2", MT_TORCH_PYTHON, MT_RESNET_AMP, 16, 64, 6, 3, true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-torch") == 0) {
-            torch = false;
+            o->torch = false;
             continue;
         }
         if (!v) {
@@ -204,71 +208,83 @@ int main(int argc, char **argv) {
         }
         i++;
         if (strcmp(a, "--arch") == 0)
-            arch = v;
+            o->arch = v;
         else if (strcmp(a, "--batch") == 0)
-            batch = strtol(v, NULL, 10);
+            o->batch = strtol(v, NULL, 10);
         else if (strcmp(a, "--image-size") == 0)
-            image = strtol(v, NULL, 10);
+            o->image = strtol(v, NULL, 10);
         else if (strcmp(a, "--steps") == 0)
-            steps = strtol(v, NULL, 10);
+            o->steps = strtol(v, NULL, 10);
         else if (strcmp(a, "--threads") == 0)
-            threads = v;
+            o->threads = v;
         else if (strcmp(a, "--repeat") == 0)
-            repeat = strtol(v, NULL, 10);
+            o->repeat = strtol(v, NULL, 10);
         else if (strcmp(a, "--python") == 0)
-            python = v;
+            o->python = v;
         else {
             fprintf(stderr, "resnet bench: unknown option %s\n", a);
             usage();
             return 2;
         }
     }
-    if ((strcmp(arch, "resnet18") != 0 && strcmp(arch, "resnet50") != 0) || batch < 2 ||
-        image < 32 || steps < 2 || repeat < 1 || repeat > 8 || !threads[0] ||
-        strspn(threads, "0123456789,") != strlen(threads) || strlen(threads) > 60) {
+    if ((strcmp(o->arch, "resnet18") != 0 && strcmp(o->arch, "resnet50") != 0) || o->batch < 2 ||
+        o->image < 32 || o->steps < 2 || o->repeat < 1 || o->repeat > 8 || !o->threads[0] ||
+        strspn(o->threads, "0123456789,") != strlen(o->threads) || strlen(o->threads) > 60) {
         fprintf(stderr, "resnet bench: --arch resnet18|resnet50, --batch >= 2, --image-size >= "
                         "32, --steps >= 2, --repeat 1..8, --threads a comma list\n");
         return 2;
     }
-    if (!safe_for_shell(python) || !safe_for_shell(sample)) {
+    if (!safe_for_shell(o->python) || !safe_for_shell(o->sample)) {
         fprintf(stderr, "resnet bench: paths with quotes are not supported\n");
         return 2;
     }
-    if (access(sample, X_OK) != 0) {
+    if (access(o->sample, X_OK) != 0) {
         fprintf(stderr, "resnet bench: %s not found; build it first (ninja -C <build dir>)\n",
-                sample);
+                o->sample);
         return 1;
     }
+    return 0;
+}
+
+/* --repeat rounds, each every mixtape mode and thread count, then torch's. */
+static void run_rounds(const options *o) {
     char sizes[160], cmd[2048];
     snprintf(sizes, sizeof sizes, "--arch %s --batch %ld --image-size %ld --steps %ld --warmup 1",
-             arch, batch, image, steps);
-    printf("%s on the CPU, channels-last, synthetic batch %ldx3x%ldx%ld, 1000 classes, SGD "
-           "momentum; %ld steps, the first untimed; threads tried: %s; best of %ld round(s); "
-           "%ld cores online\n\n",
-           strcmp(arch, "resnet50") == 0 ? "ResNet-50" : "ResNet-18", batch, image, image, steps,
-           threads, repeat, sysconf(_SC_NPROCESSORS_ONLN));
-    fflush(stdout);
-    for (long round = 1; round <= repeat; round++) {
+             o->arch, o->batch, o->image, o->steps);
+    for (long round = 1; round <= o->repeat; round++) {
         char tl[64];
-        snprintf(tl, sizeof tl, "%s", threads);
+        snprintf(tl, sizeof tl, "%s", o->threads);
         for (char *save = NULL, *th = strtok_r(tl, ",", &save); th;
              th = strtok_r(NULL, ",", &save)) {
             for (int m = 0; m < N_MODES; m++) {
                 snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s",
-                         sample, th, MODES[m], sizes);
-                fprintf(stderr, "round %ld/%ld: mixtape %s, %s thread(s)...\n", round, repeat,
+                         o->sample, th, MODES[m], sizes);
+                fprintf(stderr, "round %ld/%ld: mixtape %s, %s thread(s)...\n", round, o->repeat,
                         MODES[m], th);
                 run_json(cmd, "mixtape", MODES[m]);
             }
         }
-        if (torch) {
-            snprintf(cmd, sizeof cmd, "'%s' '%s/resnet.py' --threads %s %s", python, MT_BENCH_DIR,
-                     threads, sizes);
+        if (o->torch) {
+            snprintf(cmd, sizeof cmd, "'%s' '%s/resnet.py' --threads %s %s", o->python,
+                     MT_BENCH_DIR, o->threads, sizes);
             fprintf(stderr, "round %ld/%ld: torch fp32, o1-bf16, o1-fp16 for thread counts %s...\n",
-                    round, repeat, threads);
+                    round, o->repeat, o->threads);
             run_json(cmd, "torch", NULL);
         }
     }
+}
+
+int main(int argc, char **argv) {
+    options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    printf("%s on the CPU, channels-last, synthetic batch %ldx3x%ldx%ld, 1000 classes, SGD "
+           "momentum; %ld steps, the first untimed; threads tried: %s; best of %ld round(s); "
+           "%ld cores online\n\n",
+           strcmp(o.arch, "resnet50") == 0 ? "ResNet-50" : "ResNet-18", o.batch, o.image, o.image,
+           o.steps, o.threads, o.repeat, sysconf(_SC_NPROCESSORS_ONLN));
+    fflush(stdout);
+    run_rounds(&o);
     print_table();
     printf("\n| ratio of images/s | value | meaning |\n|---|---|---|\n");
     const row *mf = best("mixtape", "fp32"), *mb = best("mixtape", "o1-bf16");
@@ -283,7 +299,7 @@ int main(int argc, char **argv) {
         print_ratio(what, best("mixtape", MODES[m]), mf, "> 1: faster than FP32");
     }
     print_ratio("torch BF16 autocast / torch FP32 (reference)", tb, tf, "> 1: faster than FP32");
-    if (torch)
+    if (o.torch)
         printf("\nGoal (FP32 and BF16 images/s >= torch's): %s.\n",
                !isfinite(r32) || !isfinite(r16) ? "not measured"
                : r32 >= 1 && r16 >= 1           ? "met"

@@ -108,6 +108,22 @@ static double parse_double(const char *opt, const char *s, double lo, double hi)
     return v;
 }
 
+static mt_device parse_device(const char *s) {
+    if (strcmp(s, "cpu") == 0) return MT_CPU;
+    if (strncmp(s, "cuda", 4) == 0 && (s[4] == 0 || s[4] == ':'))
+        return MT_CUDA(s[4] ? (int)parse_long("--device", s + 5, 0, 63) : 0);
+    fprintf(stderr, "digits_cnn: --device: expected cpu or cuda[:N], got \"%s\"\n", s);
+    exit(2);
+}
+
+static amp_mode parse_amp(const char *s) {
+    if (strcmp(s, "off") == 0) return AMP_OFF;
+    if (strcmp(s, "o1") == 0) return AMP_O1;
+    if (strcmp(s, "o2") == 0) return AMP_O2;
+    fprintf(stderr, "digits_cnn: --amp: expected off, o1 or o2, got \"%s\"\n", s);
+    exit(2);
+}
+
 static void parse_args(int argc, char **argv, config *c) {
     enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_LR, O_DROPOUT, O_SEED, O_DEVICE, O_AMP, O_THREADS };
     static const struct option opts[] = {{"data", required_argument, 0, O_DATA},
@@ -154,27 +170,10 @@ static void parse_args(int argc, char **argv, config *c) {
             c->threads = (int)parse_long("--threads", optarg, 1, 4096);
             break;
         case O_DEVICE:
-            if (strcmp(optarg, "cpu") == 0) {
-                c->dev = MT_CPU;
-            } else if (strncmp(optarg, "cuda", 4) == 0 && (optarg[4] == 0 || optarg[4] == ':')) {
-                c->dev = MT_CUDA(optarg[4] ? (int)parse_long("--device", optarg + 5, 0, 63) : 0);
-            } else {
-                fprintf(stderr, "digits_cnn: --device: expected cpu or cuda[:N], got \"%s\"\n",
-                        optarg);
-                exit(2);
-            }
+            c->dev = parse_device(optarg);
             break;
         case O_AMP:
-            if (strcmp(optarg, "off") == 0) {
-                c->amp = AMP_OFF;
-            } else if (strcmp(optarg, "o1") == 0) {
-                c->amp = AMP_O1;
-            } else if (strcmp(optarg, "o2") == 0) {
-                c->amp = AMP_O2;
-            } else {
-                fprintf(stderr, "digits_cnn: --amp: expected off, o1 or o2, got \"%s\"\n", optarg);
-                exit(2);
-            }
+            c->amp = parse_amp(optarg);
             break;
         case 'j':
             c->json = true;

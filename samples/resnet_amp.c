@@ -252,9 +252,79 @@ static void parse_device(const char *s, config *c) {
     }
 }
 
+/* Sizes given on the command line; 0 (-1 for warmup): the device's default. */
+typedef struct {
+    long batch, image, steps, warmup;
+    bool dev_given;
+} given;
+
+enum { O_ARCH = 256, O_MODES, O_DEVICE, O_BATCH, O_IMAGE, O_STEPS, O_WARMUP, O_CLASSES, O_LR };
+enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP };
+
+static double parse_lr(const char *s) {
+    char *end;
+    double lr = strtod(s, &end);
+    if (end == s || *end || !(lr >= 0 && lr < 100)) {
+        fprintf(stderr, "resnet_amp: --lr: expected a number in [0, 100), got \"%s\"\n", s);
+        exit(2);
+    }
+    return lr;
+}
+
+static void parse_option(int o, const char *arg, config *c, given *g) {
+    switch (o) {
+    case O_ARCH:
+        if (strcmp(arg, "resnet18") != 0 && strcmp(arg, "resnet50") != 0) {
+            fprintf(stderr, "resnet_amp: --arch: expected resnet18 or resnet50, got \"%s\"\n", arg);
+            exit(2);
+        }
+        c->resnet50 = strcmp(arg, "resnet50") == 0;
+        break;
+    case O_MODES:
+        parse_modes(arg, c->run);
+        break;
+    case O_DEVICE:
+        g->dev_given = true;
+        parse_device(arg, c);
+        break;
+    case O_BATCH:
+        g->batch = parse_long("--batch", arg, 2, 1 << 16); /* batch norm needs 2 */
+        break;
+    case O_IMAGE:
+        g->image = parse_long("--image-size", arg, 32, 1 << 12); /* 32 halves 5 times */
+        break;
+    case O_STEPS:
+        g->steps = parse_long("--steps", arg, 1, 1 << 20);
+        break;
+    case O_WARMUP:
+        g->warmup = parse_long("--warmup", arg, 0, 1 << 20);
+        break;
+    case O_CLASSES:
+        c->classes = parse_long("--classes", arg, 2, 1 << 20);
+        break;
+    case O_LR:
+        c->lr = parse_lr(arg);
+        break;
+    case O_THREADS:
+        c->threads = (int)parse_long("--threads", arg, 1, 4096);
+        break;
+    case O_SEED:
+        c->seed = (uint64_t)parse_long("--seed", arg, 0, LONG_MAX);
+        break;
+    case O_JSON:
+        c->json = true;
+        break;
+    case 'h':
+    case O_HELP:
+        usage(stdout);
+        exit(0);
+    default:
+        usage(stderr);
+        exit(2);
+    }
+}
+
 static void parse_args(int argc, char **argv, config *c) {
-    enum { O_ARCH = 256, O_MODES, O_DEVICE, O_BATCH, O_IMAGE, O_STEPS, O_WARMUP, O_CLASSES, O_LR };
-    enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP };
     static const struct option opts[] = {{"arch", required_argument, 0, O_ARCH},
                                          {"modes", required_argument, 0, O_MODES},
                                          {"device", required_argument, 0, O_DEVICE},
@@ -269,76 +339,16 @@ static void parse_args(int argc, char **argv, config *c) {
                                          {"json", no_argument, 0, O_JSON},
                                          {"help", no_argument, 0, O_HELP},
                                          {0, 0, 0, 0}};
-    long batch = 0, image = 0, steps = 0, warmup = -1;
-    bool dev_given = false;
+    given g = {.warmup = -1};
     *c = (config){.classes = 1000, .lr = 0.01, .seed = 2023, .dev = MT_CPU};
     for (int k = 0; k < N_MODES; k++) c->run[k] = true;
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case O_ARCH:
-            if (strcmp(optarg, "resnet18") != 0 && strcmp(optarg, "resnet50") != 0) {
-                fprintf(stderr, "resnet_amp: --arch: expected resnet18 or resnet50, got \"%s\"\n",
-                        optarg);
-                exit(2);
-            }
-            c->resnet50 = strcmp(optarg, "resnet50") == 0;
-            break;
-        case O_MODES:
-            parse_modes(optarg, c->run);
-            break;
-        case O_DEVICE:
-            dev_given = true;
-            parse_device(optarg, c);
-            break;
-        case O_BATCH:
-            batch = parse_long("--batch", optarg, 2, 1 << 16); /* batch norm needs 2 */
-            break;
-        case O_IMAGE:
-            image = parse_long("--image-size", optarg, 32, 1 << 12); /* 32 halves 5 times */
-            break;
-        case O_STEPS:
-            steps = parse_long("--steps", optarg, 1, 1 << 20);
-            break;
-        case O_WARMUP:
-            warmup = parse_long("--warmup", optarg, 0, 1 << 20);
-            break;
-        case O_CLASSES:
-            c->classes = parse_long("--classes", optarg, 2, 1 << 20);
-            break;
-        case O_LR: {
-            char *end;
-            c->lr = strtod(optarg, &end);
-            if (end == optarg || *end || !(c->lr >= 0 && c->lr < 100)) {
-                fprintf(stderr, "resnet_amp: --lr: expected a number in [0, 100), got \"%s\"\n",
-                        optarg);
-                exit(2);
-            }
-            break;
-        }
-        case O_THREADS:
-            c->threads = (int)parse_long("--threads", optarg, 1, 4096);
-            break;
-        case O_SEED:
-            c->seed = (uint64_t)parse_long("--seed", optarg, 0, LONG_MAX);
-            break;
-        case O_JSON:
-            c->json = true;
-            break;
-        case 'h':
-        case O_HELP:
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            exit(2);
-        }
-    }
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) parse_option(o, optarg, c, &g);
     if (optind < argc) {
         fprintf(stderr, "resnet_amp: unexpected argument \"%s\"\n", argv[optind]);
         exit(2);
     }
-    if (!dev_given && mt_cuda_available()) c->dev = MT_CUDA(0);
+    if (!g.dev_given && mt_cuda_available()) c->dev = MT_CUDA(0);
     if (c->dev.type == MT_DEVICE_CUDA && c->dev.index >= mt_cuda_device_count()) {
         fprintf(stderr, "resnet_amp: --device cuda:%d: %d CUDA device(s) available\n", c->dev.index,
                 mt_cuda_device_count());
@@ -346,13 +356,13 @@ static void parse_args(int argc, char **argv, config *c) {
     }
     /* The guide's sizes on a GPU; on a CPU a scaled-down run of seconds. */
     bool gpu = c->dev.type == MT_DEVICE_CUDA;
-    c->batch = batch ? batch : (gpu ? 256 : 8);
-    c->image = image ? image : (gpu ? 224 : 64);
-    c->steps = steps ? (int)steps : (gpu ? 50 : 6);
-    warmup = warmup >= 0 ? warmup : (gpu ? 5 : 1);
+    c->batch = g.batch ? g.batch : (gpu ? 256 : 8);
+    c->image = g.image ? g.image : (gpu ? 224 : 64);
+    c->steps = g.steps ? (int)g.steps : (gpu ? 50 : 6);
+    long warmup = g.warmup >= 0 ? g.warmup : (gpu ? 5 : 1);
     /* at least one step is timed: a one-step run times its only step */
     c->warmup = warmup < c->steps ? (int)warmup : c->steps - 1;
-    if (!gpu && !(batch || image || steps) && !c->json)
+    if (!gpu && !(g.batch || g.image || g.steps) && !c->json)
         printf("cpu: scaled-down defaults (image 64, batch 8, 6 steps); the guide's sizes are "
                "--image-size 224 --batch 256 --steps 50\n");
 }
