@@ -9,6 +9,9 @@
  * images/s per implementation and mode, then the ratios
  *   mixtape / torch images/s for FP32 and for BF16 autocast (the goal: >= 1),
  *   mixtape's AMP modes over its FP32, torch's BF16 over its FP32 (reference).
+ * Then the same comparison in CPU time (each child times its steps in process CPU time too):
+ * the 1-thread rows, mixtape / torch CPU ms per step, a figure that other processes on a shared
+ * machine skew far less than the wall clock.
  * torch 1.13 has no FP16 autocast on the CPU: its o1-fp16 row says so; mixtape's FP16 modes
  * run there but compute in FP32 (FP16 is a storage format on a CPU).
  *
@@ -42,6 +45,8 @@ typedef struct {
     bool supported;
     int threads;
     double images_per_s, ms, loss_first, loss;
+    double cpu_ms; /* the median step's process CPU time, all threads */
+    double batch;
 } row;
 
 static row rows[MAX_ROWS];
@@ -108,6 +113,8 @@ static void run_json(const char *cmd, const char *impl, const char *mode) {
         /* the median step resists other processes on a shared machine */
         r->ms = json_num(line, "ms_median");
         r->images_per_s = json_num(line, "images_per_s_median");
+        r->cpu_ms = json_num(line, "cpu_ms_median");
+        r->batch = json_num(line, "batch");
         r->loss_first = json_num(line, "loss_first");
         r->loss = json_num(line, "loss");
         if (r->supported && !(r->images_per_s > 0)) {
@@ -142,6 +149,45 @@ static const row *best(const char *impl, const char *mode) {
             b = r;
     }
     return b ? b : why;
+}
+
+/* The 1-thread row of impl/mode with the least CPU time per step, or NULL. */
+static const row *best_cpu(const char *impl, const char *mode) {
+    const row *b = NULL;
+    for (int i = 0; i < n_rows; i++) {
+        const row *r = &rows[i];
+        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0 ||
+            !r->supported || r->threads != 1 || !(r->cpu_ms > 0))
+            continue;
+        if (!b || r->cpu_ms < b->cpu_ms) b = r;
+    }
+    return b;
+}
+
+/* CPU time per step on one thread: what a step costs whatever else the machine runs. */
+static void print_cpu_table(void) {
+    printf("\n| implementation | mode | CPU ms/step (1 thread, median) | images per CPU-second "
+           "|\n|---|---|---|---|\n");
+    const char *impls[] = {"mixtape", "torch"};
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < N_MODES; m++) {
+            const row *r = best_cpu(impls[k], MODES[m]);
+            if (r)
+                printf("| %s | %s | %.1f | %.2f |\n", r->impl, LABELS[m], r->cpu_ms,
+                       1e3 * r->batch / r->cpu_ms);
+        }
+}
+
+/* torch's CPU ms per step over mixtape's (1 thread): above 1 mixtape needs less. */
+static double print_cpu_ratio(const char *what, const row *mixtape, const row *torch) {
+    printf("| %s |", what);
+    if (!mixtape || !torch) {
+        printf(" - | not measured (needs 1-thread rows) |\n");
+        return NAN;
+    }
+    double v = torch->cpu_ms / mixtape->cpu_ms;
+    printf(" %.2f | >= 1: mixtape needs as little CPU time or less |\n", v);
+    return v;
 }
 
 static bool measured(const row *r) {
@@ -303,6 +349,18 @@ int main(int argc, char **argv) {
         printf("\nGoal (FP32 and BF16 images/s >= torch's): %s.\n",
                !isfinite(r32) || !isfinite(r16) ? "not measured"
                : r32 >= 1 && r16 >= 1           ? "met"
+                                                : "not met");
+    print_cpu_table();
+    printf("\n| ratio of CPU time per step, 1 thread | value | meaning |\n|---|---|---|\n");
+    double c32 = print_cpu_ratio("torch FP32 / mixtape FP32", best_cpu("mixtape", "fp32"),
+                                 best_cpu("torch", "fp32"));
+    double c16 = print_cpu_ratio("torch BF16 autocast / mixtape AMP-O1 BF16",
+                                 best_cpu("mixtape", "o1-bf16"), best_cpu("torch", "o1-bf16"));
+    if (o.torch)
+        printf("\nThe same goal in CPU time (1 thread; not skewed by other processes on a shared "
+               "machine): %s.\n",
+               !isfinite(c32) || !isfinite(c16) ? "not measured"
+               : c32 >= 1 && c16 >= 1           ? "met"
                                                 : "not met");
     /* exit status 1 when mixtape could not run FP32 or BF16 */
     return measured(mf) && measured(mb) ? 0 : 1;
