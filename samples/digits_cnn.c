@@ -2,8 +2,11 @@
  * handwritten digits (1797 images, 10 classes), written out at build time by
  * tools/dump_digits.py (see samples/meson.build).
  *
- *   conv3x3(1 -> 16) + BN + ReLU, conv3x3(16 -> 32) + BN + ReLU   (BN and ReLU fused:
- *   max pool 2x2 -> [N, 32, 4, 4], flatten, dropout, Linear(512, 10)  mt_batch_norm_act)
+ *   conv3x3(1 -> 16) + BN + ReLU, conv3x3(16 -> 32) + BN + ReLU,
+ *   max pool 2x2 -> [N, 32, 4, 4], flatten, dropout, Linear(512, 10)
+ *
+ * (each BN + ReLU is one fused mt_batch_norm_act; the convolutions have no bias, BN's shift
+ * takes its place).
  *
  * The split is fixed (360 test images drawn by a permutation under seed 0, whatever --seed
  * says); --seed picks the initial weights, the batch order and the dropout masks. Every epoch
