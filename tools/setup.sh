@@ -8,7 +8,7 @@ set -euo pipefail
 # libc6-dev is pulled in by gcc's recommends anyway; naming it keeps --no-install-recommends
 # setups working too.
 PACKAGES=(meson ninja-build libopenblas-openmp-dev pkg-config libcmocka-dev gcc libc6-dev libcjson-dev
-    libopenmpi-dev openmpi-bin libdnnl-dev)
+    libopenmpi-dev openmpi-bin libdnnl-dev python3-sklearn)
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 

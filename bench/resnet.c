@@ -1,0 +1,367 @@
+/* ResNet side by side on the CPU: mixtape (samples/resnet_amp) and PyTorch (bench/resnet.py),
+ * the same architecture (ResNet-18 or -50, channels-last), sizes, synthetic batch, loss and
+ * optimizer, in the same run.
+ *
+ * Every (implementation, mode, thread count) runs in its own child process. The sweep runs
+ * --repeat times (default 3), mixtape and torch interleaved round by round so both see the
+ * same neighbours on a shared machine; for each mode the fastest (thread count, round) is
+ * reported, from the median step time (first step untimed). Output: a Markdown table of
+ * images/s per implementation and mode, then the ratios
+ *   mixtape / torch images/s for FP32 and for BF16 autocast (the goal: >= 1),
+ *   mixtape's AMP modes over its FP32, torch's BF16 over its FP32 (reference).
+ * Then the same comparison in CPU time (each child times its steps in process CPU time too):
+ * the 1-thread rows, mixtape / torch CPU ms per step, a figure that other processes on a shared
+ * machine skew far less than the wall clock.
+ * torch 1.13 has no FP16 autocast on the CPU: its o1-fp16 row says so; mixtape's FP16 modes
+ * run there but compute in FP32 (FP16 is a storage format on a CPU).
+ *
+ * Usage: resnet [--arch resnet18|resnet50] [--batch N] [--image-size N] [--steps N]
+ *               [--threads 1,2] [--repeat N] [--python PATH] [--no-torch] */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef MT_BENCH_DIR
+#define MT_BENCH_DIR "bench"
+#endif
+#ifndef MT_TORCH_PYTHON
+#define MT_TORCH_PYTHON "/usr/bin/python3"
+#endif
+#ifndef MT_RESNET_AMP
+#define MT_RESNET_AMP "samples/resnet_amp"
+#endif
+
+enum { MAX_ROWS = 256, MAX_LINE = 4096, N_MODES = 4 };
+static const char *MODES[N_MODES] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
+static const char *LABELS[N_MODES] = {"FP32", "AMP-O1 FP16", "AMP-O2 FP16 master weights",
+                                      "AMP-O1 BF16"};
+
+typedef struct {
+    char impl[160], mode[32], reason[256];
+    bool supported;
+    int threads;
+    double images_per_s, ms, loss_first, loss;
+    double cpu_ms; /* the median step's process CPU time, all threads */
+    double batch;
+} row;
+
+static row rows[MAX_ROWS];
+static int n_rows;
+
+/* Copies the value of "key": in a flat JSON line written by our own programs (no quotes). */
+static bool json_get(const char *line, const char *key, char *out, size_t cap) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p) return false;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    const char *end;
+    if (*p == '"') {
+        end = strchr(++p, '"');
+        if (!end) return false;
+    } else {
+        end = p + strcspn(p, ",}");
+    }
+    size_t n = (size_t)(end - p) < cap - 1 ? (size_t)(end - p) : cap - 1;
+    memcpy(out, p, n);
+    out[n] = 0;
+    return true;
+}
+
+static double json_num(const char *line, const char *key) {
+    char buf[64];
+    if (!json_get(line, key, buf, sizeof buf) || strcmp(buf, "null") == 0) return NAN;
+    return strtod(buf, NULL);
+}
+
+/* Runs cmd and adds a row per JSON line; a failed command without any adds one unsupported
+   row for `mode` (when given) carrying its last message. */
+static void run_json(const char *cmd, const char *impl, const char *mode) {
+    char full[2300];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *f = popen(full, "r");
+    if (!f) {
+        fprintf(stderr, "resnet bench: cannot run: %s\n", cmd);
+        return;
+    }
+    char line[MAX_LINE], last_msg[256] = "no output";
+    int added = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] != '{') {
+            line[strcspn(line, "\r\n")] = 0;
+            if (line[0]) snprintf(last_msg, sizeof last_msg, "%.250s", line);
+            continue;
+        }
+        if (n_rows == MAX_ROWS) continue;
+        row *r = &rows[n_rows];
+        *r = (row){.supported = true};
+        snprintf(r->impl, sizeof r->impl, "%s", impl);
+        if (!json_get(line, "mode", r->mode, sizeof r->mode)) continue;
+        char buf[64];
+        if (json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
+            r->supported = false;
+            json_get(line, "reason", r->reason, sizeof r->reason);
+        }
+        if (json_get(line, "version", buf, sizeof buf))
+            snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
+        r->threads = (int)json_num(line, "threads");
+        /* the median step resists other processes on a shared machine */
+        r->ms = json_num(line, "ms_median");
+        r->images_per_s = json_num(line, "images_per_s_median");
+        r->cpu_ms = json_num(line, "cpu_ms_median");
+        r->batch = json_num(line, "batch");
+        r->loss_first = json_num(line, "loss_first");
+        r->loss = json_num(line, "loss");
+        if (r->supported && !(r->images_per_s > 0)) {
+            r->supported = false;
+            snprintf(r->reason, sizeof r->reason, "failed: no images/s in its output");
+        }
+        n_rows++;
+        added++;
+    }
+    int status = pclose(f);
+    if (status != 0 && added == 0 && mode && n_rows < MAX_ROWS) {
+        row *r = &rows[n_rows++];
+        *r = (row){.supported = false};
+        snprintf(r->impl, sizeof r->impl, "%s", impl);
+        snprintf(r->mode, sizeof r->mode, "%s", mode);
+        snprintf(r->reason, sizeof r->reason, "failed: %s", last_msg);
+    }
+    if (status != 0)
+        fprintf(stderr, "resnet bench: %s %s: exit status %d: %s\n", impl, mode ? mode : "",
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1, last_msg);
+}
+
+/* The fastest supported row of impl/mode, else an unsupported one that says why, or NULL. */
+static const row *best(const char *impl, const char *mode) {
+    const row *b = NULL, *why = NULL;
+    for (int i = 0; i < n_rows; i++) {
+        const row *r = &rows[i];
+        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0) continue;
+        if (!r->supported)
+            why = r;
+        else if (!b || r->images_per_s > b->images_per_s)
+            b = r;
+    }
+    return b ? b : why;
+}
+
+/* The 1-thread row of impl/mode with the least CPU time per step, or NULL. */
+static const row *best_cpu(const char *impl, const char *mode) {
+    const row *b = NULL;
+    for (int i = 0; i < n_rows; i++) {
+        const row *r = &rows[i];
+        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0 ||
+            !r->supported || r->threads != 1 || !(r->cpu_ms > 0))
+            continue;
+        if (!b || r->cpu_ms < b->cpu_ms) b = r;
+    }
+    return b;
+}
+
+/* CPU time per step on one thread: what a step costs whatever else the machine runs. */
+static void print_cpu_table(void) {
+    printf("\n| implementation | mode | CPU ms/step (1 thread, median) | images per CPU-second "
+           "|\n|---|---|---|---|\n");
+    const char *impls[] = {"mixtape", "torch"};
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < N_MODES; m++) {
+            const row *r = best_cpu(impls[k], MODES[m]);
+            if (r)
+                printf("| %s | %s | %.1f | %.2f |\n", r->impl, LABELS[m], r->cpu_ms,
+                       1e3 * r->batch / r->cpu_ms);
+        }
+}
+
+/* torch's CPU ms per step over mixtape's (1 thread): above 1 mixtape needs less. */
+static double print_cpu_ratio(const char *what, const row *mixtape, const row *torch) {
+    printf("| %s |", what);
+    if (!mixtape || !torch) {
+        printf(" - | not measured (needs 1-thread rows) |\n");
+        return NAN;
+    }
+    double v = torch->cpu_ms / mixtape->cpu_ms;
+    printf(" %.2f | >= 1: mixtape needs as little CPU time or less |\n", v);
+    return v;
+}
+
+static bool measured(const row *r) {
+    return r && r->supported;
+}
+
+/* num / den images/s; returns NAN when either is missing. */
+static double print_ratio(const char *what, const row *num, const row *den, const char *meaning) {
+    printf("| %s |", what);
+    if (!measured(num) || !measured(den)) {
+        printf(" - | not measured |\n");
+        return NAN;
+    }
+    double v = num->images_per_s / den->images_per_s;
+    printf(" %.2f | %s |\n", v, meaning);
+    return v;
+}
+
+static void print_table(void) {
+    printf("| implementation | mode | threads | images/s (median step) | ms/step (median) | "
+           "first loss | last loss |\n|---|---|---|---|---|---|---|\n");
+    const char *impls[] = {"mixtape", "torch"};
+    for (int k = 0; k < 2; k++) {
+        for (int m = 0; m < N_MODES; m++) {
+            const row *r = best(impls[k], MODES[m]);
+            if (!r) continue;
+            if (!r->supported) {
+                printf("| %s | %s | - | %s | | | |\n", r->impl, MODES[m], r->reason);
+                continue;
+            }
+            printf("| %s | %s | %d | %.2f | %.1f | %.4f | %.4f |\n", r->impl, LABELS[m], r->threads,
+                   r->images_per_s, r->ms, r->loss_first, r->loss);
+        }
+    }
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: resnet [--arch resnet18|resnet50] [--batch N] [--image-size N] "
+                    "[--steps N] [--threads 1,2] [--repeat N] [--python PATH] [--no-torch]\n");
+}
+
+static bool safe_for_shell(const char *s) {
+    return !strchr(s, '\'');
+}
+
+typedef struct {
+    const char *arch, *threads, *python, *sample;
+    long batch, image, steps, repeat;
+    bool torch;
+} options;
+
+/* Returns 0, or the exit status for bad options. */
+static int parse_args(int argc, char **argv, options *o) {
+    *o = (options){"resnet18", "1,2", MT_TORCH_PYTHON, MT_RESNET_AMP, 16, 64, 6, 3, true};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--no-torch") == 0) {
+            o->torch = false;
+            continue;
+        }
+        if (!v) {
+            usage();
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--arch") == 0)
+            o->arch = v;
+        else if (strcmp(a, "--batch") == 0)
+            o->batch = strtol(v, NULL, 10);
+        else if (strcmp(a, "--image-size") == 0)
+            o->image = strtol(v, NULL, 10);
+        else if (strcmp(a, "--steps") == 0)
+            o->steps = strtol(v, NULL, 10);
+        else if (strcmp(a, "--threads") == 0)
+            o->threads = v;
+        else if (strcmp(a, "--repeat") == 0)
+            o->repeat = strtol(v, NULL, 10);
+        else if (strcmp(a, "--python") == 0)
+            o->python = v;
+        else {
+            fprintf(stderr, "resnet bench: unknown option %s\n", a);
+            usage();
+            return 2;
+        }
+    }
+    if ((strcmp(o->arch, "resnet18") != 0 && strcmp(o->arch, "resnet50") != 0) || o->batch < 2 ||
+        o->image < 32 || o->steps < 2 || o->repeat < 1 || o->repeat > 8 || !o->threads[0] ||
+        strspn(o->threads, "0123456789,") != strlen(o->threads) || strlen(o->threads) > 60) {
+        fprintf(stderr, "resnet bench: --arch resnet18|resnet50, --batch >= 2, --image-size >= "
+                        "32, --steps >= 2, --repeat 1..8, --threads a comma list\n");
+        return 2;
+    }
+    if (!safe_for_shell(o->python) || !safe_for_shell(o->sample)) {
+        fprintf(stderr, "resnet bench: paths with quotes are not supported\n");
+        return 2;
+    }
+    if (access(o->sample, X_OK) != 0) {
+        fprintf(stderr, "resnet bench: %s not found; build it first (ninja -C <build dir>)\n",
+                o->sample);
+        return 1;
+    }
+    return 0;
+}
+
+/* --repeat rounds, each every mixtape mode and thread count, then torch's. */
+static void run_rounds(const options *o) {
+    char sizes[160], cmd[2048];
+    snprintf(sizes, sizeof sizes, "--arch %s --batch %ld --image-size %ld --steps %ld --warmup 1",
+             o->arch, o->batch, o->image, o->steps);
+    for (long round = 1; round <= o->repeat; round++) {
+        char tl[64];
+        snprintf(tl, sizeof tl, "%s", o->threads);
+        for (char *save = NULL, *th = strtok_r(tl, ",", &save); th;
+             th = strtok_r(NULL, ",", &save)) {
+            for (int m = 0; m < N_MODES; m++) {
+                snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s",
+                         o->sample, th, MODES[m], sizes);
+                fprintf(stderr, "round %ld/%ld: mixtape %s, %s thread(s)...\n", round, o->repeat,
+                        MODES[m], th);
+                run_json(cmd, "mixtape", MODES[m]);
+            }
+        }
+        if (o->torch) {
+            snprintf(cmd, sizeof cmd, "'%s' '%s/resnet.py' --threads %s %s", o->python,
+                     MT_BENCH_DIR, o->threads, sizes);
+            fprintf(stderr, "round %ld/%ld: torch fp32, o1-bf16, o1-fp16 for thread counts %s...\n",
+                    round, o->repeat, o->threads);
+            run_json(cmd, "torch", NULL);
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    printf("%s on the CPU, channels-last, synthetic batch %ldx3x%ldx%ld, 1000 classes, SGD "
+           "momentum; %ld steps, the first untimed; threads tried: %s; best of %ld round(s); "
+           "%ld cores online\n\n",
+           strcmp(o.arch, "resnet50") == 0 ? "ResNet-50" : "ResNet-18", o.batch, o.image, o.image,
+           o.steps, o.threads, o.repeat, sysconf(_SC_NPROCESSORS_ONLN));
+    fflush(stdout);
+    run_rounds(&o);
+    print_table();
+    printf("\n| ratio of images/s | value | meaning |\n|---|---|---|\n");
+    const row *mf = best("mixtape", "fp32"), *mb = best("mixtape", "o1-bf16");
+    const row *tf = best("torch", "fp32"), *tb = best("torch", "o1-bf16");
+    double r32 =
+        print_ratio("mixtape FP32 / torch FP32", mf, tf, ">= 1: mixtape as fast or faster");
+    double r16 = print_ratio("mixtape AMP-O1 BF16 / torch BF16 autocast", mb, tb,
+                             ">= 1: mixtape as fast or faster");
+    for (int m = 1; m < N_MODES; m++) {
+        char what[96];
+        snprintf(what, sizeof what, "mixtape %s / mixtape FP32", LABELS[m]);
+        print_ratio(what, best("mixtape", MODES[m]), mf, "> 1: faster than FP32");
+    }
+    print_ratio("torch BF16 autocast / torch FP32 (reference)", tb, tf, "> 1: faster than FP32");
+    if (o.torch)
+        printf("\nGoal (FP32 and BF16 images/s >= torch's): %s.\n",
+               !isfinite(r32) || !isfinite(r16) ? "not measured"
+               : r32 >= 1 && r16 >= 1           ? "met"
+                                                : "not met");
+    print_cpu_table();
+    printf("\n| ratio of CPU time per step, 1 thread | value | meaning |\n|---|---|---|\n");
+    double c32 = print_cpu_ratio("torch FP32 / mixtape FP32", best_cpu("mixtape", "fp32"),
+                                 best_cpu("torch", "fp32"));
+    double c16 = print_cpu_ratio("torch BF16 autocast / mixtape AMP-O1 BF16",
+                                 best_cpu("mixtape", "o1-bf16"), best_cpu("torch", "o1-bf16"));
+    if (o.torch)
+        printf("\nThe same goal in CPU time (1 thread; not skewed by other processes on a shared "
+               "machine): %s.\n",
+               !isfinite(c32) || !isfinite(c16) ? "not measured"
+               : c32 >= 1 && c16 >= 1           ? "met"
+                                                : "not met");
+    /* exit status 1 when mixtape could not run FP32 or BF16 */
+    return measured(mf) && measured(mb) ? 0 : 1;
+}
