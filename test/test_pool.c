@@ -172,6 +172,37 @@ static void test_pool_reference(void **state) {
             check_case(&cases[i], MT_F32, cl, 1e-6);
             check_case(&cases[i], MT_F64, cl, 1e-12);
             check_case(&cases[i], MT_BF16, cl, 1e-2); /* one rounding of each result */
+            check_case(&cases[i], MT_F16, cl, 2e-3);
+        }
+}
+
+/* The gradient of sum(pool(x)) arrives broadcast (no channels-last strides): the NHWC input
+   gets the NCHW one's gradient, in every floating dtype (within one rounding of the low
+   dtypes: the NHWC loops sum in F32, the plane loops in F64). */
+static void test_pool_broadcast_grad(void **state) {
+    (void)state;
+    mt_dtype dts[] = {MT_F32, MT_BF16, MT_F16, MT_F64};
+    double tols[] = {1e-6, 8e-3, 1e-3, 0};
+    for (int i = 0; i < NCASES; i++)
+        for (int d = 0; d < 4; d++) {
+            const pool_case *k = &cases[i];
+            int64_t nx = k->n * k->c * k->h * k->w;
+            double *v = malloc(sizeof(double) * (size_t)nx);
+            fill(v, nx, 5u + (uint32_t)i);
+            mt_scope_begin();
+            mt_tensor *g[2];
+            for (int cl = 0; cl < 2; cl++) {
+                mt_tensor *leaf = mt_test_tensor(v, dts[d], MT_SHAPE(k->n, k->c, k->h, k->w));
+                mt_set_requires_grad(leaf, true);
+                mt_tensor *x = cl ? mt_to_channels_last(leaf) : leaf;
+                assert_int_equal(mt_backward(mt_sum_all(run(k, x)), NULL), 0);
+                g[cl] = mt_grad(leaf);
+            }
+            double *want = mt_test_values(g[0]);
+            assert_tensor_close(g[1], want, nx, tols[d], tols[d]);
+            free(want);
+            mt_scope_end();
+            free(v);
         }
 }
 
@@ -298,6 +329,7 @@ static void test_pool_cudnn_routing(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_pool_reference),
+        MT_TEST(test_pool_broadcast_grad),
         MT_TEST(test_pool_gradcheck),
         MT_TEST(test_max_pool_ties_and_nan),
         MT_TEST(test_pool_errors),

@@ -84,97 +84,222 @@ static void argmax(const plane *x, const window *w, int64_t *bh, int64_t *bw, do
         }
 }
 
-/* ---- F32 NHWC: every tensor has channel stride 1. For each output position the window's
-   rows of C floats are read in order, so the loops stream memory (the plane-by-plane loops
-   below would read one float per cache line). F32 sums, as torch's CPU kernels. */
+/* ---- NHWC (every tensor has channel stride 1), F32, F16 and BF16. For each output position
+   the window's rows of C channels are read in order, so the loops stream memory (the
+   plane-by-plane loops below would read one element per cache line). F16/BF16 rows are
+   widened to F32 a row at a time; sums in F32, as torch's CPU kernels, each result rounded
+   once to the tensor's dtype. */
 
-static bool nhwc_f32(const mt_tensor *a, const mt_tensor *b) {
-    return a->dtype == MT_F32 && b->dtype == MT_F32 && a->strides[1] == 1 && b->strides[1] == 1 &&
-           a->shape[1] > 1;
+static bool nhwc_row_dtype(mt_dtype dt) {
+    return dt == MT_F32 || dt == MT_F16 || dt == MT_BF16;
 }
 
-static inline float *px(const mt_tensor *t, int64_t n, int64_t h, int64_t w) {
-    return (float *)mt_tensor_data(t) + n * t->strides[0] + h * t->strides[2] + w * t->strides[3];
+static bool nhwc(const mt_tensor *a, const mt_tensor *b) {
+    return a->dtype == b->dtype && nhwc_row_dtype(a->dtype) && a->strides[1] == 1 &&
+           b->strides[1] == 1 && a->shape[1] > 1 && a->shape[2] * a->shape[3] < INT32_MAX &&
+           b->shape[2] * b->shape[3] < INT32_MAX;
 }
 
-static void pool_nhwc_f32(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
+static inline char *row_at(const mt_tensor *t, int64_t n, int64_t h, int64_t w) {
+    return (char *)mt_tensor_data(t) + (n * t->strides[0] + h * t->strides[2] + w * t->strides[3]) *
+                                           (int64_t)mt_dtype_size(t->dtype);
+}
+
+/* The C channels at (n, h, w) as floats: an F32 row in place, a low one widened into buf. */
+static const float *row_load(const mt_tensor *t, int64_t n, int64_t h, int64_t w, float *buf) {
+    const char *r = row_at(t, n, h, w);
+    int64_t C = t->shape[1];
+    if (t->dtype == MT_F32) return (const float *)r;
+    if (t->dtype == MT_BF16)
+        mt_cpu_bf16_to_f32((const uint16_t *)r, buf, C);
+    else
+        mt_cpu_f16_to_f32((const uint16_t *)r, buf, C);
+    return buf;
+}
+
+/* Where a row's F32 results go: the F32 row itself, or buf (then row_store rounds it). */
+static float *row_out(const mt_tensor *t, int64_t n, int64_t h, int64_t w, float *buf) {
+    return t->dtype == MT_F32 ? (float *)row_at(t, n, h, w) : buf;
+}
+
+static void row_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, const float *v) {
+    char *r = row_at(t, n, h, w);
+    int64_t C = t->shape[1];
+    if (t->dtype == MT_BF16)
+        mt_cpu_f32_to_bf16(v, (uint16_t *)r, C);
+    else if (t->dtype == MT_F16)
+        mt_cpu_f32_to_f16(v, (uint16_t *)r, C);
+}
+
+/* yr = max(yr, xr) per channel, a NaN taking over; branch-free so that it vectorises. */
+static void row_max(float *restrict yr, const float *restrict xr, int64_t C) {
+    for (int64_t c = 0; c < C; c++) {
+        float a = yr[c], b = xr[c];
+        yr[c] = (b > a || b != b) ? b : a;
+    }
+}
+
+static void row_add(float *restrict yr, const float *restrict xr, int64_t C) {
+    for (int64_t c = 0; c < C; c++) yr[c] += xr[c];
+}
+
+/* One output row: max (first maximum, NaN wins) or average over the window. */
+static void pool_row(const mt_tensor *x, int64_t n, const window *w, bool max, float *yr,
+                     float *buf) {
+    int64_t C = x->shape[1];
+    for (int64_t c = 0; c < C; c++) yr[c] = max ? -INFINITY : 0.0f;
+    for (int64_t h = w->h0; h < w->h1; h++)
+        for (int64_t v = w->w0; v < w->w1; v++) {
+            const float *xr = row_load(x, n, h, v, buf);
+            if (max)
+                row_max(yr, xr, C);
+            else
+                row_add(yr, xr, C);
+        }
+    if (!max)
+        for (int64_t c = 0; c < C; c++) yr[c] /= (float)w->divisor;
+}
+
+static const char *pool_op_name(const mt_pool2d_params *p) {
+    return p->kind == MT_POOL_MAX   ? "mt_max_pool2d"
+           : p->kind == MT_POOL_AVG ? "mt_avg_pool2d"
+                                    : "mt_adaptive_avg_pool2d";
+}
+
+/* Returns false when the per-thread rows cannot be had. */
+static bool pool_nhwc(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
     int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
-#pragma omp parallel for collapse(2) if (y->numel * 4 > MT_CPU_PARALLEL_MIN)                       \
-    num_threads(mt_cpu_num_threads())
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t oh = 0; oh < OH; oh++)
-            for (int64_t ow = 0; ow < OW; ow++) {
-                window w;
-                window_of(p, oh, ow, H, W, OH, OW, &w);
-                float *yr = px(y, n, oh, ow);
-                bool max = p->kind == MT_POOL_MAX;
-                for (int64_t c = 0; c < C; c++) yr[c] = max ? -INFINITY : 0.0f;
-                for (int64_t h = w.h0; h < w.h1; h++)
-                    for (int64_t v = w.w0; v < w.w1; v++) {
-                        const float *xr = px(x, n, h, v);
-                        if (max) {
-                            for (int64_t c = 0; c < C; c++)
-                                if (xr[c] > yr[c] || isnan(xr[c])) yr[c] = xr[c];
-                        } else {
-                            for (int64_t c = 0; c < C; c++) yr[c] += xr[c];
-                        }
-                    }
-                if (!max)
-                    for (int64_t c = 0; c < C; c++) yr[c] /= (float)w.divisor;
+    size_t nbytes = (size_t)C * 2 * sizeof(float);
+    int failed = 0;
+#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        float *acc = mt_host_alloc(nbytes), *buf = acc ? acc + C : NULL;
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t oh = 0; oh < OH; oh++) {
+                if (!acc) continue;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    window w;
+                    window_of(p, oh, ow, H, W, OH, OW, &w);
+                    float *yr = row_out(y, n, oh, ow, acc);
+                    pool_row(x, n, &w, p->kind == MT_POOL_MAX, yr, buf);
+                    if (yr == acc) row_store(y, n, oh, ow, acc);
+                }
             }
+        if (acc) mt_host_free(acc, nbytes);
+    }
+    return !failed;
 }
 
-/* gx (zeroed here) += the scatter of gy; max pooling keeps each channel's running maximum
-   and its position in per-thread rows of C. Returns false when those rows cannot be had. */
-static bool pool_backward_nhwc_f32(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
-                                   const mt_pool2d_params *p) {
-    int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
+/* Per-thread scratch of the NHWC backward: the sample's gradient in F32 (for a low gx),
+   rows of gy and x widened, and max pooling's running maximum and its position. */
+typedef struct {
+    size_t nbytes;
+    int32_t *arg; /* positions h * W + w: int32 keeps the argmax loop one vector width */
+    float *best, *gbuf, *xbuf, *gacc;
+} bw_scratch;
+
+static bool bw_scratch_get(bw_scratch *s, const mt_tensor *gx) {
+    int64_t C = gx->shape[1], plane = gx->shape[2] * gx->shape[3] * C;
+    s->nbytes = (size_t)C * (sizeof(int32_t) + 3 * sizeof(float)) +
+                (gx->dtype == MT_F32 ? 0 : (size_t)plane * sizeof(float));
+    s->arg = mt_host_alloc(s->nbytes);
+    if (!s->arg) return false;
+    s->best = (float *)(s->arg + C);
+    s->gbuf = s->best + C;
+    s->xbuf = s->gbuf + C;
+    s->gacc = gx->dtype == MT_F32 ? NULL : s->xbuf + C;
+    return true;
+}
+
+/* The gradient row (n, h, v) of the sample being summed: in gx (F32) or in the scratch. */
+static inline float *grad_row(const mt_tensor *gx, const bw_scratch *s, int64_t n, int64_t h,
+                              int64_t v) {
+    if (!s->gacc) return (float *)row_at(gx, n, h, v);
+    return s->gacc + (h * gx->shape[3] + v) * gx->shape[1];
+}
+
+/* The running first maximum (a NaN wins) and its position, per channel; branch-free. */
+static void row_argmax(float *restrict best, int32_t *restrict arg, const float *restrict xr,
+                       int32_t at, int64_t C) {
+    for (int64_t c = 0; c < C; c++) {
+        float a = best[c], b = xr[c];
+        bool take = b > a || b != b;
+        best[c] = take ? b : a;
+        arg[c] = take ? at : arg[c];
+    }
+}
+
+/* gx[n] at each channel's argmax += gr. The sample's gradient rows lie dense (the F32
+   scratch, or a dense channels-last gx), so position p is row p: no division. */
+static void scatter_max(const mt_tensor *gx, const bw_scratch *s, int64_t n, const float *gr) {
+    int64_t C = gx->shape[1], W = gx->shape[3];
+    if (s->gacc || gx->strides[2] == W * gx->strides[3]) {
+        float *g0 = grad_row(gx, s, n, 0, 0);
+        int64_t rs = s->gacc ? C : gx->strides[3];
+        for (int64_t c = 0; c < C; c++) g0[s->arg[c] * rs + c] += gr[c];
+        return;
+    }
+    for (int64_t c = 0; c < C; c++) grad_row(gx, s, n, s->arg[c] / W, s->arg[c] % W)[c] += gr[c];
+}
+
+/* gx[n] = the scatter of gy[n] over the windows. */
+static void pool_backward_sample(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                                 const mt_pool2d_params *p, int64_t n, bw_scratch *s) {
+    int64_t C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
     int64_t H = gx->shape[2], W = gx->shape[3];
-    size_t nbytes = (size_t)C * (sizeof(float) + sizeof(int64_t));
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t v = 0; v < W; v++) {
+            float *g = grad_row(gx, s, n, h, v);
+            for (int64_t c = 0; c < C; c++) g[c] = 0.0f;
+        }
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            window w;
+            window_of(p, oh, ow, H, W, OH, OW, &w);
+            const float *gr = row_load(gy, n, oh, ow, s->gbuf);
+            if (p->kind != MT_POOL_MAX) {
+                for (int64_t h = w.h0; h < w.h1; h++)
+                    for (int64_t v = w.w0; v < w.w1; v++) {
+                        float *gxr = grad_row(gx, s, n, h, v);
+                        for (int64_t c = 0; c < C; c++) gxr[c] += gr[c] / (float)w.divisor;
+                    }
+                continue;
+            }
+            for (int64_t c = 0; c < C; c++) s->best[c] = -INFINITY, s->arg[c] = w.h0 * W + w.w0;
+            for (int64_t h = w.h0; h < w.h1; h++)
+                for (int64_t v = w.w0; v < w.w1; v++)
+                    row_argmax(s->best, s->arg, row_load(x, n, h, v, s->xbuf), (int32_t)(h * W + v),
+                               C);
+            scatter_max(gx, s, n, gr);
+        }
+    if (s->gacc)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t v = 0; v < W; v++) row_store(gx, n, h, v, grad_row(gx, s, n, h, v));
+}
+
+/* Returns false when the per-thread scratch cannot be had. */
+static bool pool_backward_nhwc(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
+                               const mt_pool2d_params *p) {
     int failed = 0;
 #pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
     {
-        /* the int64 indices first: the block is 64-byte aligned, and after C floats they
-           would not be 8-byte aligned for an odd C */
-        int64_t *arg = p->kind == MT_POOL_MAX ? mt_host_alloc(nbytes) : NULL;
-        float *best = arg ? (float *)(arg + C) : NULL;
-        if (p->kind == MT_POOL_MAX && !best) {
+        bw_scratch s = {0};
+        bool ok = bw_scratch_get(&s, gx);
+        if (!ok) {
 #pragma omp atomic write
             failed = 1;
         }
         /* one sample per task: the scatter of one sample never touches another's gradient */
 #pragma omp for
-        for (int64_t n = 0; n < N; n++) {
-            if (p->kind == MT_POOL_MAX && !best) continue;
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t v = 0; v < W; v++)
-                    for (int64_t c = 0; c < C; c++) px(gx, n, h, v)[c] = 0.0f;
-            for (int64_t oh = 0; oh < OH; oh++)
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    window w;
-                    window_of(p, oh, ow, H, W, OH, OW, &w);
-                    const float *gr = px(gy, n, oh, ow);
-                    if (p->kind != MT_POOL_MAX) {
-                        for (int64_t h = w.h0; h < w.h1; h++)
-                            for (int64_t v = w.w0; v < w.w1; v++) {
-                                float *gxr = px(gx, n, h, v);
-                                for (int64_t c = 0; c < C; c++) gxr[c] += gr[c] / (float)w.divisor;
-                            }
-                        continue;
-                    }
-                    for (int64_t c = 0; c < C; c++) best[c] = -INFINITY, arg[c] = w.h0 * W + w.w0;
-                    for (int64_t h = w.h0; h < w.h1; h++)
-                        for (int64_t v = w.w0; v < w.w1; v++) {
-                            const float *xr = px(x, n, h, v);
-                            for (int64_t c = 0; c < C; c++) /* the first maximum; NaN wins */
-                                if (xr[c] > best[c] || isnan(xr[c]))
-                                    best[c] = xr[c], arg[c] = h * W + v;
-                        }
-                    for (int64_t c = 0; c < C; c++) px(gx, n, arg[c] / W, arg[c] % W)[c] += gr[c];
-                }
-        }
-        if (arg) mt_host_free(arg, nbytes);
+        for (int64_t n = 0; n < gy->shape[0]; n++)
+            if (ok) pool_backward_sample(gx, gy, x, p, n, &s);
+        if (ok) mt_host_free(s.arg, s.nbytes);
     }
     return !failed;
 }
@@ -183,10 +308,10 @@ int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
     bool done;
     int rc = mt_cpu_pool2d_dnnl(y, x, p, &done);
     if (rc || done) return rc;
-    if (nhwc_f32(x, y)) {
-        pool_nhwc_f32(y, x, p);
-        return 0;
-    }
+    if (nhwc(x, y))
+        return pool_nhwc(y, x, p) ? 0
+                                  : mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld channels",
+                                                 pool_op_name(p), (long long)y->shape[1]);
     int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
     mt_dtype dt = x->dtype;
@@ -219,11 +344,20 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
     bool done;
     int rc = mt_cpu_pool2d_backward_dnnl(gx, gy, p, &done);
     if (rc || done) return rc;
-    if (nhwc_f32(gx, gy) && (p->kind != MT_POOL_MAX || nhwc_f32(x, gx)))
-        return pool_backward_nhwc_f32(gx, gy, x, p)
-                   ? 0
-                   : mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for %lld channels",
-                                  (long long)gy->shape[1]);
+    if (nhwc(gx, gx) && gy->dtype == gx->dtype && (p->kind != MT_POOL_MAX || nhwc(x, gx))) {
+        /* a gradient in another layout (the broadcast one of a sum) is laid out like gx
+           first: one copy instead of the plane-by-plane loops */
+        mt_tensor *dense = nhwc(gx, gy) ? NULL
+                                        : mt_tensor_new_format(pool_op_name(p), gy->shape,
+                                                               gy->dtype, gy->device, true);
+        if (!nhwc(gx, gy) && !dense) return mt_last_status();
+        rc = dense ? mt_cpu_copy(dense, gy) : 0;
+        if (rc == 0 && !pool_backward_nhwc(gx, dense ? dense : gy, x, p))
+            rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld channels", pool_op_name(p),
+                              (long long)gy->shape[1]);
+        mt_tensor_unref(dense);
+        return rc;
+    }
     int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
     int64_t H = gx->shape[2], W = gx->shape[3];
     size_t nbytes = (size_t)(H * W) * sizeof(double);
@@ -265,7 +399,6 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
         if (acc) mt_host_free(acc, nbytes ? nbytes : 1);
     }
     if (failed)
-        return mt_error_set(MT_ERR_OOM, "%s: out of memory for a gradient plane",
-                            p->kind == MT_POOL_MAX ? "mt_max_pool2d" : "mt_avg_pool2d");
+        return mt_error_set(MT_ERR_OOM, "%s: out of memory for a gradient plane", pool_op_name(p));
     return 0;
 }
