@@ -314,7 +314,15 @@ mt_tensor *mt_layer_norm(mt_tensor *x, int normalized_ndim, mt_tensor *weight, m
 mt_tensor *mt_batch_norm(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
                          mt_tensor *weight, mt_tensor *bias, bool training, double momentum,
                          double eps);
-typedef enum { MT_ACT_NONE, MT_ACT_RELU } mt_activation;
+/* Activations of the fused ops. mt_batch_norm_act takes NONE and RELU; mt_linear_act all:
+   GELU is torch's exact (erf) form as mt_gelu, GELU_TANH its tanh approximation as
+   mt_gelu_tanh. */
+typedef enum { MT_ACT_NONE, MT_ACT_RELU, MT_ACT_GELU, MT_ACT_GELU_TANH } mt_activation;
+/* act(mt_linear(x, w, b)) with the bias and the activation applied in the GEMM's epilogue
+   (one pass over the output on the CPU; a cuBLASLt epilogue on CUDA), rounded once in
+   FP16/BF16. Differentiable; the backward reads the saved output (RELU) or the pre-activation
+   saved by the same pass (GELU). LOWER under autocast, as mt_linear. */
+mt_tensor *mt_linear_act(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_activation act);
 /* act(batch_norm(x) + residual) in one pass forward and one backward (the residual, NULL or
    a tensor of x's shape, gets its gradient too): the fused BN+add+ReLU of ResNet blocks. */
 mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
@@ -502,7 +510,8 @@ typedef struct {
     double value;
     bool set;
 } mt_opt_real;
-#define MT_SET(x) {.value = (x), .set = true}
+#define MT_SET(x)                                                                                  \
+    { .value = (x), .set = true }
 
 typedef struct {
     mt_opt_real lr;      /* default 1e-3 */

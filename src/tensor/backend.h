@@ -87,6 +87,17 @@ typedef struct {
     bool count_include_pad;
 } mt_pool2d_params;
 
+/* c[M, N] = act(a[M, K] @ b[K, N] + bias[N]): a GEMM whose epilogue adds the bias and applies
+   the activation before the one rounding of c. a and b are 2-D with any strides (transposes,
+   as for gemm); c contiguous; bias NULL or [N] contiguous; all of one floating dtype. pre,
+   when non-NULL (c's shape, contiguous), also receives the pre-activation a @ b + bias (the
+   backward of GELU reads it). */
+typedef struct {
+    mt_tensor *c, *pre;
+    const mt_tensor *a, *b, *bias;
+    mt_activation act;
+} mt_gemm_epilogue_args;
+
 typedef struct mt_backend {
     const char *name;
     void *(*alloc)(int index, size_t nbytes); /* NULL on failure, no error set */
@@ -194,6 +205,8 @@ typedef struct mt_backend {
     /* out (I64, x's shape with dim of size 1) = the first index of the largest value along
        dim; NaN counts as the largest */
     int (*argmax)(mt_tensor *out, const mt_tensor *x, int dim);
+    /* the GEMM with a bias and activation epilogue (mt_linear, mt_linear_act) */
+    int (*gemm_epilogue)(const mt_gemm_epilogue_args *a);
 } mt_backend;
 
 /* The table for a device, complete (missing families answer MT_ERR_UNSUPPORTED); NULL when
