@@ -569,9 +569,11 @@ bool mt_amp_keep_fp32(const mt_tensor *t);
 
 /* ---------------------------------------------------------------- nn */
 
-/* y = x W^T + b, W [out, in] initialised like torch.nn.Linear (Kaiming uniform). */
+/* y = act(x W^T + b), W [out, in] initialised like torch.nn.Linear (Kaiming uniform). act is
+   MT_ACT_NONE after init; set it to fuse an activation into the layer (mt_linear_act). */
 typedef struct {
     mt_tensor *weight, *bias;
+    mt_activation act;
 } mt_linear_layer;
 int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias, mt_dtype dt,
                          mt_device dev);

@@ -277,6 +277,29 @@ static void test_saved_output_version(void **state) {
     mt_release(w);
 }
 
+/* The layer's activation: NONE after init (plain mt_linear), else the fused op. */
+static void test_layer_act(void **state) {
+    (void)state;
+    mt_linear_layer l;
+    assert_int_equal(mt_linear_layer_init(&l, 6, 4, true, MT_F32, mt_test_device()), 0);
+    assert_int_equal(l.act, MT_ACT_NONE);
+    mt_tensor *x = make(MT_F32, MT_SHAPE(3, 6));
+    mt_tensor *y0 = mt_linear_layer_forward(&l, x);
+    assert_string_equal(mt_grad_fn_name(y0), "linear");
+    l.act = MT_ACT_RELU;
+    mt_tensor *y1 = mt_linear_layer_forward(&l, x);
+    assert_non_null(y1);
+    assert_string_equal(mt_grad_fn_name(y1), "linear_act");
+    double *v0 = mt_test_values(y0);
+    for (int i = 0; i < 12; i++) v0[i] = v0[i] > 0 ? v0[i] : 0;
+    assert_tensor_close(y1, v0, 12, 1e-6, 1e-6);
+    free(v0);
+    mt_release(y0);
+    mt_release(y1);
+    mt_release(x);
+    mt_linear_layer_free(&l);
+}
+
 static void test_errors(void **state) {
     (void)state;
     mt_tensor *x = make(MT_F32, MT_SHAPE(3, 4)), *w = make(MT_F32, MT_SHAPE(5, 4));
@@ -312,6 +335,7 @@ int main(void) {
         MT_TEST(test_grads_match_unfused),
         MT_TEST(test_autocast),
         MT_TEST(test_saved_output_version),
+        MT_TEST(test_layer_act),
         MT_TEST(test_errors),
     };
     MT_RUN_TESTS(tests);

@@ -373,4 +373,5 @@ const mt_backend mt_cuda_backend = {
     .gather = mt_cuda_be_gather,
     .scatter_add = mt_cuda_be_scatter_add,
     .argmax = mt_cuda_be_argmax,
+    .gemm_epilogue = mt_cuda_gemm_epilogue,
 };

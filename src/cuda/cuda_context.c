@@ -41,6 +41,7 @@ static void scratch_free(int device, void *p, size_t nbytes) {
 static void ctx_destroy(mt_cuda_device_ctx *c) {
     mt_cuda_staging_free(c->staging);
     if (c->blas) mt_cublas()->destroy(c->blas);
+    if (c->blas_lt) mt_cublas()->lt_destroy(c->blas_lt);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->fault_host) cudaFreeHost(c->fault_host);
     free(c);
@@ -64,6 +65,7 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
     if (!rc && !mt_cublas_load(op)) rc = MT_ERR_DEVICE;
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->create(&c->blas));
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->set_stream(c->blas, c->stream));
+    if (!rc) rc = mt_cublas_check(op, mt_cublas()->lt_create(&c->blas_lt));
     if (!rc) c->staging = mt_cuda_staging_new(); /* none: uploads copy from pageable memory */
     int sms = 1;
     if (!rc)

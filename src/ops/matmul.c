@@ -473,9 +473,15 @@ static int linear_unfused(const mt_backend *be, mt_tensor *out, mt_tensor *const
     return rc;
 }
 
-/* out (and pre) = act(x @ W^T + b) through the backend's epilogue; x must flatten. */
+static mt_tensor *dense_rows(const mt_backend *be, const char *name, const mt_tensor *x);
+
+/* out (and pre) = act(x @ W^T + b) through the backend's epilogue; x must flatten. The
+   epilogue reads a dense bias: a strided one is copied first (it is small). */
 static int linear_fused(const mt_backend *be, mt_tensor *out, mt_tensor *pre, const mt_tensor *x2,
                         mt_tensor *const *c, mt_activation act) {
+    mt_tensor *bd = NULL;
+    if (c[2] && !mt_is_contiguous(c[2]) && !(bd = dense_rows(be, "mt_linear", c[2])))
+        return mt_backward_failed();
     mt_tensor wt, oh, ph;
     int64_t rows = x2->shape[0], n = c[1]->shape[0];
     weight_t(&wt, c[1]);
@@ -485,11 +491,13 @@ static int linear_fused(const mt_backend *be, mt_tensor *out, mt_tensor *pre, co
         mt_tensor_header_init(&ph, pre->storage, pre->dtype, 2, (int64_t[]){rows, n}, NULL,
                               pre->offset);
     mt_gemm_epilogue_args a = {
-        .c = &oh, .pre = pre ? &ph : NULL, .a = x2, .b = &wt, .bias = c[2], .act = act};
-    return be->gemm_epilogue(&a);
+        .c = &oh, .pre = pre ? &ph : NULL, .a = x2, .b = &wt, .bias = bd ? bd : c[2], .act = act};
+    int rc = be->gemm_epilogue(&a);
+    mt_tensor_unref(bd);
+    return rc;
 }
 
-/* A dense copy of x (not recorded: the node saves it in x's place). */
+/* A dense copy of x (not recorded: the node saves it in x's place; or a strided bias). */
 static mt_tensor *dense_rows(const mt_backend *be, const char *name, const mt_tensor *x) {
     mt_tensor *d = mt_tensor_new(name, x->ndim, x->shape, x->dtype, x->device);
     if (d && be->copy(d, x)) {
