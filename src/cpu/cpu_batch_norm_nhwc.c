@@ -9,7 +9,8 @@
 #include <string.h>
 #include "cpu.h"
 
-#define NHWC_BLOCK 256 /* rows summed in T before a flush into doubles */
+#define NHWC_BLOCK 256  /* rows summed in T before a flush into doubles */
+#define NHWC_ELEMS 2048 /* values per row buffer: rows_per = NHWC_ELEMS / C rows (at least 1) */
 
 typedef struct {
     const mt_bn_args *a;
@@ -22,8 +23,10 @@ typedef struct {
     void *rm, *rv, *sm, *sr, *gw, *gb;
     /* per-channel T arrays (scratch) */
     void *k, *md, *scale, *shift, *mean, *zero;
-    double *parts; /* nparts x 2C partial sums */
-    void *scratch; /* nparts x 4C T: row buffers and block sums */
+    double *parts;    /* nparts x 2C partial sums */
+    void *scratch;    /* nparts x per_part T: three row buffers and the block sums */
+    int64_t rows_per; /* rows per buffer */
+    int64_t per_part;
 } nhwc_ctx;
 
 #define MT_ACCUM_IMPL "cpu_batch_norm_nhwc_impl.h"
@@ -36,8 +39,10 @@ static void *opt(const mt_tensor *t) {
 /* One block for every scratch array; *s1 and *s2 get double[C] each. */
 static void *scratch_alloc(nhwc_ctx *c, int nparts, size_t ts, size_t *bytes, double **s1,
                            double **s2) {
-    size_t C = (size_t)c->C, nd = 2 * C + (size_t)nparts * 2 * C,
-           nt = 6 * C + (size_t)nparts * 4 * C;
+    c->rows_per = c->C < NHWC_ELEMS ? NHWC_ELEMS / c->C : 1;
+    c->per_part = 3 * c->rows_per * c->C + 2 * c->C;
+    size_t C = (size_t)c->C, nd = 2 * C + (size_t)nparts * 2 * C;
+    size_t nt = 6 * C + (size_t)nparts * (size_t)c->per_part;
     *bytes = nd * sizeof(double) + nt * ts;
     char *p = mt_host_alloc(*bytes);
     if (!p) return NULL;
