@@ -8,18 +8,19 @@
 // (bias added per row of D, RELU, or GELU in the tanh form cuBLASLt computes; the _AUX
 // variants also store the pre-activation), the output rounded once.
 //
-// Checked like the real library, each violation a CUBLAS_STATUS_INVALID_VALUE (or
-// NOT_SUPPORTED for a combination it lacks) after one stderr line:
+// Checked like the real library (stricter where noted), each violation a
+// CUBLAS_STATUS_INVALID_VALUE (or NOT_SUPPORTED for a combination it lacks) after one stderr line:
 // - attributes set with the size of their documented type; only the attributes below;
 // - A/B types equal, C and D of one type, the (A, D, compute, scale) combinations
 //   32F/32F/COMPUTE_32F/32F and 16F|16BF/same|32F/COMPUTE_32F/32F;
 // - op(A) m x k, op(B) k x n, C and D m x n; ld >= rows; every matrix inside one device
-//   allocation; D apart from A and B; beta == 0 never reads C;
+//   allocation; D apart from A and B; beta must be 0 (C is never read: a non-zero beta is
+//   CUBLAS_STATUS_NOT_SUPPORTED here, mixtape never asks for one);
 // - an epilogue with BIAS needs a bias pointer to m elements of device memory whose type
 //   (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, default D's) is D's; an _AUX epilogue needs an aux
 //   pointer, an aux ld >= m divisible by 8 (GELU) and an aux type of D's, its matrix inside
 //   device memory and apart from D; a bias or aux pointer set without an epilogue that uses
-//   it is refused (it would be silently ignored);
+//   it is refused (stricter than cuBLASLt, which ignores it: a mixtape bug either way);
 // - alpha and beta host pointers; a workspace, when given, inside device memory.
 #include <cmath>
 #include <cstring>
