@@ -1,6 +1,7 @@
 /* mt_linear_act(x, w, b, MT_ACT_RELU) against the unfused mt_relu(mt_linear(x, w, b)) and
    against PyTorch's relu(F.linear(x, w, b)) (bench/linear_act.py, run as a child in the same
-   run), F32 and BF16, forward alone (no grad) and forward + backward. Best of N repetitions.
+   run), F32 and BF16, forward alone (no grad) and forward + backward. Best of N repetitions,
+   fused and unfused alternated.
    Prints ms and the ratios fused / unfused and fused / torch (below 1: faster).
    Usage: linear_act [reps] [threads] */
 #include <stdio.h>
@@ -42,18 +43,23 @@ static int step(bool fused, bool grad, mt_tensor *x, mt_tensor *w, mt_tensor *b)
     return rc < 0 ? -1 : 0;
 }
 
-static double best_of(int reps, bool fused, bool grad, mt_tensor *x, mt_tensor *w, mt_tensor *b) {
-    double best = 1e30;
-    for (int r = 0; r < reps + 1; r++) { /* the first warms caches, threads, primitives */
-        double t0 = now();
-        if (step(fused, grad, x, w, b)) {
-            fprintf(stderr, "mt_linear_act bench failed: %s\n", mt_last_error());
-            exit(1);
+/* best times (ms) of the fused and the unfused step, alternated rep by rep so that both
+   see the same machine load (the machine may be shared) */
+static void best_pair(int reps, bool grad, mt_tensor *x, mt_tensor *w, mt_tensor *b, double *fused,
+                      double *unfused) {
+    double best[2] = {1e30, 1e30};
+    for (int r = 0; r < reps + 1; r++) /* the first warms caches, threads, primitives */
+        for (int f = 0; f < 2; f++) {
+            double t0 = now();
+            if (step(f == 0, grad, x, w, b)) {
+                fprintf(stderr, "mt_linear_act bench failed: %s\n", mt_last_error());
+                exit(1);
+            }
+            double t = now() - t0;
+            if (r > 0 && t < best[f]) best[f] = t;
         }
-        double t = now() - t0;
-        if (r > 0 && t < best) best = t;
-    }
-    return best * 1e3;
+    *fused = best[0] * 1e3;
+    *unfused = best[1] * 1e3;
 }
 
 /* torch's timings, by shape and dtype (index 0 f32, 1 bf16); -1 where it did not run */
@@ -104,8 +110,9 @@ int main(int argc, char **argv) {
             }
             mt_set_requires_grad(w, true);
             mt_set_requires_grad(b, true);
-            timing fu = {best_of(reps, true, false, x, w, b), best_of(reps, true, true, x, w, b)};
-            timing un = {best_of(reps, false, false, x, w, b), best_of(reps, false, true, x, w, b)};
+            timing fu, un;
+            best_pair(reps, false, x, w, b, &fu.fwd, &un.fwd);
+            best_pair(reps, true, x, w, b, &fu.fwd_bwd, &un.fwd_bwd);
             timing t = torch_t[s][d];
             char name[48];
             snprintf(name, sizeof name, "%lldx%lldx%lld", (long long)sh[0], (long long)sh[1],
