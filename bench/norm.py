@@ -8,11 +8,12 @@ import torch
 import torch.nn.functional as F
 
 
-def run(bn, dt, reps):
+def run(bn, dt, reps, cl=False):
     shape = (16, 64, 32, 32) if bn else (4096, 1024)
     c = shape[1]
-    x = torch.randn(shape).to(dt).requires_grad_()
-    cot = torch.ones(shape, dtype=dt)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    x = torch.randn(shape).to(dt).to(memory_format=fmt).requires_grad_()
+    cot = torch.ones(shape, dtype=dt).to(memory_format=fmt)
     w = torch.ones(c, requires_grad=True)
     b = torch.zeros(c, requires_grad=True)
     rm, rv = torch.zeros(c), torch.ones(c)
@@ -28,9 +29,10 @@ def run(bn, dt, reps):
         x.grad = w.grad = b.grad = None
         if r > 0:
             best = min(best, t)
-    print("%-10s %-4s %s  fwd+bwd best of %d: %8.3f ms" % (
+    print("%-10s %-4s %s %-9s fwd+bwd best of %d: %8.3f ms" % (
         "batch_norm" if bn else "layer_norm", "f32" if dt == torch.float32 else "bf16",
-        "[16, 64, 32, 32]" if bn else "[4096, 1024]    ", reps, best * 1e3))
+        "[16, 64, 32, 32]" if bn else "[4096, 1024]    ",
+        ("nhwc" if cl else "nchw") if bn else "", reps, best * 1e3))
 
 
 def main():
@@ -38,10 +40,10 @@ def main():
     if len(sys.argv) > 2:
         torch.set_num_threads(int(sys.argv[2]))
     print("torch %s, %d threads" % (torch.__version__, torch.get_num_threads()))
-    for bn in (True, False):
+    for bn, cl in ((True, False), (True, True), (False, False)):
         for dt in (torch.float32, torch.bfloat16):
             try:
-                run(bn, dt, reps)
+                run(bn, dt, reps, cl)
             except RuntimeError as e:  # a dtype torch's CPU build lacks
                 print("%s %s: %s" % ("batch_norm" if bn else "layer_norm", dt, e))
 

@@ -316,7 +316,15 @@ mt_tensor *mt_layer_norm(mt_tensor *x, int normalized_ndim, mt_tensor *weight, m
 mt_tensor *mt_batch_norm(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
                          mt_tensor *weight, mt_tensor *bias, bool training, double momentum,
                          double eps);
-typedef enum { MT_ACT_NONE, MT_ACT_RELU } mt_activation;
+/* Activations of the fused ops. mt_batch_norm_act takes NONE and RELU; mt_linear_act all:
+   GELU is torch's exact (erf) form as mt_gelu, GELU_TANH its tanh approximation as
+   mt_gelu_tanh. */
+typedef enum { MT_ACT_NONE, MT_ACT_RELU, MT_ACT_GELU, MT_ACT_GELU_TANH } mt_activation;
+/* act(mt_linear(x, w, b)) with the bias and the activation applied in the GEMM's epilogue
+   (one pass over the output on the CPU; a cuBLASLt epilogue on CUDA), rounded once in
+   FP16/BF16. Differentiable; the backward reads the saved output (RELU) or the pre-activation
+   saved by the same pass (GELU). LOWER under autocast, as mt_linear. */
+mt_tensor *mt_linear_act(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_activation act);
 /* act(batch_norm(x) + residual) in one pass forward and one backward (the residual, NULL or
    a tensor of x's shape, gets its gradient too): the fused BN+add+ReLU of ResNet blocks. */
 mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,
@@ -571,9 +579,11 @@ bool mt_amp_keep_fp32(const mt_tensor *t);
 
 /* ---------------------------------------------------------------- nn */
 
-/* y = x W^T + b, W [out, in] initialised like torch.nn.Linear (Kaiming uniform). */
+/* y = act(x W^T + b), W [out, in] initialised like torch.nn.Linear (Kaiming uniform). act is
+   MT_ACT_NONE after init; set it to fuse an activation into the layer (mt_linear_act). */
 typedef struct {
     mt_tensor *weight, *bias;
+    mt_activation act;
 } mt_linear_layer;
 int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias, mt_dtype dt,
                          mt_device dev);

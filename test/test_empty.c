@@ -162,6 +162,9 @@ static mt_tensor *r_matmul(const inputs *in) {
 static mt_tensor *r_linear(const inputs *in) {
     return mt_linear(in->x, in->w, NULL);
 }
+static mt_tensor *r_linear_act(const inputs *in) { /* K == 0: gelu(0) = 0 */
+    return mt_linear_act(in->x, in->w, NULL, MT_ACT_GELU);
+}
 static mt_tensor *r_mse_loss(const inputs *in) {
     return mt_mse_loss(in->x, in->y);
 }
@@ -358,6 +361,7 @@ static const row rows[] = {
     ROW("log_softmax", r_log_softmax, EMPTY, S(3, 0), 2, true),
     ROW("matmul", r_matmul, ZEROS, S(3, 4), 2, true),
     ROW("linear", r_linear, ZEROS, S(3, 4), 2, true),
+    ROW("linear_act", r_linear_act, ZEROS, S(3, 4), 2, true),
     ROW("mse_loss", r_mse_loss, NAN_S, S(0), 0, true),
     ROW("cross_entropy", r_cross_entropy, NAN_S, S(0), 0, true),
     ROW("cat", r_cat, EMPTY, S(3, 0), 2, true),

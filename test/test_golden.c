@@ -143,6 +143,11 @@ static mt_tensor *g_linear(mt_tensor *const *in, int n, const golden_case *c) {
     if (n != 2 && !need_inputs(n, 3)) return NULL;
     return mt_linear(in[0], in[1], n == 3 ? in[2] : NULL);
 }
+static mt_tensor *g_linear_act(mt_tensor *const *in, int n, const golden_case *c) {
+    int act;
+    if ((n != 2 && !need_inputs(n, 3)) || !param_int(c, "act", &act)) return NULL;
+    return mt_linear_act(in[0], in[1], n == 3 ? in[2] : NULL, (mt_activation)act);
+}
 /* A pair param ("stride" 2 a b) into a[2]; false (reported) when missing. */
 static bool param_pair(const golden_case *c, const char *key, int64_t *a) {
     const golden_param *p = param(c, key, 2);
@@ -408,6 +413,7 @@ static const golden_op golden_ops[] = {
     OP(layer_norm, false),
     OP(batch_norm, false),
     OP(batch_norm_act, false),
+    OP(linear_act, false),
     OP(batch_norm_stats, false),
     OP(embedding, true),
     OP(index_select, true),

@@ -176,6 +176,20 @@ static mt_tensor *w_linear(const op_row *r, mt_tensor *const *in) {
     (void)r;
     return mt_linear(in[0], in[1], in[2]); /* in[2] is NULL for a row with two inputs */
 }
+/* the fused linear, one wrapper per activation (relu reads its output in backward, the gelus
+   their pre-activation) */
+static mt_tensor *w_linear_relu(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_linear_act(in[0], in[1], in[2], MT_ACT_RELU);
+}
+static mt_tensor *w_linear_gelu(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_linear_act(in[0], in[1], in[2], MT_ACT_GELU);
+}
+static mt_tensor *w_linear_gelu_tanh(const op_row *r, mt_tensor *const *in) {
+    (void)r;
+    return mt_linear_act(in[0], in[1], in[2], MT_ACT_GELU_TANH);
+}
 static mt_tensor *w_cross_entropy_ex(const op_row *r, mt_tensor *const *in) {
     return mt_cross_entropy_ex(in[0], in[1], r->ignore);
 }
@@ -473,6 +487,14 @@ static const op_row rows[] = {
         .in = {IN(DOM_ANY, 6, 9), IN(DOM_ANY, 5, 9)}),
     ROW("linear with bias, x [2,6,9]", w_linear, FLOATS, TOL_NORMED, true,
         .in = {IN(DOM_ANY, 2, 6, 9), IN(DOM_ANY, 5, 9), IN(DOM_ANY, 5)}),
+    ROW("linear_act relu with bias", w_linear_relu, FLOATS, TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 6, 9), IN(DOM_ANY, 5, 9), IN(DOM_ANY, 5)}),
+    ROW("linear_act relu without bias, x [2,6,9]", w_linear_relu, FLOATS, TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 2, 6, 9), IN(DOM_ANY, 5, 9)}),
+    ROW("linear_act gelu with bias", w_linear_gelu, FLOATS, TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 6, 9), IN(DOM_ANY, 5, 9), IN(DOM_ANY, 5)}),
+    ROW("linear_act gelu_tanh with bias", w_linear_gelu_tanh, FLOATS, TOL_NORMED, true,
+        .in = {IN(DOM_ANY, 6, 9), IN(DOM_ANY, 5, 9), IN(DOM_ANY, 5)}),
     /* losses */
     ROW("mse_loss", w_mse_loss, FLOATS, TOL_NORMED, true,
         .in = {IN(DOM_ANY, 5, 6), IN(DOM_ANY, 5, 6)}),

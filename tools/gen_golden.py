@@ -547,6 +547,40 @@ def linear_op(files):
     files.append(fo)
 
 
+ACTS = {"none": (0, lambda y: y), "relu": (1, F.relu), "gelu": (2, F.gelu),
+        "gelu_tanh": (3, lambda y: F.gelu(y, approximate="tanh"))}
+
+
+def linear_act_op(files):
+    """mt_linear_act(x, w, b, act) = act(F.linear(x, w, b)); param act is the mt_activation."""
+    fo = OpFile("linear_act")
+    shapes = {"2d": (3, 4), "3d": (2, 3, 4), "1d": (4,)}
+    for aname, (code, act) in ACTS.items():
+        for dt in (F32, F64, F16, BF16):
+            for sname, xs in shapes.items():
+                for bias in (True, False):
+                    if (dt in LOW or dt == F64) and sname == "1d":
+                        continue
+                    if dt in LOW and not bias:
+                        continue
+                    name = "%s_%s_%s_%s" % (aname, sname, "bias" if bias else "nobias", NAMES[dt])
+                    g = gen_for("linear_act_" + name)
+                    x, w = make(g, xs, dt), make(g, (5, 4), dt)
+                    ins = [x, w] + ([make(g, (5,), dt)] if bias else [])
+                    fo.case(name, lambda t, a=act: a(F.linear(*t)), ins, params={"act": code})
+        g = gen_for("linear_act_transposed_" + aname)
+        x, w, b = make(g, (3, 4), F32), make(g, (5, 4), F32), make(g, (5,), F32)
+        fo.case("transposed_" + aname, lambda t, a=act: a(F.linear(*t)), [x, w, b],
+                params={"act": code, "transposed": [0, 1]})
+        g = gen_for("linear_act_autocast_" + aname)
+        x, w, b = make(g, (2, 3, 4), F32), make(g, (5, 4), F32), make(g, (5,), F32)
+        # GELU's input gradient is rounded to BF16 before the GEMMs of the backward (in
+        # torch too): not defined to an ulp of FP32-then-round, so forward only
+        fo.case("autocast_bf16_" + aname, lambda t, a=act: a(F.linear(*t)), [x, w, b],
+                params={"act": code}, autocast=BF16, grads=aname in ("none", "relu"))
+    files.append(fo)
+
+
 CL = torch.channels_last
 
 
@@ -978,7 +1012,7 @@ def main():
     torch.set_num_threads(1)  # reproducible reductions
     files = []
     for gen in (binary_ops, scalar_ops, unary_ops, compare_ops, where_op, reduce_ops,
-                softmax_ops, matmul_op, linear_op, conv_ops, pool_ops, loss_ops, join_ops, cast_op, view_ops, copy_ops):
+                softmax_ops, matmul_op, linear_op, linear_act_op, conv_ops, pool_ops, loss_ops, join_ops, cast_op, view_ops, copy_ops):
         gen(files)
     edge_cases(files)
     gen_golden_nn.nn_ops(files, sys.modules[__name__])

@@ -90,12 +90,29 @@ int mt_cpu_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool log);
 int mt_cpu_softmax_backward(mt_tensor *grad_in, const mt_tensor *grad_out, const mt_tensor *y,
                             int dim, bool log);
 int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
+/* The epilogue the FP32-panel GEMM applies to each FP32 tile before rounding: bias (FP32 [N]
+   or NULL) added, pre (NULL, or a buffer laid out as c) given the sum, then act. */
+typedef struct {
+    const float *bias;
+    char *pre;
+    mt_activation act;
+} mt_cpu_epilogue;
+/* c = a @ b (beta 0) with ep applied when the GEMM runs in FP32 panels (F16/BF16 and F32
+   operands BLAS cannot read): *ep_done tells; otherwise c holds a @ b and the caller applies
+   ep (cpu_gemm_epilogue.c). */
+int mt_cpu_gemm_fused(mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
+                      const mt_cpu_epilogue *ep, bool *ep_done);
+/* v[i] = act(v[i]) in FP32 (the src/math formulas), vectorised per activation */
+void mt_cpu_act_f32(mt_activation act, float *v, int64_t n);
+int mt_cpu_gemm_epilogue(const mt_gemm_epilogue_args *e);
 /* BF16 c = alpha a b + beta c natively through oneDNN (cpu_gemm_dnnl.c), used by mt_cpu_gemm
    where mt_cpu_bf16_gemm_native() (the CPU has AVX512-BF16; MT_CPU_BF16_GEMM=convert: never).
    *unsupported: oneDNN has no kernel for these layouts (nothing done, no error). */
 bool mt_cpu_bf16_gemm_native(void);
 int mt_cpu_gemm_bf16_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
                           double beta, bool *unsupported);
+/* The same with the epilogue of e as the matmul's bias and an eltwise post-op (no pre) */
+int mt_cpu_gemm_bf16_dnnl_epilogue(const mt_gemm_epilogue_args *e, bool *unsupported);
 int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, const mt_tensor *logits,
                          const mt_tensor *labels, int64_t ignore_index);
 int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,
@@ -134,6 +151,9 @@ int mt_cpu_layer_norm_backward(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, cons
                                const mt_tensor *weight);
 int mt_cpu_batch_norm(const mt_bn_args *a);
 int mt_cpu_batch_norm_backward(const mt_bn_backward_args *a);
+/* the same on channels-last (dense NHWC) tensors, no NCHW copy (cpu_batch_norm_nhwc.c) */
+int mt_cpu_batch_norm_nhwc(const mt_bn_args *a);
+int mt_cpu_batch_norm_backward_nhwc(const mt_bn_backward_args *a);
 int mt_cpu_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed, uint64_t offset);
 int mt_cpu_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index,
                         mt_op_id op);

@@ -238,4 +238,6 @@ const mt_backend mt_cpu_backend = {
     .gather = mt_cpu_gather,
     .scatter_add = mt_cpu_scatter_add,
     .argmax = mt_cpu_argmax,
+    .gemm_epilogue = mt_cpu_gemm_epilogue,
+    .batch_norm_nhwc = true,
 };

@@ -43,7 +43,13 @@ static void shape_init(bn_ctx *c, const mt_tensor *x) {
     c->x = mt_tensor_data(x);
 }
 
+/* x is dense NCHW or dense NHWC (the backend's batch_norm_nhwc); the latter has its kernels */
+static bool nhwc(const mt_tensor *x) {
+    return x->ndim == 4 && !mt_is_contiguous(x);
+}
+
 int mt_cpu_batch_norm(const mt_bn_args *a) {
+    if (nhwc(a->x)) return mt_cpu_batch_norm_nhwc(a);
     bn_ctx c = {.a = a,
                 .res = opt(a->residual),
                 .w = opt(a->weight),
@@ -59,6 +65,7 @@ int mt_cpu_batch_norm(const mt_bn_args *a) {
 }
 
 int mt_cpu_batch_norm_backward(const mt_bn_backward_args *a) {
+    if (nhwc(a->x)) return mt_cpu_batch_norm_backward_nhwc(a);
     bn_ctx c = {.ba = a,
                 .gy = mt_tensor_data(a->gy),
                 .y = opt(a->y),

@@ -127,6 +127,7 @@ typedef struct {
     char *c;
     int64_t ldc;
     float alpha, beta;
+    const mt_cpu_epilogue *ep; /* NULL, or applied to each FP32 tile before its rounding */
 } lp_job;
 
 typedef struct {
@@ -207,6 +208,22 @@ static lp_plan lp_plan_for(int64_t M, int64_t N, int64_t K, int threads) {
     return best_p;
 }
 
+/* Rounds a finished FP32 tile into c, after the epilogue when there is one: bias and
+   activation act on the FP32 sums, so the output is rounded once (and pre once). */
+static void tile_finish(const lp_job *j, float *tile, int64_t m0, int64_t n0, int64_t mc,
+                        int64_t nc) {
+    int64_t es = (int64_t)mt_dtype_size(j->dt), at = (m0 * j->ldc + n0) * es;
+    const mt_cpu_epilogue *ep = j->ep;
+    if (ep) {
+        if (ep->bias)
+            for (int64_t r = 0; r < mc; r++)
+                for (int64_t i = 0; i < nc; i++) tile[r * nc + i] += ep->bias[n0 + i];
+        if (ep->pre) tile_store(ep->pre + at, j->ldc, j->dt, mc, nc, tile);
+        mt_cpu_act_f32(ep->act, tile, mc * nc);
+    }
+    tile_store(j->c + at, j->ldc, j->dt, mc, nc, tile);
+}
+
 /* One thread's block of c: rows [r0, r1), columns [c0, c1). */
 static void lp_block(const lp_job *j, const lp_plan *p, float *scratch, int64_t r0, int64_t r1,
                      int64_t c0, int64_t c1) {
@@ -240,7 +257,7 @@ static void lp_block(const lp_job *j, const lp_plan *p, float *scratch, int64_t 
                 if (k0 == 0 && beta != 0.0f) tile_load(ct, j->ldc, j->dt, mc, nc, tile);
                 tile_sgemm(mc, nc, kc, j->alpha, ap, acm, bp, bcm, beta, tile);
             }
-            tile_store(ct, j->ldc, j->dt, mc, nc, tile);
+            tile_finish(j, tile, m0, n0, mc, nc);
         }
     }
 }
@@ -392,13 +409,14 @@ static void gemm_f32_direct(const mt_gemm_geom *g, int al, int64_t lda, int bl, 
 
 /* The FP32-panel path over the batch: small matrices are spread over the threads, large
    ones are split by lp_gemm. */
-static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double beta) {
+static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double beta,
+                       const mt_cpu_epilogue *ep) {
     int64_t es = (int64_t)g->es;
     double mnk = (double)g->M * (double)g->N * (double)g->K;
     int nt = mt_cpu_num_threads();
-    lp_job j = {dt, g->M, g->N, g->K, g->a, g->b, g->c, g->N, (float)alpha, (float)beta};
+    lp_job j = {dt, g->M, g->N, g->K, g->a, g->b, g->c, g->N, (float)alpha, (float)beta, ep};
     size_t per = (size_t)(g->M * g->K + g->K * g->N + g->M * g->N);
-    if (mnk > BLAS_SINGLE_THREAD_MNK || g->count == 1 || per > (size_t)LP_THREAD_MIN) {
+    if (mnk > BLAS_SINGLE_THREAD_MNK || g->count == 1 || per > (size_t)LP_THREAD_MIN || ep) {
         int threads = mnk > BLAS_SINGLE_THREAD_MNK ? nt : 1;
         for (int64_t bi = 0; bi < g->count; bi++) {
             int64_t ao, bo;
@@ -434,8 +452,12 @@ static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double 
     return 0;
 }
 
-int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta) {
+/* The GEMM; an epilogue is applied by the FP32-panel path only (*ep_done then), the caller
+   applies it to the other paths' output. */
+static int gemm_impl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
+                     double beta, const mt_cpu_epilogue *ep, bool *ep_done) {
     mt_dtype dt = c->dtype;
+    *ep_done = false;
     if (c->ndim < 2 || !mt_is_contiguous(c) || a->dtype != dt || b->dtype != dt ||
         !mt_dtype_is_floating(dt))
         return mt_error_set(MT_ERR_INTERNAL, "mt_cpu_gemm: bad operands (%s, %s -> %s, %d-d)",
@@ -449,7 +471,7 @@ int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alp
         scale_c(c, beta);
         return 0;
     }
-    if (dt == MT_BF16 && mt_cpu_bf16_gemm_native()) {
+    if (dt == MT_BF16 && !ep && mt_cpu_bf16_gemm_native()) {
         bool unsupported;
         int rc = mt_cpu_gemm_bf16_dnnl(c, a, b, alpha, beta, &unsupported);
         if (rc || !unsupported) return rc;
@@ -477,5 +499,16 @@ int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alp
             return 0;
         }
     }
-    return gemm_panels(&g, dt, alpha, beta);
+    *ep_done = ep != NULL;
+    return gemm_panels(&g, dt, alpha, beta, ep);
+}
+
+int mt_cpu_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta) {
+    bool done;
+    return gemm_impl(c, a, b, alpha, beta, NULL, &done);
+}
+
+int mt_cpu_gemm_fused(mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
+                      const mt_cpu_epilogue *ep, bool *ep_done) {
+    return gemm_impl(c, a, b, 1.0, 0.0, ep, ep_done);
 }

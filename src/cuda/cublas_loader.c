@@ -25,6 +25,14 @@ static void load(void) {
     api.gemm_strided_batched_ex = cublasGemmStridedBatchedEx;
     api.status_name = cublasGetStatusName;
     api.status_string = cublasGetStatusString;
+    api.lt_create = cublasLtCreate;
+    api.lt_destroy = cublasLtDestroy;
+    api.lt_desc_create = cublasLtMatmulDescCreate;
+    api.lt_desc_destroy = cublasLtMatmulDescDestroy;
+    api.lt_desc_set = cublasLtMatmulDescSetAttribute;
+    api.lt_layout_create = cublasLtMatrixLayoutCreate;
+    api.lt_layout_destroy = cublasLtMatrixLayoutDestroy;
+    api.lt_matmul = cublasLtMatmul;
 }
 #else
 static char load_error_buf[256];
@@ -32,7 +40,8 @@ static char load_error_buf[256];
 static void *symbol(void *lib, const char *name) {
     void *p = dlsym(lib, name);
     if (!p && !load_error) {
-        snprintf(load_error_buf, sizeof load_error_buf, "%s lacks %s", "libcublas", name);
+        snprintf(load_error_buf, sizeof load_error_buf, "%s lacks %s",
+                 strncmp(name, "cublasLt", 8) == 0 ? "libcublasLt" : "libcublas", name);
         load_error = load_error_buf;
     }
     return p;
@@ -63,6 +72,27 @@ static void load(void) {
     MT_LOAD(gemm_strided_batched_ex, "cublasGemmStridedBatchedEx");
     MT_LOAD(status_name, "cublasGetStatusName");
     MT_LOAD(status_string, "cublasGetStatusString");
+    /* libcublas depends on libcublasLt, so it is there whenever cuBLAS is */
+    static const char *const lt_names[] = {"libcublasLt.so." MT_STR(CUBLAS_VER_MAJOR),
+                                           "libcublasLt.so"};
+    lib = NULL;
+    for (size_t i = 0; i < sizeof lt_names / sizeof *lt_names && !lib; i++)
+        lib = dlopen(lt_names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *why = dlerror();
+        snprintf(load_error_buf, sizeof load_error_buf, "cannot load %s: %s", lt_names[0],
+                 why ? why : "not found");
+        load_error = load_error_buf;
+        return;
+    }
+    MT_LOAD(lt_create, "cublasLtCreate");
+    MT_LOAD(lt_destroy, "cublasLtDestroy");
+    MT_LOAD(lt_desc_create, "cublasLtMatmulDescCreate");
+    MT_LOAD(lt_desc_destroy, "cublasLtMatmulDescDestroy");
+    MT_LOAD(lt_desc_set, "cublasLtMatmulDescSetAttribute");
+    MT_LOAD(lt_layout_create, "cublasLtMatrixLayoutCreate");
+    MT_LOAD(lt_layout_destroy, "cublasLtMatrixLayoutDestroy");
+    MT_LOAD(lt_matmul, "cublasLtMatmul");
 #undef MT_LOAD
     /* the library stays loaded for the life of the process (handles may outlive any caller) */
 }

@@ -410,4 +410,5 @@ const mt_backend mt_cuda_backend = {
     .conv2d_backward_weight = mt_cuda_conv2d_backward_weight,
     .pool2d = mt_cuda_be_pool2d,
     .pool2d_backward = mt_cuda_be_pool2d_backward,
+    .gemm_epilogue = mt_cuda_gemm_epilogue,
 };

@@ -42,6 +42,7 @@ static void ctx_destroy(mt_cuda_device_ctx *c) {
     mt_cuda_staging_free(c->staging);
     mt_cudnn_state_free(c->dnn);
     if (c->blas) mt_cublas()->destroy(c->blas);
+    if (c->blas_lt) mt_cublas()->lt_destroy(c->blas_lt);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->fault_host) cudaFreeHost(c->fault_host);
     if (c->peer_event) cudaEventDestroy(c->peer_event);
@@ -68,6 +69,7 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->set_stream(c->blas, c->stream));
     if (!rc)
         rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->peer_event, cudaEventDisableTiming));
+    if (!rc) rc = mt_cublas_check(op, mt_cublas()->lt_create(&c->blas_lt));
     if (!rc) c->staging = mt_cuda_staging_new(); /* none: uploads copy from pageable memory */
     int sms = 1;
     if (!rc)

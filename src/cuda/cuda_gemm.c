@@ -225,3 +225,191 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
     mt_tensor_unref(tb);
     return rc;
 }
+
+/* ------------------------------------------------------------------ the epilogue GEMM
+
+   c = act(a @ b + bias) as one cublasLtMatmul whose epilogue adds the bias and applies the
+   activation to the FP32 sums before the one rounding (the BIAS, RELU(_BIAS), GELU(_BIAS)
+   epilogues; GELU_AUX(_BIAS) writes the pre-activation that the backward of GELU reads).
+   cuBLASLt's GELU is the tanh form, so MT_ACT_GELU_TANH is fused and MT_ACT_GELU (erf) is
+   the BIAS epilogue followed by the gelu kernel. F64, TF32-allowed F32 and K == 0 take
+   cuBLAS plus kernels instead (cuBLASLt's epilogues are for the tensor-core types). */
+#define EPI_OP "mt_linear"
+
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+} lt_objs;
+
+static void lt_objs_free(lt_objs *o) {
+    const mt_cublas_api *api = mt_cublas();
+    if (o->desc) api->lt_desc_destroy(o->desc);
+    if (o->la) api->lt_layout_destroy(o->la);
+    if (o->lb) api->lt_layout_destroy(o->lb);
+    if (o->ld) api->lt_layout_destroy(o->ld);
+}
+
+static int lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *v,
+                  size_t n) {
+    return mt_cublas_check(EPI_OP, mt_cublas()->lt_desc_set(d, attr, v, n));
+}
+
+/* d[M, N] (row-major, dense) = epilogue(a @ b) as column-major d^T = b^T a^T (cuBLASLt's A is
+   our b, m = N, n = M, as gemm_run), bias per row of d^T, aux (ld N) the pre-activation. d,
+   bias and aux have the operands' dtype, or FP32 when d32. */
+static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bool d32,
+                     const void *bias, void *aux, cublasLtEpilogue_t ep) {
+    const mt_cublas_api *api = mt_cublas();
+    int64_t lda = 0, ldb = 0;
+    int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
+    int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
+    cudaDataType t = blas_type(g->dt);
+    int32_t opa = bl ? CUBLAS_OP_T : CUBLAS_OP_N, opb = al ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t M = (uint64_t)g->M, N = (uint64_t)g->N, K = (uint64_t)g->K;
+    lt_objs o = {0};
+    int rc = mt_cublas_check(EPI_OP, api->lt_desc_create(&o.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!rc)
+        rc =
+            mt_cublas_check(EPI_OP, api->lt_layout_create(&o.la, t, opa ? K : N, opa ? N : K, ldb));
+    if (!rc)
+        rc =
+            mt_cublas_check(EPI_OP, api->lt_layout_create(&o.lb, t, opb ? M : K, opb ? K : M, lda));
+    cudaDataType td = d32 ? CUDA_R_32F : t;
+    if (!rc) rc = mt_cublas_check(EPI_OP, api->lt_layout_create(&o.ld, td, N, M, (int64_t)N));
+    uint32_t epv = (uint32_t)ep;
+    int32_t ty = (int32_t)td;
+    int64_t aux_ld = (int64_t)N;
+    if (!rc) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (!rc) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (!rc) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epv, sizeof epv);
+    if (!rc && bias) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (!rc && bias) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty, sizeof ty);
+    if (!rc && aux)
+        rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    if (!rc && aux)
+        rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    if (!rc && aux)
+        rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &ty, sizeof ty);
+    float one = 1.0f, zero = 0.0f;
+    if (!rc) /* beta 0: C (given as d) is not read */
+        rc = mt_cublas_check(EPI_OP,
+                             api->lt_matmul(ctx->blas_lt, o.desc, &one, g->b.p, o.la, g->a.p, o.lb,
+                                            &zero, d, o.ld, d, o.ld, NULL, NULL, 0, ctx->stream));
+    lt_objs_free(&o);
+    return rc;
+}
+
+/* out = op(in) with an elementwise kernel (the activation after a GEMM that had none). */
+static int act_kernel(mt_cuda_device_ctx *ctx, mt_activation act, mt_tensor *out,
+                      const mt_tensor *in) {
+    mt_op_id op = act == MT_ACT_RELU   ? MT_OP_RELU
+                  : act == MT_ACT_GELU ? MT_OP_GELU
+                                       : MT_OP_GELU_TANH;
+    const mt_tensor *ops[2] = {out, in};
+    mt_cuda_iter it;
+    mt_cuda_iter_init(&it, 2, ops);
+    return mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_unary(&ctx->kctx, op, &it, 0.0));
+}
+
+/* The cuBLAS way: dst = a @ b + bias (the bias copied in first, then beta = 1). */
+static int gemm_bias_blas(mt_cuda_device_ctx *ctx, mt_tensor *dst, const mt_tensor *a,
+                          const mt_tensor *b, const mt_tensor *bias) {
+    if (!bias) return mt_cuda_gemm(dst, a, b, 1.0, 0.0);
+    mt_tensor bh;
+    mt_tensor_header_init(&bh, bias->storage, bias->dtype, 2,
+                          (int64_t[]){dst->shape[0], dst->shape[1]},
+                          (int64_t[]){0, bias->strides[0]}, bias->offset);
+    const mt_tensor *ops[2] = {dst, &bh};
+    mt_cuda_iter it;
+    mt_cuda_iter_init(&it, 2, ops);
+    int rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
+    return rc ? rc : mt_cuda_gemm(dst, a, b, 1.0, 1.0);
+}
+
+/* F16/BF16 with an activation cuBLASLt cannot fuse here (GELU's erf form; GELU_TANH with a
+   pre-activation whose ld N is not a multiple of 8): the GEMM and bias into an FP32 scratch,
+   then pre and c each rounded once from it (as the fused epilogue would), the activation in
+   FP32 between. */
+static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e,
+                            const mt_gemm_geom *g) {
+    mt_tensor *z = mt_tensor_new(EPI_OP, 2, e->c->shape, MT_F32, e->c->device), *b32 = NULL;
+    int rc = z ? 0 : MT_ERR_OOM;
+    if (!rc && e->bias) { /* cuBLASLt's bias has D's type: FP32 here */
+        b32 = mt_tensor_new(EPI_OP, 1, e->bias->shape, MT_F32, e->bias->device);
+        const mt_tensor *ops[2] = {b32, e->bias};
+        mt_cuda_iter it;
+        if (b32) mt_cuda_iter_init(&it, 2, ops);
+        rc = b32 ? mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it)) : MT_ERR_OOM;
+    }
+    if (!rc)
+        rc = lt_matmul(ctx, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL, NULL,
+                       b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    const mt_tensor *to_pre[2] = {e->pre, z}, *to_c[2] = {e->c, z};
+    mt_cuda_iter it;
+    if (!rc && e->pre) {
+        mt_cuda_iter_init(&it, 2, to_pre);
+        rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
+    }
+    if (!rc) rc = act_kernel(ctx, e->act, z, z);
+    if (!rc) {
+        mt_cuda_iter_init(&it, 2, to_c);
+        rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
+    }
+    mt_tensor_unref(z); /* stream order keeps them alive for the queued work */
+    mt_tensor_unref(b32);
+    return rc;
+}
+
+static int epilogue_lt(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e, mt_gemm_geom *g) {
+    mt_tensor *ta = NULL, *tb = NULL;
+    int rc = operand_prepare(ctx, g, e->a, true, &ta);
+    if (!rc) rc = operand_prepare(ctx, g, e->b, false, &tb);
+    const void *bias = e->bias ? mt_tensor_data(e->bias) : NULL;
+    bool b = bias != NULL;
+    char *c = mt_tensor_data(e->c), *pre = e->pre ? mt_tensor_data(e->pre) : NULL;
+    /* the aux ld (N) must be a multiple of 8 */
+    bool tanh_fused = e->act == MT_ACT_GELU_TANH && (!pre || g->N % 8 == 0);
+    if (rc) {
+    } else if (e->act == MT_ACT_NONE) {
+        rc = lt_matmul(ctx, g, c, false, bias, NULL,
+                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+    } else if (e->act == MT_ACT_RELU && !pre) {
+        rc = lt_matmul(ctx, g, c, false, bias, NULL,
+                       b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU);
+    } else if (tanh_fused) {
+        cublasLtEpilogue_t ep =
+            pre ? (b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                : (b ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
+        rc = lt_matmul(ctx, g, c, false, bias, pre, ep);
+    } else if (g->dt == MT_F32) { /* the bias epilogue, then the activation kernel */
+        rc = lt_matmul(ctx, g, pre ? pre : c, false, bias, NULL,
+                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+        if (!rc) rc = act_kernel(ctx, e->act, e->c, pre ? e->pre : e->c);
+    } else {
+        rc = epilogue_via_f32(ctx, e, g);
+    }
+    mt_tensor_unref(ta); /* stream order keeps them alive for the queued GEMM */
+    mt_tensor_unref(tb);
+    return rc;
+}
+
+int mt_cuda_gemm_epilogue(const mt_gemm_epilogue_args *e) {
+    mt_tensor *c = e->c;
+    mt_dtype dt = c->dtype;
+    mt_gemm_geom g;
+    if (c->ndim != 2 || !mt_is_contiguous(c) || e->a->dtype != dt || e->b->dtype != dt ||
+        (e->pre && !mt_is_contiguous(e->pre)) ||
+        (e->bias && (e->bias->dtype != dt || !mt_is_contiguous(e->bias))) ||
+        mt_gemm_geom_init(&g, c, e->a, e->b) < 0)
+        return mt_error_set(MT_ERR_INTERNAL, "mt_cuda_gemm_epilogue: bad operands");
+    if (g.M == 0 || g.N == 0) return 0;
+    mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(EPI_OP, c->device.index);
+    if (!ctx) return MT_ERR_DEVICE;
+    bool lt = dt != MT_F64 && !(dt == MT_F32 && mt_cuda_allow_tf32()) && g.K > 0 &&
+              g.M <= INT_MAX && g.N <= INT_MAX && g.K <= INT_MAX;
+    if (lt) return epilogue_lt(ctx, e, &g);
+    mt_tensor *dst = e->pre ? e->pre : c;
+    int rc = gemm_bias_blas(ctx, dst, e->a, e->b, e->bias);
+    if (!rc && e->act != MT_ACT_NONE) rc = act_kernel(ctx, e->act, c, dst);
+    return rc;
+}

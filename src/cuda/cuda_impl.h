@@ -2,6 +2,7 @@
    allocator, and the conversions from tensors to the plain data of kernels.h. */
 #ifndef MT_CUDA_IMPL_H
 #define MT_CUDA_IMPL_H
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include "../tensor/backend.h"
@@ -18,6 +19,7 @@ typedef struct {
     cudaStream_t stream;
     mt_cuda_staging *staging; /* pinned blocks for uploads (cuda_staging.c); NULL: none */
     cublasHandle_t blas;
+    cublasLtHandle_t blas_lt;  /* cuBLASLt, for GEMMs with an epilogue (cuda_gemm.c) */
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
     cudaEvent_t peer_event;    /* orders the two streams of a device-to-device copy */
     mt_cuda_ctx kctx;
@@ -49,6 +51,15 @@ typedef struct {
     __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
     __typeof__(&cublasGetStatusName) status_name;
     __typeof__(&cublasGetStatusString) status_string;
+    /* cuBLASLt (libcublasLt, loaded with cuBLAS) */
+    __typeof__(&cublasLtCreate) lt_create;
+    __typeof__(&cublasLtDestroy) lt_destroy;
+    __typeof__(&cublasLtMatmulDescCreate) lt_desc_create;
+    __typeof__(&cublasLtMatmulDescDestroy) lt_desc_destroy;
+    __typeof__(&cublasLtMatmulDescSetAttribute) lt_desc_set;
+    __typeof__(&cublasLtMatrixLayoutCreate) lt_layout_create;
+    __typeof__(&cublasLtMatrixLayoutDestroy) lt_layout_destroy;
+    __typeof__(&cublasLtMatmul) lt_matmul;
 } mt_cublas_api;
 /* Loads cuBLAS once; NULL with an MT_ERR_DEVICE error naming op when it cannot be loaded. */
 const mt_cublas_api *mt_cublas_load(const char *op);
@@ -100,6 +111,7 @@ void mt_cuda_iter_init(mt_cuda_iter *it, int nops, const mt_tensor *const *ts);
 
 /* ---- GEMM (cuda_gemm.c): the backend's gemm family */
 int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
+int mt_cuda_gemm_epilogue(const mt_gemm_epilogue_args *e);
 
 extern const mt_backend mt_cuda_backend;
 #endif

@@ -1,4 +1,4 @@
-/* Linear layer: y = x W^T + b with W [out, in], initialised like torch.nn.Linear. */
+/* Linear layer: y = act(x W^T + b) with W [out, in], initialised like torch.nn.Linear. */
 #include <math.h>
 #include "init.h"
 
@@ -6,6 +6,7 @@ int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias,
                          mt_device dev) {
     if (!l) return mt_error_set(MT_ERR_NULL, "mt_linear_layer_init: arg 1: layer is NULL");
     l->weight = l->bias = NULL;
+    l->act = MT_ACT_NONE;
     if (in <= 0 || out <= 0)
         return mt_error_set(MT_ERR_INVALID,
                             "mt_linear_layer_init: in_features and out_features must be "
@@ -41,7 +42,8 @@ mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x) {
                      "mt_linear_layer_forward: arg 1: layer is not initialised (or was freed)");
         return NULL;
     }
-    return mt_linear(x, l->weight, l->bias);
+    return l->act == MT_ACT_NONE ? mt_linear(x, l->weight, l->bias)
+                                 : mt_linear_act(x, l->weight, l->bias, l->act);
 }
 
 void mt_linear_layer_free(mt_linear_layer *l) {

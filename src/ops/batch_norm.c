@@ -8,16 +8,39 @@
 #include <math.h>
 #include "dispatch.h"
 
+/* Channels-last: where the backend has NHWC kernels (batch_norm_nhwc), a channels-last input
+   is normalised as it lies, the activations (x, residual, y and their gradients) all dense
+   NHWC, and the output keeps the input's memory format; elsewhere everything is made
+   contiguous NCHW. */
+
+/* t dense in channels-last (a new reference; a recorded conversion when it is not) */
+static mt_tensor *dense_cl(mt_tensor *t, mt_dtype dt) {
+    mt_tensor *c = mt_cast(t, dt);
+    if (!c || mt_is_channels_last(c)) return c;
+    mt_tensor *d = mt_to_channels_last(c);
+    mt_tensor_unref(c);
+    return d;
+}
+
+/* the saved x is dense NCHW or dense NHWC: NHWC when it is not contiguous */
+static bool saved_cl(const mt_tensor *x) {
+    return x->ndim == 4 && !mt_is_contiguous(x);
+}
+
 /* saved: 0 x, 1 weight or NULL, 2 save_mean, 3 save_rstd, 4 y (relu only);
    ints: 0 training */
 static int bn_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *x = n->saved[0];
-    mt_tensor *gy = mt_dispatch_dense(g, x->dtype), *grads[4] = {0};
+    bool cl = saved_cl(x);
+    mt_tensor *gy = cl ? dense_cl(g, x->dtype) : mt_dispatch_dense(g, x->dtype), *grads[4] = {0};
     int rc = gy ? 0 : mt_backward_failed();
     for (int i = 0; i < 4 && rc == 0; i++) {
         if (!mt_node_needs(n, i)) continue;
         const mt_input_meta *m = &n->inputs[i];
-        grads[i] = mt_tensor_new(mt_op_fullname(n->op), m->ndim, m->shape, m->dtype, x->device);
+        const char *name = mt_op_fullname(n->op);
+        grads[i] = cl && (i == 0 || i == 3) /* the activations' gradients: NHWC */
+                       ? mt_tensor_new_format(name, m->shape, m->dtype, x->device, true)
+                       : mt_tensor_new(name, m->ndim, m->shape, m->dtype, x->device);
         if (!grads[i]) rc = MT_ERR_OOM;
     }
     mt_bn_backward_args a = {.gx = grads[0],
@@ -152,8 +175,14 @@ static mt_tensor *batch_norm(const bn_call *k) {
     if (compute < 0) return NULL;
     mt_dtype acc = mt_norm_acc_dtype((mt_dtype)compute);
     int rc = 0;
-    for (int i = 0; i < 4 && rc == 0; i++)
-        if (c[i] && !(d[i] = mt_dispatch_dense(c[i], c[i]->dtype))) rc = mt_backward_failed();
+    const mt_backend *be = mt_backend_get(x->device);
+    bool cl = be->batch_norm_nhwc && mt_prefers_channels_last(x);
+    for (int i = 0; i < 4 && rc == 0; i++) {
+        if (!c[i]) continue;
+        d[i] = cl && (i == 0 || i == 3) ? dense_cl(c[i], c[i]->dtype)
+                                        : mt_dispatch_dense(c[i], c[i]->dtype);
+        if (!d[i]) rc = mt_backward_failed();
+    }
     int64_t C = x->shape[1];
     mt_bn_args a = {.x = d[0],
                     .weight = d[1],
@@ -168,11 +197,12 @@ static mt_tensor *batch_norm(const bn_call *k) {
     if (rc == 0) {
         a.save_mean = mt_tensor_new(name, 1, &C, acc, x->device);
         a.save_rstd = a.save_mean ? mt_tensor_new(name, 1, &C, acc, x->device) : NULL;
-        a.y = a.save_rstd ? mt_tensor_new(name, x->ndim, x->shape, (mt_dtype)compute, x->device)
-                          : NULL;
+        a.y = !a.save_rstd ? NULL
+              : cl ? mt_tensor_new_format(name, x->shape, (mt_dtype)compute, x->device, true)
+                   : mt_tensor_new(name, x->ndim, x->shape, (mt_dtype)compute, x->device);
         if (!a.y) rc = MT_ERR_OOM;
     }
-    if (rc == 0) rc = mt_backend_get(x->device)->batch_norm(&a);
+    if (rc == 0) rc = be->batch_norm(&a);
     if (rc == 0 && k->training && k->rm) {
         mt_tensor_bump_version(k->rm);
         mt_tensor_bump_version(k->rv);

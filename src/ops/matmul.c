@@ -300,18 +300,40 @@ static void rows_matrix(mt_tensor *h, const mt_tensor *t) {
     left_matrix(h, t);
 }
 
-static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
+/* x [.., in] as one 2-D matrix [rows, in] without a copy, when its leading dims merge (a
+   contiguous batch of rows); false otherwise. */
+static bool flat_rows(mt_tensor *h, const mt_tensor *t) {
+    int nd = t->ndim;
+    if (nd == 1) {
+        left_matrix(h, t);
+        return true;
+    }
+    int64_t rs, rows = 1;
+    if (!merges(nd - 2, t->shape, t->strides, t->shape[nd - 2], t->strides[nd - 2], &rs))
+        return false;
+    for (int i = 0; i < nd - 1; i++) rows *= t->shape[i];
+    mt_tensor_header_init(h, t->storage, t->dtype, 2, (int64_t[]){rows, t->shape[nd - 1]},
+                          (int64_t[]){rs, t->strides[nd - 1]}, t->offset);
+    return true;
+}
+
+/* W [out, in] as the right operand W^T [in, out]: its strides swapped. */
+static void weight_t(mt_tensor *h, const mt_tensor *w) {
+    mt_tensor_header_init(h, w->storage, w->dtype, 2, (int64_t[]){w->shape[1], w->shape[0]},
+                          (int64_t[]){w->strides[1], w->strides[0]}, w->offset);
+}
+
+/* The gradients of x, W and b from gc, the gradient of x @ W^T + b in the compute dtype.
+   saved[0] is x (when dW is needed), saved[1] W (when dx is). */
+static int linear_grads(mt_node *n, const char *name, mt_tensor *gc, mt_tensor **gi) {
     const mt_input_meta *mx = &n->inputs[0], *mw = &n->inputs[1];
-    const char *name = "mt_linear";
-    const mt_backend *be = mt_backend_get(g->device);
-    mt_tensor *gc = grad_as(g, mx->dtype);
-    if (!gc) return mt_backward_failed();
+    const mt_backend *be = mt_backend_get(gc->device);
     int64_t out_f = mw->shape[0], in_f = mw->shape[1];
     mt_tensor gh, oh, xh;
     rows_matrix(&gh, gc); /* [.., M, out] */
     int rc = 0;
     if (mt_node_needs(n, 0)) { /* dx = dy @ W */
-        mt_tensor *gx = mt_tensor_new(name, mx->ndim, mx->shape, mx->dtype, g->device);
+        mt_tensor *gx = mt_tensor_new(name, mx->ndim, mx->shape, mx->dtype, gc->device);
         if (!gx)
             rc = mt_backward_failed();
         else {
@@ -324,7 +346,7 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
         }
     }
     if (rc == 0 && mt_node_needs(n, 1)) { /* dW = dy^T @ x over all leading dims */
-        mt_tensor *gw = mt_tensor_new(name, 2, mw->shape, mw->dtype, g->device);
+        mt_tensor *gw = mt_tensor_new(name, 2, mw->shape, mw->dtype, gc->device);
         if (!gw)
             rc = mt_backward_failed();
         else {
@@ -342,7 +364,7 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
         }
     }
     if (rc == 0 && mt_node_needs(n, 2)) { /* db = dy summed over the leading dims */
-        mt_tensor *gb = mt_tensor_new(name, 1, (int64_t[]){out_f}, n->inputs[2].dtype, g->device);
+        mt_tensor *gb = mt_tensor_new(name, 1, (int64_t[]){out_f}, n->inputs[2].dtype, gc->device);
         if (!gb)
             rc = mt_backward_failed();
         else {
@@ -362,12 +384,44 @@ static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
                 gi[2] = gb;
         }
     }
+    return rc;
+}
+
+static int linear_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
+    mt_tensor *gc = grad_as(g, n->inputs[0].dtype);
+    if (!gc) return mt_backward_failed();
+    int rc = linear_grads(n, "mt_linear", gc, gi);
     mt_tensor_unref(gc);
     return rc;
 }
 
-static int linear_check(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
-    const char *name = "mt_linear";
+/* The fused elementwise backward kernel of each activation, reading saved[2]: the output
+   for RELU (y > 0 where the pre-activation is), the pre-activation for the GELUs. */
+static mt_op_id act_backward_op(mt_activation act) {
+    return act == MT_ACT_RELU   ? MT_OP_RELU_BACKWARD
+           : act == MT_ACT_GELU ? MT_OP_GELU_BACKWARD
+                                : MT_OP_GELU_TANH_BACKWARD;
+}
+
+static int linear_act_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
+    const char *name = "mt_linear_act";
+    mt_activation act = (mt_activation)n->ints[0];
+    mt_tensor *gc = grad_as(g, n->inputs[0].dtype);
+    if (!gc) return mt_backward_failed();
+    mt_tensor *gz = gc;
+    int rc = 0;
+    if (act != MT_ACT_NONE) { /* gz = act'(z) * g in one pass */
+        gz = mt_tensor_new(name, gc->ndim, gc->shape, gc->dtype, gc->device);
+        rc = gz ? mt_backend_get(gc->device)->binary(act_backward_op(act), gz, gc, n->saved[2])
+                : mt_backward_failed();
+    }
+    if (rc == 0) rc = linear_grads(n, name, gz, gi);
+    if (gz != gc) mt_tensor_unref(gz);
+    mt_tensor_unref(gc);
+    return rc;
+}
+
+static int linear_check(const char *name, mt_tensor *x, mt_tensor *w, mt_tensor *b) {
     char bx[MT_SHAPE_BUF], bw[MT_SHAPE_BUF], bb[MT_SHAPE_BUF];
     if (mt_check_floating(name, 1, x) < 0 || mt_check_floating(name, 2, w) < 0 ||
         (b && mt_check_floating(name, 3, b) < 0) || mt_check_same_device(name, x, w) < 0 ||
@@ -375,68 +429,145 @@ static int linear_check(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
         return -1;
     if (x->ndim == 0)
         return mt_error_set(MT_ERR_SHAPE,
-                            "mt_linear: arg 1: input must have at least 1 dim [.., in_features], "
-                            "got a 0-d tensor");
+                            "%s: arg 1: input must have at least 1 dim [.., in_features], "
+                            "got a 0-d tensor",
+                            name);
     if (w->ndim != 2)
         return mt_error_set(MT_ERR_SHAPE,
-                            "mt_linear: arg 2: weight must be 2-D [out_features, in_features], "
+                            "%s: arg 2: weight must be 2-D [out_features, in_features], "
                             "got shape %s",
-                            mt_shape_str(w, bw, sizeof bw));
+                            name, mt_shape_str(w, bw, sizeof bw));
     if (x->shape[x->ndim - 1] != w->shape[1])
         return mt_error_set(MT_ERR_SHAPE,
-                            "mt_linear: arg 2: weight %s cannot multiply input %s (in_features "
+                            "%s: arg 2: weight %s cannot multiply input %s (in_features "
                             "%lld vs %lld)",
-                            mt_shape_str(w, bw, sizeof bw), mt_shape_str(x, bx, sizeof bx),
+                            name, mt_shape_str(w, bw, sizeof bw), mt_shape_str(x, bx, sizeof bx),
                             (long long)w->shape[1], (long long)x->shape[x->ndim - 1]);
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return mt_error_set(MT_ERR_SHAPE,
-                            "mt_linear: arg 3: bias of shape %s does not fit weight %s "
+                            "%s: arg 3: bias of shape %s does not fit weight %s "
                             "(expected [%lld])",
-                            mt_shape_str(b, bb, sizeof bb), mt_shape_str(w, bw, sizeof bw),
+                            name, mt_shape_str(b, bb, sizeof bb), mt_shape_str(w, bw, sizeof bw),
                             (long long)w->shape[0]);
     return 0;
 }
 
-static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
-    if (linear_check(x, w, b) < 0) return NULL;
-    const mt_backend *be = gemm_backend("mt_linear", x->device);
+/* out = x @ W^T + b the unfused way, for an x whose rows do not flatten: the bias goes into
+   the output first and the (batched) GEMM adds onto it. */
+static int linear_unfused(const mt_backend *be, mt_tensor *out, mt_tensor *const *c) {
+    double beta = 0.0;
+    int rc = 0;
+    if (c[2]) {
+        mt_tensor *eb = mt_tensor_expand_to(c[2], out->ndim, out->shape);
+        rc = eb ? be->copy(out, eb) : mt_backward_failed();
+        mt_tensor_unref(eb);
+        beta = 1.0;
+    }
+    if (rc == 0) {
+        mt_tensor xh, wt, oh;
+        rows_matrix(&xh, c[0]);
+        weight_t(&wt, c[1]);
+        rows_matrix(&oh, out);
+        rc = be->gemm(&oh, &xh, &wt, 1.0, beta);
+    }
+    return rc;
+}
+
+static mt_tensor *dense_rows(const mt_backend *be, const char *name, const mt_tensor *x);
+
+/* out (and pre) = act(x @ W^T + b) through the backend's epilogue; x must flatten. The
+   epilogue reads a dense bias: a strided one is copied first (it is small). */
+static int linear_fused(const mt_backend *be, mt_tensor *out, mt_tensor *pre, const mt_tensor *x2,
+                        mt_tensor *const *c, mt_activation act) {
+    mt_tensor *bd = NULL;
+    if (c[2] && !mt_is_contiguous(c[2]) && !(bd = dense_rows(be, "mt_linear", c[2])))
+        return mt_backward_failed();
+    mt_tensor wt, oh, ph;
+    int64_t rows = x2->shape[0], n = c[1]->shape[0];
+    weight_t(&wt, c[1]);
+    mt_tensor_header_init(&oh, out->storage, out->dtype, 2, (int64_t[]){rows, n}, NULL,
+                          out->offset);
+    if (pre)
+        mt_tensor_header_init(&ph, pre->storage, pre->dtype, 2, (int64_t[]){rows, n}, NULL,
+                              pre->offset);
+    mt_gemm_epilogue_args a = {
+        .c = &oh, .pre = pre ? &ph : NULL, .a = x2, .b = &wt, .bias = bd ? bd : c[2], .act = act};
+    int rc = be->gemm_epilogue(&a);
+    mt_tensor_unref(bd);
+    return rc;
+}
+
+/* A dense copy of x (not recorded: the node saves it in x's place; or a strided bias). */
+static mt_tensor *dense_rows(const mt_backend *be, const char *name, const mt_tensor *x) {
+    mt_tensor *d = mt_tensor_new(name, x->ndim, x->shape, x->dtype, x->device);
+    if (d && be->copy(d, x)) {
+        mt_tensor_unref(d);
+        return NULL;
+    }
+    return d;
+}
+
+static mt_tensor *linear_impl(mt_op_id id, mt_tensor *x, mt_tensor *w, mt_tensor *b,
+                              mt_activation act) {
+    const char *name = id == MT_OP_LINEAR ? "mt_linear" : "mt_linear_act";
+    if (act < MT_ACT_NONE || act > MT_ACT_GELU_TANH) {
+        mt_error_set(MT_ERR_INVALID,
+                     "%s: arg 4: activation %d is not MT_ACT_NONE, MT_ACT_RELU, MT_ACT_GELU or "
+                     "MT_ACT_GELU_TANH",
+                     name, (int)act);
+        return NULL;
+    }
+    if (linear_check(name, x, w, b) < 0) return NULL;
+    const mt_backend *be = gemm_backend(name, x->device);
     if (!be) return NULL;
     mt_tensor *in[3] = {x, w, b}, *c[3];
-    int compute = mt_dispatch_inputs(MT_OP_LINEAR, in, 3, c);
+    int compute = mt_dispatch_inputs(id, in, 3, c);
     if (compute < 0) return NULL;
     int nd = x->ndim;
     int64_t shape[MT_MAX_DIMS];
     memcpy(shape, x->shape, (size_t)nd * sizeof *shape);
     shape[nd - 1] = w->shape[0];
-    mt_tensor *out = mt_tensor_new("mt_linear", nd, shape, (mt_dtype)compute, x->device);
+    mt_tensor *out = mt_tensor_new(name, nd, shape, (mt_dtype)compute, x->device);
+    bool gelu = act == MT_ACT_GELU || act == MT_ACT_GELU_TANH;
+    mt_tensor *pre = NULL, *xd = NULL, *xs = c[0], x2;
     int rc = out ? 0 : mt_backward_failed();
-    double beta = 0.0;
-    if (rc == 0 && c[2]) { /* the bias goes into the output first; the GEMM adds onto it */
-        mt_tensor *eb = mt_tensor_expand_to(c[2], nd, shape);
-        rc = eb ? be->copy(out, eb) : mt_backward_failed();
-        mt_tensor_unref(eb);
-        beta = 1.0;
+    if (rc == 0 && gelu && mt_autograd_wanted(c, 3)) {
+        pre = mt_tensor_new(name, nd, shape, (mt_dtype)compute, x->device);
+        if (!pre) rc = mt_backward_failed();
     }
-    if (rc == 0) { /* y = x @ W^T, W^T being W's strides swapped */
-        mt_tensor xh, wt, oh;
-        rows_matrix(&xh, c[0]);
-        mt_tensor_header_init(&wt, c[1]->storage, c[1]->dtype, 2,
-                              (int64_t[]){w->shape[1], w->shape[0]},
-                              (int64_t[]){c[1]->strides[1], c[1]->strides[0]}, c[1]->offset);
-        rows_matrix(&oh, out);
-        rc = be->gemm(&oh, &xh, &wt, 1.0, beta);
+    /* plain linear keeps the batched GEMM for rows that do not flatten; the fused op copies
+       them (rare: a transposed batch) so that one epilogue GEMM does it all */
+    if (rc == 0 && !flat_rows(&x2, c[0])) {
+        if (id == MT_OP_LINEAR) {
+            rc = linear_unfused(be, out, c);
+            xs = NULL;
+        } else if ((xd = dense_rows(be, name, c[0])) != NULL) {
+            flat_rows(&x2, xd);
+            xs = xd;
+        } else {
+            rc = mt_backward_failed();
+        }
     }
+    if (rc == 0 && xs) rc = linear_fused(be, out, pre, &x2, c, act);
     if (rc == 0) {
-        mt_node *node = mt_record(MT_OP_LINEAR, linear_backward, c, 3, out, &rc);
+        mt_node *node = mt_record(id, id == MT_OP_LINEAR ? linear_backward : linear_act_backward, c,
+                                  3, out, &rc);
         /* dx needs W and dW needs x: save only what a needed gradient uses */
-        if (node && mt_node_needs(node, 1)) rc = mt_node_save(node, 0, c[0]);
+        if (node && mt_node_needs(node, 1)) rc = mt_node_save(node, 0, xd ? xd : c[0]);
         if (node && rc == 0 && mt_node_needs(node, 0)) rc = mt_node_save(node, 1, c[1]);
+        if (node && rc == 0 && act != MT_ACT_NONE) rc = mt_node_save(node, 2, pre ? pre : out);
+        if (node) {
+            node->ints[0] = act;
+            node->n_ints = 1;
+        }
     }
+    mt_tensor_unref(pre);
+    mt_tensor_unref(xd);
     if (rc) {
         mt_tensor_unref(out);
         out = NULL;
     }
-    mt_dispatch_done(MT_OP_LINEAR, (mt_dtype)compute, out, in, 3);
+    mt_dispatch_done(id, (mt_dtype)compute, out, in, 3);
     mt_dispatch_release(c, 3);
     return out;
 }
@@ -444,5 +575,11 @@ static mt_tensor *linear_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
 mt_tensor *mt_linear(mt_tensor *x, mt_tensor *w, mt_tensor *b) {
     if (!x || !w) return NULL;
     mt_api_enter();
-    return mt_api_exit(linear_impl(x, w, b));
+    return mt_api_exit(linear_impl(MT_OP_LINEAR, x, w, b, MT_ACT_NONE));
+}
+
+mt_tensor *mt_linear_act(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_activation act) {
+    if (!x || !w) return NULL;
+    mt_api_enter();
+    return mt_api_exit(linear_impl(MT_OP_LINEAR_ACT, x, w, b, act));
 }

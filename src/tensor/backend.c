@@ -177,6 +177,9 @@ static int no_argmax(mt_tensor *out, const mt_tensor *x, int dim) {
     (void)x, (void)dim;
     return unsupported("argmax", out->device);
 }
+static int no_gemm_epilogue(const mt_gemm_epilogue_args *a) {
+    return unsupported("gemm_epilogue", a->c->device);
+}
 /* For families named after ops: the message names the op the user called. */
 static int unsupported_op(const char *op, const char *kernel, mt_device dev) {
     char d[32];
@@ -256,6 +259,7 @@ static void complete(mt_backend *b) {
     FILL(gather);
     FILL(scatter_add);
     FILL(argmax);
+    FILL(gemm_epilogue);
 #undef FILL
 }
 

@@ -44,13 +44,13 @@ typedef struct {
 } mt_scale_update_args;
 
 /* One batch-norm pass (forward of mt_batch_norm and mt_batch_norm_act). x is [N, C, inner...]
-   contiguous; statistics per channel over N and the inner dims, in the accumulation dtype
-   (F32, or F64 for F64 x), as are weight, bias and the running buffers. Training: save_mean
-   and save_rstd receive the batch mean and 1/sqrt(biased var + eps), and the running buffers
-   (when non-NULL) become (1 - momentum) * running + momentum * batch statistic, with the
-   unbiased variance. Eval: the running buffers are the statistics and save_* receive them
-   (mean, 1/sqrt(var + eps)). y = act(xhat * weight + bias + residual), y and residual in x's
-   dtype and layout; weight, bias and residual may be NULL. */
+   contiguous (or dense channels-last where the backend says batch_norm_nhwc); statistics per
+   channel over N and the inner dims, in the accumulation dtype (F32, or F64 for F64 x), as are
+   weight, bias and the running buffers. Training: save_mean and save_rstd receive the batch mean
+   and 1/sqrt(biased var + eps), and the running buffers (when non-NULL) become (1 - momentum) *
+   running + momentum * batch statistic, with the unbiased variance. Eval: the running buffers are
+   the statistics and save_* receive them (mean, 1/sqrt(var + eps)). y = act(xhat * weight + bias +
+   residual), y and residual in x's dtype and layout; weight, bias and residual may be NULL. */
 typedef struct {
     mt_tensor *y, *save_mean, *save_rstd;
     mt_tensor *running_mean, *running_var; /* NULL in training when not tracked */
@@ -86,6 +86,17 @@ typedef struct {
     int64_t kernel[2], stride[2], padding[2];
     bool count_include_pad;
 } mt_pool2d_params;
+
+/* c[M, N] = act(a[M, K] @ b[K, N] + bias[N]): a GEMM whose epilogue adds the bias and applies
+   the activation before the one rounding of c. a and b are 2-D with any strides (transposes,
+   as for gemm); c contiguous; bias NULL or [N] contiguous; all of one floating dtype. pre,
+   when non-NULL (c's shape, contiguous), also receives the pre-activation a @ b + bias (the
+   backward of GELU reads it). */
+typedef struct {
+    mt_tensor *c, *pre;
+    const mt_tensor *a, *b, *bias;
+    mt_activation act;
+} mt_gemm_epilogue_args;
 
 typedef struct mt_backend {
     const char *name;
@@ -201,6 +212,11 @@ typedef struct mt_backend {
     /* out (I64, x's shape with dim of size 1) = the first index of the largest value along
        dim; NaN counts as the largest */
     int (*argmax)(mt_tensor *out, const mt_tensor *x, int dim);
+    /* the GEMM with a bias and activation epilogue (mt_linear, mt_linear_act) */
+    int (*gemm_epilogue)(const mt_gemm_epilogue_args *a);
+    /* batch_norm and batch_norm_backward also take dense channels-last (NHWC) 4-d tensors:
+       x, residual, y, gy, gx and gres all in that layout (else all contiguous) */
+    bool batch_norm_nhwc;
 } mt_backend;
 
 /* The table for a device, complete (missing families answer MT_ERR_UNSUPPORTED); NULL when

@@ -1,0 +1,219 @@
+/* Channels-last batch-norm kernels for one accumulation type, included by
+   cpu_batch_norm_nhwc.c through cpu_accum_types.h (T, SFX, LOAD, STORE, SQRT). x is M rows
+   of C channels; every loop runs over a row's channels, so it vectorises over C with the
+   per-channel constants in arrays, and rows are read rows_per at a time (one contiguous run,
+   one conversion call). Per-channel sums are accumulated per row range (one part per thread)
+   in T over blocks of NHWC_BLOCK rows, flushed into doubles, and the parts are combined in
+   part order (deterministic for a thread count). */
+
+/* A part's scratch: three buffers of rows_per rows and the two block sums. */
+static T *SFX(nhwc_scratch)(const nhwc_ctx *c, int part) {
+    return (T *)c->scratch + (size_t)part * (size_t)c->per_part;
+}
+
+/* rows [r, r + n) of the tensor at base (dtype c->dt) into buf: one contiguous run */
+static void SFX(nhwc_load)(const nhwc_ctx *c, const char *base, int64_t r, int64_t n, T *buf) {
+    LOAD(base + r * c->C * c->es, c->es, c->dt, n * c->C, buf);
+}
+
+/* gz (gy masked by y > 0 under relu) of rows [r, r + n); tmp is clobbered */
+static void SFX(nhwc_gz)(const nhwc_ctx *c, int64_t r, int64_t n, T *restrict gz, T *restrict tmp) {
+    SFX(nhwc_load)(c, c->gy, r, n, gz);
+    if (!c->y) return;
+    SFX(nhwc_load)(c, c->y, r, n, tmp);
+    for (int64_t i = 0; i < n * c->C; i++) gz[i] = tmp[i] > 0 ? gz[i] : (T)0;
+}
+
+/* Rows [rb, re) into s1, s2 (double[C]): per channel sum(a - ka) and sum((a - ka) (b - kb)),
+   with a = b = x (the statistics) or a = gz, b = x (grads: the backward's sums). */
+static void SFX(nhwc_sums)(const nhwc_ctx *c, bool grads, const T *restrict ka,
+                           const T *restrict kb, int64_t rb, int64_t re, double *restrict s1,
+                           double *restrict s2, int part) {
+    int64_t C = c->C, R = c->rows_per;
+    T *a = SFX(nhwc_scratch)(c, part), *b = a + R * C, *tmp = b + R * C;
+    T *restrict t1 = tmp + R * C, *restrict t2 = t1 + C;
+    for (int64_t ch = 0; ch < C; ch++) s1[ch] = s2[ch] = 0;
+    for (int64_t r0 = rb; r0 < re; r0 += NHWC_BLOCK) {
+        int64_t r1 = re - r0 < NHWC_BLOCK ? re : r0 + NHWC_BLOCK;
+        for (int64_t ch = 0; ch < C; ch++) t1[ch] = t2[ch] = 0;
+        for (int64_t q = r0; q < r1; q += R) {
+            int64_t n = r1 - q < R ? r1 - q : R;
+            if (grads) {
+                SFX(nhwc_gz)(c, q, n, a, tmp);
+                SFX(nhwc_load)(c, c->x, q, n, b);
+            } else {
+                SFX(nhwc_load)(c, c->x, q, n, a);
+            }
+            const T *bb = grads ? b : a;
+            int64_t i = 0;
+            for (; i + 4 <= n; i += 4) { /* four rows per pass over the sums (fewer loads) */
+                const T *restrict a0 = a + i * C, *restrict b0 = bb + i * C;
+                for (int64_t ch = 0; ch < C; ch++) {
+                    T d0 = a0[ch] - ka[ch], d1 = a0[C + ch] - ka[ch];
+                    T d2 = a0[2 * C + ch] - ka[ch], d3 = a0[3 * C + ch] - ka[ch];
+                    t1[ch] += (d0 + d1) + (d2 + d3);
+                    t2[ch] += (d0 * (b0[ch] - kb[ch]) + d1 * (b0[C + ch] - kb[ch])) +
+                              (d2 * (b0[2 * C + ch] - kb[ch]) + d3 * (b0[3 * C + ch] - kb[ch]));
+                }
+            }
+            for (; i < n; i++) {
+                const T *restrict ar = a + i * C, *restrict br = bb + i * C;
+                for (int64_t ch = 0; ch < C; ch++) {
+                    T d = ar[ch] - ka[ch];
+                    t1[ch] += d;
+                    t2[ch] += d * (br[ch] - kb[ch]);
+                }
+            }
+        }
+        for (int64_t ch = 0; ch < C; ch++) {
+            s1[ch] += (double)t1[ch];
+            s2[ch] += (double)t2[ch];
+        }
+    }
+}
+
+static int SFX(nhwc_stats_part)(void *vctx, int64_t rb, int64_t re, int part) {
+    const nhwc_ctx *c = vctx;
+    double *s = c->parts + (size_t)part * 2 * (size_t)c->C;
+    SFX(nhwc_sums)(c, false, c->k, c->k, rb, re, s, s + c->C, part);
+    return 0;
+}
+
+static int SFX(nhwc_grad_sums_part)(void *vctx, int64_t rb, int64_t re, int part) {
+    const nhwc_ctx *c = vctx;
+    double *s = c->parts + (size_t)part * 2 * (size_t)c->C;
+    SFX(nhwc_sums)(c, true, c->zero, c->mean, rb, re, s, s + c->C, part);
+    return 0;
+}
+
+/* y = act(((x - k) - md) * scale + shift + residual), rows [rb, re) */
+static int SFX(nhwc_forward_part)(void *vctx, int64_t rb, int64_t re, int part) {
+    const nhwc_ctx *c = vctx;
+    int64_t C = c->C, R = c->rows_per;
+    const T *restrict k = c->k, *restrict md = c->md, *restrict scale = c->scale,
+                      *restrict shift = c->shift;
+    T *restrict buf = SFX(nhwc_scratch)(c, part), *restrict res = buf + R * C;
+    for (int64_t q = rb; q < re; q += R) {
+        int64_t n = re - q < R ? re - q : R;
+        SFX(nhwc_load)(c, c->x, q, n, buf);
+        for (int64_t i = 0; i < n; i++) {
+            T *restrict row = buf + i * C;
+            for (int64_t ch = 0; ch < C; ch++)
+                row[ch] = ((row[ch] - k[ch]) - md[ch]) * scale[ch] + shift[ch];
+        }
+        if (c->res) {
+            SFX(nhwc_load)(c, c->res, q, n, res);
+            for (int64_t i = 0; i < n * C; i++) buf[i] += res[i];
+        }
+        if (c->a->relu)
+            for (int64_t i = 0; i < n * C; i++) buf[i] = buf[i] > 0 ? buf[i] : (T)0;
+        STORE(c->out + q * C * c->es, c->es, c->dt, n * C, buf);
+    }
+    return 0;
+}
+
+/* gres = gz; gx = k (gz - mg - (x - mean) rs mgx), rows [rb, re) */
+static int SFX(nhwc_backward_part)(void *vctx, int64_t rb, int64_t re, int part) {
+    const nhwc_ctx *c = vctx;
+    int64_t C = c->C, R = c->rows_per;
+    const T *restrict kk = c->scale, *restrict mg = c->k, *restrict mgx = c->md,
+                      *restrict mean = c->mean, *restrict rs = c->shift;
+    T *restrict gz = SFX(nhwc_scratch)(c, part), *restrict x = gz + R * C;
+    for (int64_t q = rb; q < re; q += R) {
+        int64_t n = re - q < R ? re - q : R;
+        SFX(nhwc_gz)(c, q, n, gz, x);
+        if (c->gres) STORE(c->gres + q * C * c->es, c->es, c->dt, n * C, gz);
+        if (!c->gx) continue;
+        SFX(nhwc_load)(c, c->x, q, n, x);
+        for (int64_t i = 0; i < n; i++) {
+            T *restrict g = gz + i * C;
+            const T *restrict xr = x + i * C;
+            for (int64_t ch = 0; ch < C; ch++)
+                g[ch] = kk[ch] * (g[ch] - mg[ch] - (xr[ch] - mean[ch]) * rs[ch] * mgx[ch]);
+        }
+        STORE(c->gx + q * C * c->es, c->es, c->dt, n * C, gz);
+    }
+    return 0;
+}
+
+/* The combined sums of every part: s1, s2 (double[C]) */
+static void SFX(nhwc_combine)(const nhwc_ctx *c, int nparts, double *s1, double *s2) {
+    for (int64_t ch = 0; ch < c->C; ch++) s1[ch] = s2[ch] = 0;
+    for (int p = 0; p < nparts; p++) {
+        const double *s = c->parts + (size_t)p * 2 * (size_t)c->C;
+        for (int64_t ch = 0; ch < c->C; ch++) {
+            s1[ch] += s[ch];
+            s2[ch] += s[c->C + ch];
+        }
+    }
+}
+
+static int SFX(nhwc_forward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
+    const mt_bn_args *a = c->a;
+    int64_t C = c->C, M = c->M;
+    const T *w = c->w, *b = c->b;
+    T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
+    T *k = c->k, *md = c->md, *scale = c->scale, *shift = c->shift;
+    if (a->training) { /* shift by the first row's values: no cancellation in the variance */
+        LOAD(c->x, c->es, c->dt, C, k);
+        memset(c->parts, 0, (size_t)nparts * 2 * (size_t)C * sizeof(double)); /* unused: 0 */
+        int rc = mt_cpu_for_parts(SFX(nhwc_stats_part), c, M, M * C * 2);
+        if (rc) return rc;
+        SFX(nhwc_combine)(c, nparts, s1, s2);
+    }
+    for (int64_t ch = 0; ch < C; ch++) {
+        T mean, var;
+        if (a->training) {
+            double dm = s1[ch] / (double)M, dv = s2[ch] / (double)M - dm * dm;
+            md[ch] = (T)dm;
+            mean = (T)((double)k[ch] + dm);
+            var = (T)(dv > 0 ? dv : 0);
+            if (rm) {
+                double mo = a->momentum;
+                rm[ch] = (T)((1 - mo) * (double)rm[ch] + mo * (double)mean);
+                rv[ch] =
+                    (T)((1 - mo) * (double)rv[ch] + mo * (double)var * (double)M / (double)(M - 1));
+            }
+        } else {
+            mean = k[ch] = rm[ch];
+            var = rv[ch];
+            md[ch] = 0;
+        }
+        T rs = (T)1 / SQRT(var + (T)a->eps);
+        sm[ch] = mean;
+        sr[ch] = rs;
+        scale[ch] = w ? w[ch] * rs : rs;
+        shift[ch] = b ? b[ch] : (T)0;
+    }
+    return mt_cpu_for_parts(SFX(nhwc_forward_part), c, M, M * C * 3);
+}
+
+static int SFX(nhwc_backward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
+    const mt_bn_backward_args *a = c->ba;
+    int64_t C = c->C, M = c->M;
+    const T *w = c->w, *sm = c->sm, *sr = c->sr;
+    T *gw = c->gw, *gb = c->gb;
+    T *mean = c->mean, *zero = c->zero, *kk = c->scale, *mg = c->k, *mgx = c->md, *rs = c->shift;
+    for (int64_t ch = 0; ch < C; ch++) {
+        mean[ch] = sm[ch];
+        rs[ch] = sr[ch];
+        zero[ch] = 0;
+        s1[ch] = s2[ch] = 0;
+    }
+    if (gw || gb || (a->gx && a->training)) {
+        memset(c->parts, 0, (size_t)nparts * 2 * (size_t)C * sizeof(double));
+        int rc = mt_cpu_for_parts(SFX(nhwc_grad_sums_part), c, M, M * C * 3);
+        if (rc) return rc;
+        SFX(nhwc_combine)(c, nparts, s1, s2);
+    }
+    for (int64_t ch = 0; ch < C; ch++) {
+        double sg = s1[ch], sgx = s2[ch] * (double)rs[ch];
+        if (gw) gw[ch] = (T)sgx;
+        if (gb) gb[ch] = (T)sg;
+        kk[ch] = (w ? w[ch] : (T)1) * rs[ch];
+        mg[ch] = a->training ? (T)(sg / (double)M) : (T)0;
+        mgx[ch] = a->training ? (T)(sgx / (double)M) : (T)0;
+    }
+    if (!a->gx && !a->gres) return 0;
+    return mt_cpu_for_parts(SFX(nhwc_backward_part), c, M, M * C * 3);
+}

@@ -1,0 +1,381 @@
+// The cuBLASLt functions mixtape calls (the GEMM with a bias / activation epilogue), for the
+// emulated device. Compiled against the toolkit's cublasLt.h, so the compiler checks every
+// signature. Handles, matmul descriptors and matrix layouts are registered when created, and
+// a call with one that was not (or was destroyed) is refused.
+//
+// cublasLtMatmul is queued on its stream and computed on the host when the stream runs:
+// column-major D = alpha op(A) op(B) (+ beta C), FP32 accumulation, then the epilogue in FP32
+// (bias added per row of D, RELU, or GELU in the tanh form cuBLASLt computes; the _AUX
+// variants also store the pre-activation), the output rounded once.
+//
+// Checked like the real library (stricter where noted), each violation a
+// CUBLAS_STATUS_INVALID_VALUE (or NOT_SUPPORTED for a combination it lacks) after one stderr line:
+// - attributes set with the size of their documented type; only the attributes below;
+// - A/B types equal, C and D of one type, the (A, D, compute, scale) combinations
+//   32F/32F/COMPUTE_32F/32F and 16F|16BF/same|32F/COMPUTE_32F/32F;
+// - op(A) m x k, op(B) k x n, C and D m x n; ld >= rows; every matrix inside one device
+//   allocation; D apart from A and B; beta must be 0 (C is never read: a non-zero beta is
+//   CUBLAS_STATUS_NOT_SUPPORTED here, mixtape never asks for one);
+// - an epilogue with BIAS needs a bias pointer to m elements of device memory whose type
+//   (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, default D's) is D's; an _AUX epilogue needs an aux
+//   pointer, an aux ld >= m divisible by 8 (GELU) and an aux type of D's, its matrix inside
+//   device memory and apart from D; a bias or aux pointer set without an epilogue that uses
+//   it is refused (stricter than cuBLASLt, which ignores it: a mixtape bug either way);
+// - alpha and beta host pointers; a workspace, when given, inside device memory.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "fake_blas.h"
+
+#include <cublasLt.h>
+
+namespace {
+using namespace fakeblas;
+
+struct lt_desc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    int32_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+    uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void *bias = nullptr;
+    int32_t bias_type = -1;
+    void *aux = nullptr;
+    int64_t aux_ld = 0;
+    int32_t aux_type = -1;
+};
+
+struct lt_layout {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+
+std::mutex lt_lock;
+std::set<void *> lt_handles;
+std::map<void *, lt_desc> lt_descs;
+std::map<void *, lt_layout> lt_layouts;
+
+const uint32_t EP_BIAS = CUBLASLT_EPILOGUE_BIAS, EP_RELU = CUBLASLT_EPILOGUE_RELU,
+               EP_GELU = CUBLASLT_EPILOGUE_GELU, EP_AUX = 128;
+
+bool epilogue_known(uint32_t e) {
+    switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT:
+    case CUBLASLT_EPILOGUE_RELU:
+    case CUBLASLT_EPILOGUE_BIAS:
+    case CUBLASLT_EPILOGUE_RELU_BIAS:
+    case CUBLASLT_EPILOGUE_GELU:
+    case CUBLASLT_EPILOGUE_GELU_BIAS:
+    case CUBLASLT_EPILOGUE_GELU_AUX:
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+        return true;
+    default:
+        return false;
+    }
+}
+
+// A matmul as queued: plain values only.
+struct lt_job {
+    cublasOperation_t ta, tb;
+    long long m, n, k, lda, ldb, ldd, aux_ld;
+    const char *a, *b, *bias;
+    char *d, *aux;
+    cudaDataType at, dt;
+    float alpha;
+    uint32_t epilogue;
+};
+
+float gelu_tanh(float x) { // cuBLASLt's GELU: the tanh approximation
+    float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+void lt_run(const lt_job &j) {
+    for (long long col = 0; col < j.n; col++)
+        for (long long row = 0; row < j.m; row++) {
+            float acc = 0;
+            for (long long l = 0; l < j.k; l++) {
+                long long ai = j.ta == CUBLAS_OP_N ? row + l * j.lda : l + row * j.lda;
+                long long bi = j.tb == CUBLAS_OP_N ? l + col * j.ldb : col + l * j.ldb;
+                acc += static_cast<float>(load(j.a, j.at, ai)) *
+                       static_cast<float>(load(j.b, j.at, bi));
+            }
+            float v = j.alpha * acc;
+            if (j.epilogue & EP_BIAS) v += static_cast<float>(load(j.bias, j.dt, row));
+            if (j.epilogue & EP_AUX) store(j.aux, j.dt, row + col * j.aux_ld, v);
+            if (j.epilogue & EP_RELU) v = v > 0 ? v : (v == v ? 0.0f : v);
+            if (j.epilogue & EP_GELU) v = gelu_tanh(v);
+            store(j.d, j.dt, row + col * j.ldd, v);
+        }
+}
+
+cublasStatus_t check_types(const lt_desc &d, const lt_layout &a, const lt_layout &b,
+                           const lt_layout &c, const lt_layout &dl) {
+    const char *api = "cublasLtMatmul";
+    if (a.type != b.type || c.type != dl.type)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: A %s, B %s, C %s, D %s: A/B and C/D differ",
+                    api, type_name(a.type), type_name(b.type), type_name(c.type),
+                    type_name(dl.type));
+    bool f32 = a.type == CUDA_R_32F && dl.type == CUDA_R_32F;
+    bool low = (a.type == CUDA_R_16F || a.type == CUDA_R_16BF) &&
+               (dl.type == a.type || dl.type == CUDA_R_32F);
+    if ((d.compute != CUBLAS_COMPUTE_32F && d.compute != CUBLAS_COMPUTE_32F_PEDANTIC) ||
+        d.scale != CUDA_R_32F || !(f32 || low))
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                    "%s: A %s, D %s with compute type %d and scale type %s is not emulated", api,
+                    type_name(a.type), type_name(dl.type), static_cast<int>(d.compute),
+                    type_name(d.scale));
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Bias and aux: present exactly when the epilogue uses them, typed and inside device memory.
+cublasStatus_t check_epilogue(const lt_desc &d, const lt_layout &dl, long long m, long long n,
+                              const void *dp) {
+    const char *api = "cublasLtMatmul";
+    bool bias = d.epilogue & EP_BIAS, aux = d.epilogue & EP_AUX;
+    if (bias != (d.bias != nullptr))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u with bias pointer %p", api,
+                    d.epilogue, d.bias);
+    if (aux != (d.aux != nullptr))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u with aux pointer %p", api,
+                    d.epilogue, d.aux);
+    if (bias) {
+        cudaDataType bt = d.bias_type < 0 ? dl.type : static_cast<cudaDataType>(d.bias_type);
+        if (bt != dl.type)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: bias type %s, D type %s", api,
+                        type_name(bt), type_name(dl.type));
+        if (m > 0 && !mtemu::device_range(d.bias, static_cast<size_t>(m) * type_size(bt)))
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "%s: bias %p: %lld elements of %s are not inside one device allocation",
+                        api, d.bias, m, type_name(bt));
+    }
+    if (aux) {
+        cudaDataType xt = d.aux_type < 0 ? dl.type : static_cast<cudaDataType>(d.aux_type);
+        if (xt != dl.type || d.aux_ld < m || d.aux_ld % 8 != 0)
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "%s: aux type %s (D %s), aux ld %lld (m %lld; a multiple of 8 needed)", api,
+                        type_name(xt), type_name(dl.type), static_cast<long long>(d.aux_ld), m);
+        operand x{"aux", d.aux, xt, m, n, d.aux_ld, 0}, dd{"D", dp, dl.type, m, n, dl.ld, 0};
+        cublasStatus_t st = check_operand(api, x, 1);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+        if (overlap(x, dd, 1))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: aux (%p) overlaps D (%p)", api, d.aux,
+                        dp);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+template <typename T> cublasStatus_t set_value(T *dst, const void *buf, size_t size, int attr) {
+    if (!buf || size != sizeof(T))
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "cublasLtMatmulDescSetAttribute: attribute %d takes %zu bytes, got %zu", attr,
+                    sizeof(T), size);
+    std::memcpy(dst, buf, sizeof(T));
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle) {
+    if (!lightHandle) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtCreate: null result");
+    auto *h = new char[1];
+    std::lock_guard<std::mutex> g(lt_lock);
+    lt_handles.insert(h);
+    *lightHandle = reinterpret_cast<cublasLtHandle_t>(h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    if (!lt_handles.erase(lightHandle))
+        return fail(CUBLAS_STATUS_NOT_INITIALIZED, "cublasLtDestroy: %p is not a live handle",
+                    static_cast<void *>(lightHandle));
+    delete[] reinterpret_cast<char *>(lightHandle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc,
+                                        cublasComputeType_t computeType, cudaDataType_t scaleType) {
+    if (!matmulDesc) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescCreate: null");
+    auto *d = new cublasLtMatmulDescOpaque_t();
+    lt_desc s;
+    s.compute = computeType;
+    s.scale = scaleType;
+    std::lock_guard<std::mutex> g(lt_lock);
+    lt_descs[d] = s;
+    *matmulDesc = d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    if (!lt_descs.erase(matmulDesc))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescDestroy: %p is not live",
+                    static_cast<void *>(matmulDesc));
+    delete matmulDesc;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                              cublasLtMatmulDescAttributes_t attr, const void *buf,
+                                              size_t sizeInBytes) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    auto it = lt_descs.find(matmulDesc);
+    if (it == lt_descs.end())
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescSetAttribute: %p is not live",
+                    static_cast<void *>(matmulDesc));
+    lt_desc &d = it->second;
+    int a = static_cast<int>(attr);
+    switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+        return set_value(&d.transa, buf, sizeInBytes, a);
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+        return set_value(&d.transb, buf, sizeInBytes, a);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+        uint32_t e = 0;
+        cublasStatus_t st = set_value(&e, buf, sizeInBytes, a);
+        if (st == CUBLAS_STATUS_SUCCESS && !epilogue_known(e))
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "cublasLtMatmulDescSetAttribute: epilogue %u "
+                        "is not emulated",
+                        e);
+        if (st == CUBLAS_STATUS_SUCCESS) d.epilogue = e;
+        return st;
+    }
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        return set_value(&d.bias, buf, sizeInBytes, a);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+        return set_value(&d.bias_type, buf, sizeInBytes, a);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        return set_value(&d.aux, buf, sizeInBytes, a);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        return set_value(&d.aux_ld, buf, sizeInBytes, a);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+        return set_value(&d.aux_type, buf, sizeInBytes, a);
+    default:
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "cublasLtMatmulDescSetAttribute: attribute %d is not emulated", a);
+    }
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+    if (!matLayout) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutCreate: null");
+    if (type_size(type) == 0 || ld < static_cast<int64_t>(rows > 1 ? rows : 1))
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "cublasLtMatrixLayoutCreate: %s %llu x %llu with ld %lld", type_name(type),
+                    static_cast<unsigned long long>(rows), static_cast<unsigned long long>(cols),
+                    static_cast<long long>(ld));
+    auto *l = new cublasLtMatrixLayoutOpaque_t();
+    std::lock_guard<std::mutex> g(lt_lock);
+    lt_layouts[l] = lt_layout{type, rows, cols, ld};
+    *matLayout = l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    if (!lt_layouts.erase(matLayout))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutDestroy: %p is not live",
+                    static_cast<void *>(matLayout));
+    delete matLayout;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                              const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
+                              const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
+                              void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
+    const char *api = "cublasLtMatmul";
+    lt_desc d;
+    lt_layout la, lb, lc, ld;
+    {
+        std::lock_guard<std::mutex> g(lt_lock);
+        if (!lt_handles.count(lightHandle))
+            return fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: %p is not a live handle", api,
+                        static_cast<void *>(lightHandle));
+        auto di = lt_descs.find(computeDesc);
+        auto ai = lt_layouts.find(Adesc), bi = lt_layouts.find(Bdesc);
+        auto ci = lt_layouts.find(Cdesc), dd = lt_layouts.find(Ddesc);
+        if (di == lt_descs.end() || ai == lt_layouts.end() || bi == lt_layouts.end() ||
+            ci == lt_layouts.end() || dd == lt_layouts.end())
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: a descriptor or layout is not live", api);
+        d = di->second;
+        la = ai->second, lb = bi->second, lc = ci->second, ld = dd->second;
+    }
+    (void)algo; // NULL: the implicit heuristic; a given algorithm is not modelled either
+    cublasStatus_t st = check_types(d, la, lb, lc, ld);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    for (int32_t op : {d.transa, d.transb})
+        if (op != CUBLAS_OP_N && op != CUBLAS_OP_T)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: op %d", api, op);
+    bool ta = d.transa == CUBLAS_OP_T, tb = d.transb == CUBLAS_OP_T;
+    long long m = static_cast<long long>(ld.rows), n = static_cast<long long>(ld.cols);
+    long long k = static_cast<long long>(ta ? la.rows : la.cols);
+    if (static_cast<long long>(ta ? la.cols : la.rows) != m ||
+        static_cast<long long>(tb ? lb.cols : lb.rows) != k ||
+        static_cast<long long>(tb ? lb.rows : lb.cols) != n || lc.rows != ld.rows ||
+        lc.cols != ld.cols)
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "%s: op(A) of %llu x %llu, op(B) of %llu x %llu, C %llu x %llu, D %llu x %llu "
+                    "do not fit",
+                    api, (unsigned long long)(ta ? la.cols : la.rows),
+                    (unsigned long long)(ta ? la.rows : la.cols),
+                    (unsigned long long)(tb ? lb.cols : lb.rows),
+                    (unsigned long long)(tb ? lb.rows : lb.cols), (unsigned long long)lc.rows,
+                    (unsigned long long)lc.cols, (unsigned long long)m, (unsigned long long)n);
+    if (!alpha || !beta || mtemu::device_range(alpha, 4) || mtemu::device_range(beta, 4))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: alpha or beta null or in device memory", api);
+    float a32 = *static_cast<const float *>(alpha), b32 = *static_cast<const float *>(beta);
+    if (b32 != 0.0f) // mixtape never asks for C: a beta would need C's reads modelled
+        return fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: beta %g is not emulated", api, b32);
+    if (workspaceSizeInBytes > 0 && !mtemu::device_range(workspace, workspaceSizeInBytes))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: workspace %p of %zu bytes", api, workspace,
+                    workspaceSizeInBytes);
+    operand oa{"A", A, la.type, (long long)la.rows, (long long)la.cols, la.ld, 0};
+    operand ob{"B", B, lb.type, (long long)lb.rows, (long long)lb.cols, lb.ld, 0};
+    operand od{"D", D, ld.type, m, n, ld.ld, 0};
+    bool reads = k > 0 && m > 0 && n > 0;
+    for (const operand *op : {&oa, &ob, &od}) {
+        if (op != &od && !reads) continue;
+        st = check_operand(api, *op, 1);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    if (reads && (overlap(oa, od, 1) || overlap(ob, od, 1)))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: D (%p) overlaps A (%p) or B (%p)", api, D, A,
+                    B);
+    (void)C;
+    st = check_epilogue(d, ld, m, n, D);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    lt_job j{d.transa == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
+             d.transb == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
+             m,
+             n,
+             k,
+             la.ld,
+             lb.ld,
+             ld.ld,
+             d.aux_ld,
+             static_cast<const char *>(A),
+             static_cast<const char *>(B),
+             static_cast<const char *>(d.bias),
+             static_cast<char *>(D),
+             static_cast<char *>(d.aux),
+             la.type,
+             ld.type,
+             a32,
+             d.epilogue};
+    mtemu::enqueue(stream, [j] { lt_run(j); });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"

@@ -1,0 +1,199 @@
+// The fake cuBLASLt on its own: the epilogues compute what cuBLASLt documents (bias per row
+// of the column-major D, RELU, GELU in its tanh form, the pre-activation in the aux matrix),
+// and the argument checks refuse what the real library refuses (a BIAS epilogue without a
+// bias pointer, a bias of the wrong type, an aux ld that is not a multiple of 8, a host
+// pointer, layouts that do not fit, dead descriptors) without queueing anything.
+#include <cmath>
+#include <cstdarg>
+#include <cstddef>
+#include <csetjmp>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+extern "C" {
+#include <cmocka.h>
+}
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+namespace {
+
+const long long M = 16, N = 8, K = 5; // D is M x N column-major (cuBLASLt's m, n)
+
+struct fixture {
+    cublasLtHandle_t h = nullptr;
+    cudaStream_t s = nullptr;
+    float *a = nullptr, *b = nullptr, *d = nullptr, *bias = nullptr, *aux = nullptr;
+    std::vector<float> ha, hb, hbias;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+
+    fixture() {
+        assert_int_equal(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+        assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+        ha.resize(M * K);
+        hb.resize(K * N);
+        hbias.resize(M);
+        for (size_t i = 0; i < ha.size(); i++) ha[i] = 0.25f * static_cast<float>(i % 7) - 0.7f;
+        for (size_t i = 0; i < hb.size(); i++) hb[i] = 0.5f - 0.125f * static_cast<float>(i % 9);
+        for (size_t i = 0; i < hbias.size(); i++) hbias[i] = 0.1f * static_cast<float>(i) - 0.8f;
+        upload(&a, ha);
+        upload(&b, hb);
+        upload(&bias, hbias);
+        assert_int_equal(cudaMalloc(reinterpret_cast<void **>(&d), M * N * 4), cudaSuccess);
+        assert_int_equal(cudaMalloc(reinterpret_cast<void **>(&aux), M * N * 4), cudaSuccess);
+        assert_int_equal(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                         CUBLAS_STATUS_SUCCESS);
+        assert_int_equal(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, M, K, M), 0);
+        assert_int_equal(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, K, N, K), 0);
+        assert_int_equal(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, M, N, M), 0);
+    }
+    ~fixture() {
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(desc);
+        for (float *p : {a, b, d, bias, aux}) cudaFree(p);
+        cudaStreamDestroy(s);
+        cublasLtDestroy(h);
+    }
+    void upload(float **p, const std::vector<float> &v) {
+        assert_int_equal(cudaMalloc(reinterpret_cast<void **>(p), v.size() * 4), cudaSuccess);
+        assert_int_equal(cudaMemcpy(*p, v.data(), v.size() * 4, cudaMemcpyHostToDevice),
+                         cudaSuccess);
+    }
+    template <typename T> cublasStatus_t set(cublasLtMatmulDescAttributes_t at, T v) {
+        return cublasLtMatmulDescSetAttribute(desc, at, &v, sizeof v);
+    }
+    cublasStatus_t run() {
+        float one = 1.0f, zero = 0.0f;
+        return cublasLtMatmul(h, desc, &one, a, la, b, lb, &zero, d, ld, d, ld, nullptr, nullptr, 0,
+                              s);
+    }
+    std::vector<float> download(const float *p) {
+        std::vector<float> v(M * N);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        assert_int_equal(cudaMemcpy(v.data(), p, M * N * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        return v;
+    }
+    float pre(long long r, long long c, bool with_bias) const {
+        float acc = 0;
+        for (long long l = 0; l < K; l++) acc += ha[r + l * M] * hb[l + c * K];
+        return acc + (with_bias ? hbias[r] : 0.0f);
+    }
+};
+
+float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + std::tanh(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
+}
+
+void test_relu_bias(void **state) {
+    (void)state;
+    fixture f;
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU_BIAS), 0);
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(f.bias)),
+                     0);
+    assert_int_equal(f.run(), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> got = f.download(f.d);
+    int negatives = 0;
+    for (long long c = 0; c < N; c++)
+        for (long long r = 0; r < M; r++) {
+            float p = f.pre(r, c, true);
+            negatives += p < 0;
+            assert_float_equal(got[r + c * M], p > 0 ? p : 0.0f, 1e-5f);
+        }
+    assert_true(negatives > 0); // the relu did something
+}
+
+void test_gelu_aux_bias(void **state) {
+    (void)state;
+    fixture f;
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX_BIAS), 0);
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(f.bias)),
+                     0);
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void *>(f.aux)),
+                     0);
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(M)), 0);
+    assert_int_equal(f.run(), CUBLAS_STATUS_SUCCESS);
+    std::vector<float> got = f.download(f.d), pre = f.download(f.aux);
+    for (long long c = 0; c < N; c++)
+        for (long long r = 0; r < M; r++) {
+            float p = f.pre(r, c, true);
+            assert_float_equal(pre[r + c * M], p, 1e-5f);
+            assert_float_equal(got[r + c * M], gelu_tanh(p), 1e-5f);
+        }
+}
+
+// Each misuse is refused at the call (nothing is queued, D keeps its poison).
+void test_refusals(void **state) {
+    (void)state;
+    {
+        fixture f; // BIAS epilogue, no bias pointer
+        assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS), 0);
+        assert_int_equal(f.run(), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // a bias pointer without an epilogue that reads it
+        assert_int_equal(
+            f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(f.bias)), 0);
+        assert_int_equal(f.run(), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // a bias typed unlike D
+        assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS), 0);
+        assert_int_equal(
+            f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(f.bias)), 0);
+        assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t{CUDA_R_16F}), 0);
+        assert_int_equal(f.run(), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // a host bias
+        static float host_bias[M];
+        assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS), 0);
+        assert_int_equal(
+            f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(host_bias)), 0);
+        assert_int_equal(f.run(), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // aux ld not a multiple of 8
+        assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX), 0);
+        assert_int_equal(
+            f.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void *>(f.aux)), 0);
+        assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{M + 1}), 0);
+        assert_int_equal(f.run(), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // an attribute set with the wrong size
+        int16_t small = 1;
+        assert_int_equal(cublasLtMatmulDescSetAttribute(f.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                        &small, sizeof small),
+                         CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // layouts that do not fit: B with K + 1 rows
+        cublasLtMatrixLayoutDestroy(f.lb);
+        assert_int_equal(cublasLtMatrixLayoutCreate(&f.lb, CUDA_R_32F, K + 1, N, K + 1), 0);
+        assert_int_equal(f.run(), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    {
+        fixture f; // a destroyed descriptor
+        cublasLtMatmulDescDestroy(f.desc);
+        f.desc = nullptr;
+        float one = 1.0f, zero = 0.0f;
+        assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, f.a, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                        f.d, f.ld, nullptr, nullptr, 0, f.s),
+                         CUBLAS_STATUS_INVALID_VALUE);
+    }
+}
+
+} // namespace
+
+int main() {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_relu_bias),
+        cmocka_unit_test(test_gelu_aux_bias),
+        cmocka_unit_test(test_refusals),
+    };
+    cmocka_set_message_output(CM_OUTPUT_TAP);
+    return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
