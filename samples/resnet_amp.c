@@ -24,7 +24,14 @@
  * a GPU the clock is read only after mt_synchronize, around the timed steps as a whole. The
  * CPU time of each step (all threads; not the time other processes hold the cores) is kept too.
  * --json prints one object per mode and line with "mode", "images_per_s" (the mean over the
- * timed steps), "images_per_s_median", "ms_median", "cpu_ms_median", "loss_first", "loss". */
+ * timed steps), "images_per_s_median", "ms_median", "cpu_ms_median", "loss_first", "loss".
+ *
+ * With --ddp the sample is one rank of a data-parallel job (mpirun -np N resnet_amp --ddp):
+ * each rank trains on its own synthetic batch, gradients are averaged through mt_ddp (buckets
+ * of --bucket-mb, started during backward), the GradScaler's skip decision is shared, and
+ * --json lines also carry "rank", "world_size", "allreduce_calls_per_step" and
+ * "param_checksum" (the sum of every parameter after training: equal on every rank; batch
+ * norm's running statistics are per rank, as torch's DDP with broadcast_buffers off). */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -60,6 +67,8 @@ typedef struct {
     uint64_t seed;
     mt_device dev;
     bool json, run[N_MODES];
+    bool ddp;
+    mt_ddp_opts ddp_opts;
 } config;
 
 /* ---- the model */
@@ -218,7 +227,11 @@ static void usage(FILE *f) {
                "  --lr X           SGD learning rate (default 0.01; momentum 0.9, wd 1e-4)\n"
                "  --threads N      CPU threads for kernels and BLAS (default: all cores)\n"
                "  --seed N         seed for data and weights (default 2023)\n"
-               "  --json           one JSON object per mode and line on stdout, nothing else\n");
+               "  --json           one JSON object per mode and line on stdout, nothing else\n"
+               "  --ddp            data parallel over the ranks of mpirun -np N\n"
+               "  --bucket-mb X    --ddp gradient bucket size in MiB (default 25)\n"
+               "  --per-param      --ddp: one all-reduce per parameter (no buckets)\n"
+               "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n");
 }
 
 static long parse_long(const char *opt, const char *s, long lo, long hi) {
@@ -271,7 +284,17 @@ typedef struct {
 } given;
 
 enum { O_ARCH = 256, O_MODES, O_DEVICE, O_BATCH, O_IMAGE, O_STEPS, O_WARMUP, O_CLASSES, O_LR };
-enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP };
+enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP, O_DDP, O_BUCKET_MB, O_PER_PARAM, O_NO_OVERLAP };
+
+static double parse_bucket_mb(const char *s) {
+    char *end;
+    double mb = strtod(s, &end);
+    if (end == s || *end || !(mb > 0)) {
+        fprintf(stderr, "resnet_amp: --bucket-mb: expected a number > 0, got \"%s\"\n", s);
+        exit(2);
+    }
+    return mb;
+}
 
 static double parse_lr(const char *s) {
     char *end;
@@ -326,6 +349,18 @@ static void parse_option(int o, const char *arg, config *c, given *g) {
     case O_JSON:
         c->json = true;
         break;
+    case O_DDP:
+        c->ddp = true;
+        break;
+    case O_BUCKET_MB:
+        c->ddp_opts.bucket_mb = parse_bucket_mb(arg);
+        break;
+    case O_PER_PARAM:
+        c->ddp_opts.per_parameter = true;
+        break;
+    case O_NO_OVERLAP:
+        c->ddp_opts.no_overlap = true;
+        break;
     case 'h':
     case O_HELP:
         usage(stdout);
@@ -350,6 +385,10 @@ static void parse_args(int argc, char **argv, config *c) {
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
                                          {"help", no_argument, 0, O_HELP},
+                                         {"ddp", no_argument, 0, O_DDP},
+                                         {"bucket-mb", required_argument, 0, O_BUCKET_MB},
+                                         {"per-param", no_argument, 0, O_PER_PARAM},
+                                         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
                                          {0, 0, 0, 0}};
     given g = {.warmup = -1};
     *c = (config){.classes = 1000, .lr = 0.01, .seed = 2023, .dev = MT_CPU};
@@ -387,6 +426,8 @@ typedef struct {
     double loss_first, loss_last; /* the first and the last step's loss */
     int64_t skipped, peak_bytes;
     int timed_steps;
+    mt_ddp_stats ddp; /* --ddp: the last step's all-reduce calls, buckets */
+    double checksum;  /* the sum of every parameter after training */
 } result;
 
 static int cmp_double(const void *a, const void *b) {
@@ -402,15 +443,17 @@ static double median(double *v, int n) { /* sorts v */
 /* One step: forward under autocast, (scaled) backward, optimizer step; the loss belongs to the
    caller's scope. */
 static mt_tensor *train_step(const mode_spec *m, resnet *r, mt_optimizer *opt,
-                             mt_grad_scaler *scaler, mt_tensor *x, mt_tensor *y) {
+                             mt_grad_scaler *scaler, mt_ddp *ddp, mt_tensor *x, mt_tensor *y) {
     if (m->low != MT_F32) mt_autocast_begin(m->low, m->level);
     mt_tensor *loss = mt_cross_entropy(resnet_forward(r, x), y);
     if (m->low != MT_F32) mt_autocast_end();
     if (scaler) {
         mt_backward(mt_grad_scaler_scale(scaler, loss), NULL);
+        if (ddp) mt_ddp_wait(ddp);            /* averaged gradients before the (scaler's) step */
         mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
     } else {
         mt_backward(loss, NULL);
+        if (ddp) mt_ddp_wait(ddp);
         mt_optimizer_step(opt);
     }
     mt_optimizer_zero_grad(opt);
@@ -438,6 +481,13 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     mt_grad_scaler *scaler = NULL;
     if (m->scaler) scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
     check("making the optimizer");
+    mt_ddp *ddp = NULL;
+    if (c->ddp) {
+        /* rank 0's initial weights to every rank; the scaler's skip decision is shared */
+        ddp = mt_ddp_new(r->params, r->n_params, &c->ddp_opts);
+        if (scaler) mt_grad_scaler_set_dist(scaler, true);
+        check("mt_ddp_new");
+    }
 
     double *step_ms = calloc(2 * (size_t)c->steps, sizeof *step_ms); /* wall, then CPU */
     mt_tensor *first = NULL, *last = NULL;
@@ -452,7 +502,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
         }
         double ts = now_s(), tc = cpu_s();
         mt_scope_begin();
-        mt_tensor *loss = train_step(m, r, opt, scaler, x, y);
+        mt_tensor *loss = train_step(m, r, opt, scaler, ddp, x, y);
         /* read after the clock stops: mt_item would wait for the device */
         if (s == 0) first = mt_retain(loss);
         if (s == c->steps - 1) last = mt_retain(loss);
@@ -485,8 +535,15 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     mt_memory_stats ms = {0};
     mt_memory_stats_get(c->dev, &ms);
     res->peak_bytes = ms.peak_bytes;
+    if (ddp) mt_ddp_stats_get(ddp, &res->ddp);
+    res->checksum = 0;
+    mt_scope_begin();
+    for (int i = 0; i < r->n_params; i++)
+        res->checksum += mt_item(mt_sum_all(mt_cast(r->params[i], MT_F64)));
+    mt_scope_end();
     check("reading the results");
 
+    mt_ddp_free(ddp);
     mt_grad_scaler_free(scaler);
     mt_optimizer_free(opt);
     resnet_free(r);
@@ -523,8 +580,16 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
     print_json_number(r->loss_first);
     printf(", \"loss\": ");
     print_json_number(r->loss_last);
-    printf(", \"skipped\": %lld, \"peak_bytes\": %lld}\n", (long long)r->skipped,
+    printf(", \"skipped\": %lld, \"peak_bytes\": %lld", (long long)r->skipped,
            (long long)r->peak_bytes);
+    if (c->ddp)
+        printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
+               "\"buckets\": %d, \"allreduce_started_in_backward\": %lld",
+               mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls,
+               r->ddp.buckets, (long long)r->ddp.started_in_backward);
+    printf(", \"param_checksum\": ");
+    print_json_number(r->checksum);
+    printf("}\n");
     fflush(stdout);
 }
 
@@ -532,10 +597,17 @@ int main(int argc, char **argv) {
     config c;
     parse_args(argc, argv, &c);
     if (c.threads > 0) mt_set_num_threads(c.threads);
+    if (c.ddp) {
+        mt_dist_init();
+        check("mt_dist_init");
+    }
+    /* --ddp: only rank 0 prints the table (with --json every rank prints its lines) */
+    bool quiet = !c.json && mt_dist_rank() > 0;
 
     /* One synthetic batch, made on the CPU (the same numbers on every device), channels-last
-       on the device: random images and random labels, as the guides' synthetic benchmarks. */
-    mt_manual_seed(c.seed);
+       on the device: random images and random labels, as the guides' synthetic benchmarks;
+       each rank its own batch. */
+    mt_manual_seed(c.seed + (uint64_t)(c.ddp ? mt_dist_rank() : 0));
     mt_scope_begin();
     mt_tensor *x = mt_randn(MT_SHAPE(c.batch, 3, c.image, c.image), MT_F32, MT_CPU);
     mt_tensor *labels =
@@ -545,7 +617,12 @@ int main(int argc, char **argv) {
     mt_scope_end();
     check("making the data");
 
-    if (!c.json) {
+    if (!c.json && !quiet) {
+        if (c.ddp)
+            printf("data parallel: %d ranks, each batch %lld per rank, %s\n", mt_dist_world_size(),
+                   (long long)c.batch,
+                   c.ddp_opts.per_parameter ? "one all-reduce per parameter"
+                                            : "gradient buckets (mt_ddp)");
         printf("%s, channels-last, fused BN+add+ReLU; synthetic %lldx3x%lldx%lld images, %lld "
                "classes; batch %lld, %d steps (%d untimed) per mode on %s (%d threads)\n",
                c.resnet50 ? "ResNet-50" : "ResNet-18", (long long)c.batch, (long long)c.image,
@@ -563,15 +640,17 @@ int main(int argc, char **argv) {
             print_json(&c, &MODES[k], &r);
             continue;
         }
+        if (quiet) continue;
         printf("%-28s %10.1f %12.2f %12.2f %10.4f %10.4f %8lld\n", MODES[k].label, r.images_per_s,
                r.ms_mean, r.ms_median, r.loss_first, r.loss_last, (long long)r.skipped);
         fflush(stdout);
     }
-    if (!c.json && c.dev.type == MT_DEVICE_CPU)
+    if (!c.json && !quiet && c.dev.type == MT_DEVICE_CPU)
         printf("On a CPU, FP16 is a storage format computed in FP32 (no faster math); BF16 runs "
                "natively through oneDNN where the CPU has AVX512-BF16/AMX.\n");
     mt_release(x);
     mt_release(y);
     check("cleaning up");
+    if (c.ddp && mt_dist_finalize() < 0) check("mt_dist_finalize");
     return 0;
 }
