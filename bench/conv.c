@@ -9,14 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_util.h"
 #include "mixtape.h"
-
-#ifndef MT_BENCH_DIR
-#define MT_BENCH_DIR "bench"
-#endif
-#ifndef MT_TORCH_PYTHON
-#define MT_TORCH_PYTHON "/usr/bin/python3"
-#endif
 
 typedef struct {
     const char *name;

@@ -14,11 +14,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "bench_util.h"
 #include "mixtape.h"
-
-#ifndef MT_TORCH_PYTHON
-#define MT_TORCH_PYTHON "/usr/bin/python3"
-#endif
 
 static double clock_s(clockid_t id) {
     struct timespec ts;

@@ -24,13 +24,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "bench_util.h"
 
-#ifndef MT_BENCH_DIR
-#define MT_BENCH_DIR "bench"
-#endif
-#ifndef MT_TORCH_PYTHON
-#define MT_TORCH_PYTHON "/usr/bin/python3"
-#endif
 #ifndef MT_RESNET_AMP
 #define MT_RESNET_AMP "samples/resnet_amp"
 #endif
@@ -51,33 +46,6 @@ typedef struct {
 
 static row rows[MAX_ROWS];
 static int n_rows;
-
-/* Copies the value of "key": in a flat JSON line written by our own programs (no quotes). */
-static bool json_get(const char *line, const char *key, char *out, size_t cap) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(line, pat);
-    if (!p) return false;
-    p += strlen(pat);
-    while (*p == ' ') p++;
-    const char *end;
-    if (*p == '"') {
-        end = strchr(++p, '"');
-        if (!end) return false;
-    } else {
-        end = p + strcspn(p, ",}");
-    }
-    size_t n = (size_t)(end - p) < cap - 1 ? (size_t)(end - p) : cap - 1;
-    memcpy(out, p, n);
-    out[n] = 0;
-    return true;
-}
-
-static double json_num(const char *line, const char *key) {
-    char buf[64];
-    if (!json_get(line, key, buf, sizeof buf) || strcmp(buf, "null") == 0) return NAN;
-    return strtod(buf, NULL);
-}
 
 /* Runs cmd and adds a row per JSON line; a failed command without any adds one unsupported
    row for `mode` (when given) carrying its last message. */
@@ -101,22 +69,22 @@ static void run_json(const char *cmd, const char *impl, const char *mode) {
         row *r = &rows[n_rows];
         *r = (row){.supported = true};
         snprintf(r->impl, sizeof r->impl, "%s", impl);
-        if (!json_get(line, "mode", r->mode, sizeof r->mode)) continue;
+        if (!mt_bench_json_get(line, "mode", r->mode, sizeof r->mode)) continue;
         char buf[64];
-        if (json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
+        if (mt_bench_json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
             r->supported = false;
-            json_get(line, "reason", r->reason, sizeof r->reason);
+            mt_bench_json_get(line, "reason", r->reason, sizeof r->reason);
         }
-        if (json_get(line, "version", buf, sizeof buf))
+        if (mt_bench_json_get(line, "version", buf, sizeof buf))
             snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
-        r->threads = (int)json_num(line, "threads");
+        r->threads = (int)mt_bench_json_num(line, "threads");
         /* the median step resists other processes on a shared machine */
-        r->ms = json_num(line, "ms_median");
-        r->images_per_s = json_num(line, "images_per_s_median");
-        r->cpu_ms = json_num(line, "cpu_ms_median");
-        r->batch = json_num(line, "batch");
-        r->loss_first = json_num(line, "loss_first");
-        r->loss = json_num(line, "loss");
+        r->ms = mt_bench_json_num(line, "ms_median");
+        r->images_per_s = mt_bench_json_num(line, "images_per_s_median");
+        r->cpu_ms = mt_bench_json_num(line, "cpu_ms_median");
+        r->batch = mt_bench_json_num(line, "batch");
+        r->loss_first = mt_bench_json_num(line, "loss_first");
+        r->loss = mt_bench_json_num(line, "loss");
         if (r->supported && !(r->images_per_s > 0)) {
             r->supported = false;
             snprintf(r->reason, sizeof r->reason, "failed: no images/s in its output");

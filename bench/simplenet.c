@@ -33,14 +33,9 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "bench_util.h"
 #include "mixtape.h"
 
-#ifndef MT_BENCH_DIR
-#define MT_BENCH_DIR "bench"
-#endif
-#ifndef MT_TORCH_PYTHON
-#define MT_TORCH_PYTHON "/usr/bin/python3"
-#endif
 #ifndef MT_SIMPLENET_AMP
 #define MT_SIMPLENET_AMP "samples/simplenet_amp"
 #endif
@@ -61,34 +56,6 @@ typedef struct {
     int n;
     char gpu[128]; /* the GPU's name, as torch reported it */
 } table;
-
-/* Finds "key": in a flat JSON object written by our own scripts and copies its value
-   (without quotes) into out. */
-static bool json_get(const char *line, const char *key, char *out, size_t cap) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(line, pat);
-    if (!p) return false;
-    p += strlen(pat);
-    while (*p == ' ') p++;
-    const char *end;
-    if (*p == '"') {
-        end = strchr(++p, '"');
-        if (!end) return false;
-    } else {
-        end = p + strcspn(p, ",}");
-    }
-    size_t n = (size_t)(end - p) < cap - 1 ? (size_t)(end - p) : cap - 1;
-    memcpy(out, p, n);
-    out[n] = 0;
-    return true;
-}
-
-static double json_num(const char *line, const char *key) {
-    char buf[64];
-    if (!json_get(line, key, buf, sizeof buf) || strcmp(buf, "null") == 0) return NAN;
-    return strtod(buf, NULL);
-}
 
 /* Runs cmd (stderr joined to stdout) and adds a row per JSON line; when the command fails
    without any, adds one row for `mode` that carries its last message. Returns rows added. */
@@ -113,24 +80,25 @@ static int run_json(const char *cmd, const char *impl, const char *mode, table *
         *r = (row){.supported = true, .lib_peak = NAN, .rss = NAN, .syncs = NAN};
         snprintf(r->impl, sizeof r->impl, "%s", impl);
         char buf[64];
-        if (!json_get(line, "mode", r->mode, sizeof r->mode)) continue;
-        if (json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
+        if (!mt_bench_json_get(line, "mode", r->mode, sizeof r->mode)) continue;
+        if (mt_bench_json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
             r->supported = false;
-            json_get(line, "reason", r->reason, sizeof r->reason);
+            mt_bench_json_get(line, "reason", r->reason, sizeof r->reason);
         }
-        if (json_get(line, "version", buf, sizeof buf))
+        if (mt_bench_json_get(line, "version", buf, sizeof buf))
             snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
-        r->threads = (int)json_num(line, "threads");
+        r->threads = (int)mt_bench_json_num(line, "threads");
         /* The median step resists other processes on a shared machine; the mean is the
            fallback (GPU runs, which time whole runs only). */
-        r->ms = json_num(line, "ms_median");
-        if (!isfinite(r->ms)) r->ms = json_num(line, "ms_per_step");
-        r->loss = json_num(line, "loss");
-        r->rss = json_num(line, "rss_delta_bytes");
-        double peak = json_num(line, "peak_bytes"), data = json_num(line, "data_bytes");
+        r->ms = mt_bench_json_num(line, "ms_median");
+        if (!isfinite(r->ms)) r->ms = mt_bench_json_num(line, "ms_per_step");
+        r->loss = mt_bench_json_num(line, "loss");
+        r->rss = mt_bench_json_num(line, "rss_delta_bytes");
+        double peak = mt_bench_json_num(line, "peak_bytes"),
+               data = mt_bench_json_num(line, "data_bytes");
         if (isfinite(peak) && isfinite(data)) r->lib_peak = peak - data;
-        r->syncs = json_num(line, "host_syncs_per_step");
-        if (!t->gpu[0]) json_get(line, "gpu", t->gpu, sizeof t->gpu);
+        r->syncs = mt_bench_json_num(line, "host_syncs_per_step");
+        if (!t->gpu[0]) mt_bench_json_get(line, "gpu", t->gpu, sizeof t->gpu);
         t->n++;
         added++;
     }
