@@ -3,14 +3,9 @@
    statically and loads the driver only when a device is asked for). The entry points keep
    their header's exact types through __typeof__. The emulated device links its fake cuBLAS
    into the program, so there the table points at those functions directly. */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
 #include <threads.h>
 #include "cuda_impl.h"
-
-#define MT_STR_(x) #x
-#define MT_STR(x)  MT_STR_(x)
+#include "dl_library.h"
 
 static mt_cublas_api api;
 static const char *load_error; /* NULL once loaded */
@@ -37,64 +32,40 @@ static void load(void) {
 #else
 static char load_error_buf[256];
 
-static void *symbol(void *lib, const char *name) {
-    void *p = dlsym(lib, name);
-    if (!p && !load_error) {
-        snprintf(load_error_buf, sizeof load_error_buf, "%s lacks %s",
-                 strncmp(name, "cublasLt", 8) == 0 ? "libcublasLt" : "libcublas", name);
-        load_error = load_error_buf;
-    }
-    return p;
-}
-
 static void load(void) {
-    static const char *const names[] = {"libcublas.so." MT_STR(CUBLAS_VER_MAJOR), "libcublas.so"};
-    void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !lib; i++)
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *why = dlerror();
-        snprintf(load_error_buf, sizeof load_error_buf, "cannot load %s: %s", names[0],
-                 why ? why : "not found");
-        load_error = load_error_buf;
-        return;
+    static const char *const names[] = {"libcublas.so." MT_DL_STR(CUBLAS_VER_MAJOR),
+                                        "libcublas.so"};
+    void *lib = mt_dl_open(names, 2, load_error_buf, sizeof load_error_buf);
+    if (lib) {
+        MT_DL_LOAD(lib, "libcublas", api.create, "cublasCreate_v2", load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.destroy, "cublasDestroy_v2", load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.set_stream, "cublasSetStream_v2", load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.gemm_ex, "cublasGemmEx", load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.gemm_strided_batched_ex, "cublasGemmStridedBatchedEx",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.status_name, "cublasGetStatusName", load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.status_string, "cublasGetStatusString", load_error_buf);
+        /* libcublas depends on libcublasLt, so it is there whenever cuBLAS is */
+        static const char *const lt_names[] = {"libcublasLt.so." MT_DL_STR(CUBLAS_VER_MAJOR),
+                                               "libcublasLt.so"};
+        lib = mt_dl_open(lt_names, 2, load_error_buf, sizeof load_error_buf);
     }
-    /* object-to-function pointer conversion through memcpy: ISO C has no cast for it */
-#define MT_LOAD(field, name)                                                                       \
-    do {                                                                                           \
-        void *p = symbol(lib, name);                                                               \
-        memcpy(&api.field, &p, sizeof p);                                                          \
-    } while (0)
-    MT_LOAD(create, "cublasCreate_v2");
-    MT_LOAD(destroy, "cublasDestroy_v2");
-    MT_LOAD(set_stream, "cublasSetStream_v2");
-    MT_LOAD(gemm_ex, "cublasGemmEx");
-    MT_LOAD(gemm_strided_batched_ex, "cublasGemmStridedBatchedEx");
-    MT_LOAD(status_name, "cublasGetStatusName");
-    MT_LOAD(status_string, "cublasGetStatusString");
-    /* libcublas depends on libcublasLt, so it is there whenever cuBLAS is */
-    static const char *const lt_names[] = {"libcublasLt.so." MT_STR(CUBLAS_VER_MAJOR),
-                                           "libcublasLt.so"};
-    lib = NULL;
-    for (size_t i = 0; i < sizeof lt_names / sizeof *lt_names && !lib; i++)
-        lib = dlopen(lt_names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *why = dlerror();
-        snprintf(load_error_buf, sizeof load_error_buf, "cannot load %s: %s", lt_names[0],
-                 why ? why : "not found");
-        load_error = load_error_buf;
-        return;
+    if (lib) {
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_create, "cublasLtCreate", load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_destroy, "cublasLtDestroy", load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_desc_create, "cublasLtMatmulDescCreate",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_desc_destroy, "cublasLtMatmulDescDestroy",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_desc_set, "cublasLtMatmulDescSetAttribute",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_layout_create, "cublasLtMatrixLayoutCreate",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_layout_destroy, "cublasLtMatrixLayoutDestroy",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_matmul, "cublasLtMatmul", load_error_buf);
     }
-    MT_LOAD(lt_create, "cublasLtCreate");
-    MT_LOAD(lt_destroy, "cublasLtDestroy");
-    MT_LOAD(lt_desc_create, "cublasLtMatmulDescCreate");
-    MT_LOAD(lt_desc_destroy, "cublasLtMatmulDescDestroy");
-    MT_LOAD(lt_desc_set, "cublasLtMatmulDescSetAttribute");
-    MT_LOAD(lt_layout_create, "cublasLtMatrixLayoutCreate");
-    MT_LOAD(lt_layout_destroy, "cublasLtMatrixLayoutDestroy");
-    MT_LOAD(lt_matmul, "cublasLtMatmul");
-#undef MT_LOAD
-    /* the library stays loaded for the life of the process (handles may outlive any caller) */
+    if (load_error_buf[0]) load_error = load_error_buf;
 }
 #endif
 

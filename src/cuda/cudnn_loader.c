@@ -4,14 +4,9 @@
    The entry points keep the header's exact types through __typeof__. The emulated device links
    its fake cuDNN (test/cuda_emu/fake_cudnn.cpp) into the program, so there the table points at
    those functions directly. */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <string.h>
 #include <threads.h>
 #include "cudnn_impl.h"
-
-#define MT_STR_(x) #x
-#define MT_STR(x)  MT_STR_(x)
+#include "dl_library.h"
 
 static mt_cudnn_api api;
 static const char *load_error; /* NULL once loaded */
@@ -62,36 +57,15 @@ static void load(void) {
 #else
 static char load_error_buf[256];
 
-static void *symbol(void *lib, const char *name) {
-    void *p = dlsym(lib, name);
-    if (!p && !load_error) {
-        snprintf(load_error_buf, sizeof load_error_buf, "libcudnn lacks %s", name);
-        load_error = load_error_buf;
-    }
-    return p;
-}
-
 static void load(void) {
-    static const char *const names[] = {"libcudnn.so." MT_STR(CUDNN_MAJOR), "libcudnn.so"};
-    void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !lib; i++)
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *why = dlerror();
-        snprintf(load_error_buf, sizeof load_error_buf, "cannot load %s: %s", names[0],
-                 why ? why : "not found");
-        load_error = load_error_buf;
-        return;
-    }
-    /* object-to-function pointer conversion through memcpy: ISO C has no cast for it */
-#define MT_LOAD(field, sym)                                                                        \
-    do {                                                                                           \
-        void *p = symbol(lib, #sym);                                                               \
-        memcpy(&api.field, &p, sizeof p);                                                          \
-    } while (0);
-    MT_CUDNN_ENTRIES(MT_LOAD)
+    static const char *const names[] = {"libcudnn.so." MT_DL_STR(CUDNN_MAJOR), "libcudnn.so"};
+    void *lib = mt_dl_open(names, 2, load_error_buf, sizeof load_error_buf);
+    if (lib) {
+#define MT_LOAD(field, sym) MT_DL_LOAD(lib, "libcudnn", api.field, #sym, load_error_buf);
+        MT_CUDNN_ENTRIES(MT_LOAD)
 #undef MT_LOAD
-    /* the library stays loaded for the life of the process (handles may outlive any caller) */
+    }
+    if (load_error_buf[0]) load_error = load_error_buf;
 }
 #endif
 
