@@ -683,8 +683,13 @@ int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *pref
 
 /* Processes (ranks) of one job, launched by `mpirun -np N prog` (as root Open MPI also needs
    --allow-run-as-root, and --oversubscribe for more ranks than cores). CPU tensors go
-   through MPI. CUDA tensors are not supported yet (NCCL: issue 11): a collective on one fails
-   with MT_ERR_UNSUPPORTED naming the op and the device.
+   through MPI. CUDA tensors go through NCCL (libnccl.so.2, loaded on first use; the variable
+   MT_NCCL_LIBRARY names another file; without it a collective on a CUDA tensor fails with
+   MT_ERR_UNSUPPORTED), queued on the device's stream with no host wait: mt_dist_wait
+   returns at once and later ops on the tensor are ordered after the collective. The NCCL
+   communicator is made by the first collective on a CUDA tensor (rank 0's id travels over
+   MPI), on that tensor's device: one device per rank. NCCL reduces FP16/BF16 in their own
+   type and averages natively.
    Collectives are called by every rank in the same order, with the same dtype and shape;
    each first checks that the ranks agree (op, dtype, element count, root) and fails with
    MT_ERR_SHAPE on every rank when they do not, instead of exchanging mismatched buffers.
@@ -713,7 +718,19 @@ int mt_dist_barrier(void);
 int mt_dist_set_timeout(double seconds);
 double mt_dist_timeout(void);
 
-/* In place on every rank: t := op over the ranks' t. t: contiguous, CPU. */
+/* Ranks as threads of one process, for CUDA tensors (a device per thread, or the emulated
+   device): one thread makes an id, then each of `world` threads calls mt_dist_init_thread
+   with its rank and the same id, and is that rank (mt_dist_rank, the collectives, the
+   scaler's found-inf reduction) until it calls mt_dist_finalize. Such a world has no MPI:
+   collectives on CPU tensors, mt_dist_barrier and mt_ddp fail there with
+   MT_ERR_UNSUPPORTED. The first CUDA collective waits until all ranks have made it. */
+typedef struct {
+    unsigned char bytes[128]; /* an NCCL unique id */
+} mt_dist_id;
+int mt_dist_id_new(mt_dist_id *id);
+int mt_dist_init_thread(int rank, int world, const mt_dist_id *id);
+
+/* In place on every rank: t := op over the ranks' t. t: contiguous, CPU or CUDA. */
 int mt_all_reduce(mt_tensor *t, mt_reduce_op op);
 /* In place: every rank's t := root's t. */
 int mt_broadcast(mt_tensor *t, int root);

@@ -337,6 +337,13 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
     }
     if (o.bucket_mb == 0) o.bucket_mb = DEFAULT_BUCKET_MB;
     mt_dist_state *st = mt_dist_state_get();
+    if (!st->mpi && st->world > 1) {
+        mt_error_set(MT_ERR_UNSUPPORTED,
+                     "%s: a world of threads (mt_dist_init_thread) has no "
+                     "MPI for mt_ddp's agreement checks",
+                     fn);
+        return NULL;
+    }
     mt_ddp *d = calloc(1, sizeof *d);
     if (!d) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
