@@ -759,7 +759,11 @@ bool mt_dist_work_done(mt_dist_work *w);
    part with zeros, so unused parameters never hang the job), waits (bounded), and writes the
    average over the ranks into each parameter's gradient (the division by the world size is
    folded into that copy). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
-   number of backward + mt_ddp_wait steps. CPU parameters only for now (NCCL: issue 11). */
+   number of backward + mt_ddp_wait steps. The parameters are all on the CPU (MPI) or all on
+   one CUDA device (NCCL): then the buckets live on that device, the initial broadcast and
+   the averaging all-reduce (NCCL's average) are queued on its stream, and mt_ddp_wait never
+   waits for the device. In a world of threads (mt_dist_init_thread) CUDA parameters only,
+   and the parameter lists are not compared across ranks (there is no MPI to do it). */
 typedef struct mt_ddp mt_ddp;
 typedef struct {
     double bucket_mb;   /* 0: 25 (MiB) */

@@ -229,8 +229,8 @@ static int refused_body(int rank, int world, char *why) {
     mt_clear_error();
     RANK_CHECK(mt_dist_barrier() == MT_ERR_UNSUPPORTED);
     mt_clear_error();
-    mt_set_requires_grad(src, true);
-    RANK_CHECK(mt_ddp_new(&src, 1, NULL) == NULL && mt_last_status() == MT_ERR_UNSUPPORTED);
+    mt_set_requires_grad(c, true);
+    RANK_CHECK(mt_ddp_new(&c, 1, NULL) == NULL && mt_last_status() == MT_ERR_UNSUPPORTED);
     mt_clear_error();
     RANK_CHECK(mt_dist_init_thread(0, 2, &(mt_dist_id){{0}}) == MT_ERR_STATE);
     mt_clear_error();
@@ -292,6 +292,111 @@ static void test_threads_scaler_skip(void **state) {
     run_ranks(2, scaler_body);
 }
 
+/* ---- mt_ddp on CUDA parameters */
+static mt_tensor *filled(int ndim, const int64_t *shape, double base) {
+    double v[16];
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    for (int64_t i = 0; i < n; i++) v[i] = base + 0.25 * (double)(i * 7 % 5) - 0.5;
+    return mt_from_data(v, MT_F64, ndim, shape, MT_CUDA(0));
+}
+
+static mt_tensor *cuda_param(int ndim, const int64_t *shape, double base) {
+    mt_tensor *d = filled(ndim, shape, base);
+    mt_tensor *p = mt_cast(d, MT_F32);
+    mt_release(d);
+    mt_set_requires_grad(p, true);
+    return p;
+}
+
+/* sum((x W^T + b)^2), backward */
+static int loss_backward(mt_tensor *W, mt_tensor *b, mt_tensor *x) {
+    mt_scope_begin();
+    mt_tensor *y = mt_add(mt_matmul(x, mt_transpose(W, 0, 1)), b);
+    int rc = mt_backward(mt_sum_all(mt_mul(y, y)), NULL);
+    mt_scope_end();
+    return rc;
+}
+
+/* Exact values of two tensors' equality (bitwise for F32 values read as doubles). */
+static int same_values(mt_tensor *a, mt_tensor *b, char *why) {
+    double *va = mt_test_values(a), *vb = mt_test_values(b);
+    int64_t n = mt_numel(a), bad = -1;
+    for (int64_t i = 0; i < n && bad < 0 && va && vb; i++)
+        if (va[i] != vb[i]) bad = i;
+    if (bad >= 0)
+        snprintf(why, 512, "element %lld: %.9g vs %.9g", (long long)bad, va[bad], vb[bad]);
+    int rc = va && vb && n == mt_numel(b) && bad < 0 ? 0 : -1;
+    if (rc < 0 && bad < 0) snprintf(why, 512, "values unreadable or sizes differ");
+    free(va);
+    free(vb);
+    return rc;
+}
+
+/* Each rank starts from its own values and input: mt_ddp_new gives every rank rank 0's
+   parameters (NCCL broadcast), and after backward + mt_ddp_wait each gradient is exactly
+   the average over the ranks of the local gradients (reduced by mt_all_reduce in the same
+   order), in 2 buckets: 2 all-reduces a step. In a world of one: exactly the local step. */
+static int ddp_body(int rank, int world, char *why) {
+    mt_tensor *W = cuda_param(MT_SHAPE(3, 4), rank), *b = cuda_param(MT_SHAPE(3), 2.0 * rank);
+    mt_tensor *ps[2] = {W, b};
+    mt_ddp *d = mt_ddp_new(ps, 2, &(mt_ddp_opts){.bucket_mb = 40.0 / (1024 * 1024)});
+    RANK_CHECK(d != NULL);
+    mt_tensor *W0 = cuda_param(MT_SHAPE(3, 4), 0), *b0 = cuda_param(MT_SHAPE(3), 0);
+    int rc = same_values(W, W0, why);
+    if (rc == 0) rc = same_values(b, b0, why);
+    mt_tensor *x = filled(MT_SHAPE(2, 4), 1.0 + rank);
+    mt_tensor *xf = mt_cast(x, MT_F32);
+    /* the reference: the same parameters without DDP, reduced by hand */
+    if (rc == 0) rc = loss_backward(W0, b0, xf);
+    mt_tensor *gW0 = mt_grad(W0), *gb0 = mt_grad(b0);
+    if (rc == 0 && world > 1) rc = mt_all_reduce(gW0, MT_REDUCE_AVG);
+    if (rc == 0 && world > 1) rc = mt_all_reduce(gb0, MT_REDUCE_AVG);
+    for (int step = 0; rc == 0 && step < 2; step++) {
+        if (step == 1) { /* a second step on fresh gradients: buckets are reused */
+            mt_zero_grad(W);
+            mt_zero_grad(b);
+        }
+        rc = loss_backward(W, b, xf);
+        if (rc == 0) rc = mt_ddp_wait(d);
+        mt_tensor *gW = mt_grad(W), *gb = mt_grad(b);
+        if (rc == 0) rc = same_values(gW, gW0, why);
+        if (rc == 0) rc = same_values(gb, gb0, why);
+        mt_release(gW);
+        mt_release(gb);
+    }
+    mt_ddp_stats st = {0};
+    if (rc == 0) rc = mt_ddp_stats_get(d, &st);
+    if (rc == 0 && (st.buckets != 2 || st.allreduce_calls != 2 || st.steps != 2)) {
+        snprintf(why, 512, "stats: %d buckets, %lld all-reduces, %lld steps", st.buckets,
+                 (long long)st.allreduce_calls, (long long)st.steps);
+        rc = -1;
+    }
+    if (rc > 0 || (rc < 0 && !why[0])) snprintf(why, 512, "mixtape error: %s", mt_last_error());
+    mt_ddp_free(d);
+    mt_release(gW0);
+    mt_release(gb0);
+    mt_release(xf);
+    mt_release(x);
+    mt_release(W0);
+    mt_release(b0);
+    mt_release(W);
+    mt_release(b);
+    return rc < 0 ? -1 : 0;
+}
+
+static void test_world1_ddp(void **state) {
+    (void)state;
+    assert_int_equal(mt_dist_init(), 0);
+    char why[512] = "";
+    if (ddp_body(0, 1, why) < 0) fail_msg("%s", why);
+}
+
+static void test_threads_ddp(void **state) {
+    (void)state;
+    run_ranks(2, ddp_body);
+}
+
 static void test_nccl_missing(void **state) {
     (void)state;
     mt_dist_id id;
@@ -321,9 +426,14 @@ int main(void) {
 #define NCCL_TEST(fn)                                                                              \
     (cuda ? (struct CMUnitTest)MT_TEST(fn) : MT_TEST_SKIPPED(fn, "no CUDA device"))
     const struct CMUnitTest tests[] = {
-        NCCL_TEST(test_world1_process),           NCCL_TEST(test_threads_all_reduce),
-        NCCL_TEST(test_threads_broadcast_gather), NCCL_TEST(test_threads_mismatch),
-        NCCL_TEST(test_threads_refused),          NCCL_TEST(test_threads_scaler_skip),
+        NCCL_TEST(test_world1_process),
+        NCCL_TEST(test_threads_all_reduce),
+        NCCL_TEST(test_threads_broadcast_gather),
+        NCCL_TEST(test_threads_mismatch),
+        NCCL_TEST(test_threads_refused),
+        NCCL_TEST(test_threads_scaler_skip),
+        NCCL_TEST(test_world1_ddp),
+        NCCL_TEST(test_threads_ddp),
     };
     int failures = MT_RUN_TESTS(tests);
     return mt_dist_finalize() < 0 || failures ? 1 : 0;
