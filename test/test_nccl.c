@@ -397,6 +397,52 @@ static void test_threads_ddp(void **state) {
     run_ranks(2, ddp_body);
 }
 
+/* Rank 1's first parameter has one column more: the broadcast at creation fails on every
+   rank (the fake NCCL compares the ranks' calls; a world of threads has no MPI check). */
+static int ddp_mismatch_body(int rank, int world, char *why) {
+    (void)world;
+    mt_tensor *W = cuda_param(MT_SHAPE(3, 4 + rank), 0), *b = cuda_param(MT_SHAPE(3), 0);
+    mt_tensor *ps[2] = {W, b};
+    mt_ddp *d = mt_ddp_new(ps, 2, NULL);
+    bool refused = d == NULL && mt_last_status() == MT_ERR_STATE &&
+                   strstr(mt_last_error(), "mt_ddp_new: NCCL refused the call") != NULL;
+    mt_ddp_free(d);
+    mt_release(W);
+    mt_release(b);
+    RANK_CHECK(refused);
+    mt_clear_error();
+    return 0;
+}
+
+static void test_threads_ddp_mismatch(void **state) {
+    (void)state;
+    run_ranks(2, ddp_mismatch_body);
+}
+
+/* An FP16 parameter: its bucket is FP32 on the device, and in a world of one the gradient
+   comes back exactly (widened, averaged over one rank, rounded back). */
+static void test_world1_ddp_half(void **state) {
+    (void)state;
+    assert_int_equal(mt_dist_init(), 0);
+    mt_tensor *d = filled(MT_SHAPE(6), 0.5);
+    mt_tensor *p = mt_cast(d, MT_F16);
+    mt_set_requires_grad(p, true);
+    mt_ddp *ddp = mt_ddp_new(&p, 1, NULL);
+    assert_non_null(ddp);
+    mt_scope_begin();
+    assert_int_equal(mt_backward(mt_sum_all(mt_mul(p, p)), NULL), 0);
+    mt_tensor *local = mt_clone(mt_grad(p)); /* 2p, before the reduction */
+    assert_int_equal(mt_ddp_wait(ddp), 0);
+    char why[512] = "";
+    mt_tensor *g = mt_grad(p);
+    assert_int_equal(mt_dtype_of(g), MT_F16);
+    if (same_values(g, local, why) < 0) fail_msg("%s", why);
+    mt_scope_end();
+    mt_ddp_free(ddp);
+    mt_release(p);
+    mt_release(d);
+}
+
 static void test_nccl_missing(void **state) {
     (void)state;
     mt_dist_id id;
@@ -434,6 +480,8 @@ int main(void) {
         NCCL_TEST(test_threads_scaler_skip),
         NCCL_TEST(test_world1_ddp),
         NCCL_TEST(test_threads_ddp),
+        NCCL_TEST(test_threads_ddp_mismatch),
+        NCCL_TEST(test_world1_ddp_half),
     };
     int failures = MT_RUN_TESTS(tests);
     return mt_dist_finalize() < 0 || failures ? 1 : 0;

@@ -98,7 +98,7 @@ static int status_or(int fallback) {
 /* A device bucket's slot of p as a view of p's shape; with to_grad, copied (converted) into
    p's gradient, else filled from it (zeros when it has none). Outside autograd and autocast;
    inner calls of the library return plain references, released here. */
-static int device_slot_copy(mt_ddp *d, ddp_param *p, ddp_bucket *b, bool to_grad) {
+static int device_slot_copy(ddp_param *p, ddp_bucket *b, bool to_grad) {
     mt_api_enter();
     bool grad_mode = mt_set_grad_enabled(false);
     mt_tensor *flat = mt_narrow(b->dev, 0, p->offset, p->t->numel);
@@ -123,13 +123,12 @@ static int device_slot_copy(mt_ddp *d, ddp_param *p, ddp_bucket *b, bool to_grad
     mt_tensor_unref(slot);
     mt_tensor_unref(flat);
     mt_set_grad_enabled(grad_mode);
-    (void)d;
     return mt_api_exit_status(rc);
 }
 
 /* The parameter's gradient (zeros when it has none) into its slot of the bucket. */
 static int copy_in(ddp_param *p, ddp_bucket *b) {
-    if (b->dev) return device_slot_copy(p->ddp, p, b, false);
+    if (b->dev) return device_slot_copy(p, b, false);
     mt_tensor *g = p->t->grad;
     int64_t n = p->t->numel;
     char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
@@ -179,7 +178,7 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
 /* The averaged bucket values into each parameter's gradient. */
 static int copy_out(mt_ddp *d, ddp_param *p, int world) {
     ddp_bucket *b = &d->buckets[p->bucket];
-    if (b->dev) return device_slot_copy(d, p, b, true); /* NCCL averaged already */
+    if (b->dev) return device_slot_copy(p, b, true); /* NCCL averaged already */
     mt_tensor *g = p->t->grad;
     if (!g || !mt_is_contiguous(g) || g->dtype != b->dt) {
         g = mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, b->dt, p->t->device);
@@ -232,7 +231,7 @@ int mt_ddp_wait(mt_ddp *d) {
         if (b->dev) {
             mt_tensor *keep = p->t->grad; /* none reached it: the slot gets zeros */
             p->t->grad = NULL;
-            rc = device_slot_copy(d, p, b, false);
+            rc = device_slot_copy(p, b, false);
             p->t->grad = keep;
         } else {
             char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
