@@ -77,7 +77,9 @@ static void load_from(const char *const *names, size_t n) {
     MT_LOAD(comm_destroy, "ncclCommDestroy");
     MT_LOAD(comm_get_async_error, "ncclCommGetAsyncError");
     MT_LOAD(get_error_string, "ncclGetErrorString");
-    MT_LOAD(get_last_error, "ncclGetLastError");
+    /* optional (NCCL 2.13+): the detail of a failure */
+    void *last = dlsym(lib, "ncclGetLastError");
+    memcpy(&api.get_last_error, &last, sizeof last);
     MT_LOAD(all_reduce, "ncclAllReduce");
     MT_LOAD(broadcast, "ncclBroadcast");
     MT_LOAD(all_gather, "ncclAllGather");
@@ -126,7 +128,7 @@ static ncclComm_t st_comm(void) {
    communicator unusable (NCCL's own rule), so the world is marked broken. */
 static int nccl_error(const char *op, ncclResult_t r) {
     const char *text = api.get_error_string(r);
-    const char *detail = api.get_last_error(st_comm());
+    const char *detail = api.get_last_error ? api.get_last_error(st_comm()) : NULL;
     mt_dist_state *st = mt_dist_state_get();
     if (r == ncclInvalidArgument || r == ncclInvalidUsage)
         return mt_error_set(r == ncclInvalidArgument ? MT_ERR_INVALID : MT_ERR_STATE,
