@@ -697,9 +697,10 @@ int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *pref
    MT_DIST_TIMEOUT in seconds): a peer that never joins gives MT_ERR_TIMEOUT, after which
    the world refuses further collectives (MPI cannot cancel a started collective). Process
    failures are returned as errors (MPI_ERRORS_RETURN), though mpirun usually ends the whole
-   job when a rank dies. FP16/BF16 tensors are reduced in FP32 on a staging buffer and
-   rounded once; sum and average of integers are exact (average is refused for integers);
-   MT_BOOL: sum and max are logical or. */
+   job when a rank dies (`mpirun --enable-recovery` keeps the survivors running: their next
+   collective gives MT_ERR_TIMEOUT). FP16/BF16 CPU tensors are reduced in FP32 on a staging
+   buffer and rounded once; sum and average of integers are exact (average is refused for
+   integers); MT_BOOL: sum and max are logical or. */
 typedef enum { MT_REDUCE_SUM, MT_REDUCE_MAX, MT_REDUCE_AVG } mt_reduce_op;
 typedef struct mt_dist_work mt_dist_work;
 
