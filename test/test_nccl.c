@@ -364,8 +364,16 @@ static int ddp_body(int rank, int world, char *why) {
             mt_zero_grad(W);
             mt_zero_grad(b);
         }
+        int64_t syncs = mt_host_sync_count();
         rc = loss_backward(W, b, xf);
         if (rc == 0) rc = mt_ddp_wait(d);
+        /* buckets, reduction and copies back are queued: the host never waits (the count
+           is the process's, so only a world of one can check it) */
+        if (rc == 0 && world == 1 && mt_host_sync_count() != syncs) {
+            snprintf(why, 512, "%lld host syncs in backward + mt_ddp_wait",
+                     (long long)(mt_host_sync_count() - syncs));
+            rc = -1;
+        }
         mt_tensor *gW = mt_grad(W), *gb = mt_grad(b);
         if (rc == 0) rc = same_values(gW, gW0, why);
         if (rc == 0) rc = same_values(gb, gb0, why);
