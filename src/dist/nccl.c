@@ -12,12 +12,18 @@
 #include "dist_impl.h"
 
 #if !defined(MT_WITH_CUDA)
+#define MT_NCCL_MISSING_WHAT "CUDA"
+#else
+#define MT_NCCL_MISSING_WHAT "nccl.h (neither the CUDA toolkit nor the system has it)"
+#endif
+
+#if !defined(MT_WITH_CUDA) || !defined(MT_HAVE_NCCL)
 int mt_dist_nccl_new_id(const char *op, unsigned char *id) {
     (void)id;
     return mt_error_set(MT_ERR_UNSUPPORTED,
-                        "%s: this mixtape was built without CUDA, so NCCL "
-                        "is not available",
-                        op);
+                        "%s: this mixtape was built without %s, so NCCL is "
+                        "not available",
+                        op, MT_NCCL_MISSING_WHAT);
 }
 int mt_dist_nccl_start(const char *op, const mt_dist_nccl_call *c) {
     (void)c;
