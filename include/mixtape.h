@@ -704,8 +704,13 @@ int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *pref
 
 /* Processes (ranks) of one job, launched by `mpirun -np N prog` (as root Open MPI also needs
    --allow-run-as-root, and --oversubscribe for more ranks than cores). CPU tensors go
-   through MPI. CUDA tensors are not supported yet (NCCL: issue 11): a collective on one fails
-   with MT_ERR_UNSUPPORTED naming the op and the device.
+   through MPI. CUDA tensors go through NCCL (libnccl.so.2, loaded on first use; the variable
+   MT_NCCL_LIBRARY names another file; without it a collective on a CUDA tensor fails with
+   MT_ERR_UNSUPPORTED), queued on the device's stream with no host wait: mt_dist_wait
+   returns at once and later ops on the tensor are ordered after the collective. The NCCL
+   communicator is made by the first collective on a CUDA tensor (rank 0's id travels over
+   MPI), on that tensor's device: one device per rank. NCCL reduces FP16/BF16 in their own
+   type and averages natively.
    Collectives are called by every rank in the same order, with the same dtype and shape;
    each first checks that the ranks agree (op, dtype, element count, root) and fails with
    MT_ERR_SHAPE on every rank when they do not, instead of exchanging mismatched buffers.
@@ -713,9 +718,10 @@ int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *pref
    MT_DIST_TIMEOUT in seconds): a peer that never joins gives MT_ERR_TIMEOUT, after which
    the world refuses further collectives (MPI cannot cancel a started collective). Process
    failures are returned as errors (MPI_ERRORS_RETURN), though mpirun usually ends the whole
-   job when a rank dies. FP16/BF16 tensors are reduced in FP32 on a staging buffer and
-   rounded once; sum and average of integers are exact (average is refused for integers);
-   MT_BOOL: sum and max are logical or. */
+   job when a rank dies (`mpirun --enable-recovery` keeps the survivors running: their next
+   collective gives MT_ERR_TIMEOUT). FP16/BF16 CPU tensors are reduced in FP32 on a staging
+   buffer and rounded once; sum and average of integers are exact (average is refused for
+   integers); MT_BOOL: sum and max are logical or. */
 typedef enum { MT_REDUCE_SUM, MT_REDUCE_MAX, MT_REDUCE_AVG } mt_reduce_op;
 typedef struct mt_dist_work mt_dist_work;
 
@@ -734,7 +740,19 @@ int mt_dist_barrier(void);
 int mt_dist_set_timeout(double seconds);
 double mt_dist_timeout(void);
 
-/* In place on every rank: t := op over the ranks' t. t: contiguous, CPU. */
+/* Ranks as threads of one process, for CUDA tensors (a device per thread, or the emulated
+   device): one thread makes an id, then each of `world` threads calls mt_dist_init_thread
+   with its rank and the same id, and is that rank (mt_dist_rank, the collectives, the
+   scaler's found-inf reduction) until it calls mt_dist_finalize. Such a world has no MPI:
+   collectives on CPU tensors, mt_dist_barrier and mt_ddp fail there with
+   MT_ERR_UNSUPPORTED. The first CUDA collective waits until all ranks have made it. */
+typedef struct {
+    unsigned char bytes[128]; /* an NCCL unique id */
+} mt_dist_id;
+int mt_dist_id_new(mt_dist_id *id);
+int mt_dist_init_thread(int rank, int world, const mt_dist_id *id);
+
+/* In place on every rank: t := op over the ranks' t. t: contiguous, CPU or CUDA. */
 int mt_all_reduce(mt_tensor *t, mt_reduce_op op);
 /* In place: every rank's t := root's t. */
 int mt_broadcast(mt_tensor *t, int root);
@@ -763,7 +781,11 @@ bool mt_dist_work_done(mt_dist_work *w);
    part with zeros, so unused parameters never hang the job), waits (bounded), and writes the
    average over the ranks into each parameter's gradient (the division by the world size is
    folded into that copy). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
-   number of backward + mt_ddp_wait steps. CPU parameters only for now (NCCL: issue 11). */
+   number of backward + mt_ddp_wait steps. The parameters are all on the CPU (MPI) or all on
+   one CUDA device (NCCL): then the buckets live on that device, the initial broadcast and
+   the averaging all-reduce (NCCL's average) are queued on its stream, and mt_ddp_wait never
+   waits for the device. In a world of threads (mt_dist_init_thread) CUDA parameters only,
+   and the parameter lists are not compared across ranks (there is no MPI to do it). */
 typedef struct mt_ddp mt_ddp;
 typedef struct {
     double bucket_mb;   /* 0: 25 (MiB) */

@@ -271,8 +271,9 @@ static void test_argument_errors(void **state) {
     if (mt_cuda_available()) {
         mt_tensor *g = mt_zeros(MT_SHAPE(2), MT_F32, MT_CUDA(0));
         mt_set_requires_grad(g, true);
-        assert_null(mt_ddp_new(&g, 1, NULL));
-        assert_error(MT_ERR_UNSUPPORTED, "parameter 0 is on cuda:0");
+        mt_tensor *mixed[2] = {c, g}; /* one device per rank */
+        assert_null(mt_ddp_new(mixed, 2, NULL));
+        assert_error(MT_ERR_DEVICE, "parameter 1 is on cuda:0, parameter 0 on cpu");
         mt_release(g);
     }
     mt_release(c);

@@ -1,9 +1,10 @@
-/* Collectives on CPU tensors through MPI: all-reduce (sum, max, avg), broadcast, all-gather,
-   each blocking or started as an mt_dist_work. FP16/BF16 are reduced in FP32 on a staging
-   buffer (widened before, rounded once after) because MPI has no half types; averaging
-   divides the sum by the world size when the work finishes. Before each collective the
-   ranks check they agree (mt_dist_agree), so a shape or dtype mismatch is an error on every
-   rank instead of mismatched buffers. */
+/* Collectives on CPU tensors through MPI, on CUDA tensors through NCCL (nccl.c): all-reduce
+   (sum, max, avg), broadcast, all-gather, each blocking or started as an mt_dist_work. A CUDA
+   collective is queued on the device stream, so its work is finished as soon as it exists.
+   FP16/BF16 are reduced in FP32 on a staging buffer (widened before, rounded once after) because
+   MPI has no half types; averaging divides the sum by the world size when the work finishes. Before
+   each collective the ranks check they agree (mt_dist_agree), so a shape or dtype mismatch is an
+   error on every rank instead of mismatched buffers. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@ struct mt_dist_work {
     float *stage;        /* FP32 copy of a half tensor */
     mt_reduce_op reduce; /* all_reduce only */
     int kind;
+    bool cuda; /* queued through NCCL: nothing left to do on the host */
 };
 
 static bool is_half(mt_dtype dt) {
@@ -48,11 +50,15 @@ static MPI_Datatype mpi_type(mt_dtype dt) {
 static int check_tensor(const char *op, int arg, const mt_tensor *t) {
     char b[MT_SHAPE_BUF], d[32];
     if (!t) return mt_error_set(MT_ERR_NULL, "%s: arg %d: tensor is NULL", op, arg);
-    if (t->device.type != MT_DEVICE_CPU)
+    mt_dist_state *st = mt_dist_state_get();
+    if (t->device.type == MT_DEVICE_CPU && st->initialized && !st->mpi && st->world > 1)
         return mt_error_set(MT_ERR_UNSUPPORTED,
-                            "%s: arg %d: tensors on %s are not supported yet (NCCL backend, issue "
-                            "11); only CPU tensors go through MPI",
-                            op, arg, mt_dist_device_str(t->device, d, sizeof d));
+                            "%s: arg %d: a CPU tensor in a world of threads (mt_dist_init_thread), "
+                            "which has no MPI; only CUDA tensors go through NCCL there",
+                            op, arg);
+    if (t->device.type != MT_DEVICE_CPU && t->device.type != MT_DEVICE_CUDA)
+        return mt_error_set(MT_ERR_UNSUPPORTED, "%s: arg %d: tensors on %s are not supported", op,
+                            arg, mt_dist_device_str(t->device, d, sizeof d));
     if (!mt_is_contiguous(t))
         return mt_error_set(MT_ERR_INVALID,
                             "%s: arg %d: tensor of shape %s is not contiguous; use mt_contiguous",
@@ -129,6 +135,14 @@ static void finish_all_reduce(mt_dist_work *w, int world) {
     }
 }
 
+/* Queues w's collective through NCCL; w, or NULL (freed) with the error set. */
+static mt_dist_work *start_nccl(mt_dist_work *w, const mt_dist_nccl_call *c) {
+    w->cuda = true;
+    if (mt_dist_nccl_start(w->op, c) == 0) return w;
+    work_free(w);
+    return NULL;
+}
+
 static int start(mt_dist_work *w, int rc) {
     if (rc != MPI_SUCCESS) return mt_dist_mpi_error(w->op, rc);
     w->pending = true;
@@ -151,6 +165,8 @@ mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op) {
     mt_dist_work *w = work_new(fn, KIND_ALL_REDUCE, t);
     if (!w) return NULL;
     w->reduce = op;
+    if (t->device.type == MT_DEVICE_CUDA)
+        return start_nccl(w, &(mt_dist_nccl_call){.t = t, .root = -1, .reduce = op});
     mt_dist_state *st = mt_dist_state_get();
     if (!st->mpi) return w; /* a world of one: the sum of one value is itself */
     void *buf = mt_tensor_data(t);
@@ -183,6 +199,8 @@ mt_dist_work *mt_broadcast_async(mt_tensor *t, int root) {
     }
     if (agree(fn, KIND_BROADCAST, t, root, 0) < 0) return NULL;
     mt_dist_work *w = work_new(fn, KIND_BROADCAST, t);
+    if (w && t->device.type == MT_DEVICE_CUDA)
+        return start_nccl(w, &(mt_dist_nccl_call){.t = t, .root = root});
     if (!w || !st->mpi) return w;
     size_t nbytes = (size_t)t->numel * mt_dtype_size(t->dtype);
     if (start(w, MPI_Ibcast(mt_tensor_data(t), (int)nbytes, MPI_BYTE, root, st->comm, &w->req)) <
@@ -198,6 +216,7 @@ mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
     if (check_tensor(fn, 1, out) < 0 || check_tensor(fn, 2, t) < 0) return NULL;
     mt_dist_state *st = mt_dist_state_get();
     char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
+    if (mt_check_same_device(fn, out, t) < 0) return NULL;
     bool fits = out->dtype == t->dtype && out->ndim == t->ndim + 1 && out->shape[0] == st->world;
     for (int d = 0; fits && d < t->ndim; d++) fits = out->shape[d + 1] == t->shape[d];
     if (!fits) {
@@ -211,6 +230,8 @@ mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
     mt_dist_work *w = work_new(fn, KIND_ALL_GATHER, out);
     if (!w) return NULL;
     w->src = mt_tensor_ref((mt_tensor *)t);
+    if (t->device.type == MT_DEVICE_CUDA)
+        return start_nccl(w, &(mt_dist_nccl_call){.t = out, .src = t, .root = -1});
     size_t nbytes = (size_t)t->numel * mt_dtype_size(t->dtype);
     if (!st->mpi) {
         memcpy(mt_tensor_data(out), mt_tensor_data(t), nbytes);
@@ -227,13 +248,15 @@ mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
 int mt_dist_wait(mt_dist_work *w) {
     if (!w) return mt_error_set(MT_ERR_NULL, "mt_dist_wait: arg 1: work is NULL");
     int rc = w->pending ? mt_dist_wait_request(w->op, &w->req) : 0;
+    if (w->cuda) rc = mt_dist_nccl_async_error(w->op);
     if (rc == MT_ERR_TIMEOUT) {
         /* MPI may still write into the buffers: they are left alive (leaked), the work
            header is freed */
         free(w);
         return rc;
     }
-    if (rc == 0 && w->kind == KIND_ALL_REDUCE) finish_all_reduce(w, mt_dist_state_get()->world);
+    if (rc == 0 && w->kind == KIND_ALL_REDUCE && !w->cuda)
+        finish_all_reduce(w, mt_dist_state_get()->world);
     if (rc == 0) mt_tensor_bump_version(w->t);
     work_free(w);
     return rc;

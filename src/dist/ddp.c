@@ -1,6 +1,9 @@
 /* mt_ddp: data-parallel gradient averaging with buckets and backward/communication overlap
-   (see include/mixtape.h). The reduction runs on a duplicate of the process group's
-   communicator, so a user's own collectives never interleave with a step's buckets. */
+   (see include/mixtape.h). CPU parameters: host buckets reduced through MPI on a duplicate of
+   the process group's communicator, so a user's own collectives never interleave with a
+   step's buckets. CUDA parameters: device buckets (flat tensors) filled and emptied by the
+   library's own copy op and reduced by NCCL (average folded into the reduction), every step
+   queued on the device stream in program order, so nothing waits for the device. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +31,7 @@ typedef struct {
     int n_params, n_ready;
     bool launched, pending;
     MPI_Request req;
+    mt_tensor *dev; /* CUDA parameters: the bucket on their device (buf unused) */
 } ddp_bucket;
 
 struct mt_ddp {
@@ -37,6 +41,7 @@ struct mt_ddp {
     int nb, next; /* buckets [0, next) are started this step */
     MPI_Comm comm;
     bool mpi, no_overlap, no_sync, leak_buffers;
+    bool cuda; /* the parameters are on one CUDA device: buckets there, through NCCL */
     int64_t calls, calls_in_backward;
     mt_ddp_stats stats;
 };
@@ -57,6 +62,9 @@ static size_t buf_esize(mt_dtype dt) {
 static int launch(mt_ddp *d, ddp_bucket *b) {
     b->launched = true;
     d->calls++;
+    if (d->cuda) /* the average, in the bucket's type; queued, never waited for */
+        return mt_dist_nccl_start(
+            "mt_ddp", &(mt_dist_nccl_call){.t = b->dev, .root = -1, .reduce = MT_REDUCE_AVG});
     if (!d->mpi) return 0; /* a world of one: the sum is the value */
     MPI_Datatype type = b->dt == MT_F64 ? MPI_DOUBLE : MPI_FLOAT;
     int rc = MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, type, MPI_SUM, d->comm, &b->req);
@@ -83,8 +91,44 @@ static int launch_ready(mt_ddp *d, bool in_backward) {
     return rc;
 }
 
+static int status_or(int fallback) {
+    return mt_last_status() ? (int)mt_last_status() : fallback;
+}
+
+/* A device bucket's slot of p as a view of p's shape; with to_grad, copied (converted) into
+   p's gradient, else filled from it (zeros when it has none). Outside autograd and autocast;
+   inner calls of the library return plain references, released here. */
+static int device_slot_copy(ddp_param *p, ddp_bucket *b, bool to_grad) {
+    mt_api_enter();
+    bool grad_mode = mt_set_grad_enabled(false);
+    mt_tensor *flat = mt_narrow(b->dev, 0, p->offset, p->t->numel);
+    mt_tensor *slot = flat ? mt_view(flat, p->t->ndim, p->t->shape) : NULL;
+    int rc = slot ? 0 : status_or(MT_ERR_INTERNAL);
+    mt_tensor *g = p->t->grad;
+    if (rc == 0 && to_grad) {
+        if (!g || !mt_is_contiguous(g) || g->dtype != p->t->dtype) {
+            g = mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, p->t->dtype, p->t->device);
+            if (!g) rc = status_or(MT_ERR_OOM);
+            mt_tensor_unref(p->t->grad);
+            p->t->grad = g;
+        }
+        if (rc == 0) rc = mt_copy(g, slot);
+    } else if (rc == 0 && g) {
+        rc = mt_copy(slot, g);
+    } else if (rc == 0) {
+        mt_tensor *zero = mt_scalar(0.0, b->dev->dtype, b->dev->device);
+        rc = zero ? mt_copy(slot, zero) : status_or(MT_ERR_OOM);
+        mt_tensor_unref(zero);
+    }
+    mt_tensor_unref(slot);
+    mt_tensor_unref(flat);
+    mt_set_grad_enabled(grad_mode);
+    return mt_api_exit_status(rc);
+}
+
 /* The parameter's gradient (zeros when it has none) into its slot of the bucket. */
 static int copy_in(ddp_param *p, ddp_bucket *b) {
+    if (b->dev) return device_slot_copy(p, b, false);
     mt_tensor *g = p->t->grad;
     int64_t n = p->t->numel;
     char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
@@ -134,6 +178,7 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
 /* The averaged bucket values into each parameter's gradient. */
 static int copy_out(mt_ddp *d, ddp_param *p, int world) {
     ddp_bucket *b = &d->buckets[p->bucket];
+    if (b->dev) return device_slot_copy(p, b, true); /* NCCL averaged already */
     mt_tensor *g = p->t->grad;
     if (!g || !mt_is_contiguous(g) || g->dtype != b->dt) {
         g = mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, b->dt, p->t->device);
@@ -183,8 +228,15 @@ int mt_ddp_wait(mt_ddp *d) {
         ddp_param *p = &d->params[i];
         if (p->ready) continue;
         ddp_bucket *b = &d->buckets[p->bucket];
-        char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
-        memset(dst, 0, (size_t)p->t->numel * buf_esize(b->dt));
+        if (b->dev) {
+            mt_tensor *keep = p->t->grad; /* none reached it: the slot gets zeros */
+            p->t->grad = NULL;
+            rc = device_slot_copy(p, b, false);
+            p->t->grad = keep;
+        } else {
+            char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+            memset(dst, 0, (size_t)p->t->numel * buf_esize(b->dt));
+        }
         p->ready = true;
         b->n_ready++;
     }
@@ -216,11 +268,17 @@ static int check_local(mt_tensor *const *params, int n) {
     for (int i = 0; i < n; i++) {
         mt_tensor *t = params[i];
         if (!t) return mt_error_set(MT_ERR_NULL, "%s: arg 1: parameter %d is NULL", fn, i);
-        if (t->device.type != MT_DEVICE_CPU)
-            return mt_error_set(MT_ERR_UNSUPPORTED,
-                                "%s: parameter %d is on %s: only CPU parameters are supported yet "
-                                "(NCCL backend, issue 11)",
-                                fn, i, mt_dist_device_str(t->device, dev, sizeof dev));
+        char dev0[32];
+        if (t->device.type != params[0]->device.type || t->device.index != params[0]->device.index)
+            return mt_error_set(MT_ERR_DEVICE,
+                                "%s: parameter %d is on %s, parameter 0 on %s: one device per rank",
+                                fn, i, mt_dist_device_str(t->device, dev, sizeof dev),
+                                mt_dist_device_str(params[0]->device, dev0, sizeof dev0));
+        if (t->device.type != MT_DEVICE_CPU && t->device.type != MT_DEVICE_CUDA)
+            return mt_error_set(MT_ERR_UNSUPPORTED, "%s: parameter %d is on %s", fn, i,
+                                mt_dist_device_str(t->device, dev, sizeof dev));
+        if (!mt_is_contiguous(t))
+            return mt_error_set(MT_ERR_INVALID, "%s: parameter %d is not contiguous", fn, i);
         if (t->grad_fn || !t->requires_grad)
             return mt_error_set(MT_ERR_STATE, "%s: parameter %d must be a leaf that requires grad",
                                 fn, i);
@@ -290,7 +348,14 @@ static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
         cur->n_params++;
         cur_bytes += bytes;
     }
-    for (int i = 0; i < d->nb; i++) {
+    for (int i = 0; i < d->nb && d->cuda; i++) {
+        ddp_bucket *b = &d->buckets[i];
+        int64_t numel = b->numel ? b->numel : 1;
+        b->dev = mt_tensor_new("mt_ddp_new", 1, &numel, is_half(b->dt) ? MT_F32 : b->dt,
+                               d->params[0].t->device);
+        if (!b->dev) return status_or(MT_ERR_OOM);
+    }
+    for (int i = 0; i < d->nb && !d->cuda; i++) {
         ddp_bucket *b = &d->buckets[i];
         b->buf = calloc((size_t)(b->numel ? b->numel : 1), buf_esize(b->dt));
         if (!b->buf) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory for bucket %d", i);
@@ -300,7 +365,13 @@ static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
 
 /* Rank 0's parameter values to every rank. */
 static int broadcast_params(mt_ddp *d) {
-    for (int i = 0; i < d->n && d->mpi; i++) {
+    for (int i = 0; i < d->n && d->cuda; i++) {
+        int rc =
+            mt_dist_nccl_start("mt_ddp_new", &(mt_dist_nccl_call){.t = d->params[i].t, .root = 0});
+        if (rc < 0) return rc;
+        mt_tensor_bump_version(d->params[i].t);
+    }
+    for (int i = 0; i < d->n && d->mpi && !d->cuda; i++) {
         mt_tensor *t = d->params[i].t;
         MPI_Request req;
         int rc = MPI_Ibcast(mt_tensor_data(t), (int)(t->numel * (int64_t)mt_dtype_size(t->dtype)),
@@ -319,8 +390,10 @@ static void ddp_destroy(mt_ddp *d) {
         if (p->hook > 0) mt_tensor_remove_grad_ready_hook(p->t, p->hook);
         mt_tensor_unref(p->t);
     }
-    for (int i = 0; d->buckets && i < d->nb; i++)
+    for (int i = 0; d->buckets && i < d->nb; i++) {
+        mt_tensor_unref(d->buckets[i].dev);
         if (!d->leak_buffers) free(d->buckets[i].buf);
+    }
     if (d->mpi && d->comm != MPI_COMM_NULL && !d->leak_buffers) MPI_Comm_free(&d->comm);
     free(d->buckets);
     free(d->params);
@@ -337,12 +410,23 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
     }
     if (o.bucket_mb == 0) o.bucket_mb = DEFAULT_BUCKET_MB;
     mt_dist_state *st = mt_dist_state_get();
+    /* a world of threads has no MPI: CUDA parameters only, and the agreement checks are
+       left to NCCL (the emulator's fake refuses mismatched broadcasts) */
+    bool on_cuda = params && n > 0 && params[0] && params[0]->device.type == MT_DEVICE_CUDA;
+    if (!st->mpi && st->world > 1 && !on_cuda) {
+        mt_error_set(MT_ERR_UNSUPPORTED,
+                     "%s: CPU parameters in a world of threads "
+                     "(mt_dist_init_thread), which has no MPI",
+                     fn);
+        return NULL;
+    }
     mt_ddp *d = calloc(1, sizeof *d);
     if (!d) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
         return NULL;
     }
     d->mpi = st->mpi;
+    d->cuda = on_cuda;
     d->comm = MPI_COMM_NULL;
     d->no_overlap = o.no_overlap;
     int rc = 0;

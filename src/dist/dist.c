@@ -13,13 +13,15 @@
 #define DEFAULT_TIMEOUT 300.0
 #define MAX_ORPHANS     64
 
-static mt_dist_state state = {.rank = 0, .world = 1, .timeout = DEFAULT_TIMEOUT};
+static mt_dist_state process_state = {.rank = 0, .world = 1, .timeout = DEFAULT_TIMEOUT};
+/* a thread that joined a world of threads (mt_dist_init_thread) has its own */
+static _Thread_local mt_dist_state *thread_state;
 /* requests abandoned by a timed-out wait; finalize gives them one more bounded chance */
 static MPI_Request orphans[MAX_ORPHANS];
 static int n_orphans;
 
 mt_dist_state *mt_dist_state_get(void) {
-    return &state;
+    return thread_state ? thread_state : &process_state;
 }
 
 const char *mt_dist_device_str(mt_device d, char *buf, size_t cap) {
@@ -30,31 +32,34 @@ const char *mt_dist_device_str(mt_device d, char *buf, size_t cap) {
     return buf;
 }
 
-static void mark_broken(const char *why) {
-    if (state.broken) return;
-    state.broken = true;
-    snprintf(state.broken_why, sizeof state.broken_why, "%s", why);
+void mt_dist_mark_broken(const char *why) {
+    mt_dist_state *st = mt_dist_state_get();
+    if (st->broken) return;
+    st->broken = true;
+    snprintf(st->broken_why, sizeof st->broken_why, "%s", why);
 }
 
 int mt_dist_ready(const char *op) {
-    if (!state.initialized) return mt_error_set(MT_ERR_STATE, "%s: call mt_dist_init first", op);
-    if (state.finalized) return mt_error_set(MT_ERR_STATE, "%s: called after mt_dist_finalize", op);
-    if (state.broken)
+    mt_dist_state *st = mt_dist_state_get();
+    if (!st->initialized) return mt_error_set(MT_ERR_STATE, "%s: call mt_dist_init first", op);
+    if (st->finalized) return mt_error_set(MT_ERR_STATE, "%s: called after mt_dist_finalize", op);
+    if (st->broken)
         return mt_error_set(MT_ERR_STATE,
                             "%s: the process group is unusable after an earlier failure (%s)", op,
-                            state.broken_why);
+                            st->broken_why);
     return 0;
 }
 
 int mt_dist_mpi_error(const char *op, int code) {
+    mt_dist_state *st = mt_dist_state_get();
     char msg[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
     MPI_Error_string(code, msg, &len);
     char why[160];
     snprintf(why, sizeof why, "%s: MPI error: %s", op, msg);
-    mark_broken(why);
-    return mt_error_set(MT_ERR_STATE, "%s: MPI failed on rank %d of %d: %s", op, state.rank,
-                        state.world, msg);
+    mt_dist_mark_broken(why);
+    return mt_error_set(MT_ERR_STATE, "%s: MPI failed on rank %d of %d: %s", op, st->rank,
+                        st->world, msg);
 }
 
 static void pause_briefly(long spins) {
@@ -76,7 +81,8 @@ int mt_dist_test_request(const char *op, MPI_Request *req, bool *done) {
 }
 
 int mt_dist_wait_request(const char *op, MPI_Request *req) {
-    double deadline = MPI_Wtime() + state.timeout;
+    mt_dist_state *st = mt_dist_state_get();
+    double deadline = MPI_Wtime() + st->timeout;
     for (long spins = 0;; spins++) {
         bool done = false;
         int rc = mt_dist_test_request(op, req, &done);
@@ -84,13 +90,13 @@ int mt_dist_wait_request(const char *op, MPI_Request *req) {
         if (MPI_Wtime() > deadline) {
             if (n_orphans < MAX_ORPHANS) orphans[n_orphans++] = *req;
             char why[160];
-            snprintf(why, sizeof why, "%s timed out after %g s", op, state.timeout);
-            mark_broken(why);
+            snprintf(why, sizeof why, "%s timed out after %g s", op, st->timeout);
+            mt_dist_mark_broken(why);
             return mt_error_set(MT_ERR_TIMEOUT,
                                 "%s: rank %d of %d waited %g s and a peer never joined (a rank "
                                 "that died, hangs, or skipped this collective); see "
                                 "mt_dist_set_timeout",
-                                op, state.rank, state.world, state.timeout);
+                                op, st->rank, st->world, st->timeout);
         }
         pause_briefly(spins);
     }
@@ -129,6 +135,7 @@ static bool launched_by_mpi(void) {
 }
 
 static int read_timeout_env(void) {
+    mt_dist_state *st = mt_dist_state_get();
     const char *env = getenv("MT_DIST_TIMEOUT");
     if (!env || !*env) return 0;
     char *end = NULL;
@@ -137,32 +144,34 @@ static int read_timeout_env(void) {
         return mt_error_set(MT_ERR_INVALID,
                             "mt_dist_init: MT_DIST_TIMEOUT=%s is not a positive number of seconds",
                             env);
-    state.timeout = v;
+    st->timeout = v;
     return 0;
 }
 
 static int init_mpi(void) {
+    mt_dist_state *st = mt_dist_state_get();
     int already = 0;
     MPI_Initialized(&already);
     if (!already) {
         int provided = 0;
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
             return mt_error_set(MT_ERR_STATE, "mt_dist_init: MPI_Init_thread failed");
-        state.own_mpi = true;
+        st->own_mpi = true;
     }
     /* errors come back as codes instead of aborting the job (MPI_ERRORS_ARE_FATAL) */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &state.comm);
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &st->comm);
     if (rc != MPI_SUCCESS) return mt_dist_mpi_error("mt_dist_init", rc);
-    MPI_Comm_rank(state.comm, &state.rank);
-    MPI_Comm_size(state.comm, &state.world);
-    state.mpi = true;
+    MPI_Comm_rank(st->comm, &st->rank);
+    MPI_Comm_size(st->comm, &st->world);
+    st->mpi = true;
     return 0;
 }
 
 int mt_dist_init(void) {
-    if (state.initialized && !state.finalized) return 0;
-    if (state.finalized)
+    mt_dist_state *st = mt_dist_state_get();
+    if (st->initialized && !st->finalized) return 0;
+    if (st->finalized)
         return mt_error_set(MT_ERR_STATE,
                             "mt_dist_init: called after mt_dist_finalize (MPI cannot restart)");
     int rc = read_timeout_env();
@@ -178,20 +187,29 @@ int mt_dist_init(void) {
                                 "torchrun-style rendezvous is not supported, launch the ranks "
                                 "with mpirun -np N",
                                 ws);
-        state.rank = 0;
-        state.world = 1;
+        st->rank = 0;
+        st->world = 1;
     }
-    state.initialized = true;
+    st->initialized = true;
     return 0;
 }
 
 int mt_dist_finalize(void) {
-    if (!state.initialized || state.finalized) return 0;
+    mt_dist_state *st = mt_dist_state_get();
+    if (thread_state) {
+        /* a rank of a world of threads: back to the process's world */
+        mt_dist_nccl_destroy(st);
+        free(st);
+        thread_state = NULL;
+        return 0;
+    }
+    if (!st->initialized || st->finalized) return 0;
     int rc = 0;
-    if (state.mpi) {
+    mt_dist_nccl_destroy(st); /* before MPI goes: NCCL's bootstrap may use its network */
+    if (st->mpi) {
         /* an orphaned collective must complete before MPI may shut down: one more bounded
            wait for each (a late peer may have joined since) */
-        double deadline = MPI_Wtime() + state.timeout;
+        double deadline = MPI_Wtime() + st->timeout;
         for (int i = 0; i < n_orphans && rc == 0; i++) {
             bool done = false;
             for (long spins = 0; rc == 0 && !done; spins++) {
@@ -200,47 +218,91 @@ int mt_dist_finalize(void) {
                     rc = mt_error_set(MT_ERR_TIMEOUT,
                                       "mt_dist_finalize: a timed-out collective is still "
                                       "pending after %g s more; MPI is left running",
-                                      state.timeout);
+                                      st->timeout);
                 pause_briefly(spins);
             }
         }
         if (rc == 0) {
             n_orphans = 0;
-            MPI_Comm_free(&state.comm);
-            if (state.own_mpi) MPI_Finalize();
+            MPI_Comm_free(&st->comm);
+            if (st->own_mpi) MPI_Finalize();
         }
     }
-    state.finalized = true;
+    st->finalized = true;
     return rc;
 }
 
 bool mt_dist_is_initialized(void) {
-    return state.initialized && !state.finalized;
+    mt_dist_state *st = mt_dist_state_get();
+    return st->initialized && !st->finalized;
 }
 int mt_dist_rank(void) {
-    return state.rank;
+    mt_dist_state *st = mt_dist_state_get();
+    return st->rank;
 }
 int mt_dist_world_size(void) {
-    return state.world;
+    mt_dist_state *st = mt_dist_state_get();
+    return st->world;
 }
 
 int mt_dist_set_timeout(double seconds) {
+    mt_dist_state *st = mt_dist_state_get();
     if (!(seconds > 0))
         return mt_error_set(MT_ERR_INVALID,
                             "mt_dist_set_timeout: arg 1: %g is not a positive number of seconds",
                             seconds);
-    state.timeout = seconds;
+    st->timeout = seconds;
     return 0;
 }
 double mt_dist_timeout(void) {
-    return state.timeout;
+    mt_dist_state *st = mt_dist_state_get();
+    return st->timeout;
 }
 
 int mt_dist_barrier(void) {
+    mt_dist_state *st = mt_dist_state_get();
     const char *op = "mt_dist_barrier";
     int rc = mt_dist_ready(op);
-    if (rc < 0 || !state.mpi) return rc;
+    if (rc == 0 && !st->mpi && st->world > 1)
+        return mt_error_set(MT_ERR_UNSUPPORTED,
+                            "%s: a world of threads (mt_dist_init_thread) has "
+                            "no MPI to meet through",
+                            op);
+    if (rc < 0 || !st->mpi) return rc;
     MPI_Request req;
-    rc = MPI_Ibarrier(state.comm, &req);
+    rc = MPI_Ibarrier(st->comm, &req);
     return rc != MPI_SUCCESS ? mt_dist_mpi_error(op, rc) : mt_dist_wait_request(op, &req);
+}
+
+int mt_dist_id_new(mt_dist_id *id) {
+    const char *fn = "mt_dist_id_new";
+    if (!id) return mt_error_set(MT_ERR_NULL, "%s: arg 1: id is NULL", fn);
+    _Static_assert(sizeof id->bytes == sizeof process_state.nccl_id, "an NCCL unique id");
+    unsigned char tmp[sizeof id->bytes];
+    int rc = mt_dist_nccl_new_id(fn, tmp);
+    if (rc == 0) memcpy(id->bytes, tmp, sizeof tmp);
+    return rc;
+}
+
+int mt_dist_init_thread(int rank, int world, const mt_dist_id *id) {
+    const char *fn = "mt_dist_init_thread";
+    if (!id) return mt_error_set(MT_ERR_NULL, "%s: arg 3: id is NULL", fn);
+    if (world < 1 || rank < 0 || rank >= world)
+        return mt_error_set(MT_ERR_INVALID, "%s: rank %d is not a rank of a world of %d", fn, rank,
+                            world);
+    if (thread_state)
+        return mt_error_set(MT_ERR_STATE,
+                            "%s: this thread is already rank %d of %d; mt_dist_finalize first", fn,
+                            thread_state->rank, thread_state->world);
+    mt_dist_state *st = calloc(1, sizeof *st);
+    if (!st) return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+    st->initialized = true;
+    st->rank = rank;
+    st->world = world;
+    st->comm = MPI_COMM_NULL;
+    st->timeout = process_state.timeout;
+    st->has_nccl_id = true;
+    memcpy(st->nccl_id, id->bytes, sizeof st->nccl_id);
+    thread_state = st;
+    return 0;
 }

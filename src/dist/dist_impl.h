@@ -15,9 +15,18 @@ typedef struct {
     MPI_Comm comm;  /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
     double timeout; /* seconds */
     char broken_why[192];
+    /* NCCL (nccl.c): the communicator, made by the first collective on a CUDA tensor */
+    void *nccl_comm; /* ncclComm_t */
+    int nccl_device;
+    bool has_nccl_id; /* a rank of mt_dist_init_thread: the id its threads share */
+    unsigned char nccl_id[128];
 } mt_dist_state;
 
+/* The calling thread's world: its own after mt_dist_init_thread, else the process's. */
 mt_dist_state *mt_dist_state_get(void);
+
+/* Marks the world unusable (the first reason is kept). */
+void mt_dist_mark_broken(const char *why);
 
 /* 0 when collectives may run; otherwise an error naming op (not initialised, broken). */
 int mt_dist_ready(const char *op);
@@ -38,6 +47,22 @@ int mt_dist_test_request(const char *op, MPI_Request *req, bool *done);
    and its min/max over the ranks. */
 int mt_dist_agree(const char *op, MPI_Comm comm, const int64_t *vals, int n, int *bad, int64_t *lo,
                   int64_t *hi);
+
+/* ---- NCCL (nccl.c); in a build without CUDA each fails with MT_ERR_UNSUPPORTED */
+typedef struct {
+    mt_tensor *t;         /* written in place (all_gather's output) */
+    const mt_tensor *src; /* all_gather's input; NULL otherwise */
+    int root;             /* broadcast's root; -1 otherwise */
+    mt_reduce_op reduce;  /* all_reduce (src NULL, root -1) */
+} mt_dist_nccl_call;
+/* Queues the collective on the tensor's device stream (the communicator is made on first
+   use); no host wait. MT_ERR_UNSUPPORTED naming op when NCCL cannot be loaded. */
+int mt_dist_nccl_start(const char *op, const mt_dist_nccl_call *c);
+/* A fresh unique id (128 bytes) for ranks that are threads of one process. */
+int mt_dist_nccl_new_id(const char *op, unsigned char *id);
+/* An error NCCL reported asynchronously on this world's communicator, as an mt error. */
+int mt_dist_nccl_async_error(const char *op);
+void mt_dist_nccl_destroy(mt_dist_state *st);
 
 /* "cpu" or "cuda:N" */
 const char *mt_dist_device_str(mt_device d, char *buf, size_t cap);

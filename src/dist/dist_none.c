@@ -26,6 +26,14 @@ int mt_dist_rank(void) {
 int mt_dist_world_size(void) {
     return 1;
 }
+int mt_dist_id_new(mt_dist_id *id) {
+    (void)id;
+    return no_mpi("mt_dist_id_new");
+}
+int mt_dist_init_thread(int rank, int world, const mt_dist_id *id) {
+    (void)rank, (void)world, (void)id;
+    return no_mpi("mt_dist_init_thread");
+}
 int mt_dist_barrier(void) {
     return no_mpi("mt_dist_barrier");
 }
