@@ -237,7 +237,7 @@ static int nccl_type(const char *op, mt_dtype dt, ncclDataType_t *out) {
 
 int mt_dist_nccl_start(const char *op, const mt_dist_nccl_call *c) {
     mt_dist_state *st = mt_dist_state_get();
-    ncclDataType_t type;
+    ncclDataType_t type = ncclFloat32; /* set by nccl_type; GCC -O3 cannot tell */
     int rc = nccl_type(op, c->t->dtype, &type);
     if (rc < 0) return rc;
     ncclComm_t comm = comm_for(op, st, c->t->device.index);
