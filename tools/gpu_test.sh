@@ -493,8 +493,8 @@ step_bench() {
 
 # The "images_per_s" of each JSON line of samples/resnet_amp in LOG: "mode N img/s; ...".
 resnet_sample_figures() {
-    grep '^{' "$1" | sed -n 's/.*"mode": "\([^"]*\)".*"images_per_s": \([0-9.e+-]*\).*/\1 \2 img\/s; /p' |
-        tr -d '\n'
+    grep '^{' "$1" | sed -n 's/.*"mode": "\([^"]*\)".*"images_per_s": \([0-9.e+-]*\).*/\1 \2/p' |
+        awk '{printf "%s%s %.1f img/s", (NR > 1 ? "; " : ""), $1, $2}'
 }
 
 # The value column of the bench/resnet ratio row starting with LABEL in LOG, or "-".
@@ -504,12 +504,11 @@ resnet_ratio() {
     echo "${v:--}"
 }
 
-# mixtape's and torch's images/s for a mode LABEL of the bench/resnet table in LOG.
+# The images/s of IMPL (mixtape or torch) in mode LABEL of the bench/resnet table in LOG, or "-".
 resnet_ips() {
-    local m t
-    m=$(grep -m1 -F "| mixtape | $2 |" "$1" | awk -F'|' '{print $5}' | tr -d ' ')
-    t=$(grep -m1 -F "| torch $3" "$1" | grep -F "| $2 |" | awk -F'|' '{print $5}' | tr -d ' ')
-    echo "mixtape ${m:--} torch ${t:--}"
+    local v
+    v=$(grep -E "^\| $2[ |]" "$1" | grep -m1 -F "| $3 |" | awk -F'|' '{print $5}' | tr -d ' ')
+    echo "${v:--}"
 }
 
 step_resnet() {
@@ -550,8 +549,8 @@ step_resnet() {
         grep -v '^round ' "$blog" | tail -n 40
         local figures
         figures="O2 FP16 mixtape/torch-AMP images/s $(resnet_ratio "$blog" 'mixtape AMP-O2 FP16 / torch AMP FP16 (autocast + GradScaler)')"
-        figures+=" ($(resnet_ips "$blog" 'AMP-O2 FP16 master weights' x | sed 's/ torch -//'),"
-        figures+=" torch AMP $(resnet_ips "$blog" o1-fp16 '' | sed 's/.*torch //')); "
+        figures+=" (mixtape $(resnet_ips "$blog" mixtape 'AMP-O2 FP16 master weights'),"
+        figures+=" torch AMP $(resnet_ips "$blog" torch 'AMP-O1 FP16')); "
         figures+="FP32 $(resnet_ratio "$blog" 'mixtape FP32 / torch FP32'), O1 FP16 $(resnet_ratio "$blog" 'mixtape AMP-O1 FP16 / torch AMP FP16'), "
         figures+="O1 BF16 $(resnet_ratio "$blog" 'mixtape AMP-O1 BF16 / torch BF16 autocast'); "
         figures+=$(grep -m1 '^Goal' "$blog" || echo 'no goal line')
