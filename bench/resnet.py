@@ -16,7 +16,8 @@ o1-fp16 = torch.autocast('cpu', dtype=torch.float16), which torch 1.13 refuses o
 --device cuda: the same on the GPU, cudnn.benchmark on (the warm-up steps hold its algorithm
 search), torch.cuda.synchronize() before the clock starts and before it stops (a step returns
 before the GPU has run it, so only the mean over the timed steps is reported: the medians are
-null, like samples/resnet_amp's on CUDA); --threads does not apply. Modes there: fp32;
+null, like samples/resnet_amp's on CUDA); --threads does not apply. torch's defaults are kept
+(cudnn.allow_tf32 on: its FP32 convolutions run in TF32; the JSON line says so). Modes there: fp32;
 o1-fp16 = torch.autocast('cuda', dtype=torch.float16) + torch.cuda.amp.GradScaler (torch's
 channels_last AMP, the reference of issue 9's GPU goal); o1-bf16 = autocast BF16, no scaler.
 torch has no O2 (FP16 model with FP32 master weights) in core: bench/resnet compares mixtape's
@@ -127,6 +128,7 @@ def run_one_cuda(args, torch, F):
             'images_per_s': b * timed / (t1 - t0), 'images_per_s_median': None,
             'ms_per_step': 1e3 * (t1 - t0) / timed, 'ms_median': None, 'cpu_ms_median': None,
             'peak_mib': torch.cuda.max_memory_allocated() / 2**20,
+            'cudnn_allow_tf32': torch.backends.cudnn.allow_tf32,
             'loss_first': float(losses[0]), 'loss': float(losses[-1]), 'supported': True}
 
 
