@@ -1,6 +1,6 @@
-/* ResNet side by side on the CPU: mixtape (samples/resnet_amp) and PyTorch (bench/resnet.py),
- * the same architecture (ResNet-18 or -50, channels-last), sizes, synthetic batch, loss and
- * optimizer, in the same run.
+/* ResNet side by side on the CPU or a CUDA GPU: mixtape (samples/resnet_amp) and PyTorch
+ * (bench/resnet.py), the same architecture (ResNet-18 or -50, channels-last), sizes, synthetic
+ * batch, loss and optimizer, in the same run.
  *
  * Every (implementation, mode, thread count) runs in its own child process. The sweep runs
  * --repeat times (default 3), mixtape and torch interleaved round by round so both see the
@@ -15,8 +15,18 @@
  * torch 1.13 has no FP16 autocast on the CPU: its o1-fp16 row says so; mixtape's FP16 modes
  * run there but compute in FP32 (FP16 is a storage format on a CPU).
  *
- * Usage: resnet [--arch resnet18|resnet50] [--batch N] [--image-size N] [--steps N]
- *               [--threads 1,2] [--repeat N] [--python PATH] [--no-torch] */
+ * --device cuda: every mode once per round (no thread counts), by default ResNet-50, batch
+ * 128, 224x224, 30 steps of which the first 5 are untimed (cuDNN's algorithm choice, the
+ * caching allocator); images/s is the mean over the timed steps between two synchronizations
+ * (a GPU step returns before the device has run it, so there is no per-step median). torch
+ * runs FP32, autocast FP16 + GradScaler and autocast BF16 on CUDA (cudnn.benchmark on). torch
+ * has no O2 in core: mixtape's AMP-O2 FP16 is compared with torch's AMP FP16 (autocast +
+ * GradScaler), which is issue 9's GPU goal: O2 FP16 images/s >= PyTorch's channels_last AMP.
+ * Without a CUDA build of torch the torch rows say so and mixtape's rows still print.
+ *
+ * Usage: resnet [--device cpu|cuda] [--arch resnet18|resnet50] [--batch N] [--image-size N]
+ *               [--steps N] [--warmup N] [--threads 1,2] [--repeat N] [--python PATH]
+ *               [--no-torch] */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -46,6 +56,8 @@ typedef struct {
 
 static row rows[MAX_ROWS];
 static int n_rows;
+/* On a GPU the rows carry the mean over the timed steps (there is no per-step median). */
+static bool on_gpu;
 
 /* Runs cmd and adds a row per JSON line; a failed command without any adds one unsupported
    row for `mode` (when given) carrying its last message. */
@@ -79,8 +91,8 @@ static void run_json(const char *cmd, const char *impl, const char *mode) {
             snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
         r->threads = (int)mt_bench_json_num(line, "threads");
         /* the median step resists other processes on a shared machine */
-        r->ms = mt_bench_json_num(line, "ms_median");
-        r->images_per_s = mt_bench_json_num(line, "images_per_s_median");
+        r->ms = mt_bench_json_num(line, on_gpu ? "ms_per_step" : "ms_median");
+        r->images_per_s = mt_bench_json_num(line, on_gpu ? "images_per_s" : "images_per_s_median");
         r->cpu_ms = mt_bench_json_num(line, "cpu_ms_median");
         r->batch = mt_bench_json_num(line, "batch");
         r->loss_first = mt_bench_json_num(line, "loss_first");
@@ -175,8 +187,9 @@ static double print_ratio(const char *what, const row *num, const row *den, cons
 }
 
 static void print_table(void) {
-    printf("| implementation | mode | threads | images/s (median step) | ms/step (median) | "
-           "first loss | last loss |\n|---|---|---|---|---|---|---|\n");
+    printf("| implementation | mode | threads | images/s (%s) | ms/step (%s) | "
+           "first loss | last loss |\n|---|---|---|---|---|---|---|\n",
+           on_gpu ? "mean of the timed steps" : "median step", on_gpu ? "mean" : "median");
     const char *impls[] = {"mixtape", "torch"};
     for (int k = 0; k < 2; k++) {
         for (int m = 0; m < N_MODES; m++) {
@@ -186,15 +199,21 @@ static void print_table(void) {
                 printf("| %s | %s | - | %s | | | |\n", r->impl, MODES[m], r->reason);
                 continue;
             }
-            printf("| %s | %s | %d | %.2f | %.1f | %.4f | %.4f |\n", r->impl, LABELS[m], r->threads,
+            char threads[16] = "-";
+            if (!on_gpu) snprintf(threads, sizeof threads, "%d", r->threads);
+            printf("| %s | %s | %s | %.2f | %.1f | %.4f | %.4f |\n", r->impl, LABELS[m], threads,
                    r->images_per_s, r->ms, r->loss_first, r->loss);
         }
     }
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: resnet [--arch resnet18|resnet50] [--batch N] [--image-size N] "
-                    "[--steps N] [--threads 1,2] [--repeat N] [--python PATH] [--no-torch]\n");
+    fprintf(stderr,
+            "usage: resnet [--device cpu|cuda] [--arch resnet18|resnet50] [--batch N] "
+            "[--image-size N] [--steps N] [--warmup N] [--threads 1,2] [--repeat N] "
+            "[--python PATH] [--no-torch]\n"
+            "  defaults: cpu resnet18, batch 16, image 64, 6 steps, warmup 1, 3 rounds; cuda "
+            "resnet50, batch 128, image 224, 30 steps, warmup 5, 1 round\n");
 }
 
 static bool safe_for_shell(const char *s) {
@@ -202,14 +221,32 @@ static bool safe_for_shell(const char *s) {
 }
 
 typedef struct {
-    const char *arch, *threads, *python, *sample;
-    long batch, image, steps, repeat;
+    const char *arch, *threads, *python, *sample, *device;
+    long batch, image, steps, warmup, repeat; /* 0 (warmup -1): the device's default */
     bool torch;
 } options;
 
+/* The defaults of each device: a CPU run of seconds; on a GPU ResNet-50 at ImageNet size, a
+   batch that fits an 80 GB H100 in FP32 with room to spare, a few minutes for every mode of
+   both implementations. */
+static void apply_defaults(options *o) {
+    bool gpu = strcmp(o->device, "cuda") == 0;
+    if (!o->arch) o->arch = gpu ? "resnet50" : "resnet18";
+    if (!o->batch) o->batch = gpu ? 128 : 16;
+    if (!o->image) o->image = gpu ? 224 : 64;
+    if (!o->steps) o->steps = gpu ? 30 : 6;
+    if (o->warmup < 0) o->warmup = gpu ? 5 : 1;
+    if (!o->repeat) o->repeat = gpu ? 1 : 3;
+}
+
 /* Returns 0, or the exit status for bad options. */
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){"resnet18", "1,2", MT_TORCH_PYTHON, MT_RESNET_AMP, 16, 64, 6, 3, true};
+    *o = (options){.threads = "1,2",
+                   .python = MT_TORCH_PYTHON,
+                   .sample = MT_RESNET_AMP,
+                   .device = "cpu",
+                   .warmup = -1,
+                   .torch = true};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-torch") == 0) {
@@ -223,6 +260,10 @@ static int parse_args(int argc, char **argv, options *o) {
         i++;
         if (strcmp(a, "--arch") == 0)
             o->arch = v;
+        else if (strcmp(a, "--device") == 0)
+            o->device = v;
+        else if (strcmp(a, "--warmup") == 0)
+            o->warmup = strtol(v, NULL, 10);
         else if (strcmp(a, "--batch") == 0)
             o->batch = strtol(v, NULL, 10);
         else if (strcmp(a, "--image-size") == 0)
@@ -241,11 +282,18 @@ static int parse_args(int argc, char **argv, options *o) {
             return 2;
         }
     }
+    if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "cuda") != 0) {
+        fprintf(stderr, "resnet bench: --device: expected cpu or cuda, got \"%s\"\n", o->device);
+        return 2;
+    }
+    apply_defaults(o);
     if ((strcmp(o->arch, "resnet18") != 0 && strcmp(o->arch, "resnet50") != 0) || o->batch < 2 ||
-        o->image < 32 || o->steps < 2 || o->repeat < 1 || o->repeat > 8 || !o->threads[0] ||
+        o->image < 32 || o->steps < 2 || o->warmup < 0 || o->warmup >= o->steps || o->repeat < 1 ||
+        o->repeat > 8 || !o->threads[0] ||
         strspn(o->threads, "0123456789,") != strlen(o->threads) || strlen(o->threads) > 60) {
         fprintf(stderr, "resnet bench: --arch resnet18|resnet50, --batch >= 2, --image-size >= "
-                        "32, --steps >= 2, --repeat 1..8, --threads a comma list\n");
+                        "32, --steps >= 2, --warmup 0..steps-1, --repeat 1..8, --threads a "
+                        "comma list\n");
         return 2;
     }
     if (!safe_for_shell(o->python) || !safe_for_shell(o->sample)) {
@@ -260,11 +308,37 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
+/* On a GPU: each round every mixtape mode once, then torch's (no thread counts there). */
+static void run_rounds_gpu(const options *o, const char *sizes) {
+    char cmd[2048];
+    for (long round = 1; round <= o->repeat; round++) {
+        for (int m = 0; m < N_MODES; m++) {
+            snprintf(cmd, sizeof cmd, "'%s' --json --device cuda --modes %s %s", o->sample,
+                     MODES[m], sizes);
+            fprintf(stderr, "round %ld/%ld: mixtape %s on cuda...\n", round, o->repeat, MODES[m]);
+            run_json(cmd, "mixtape", MODES[m]);
+        }
+        if (o->torch) {
+            /* torch has no O2: its AMP FP16 row is what mixtape's O2 is compared with */
+            snprintf(cmd, sizeof cmd,
+                     "'%s' '%s/resnet.py' --device cuda --modes fp32,o1-fp16,o1-bf16 %s", o->python,
+                     MT_BENCH_DIR, sizes);
+            fprintf(stderr, "round %ld/%ld: torch fp32, o1-fp16, o1-bf16 on cuda...\n", round,
+                    o->repeat);
+            run_json(cmd, "torch", NULL);
+        }
+    }
+}
+
 /* --repeat rounds, each every mixtape mode and thread count, then torch's. */
 static void run_rounds(const options *o) {
     char sizes[160], cmd[2048];
-    snprintf(sizes, sizeof sizes, "--arch %s --batch %ld --image-size %ld --steps %ld --warmup 1",
-             o->arch, o->batch, o->image, o->steps);
+    snprintf(sizes, sizeof sizes, "--arch %s --batch %ld --image-size %ld --steps %ld --warmup %ld",
+             o->arch, o->batch, o->image, o->steps, o->warmup);
+    if (on_gpu) {
+        run_rounds_gpu(o, sizes);
+        return;
+    }
     for (long round = 1; round <= o->repeat; round++) {
         char tl[64];
         snprintf(tl, sizeof tl, "%s", o->threads);
@@ -288,15 +362,71 @@ static void run_rounds(const options *o) {
     }
 }
 
+/* Says so when no torch row was measured: why, from the first torch row. */
+static void print_torch_unavailable(void) {
+    for (int i = 0; i < n_rows; i++)
+        if (strncmp(rows[i].impl, "torch", 5) == 0 && rows[i].supported) return;
+    const char *why = "no output";
+    for (int i = 0; i < n_rows; i++)
+        if (strncmp(rows[i].impl, "torch", 5) == 0) {
+            why = rows[i].reason;
+            break;
+        }
+    printf("\nThe PyTorch side is unavailable here (%s): mixtape's rows only.\n", why);
+}
+
+/* GPU: mixtape / torch per mode; the goal is mixtape's O2 against torch's AMP FP16. */
+static void print_gpu_report(const options *o) {
+    print_table();
+    printf("\ntorch has no O2 (FP16 model, FP32 master weights) in core: its AMP FP16 row "
+           "(autocast + GradScaler, channels_last) is the reference for mixtape's AMP-O2.\n");
+    if (o->torch) print_torch_unavailable();
+    printf("\n| ratio of images/s | value | meaning |\n|---|---|---|\n");
+    const row *mf = best("mixtape", "fp32"), *tf = best("torch", "fp32");
+    const row *t16 = best("torch", "o1-fp16"), *tb = best("torch", "o1-bf16");
+    print_ratio("mixtape FP32 / torch FP32", mf, tf, ">= 1: mixtape as fast or faster");
+    print_ratio("mixtape AMP-O1 FP16 / torch AMP FP16", best("mixtape", "o1-fp16"), t16,
+                ">= 1: mixtape as fast or faster");
+    double r2 = print_ratio("mixtape AMP-O2 FP16 / torch AMP FP16 (autocast + GradScaler)",
+                            best("mixtape", "o2-fp16"), t16, ">= 1: the goal");
+    print_ratio("mixtape AMP-O1 BF16 / torch BF16 autocast", best("mixtape", "o1-bf16"), tb,
+                ">= 1: mixtape as fast or faster");
+    for (int m = 1; m < N_MODES; m++) {
+        char what[96];
+        snprintf(what, sizeof what, "mixtape %s / mixtape FP32", LABELS[m]);
+        print_ratio(what, best("mixtape", MODES[m]), mf, "> 1: faster than FP32");
+    }
+    print_ratio("torch AMP FP16 / torch FP32 (reference)", t16, tf, "> 1: faster than FP32");
+    if (o->torch)
+        printf("\nGoal (mixtape AMP-O2 FP16 images/s >= torch's channels_last AMP FP16): %s.\n",
+               !isfinite(r2) ? "not measured"
+               : r2 >= 1     ? "met"
+                             : "not met");
+}
+
 int main(int argc, char **argv) {
     options o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
+    on_gpu = strcmp(o.device, "cuda") == 0;
+    if (on_gpu) {
+        printf("%s on CUDA, channels-last, synthetic batch %ldx3x%ldx%ld, 1000 classes, SGD "
+               "momentum; %ld steps, the first %ld untimed; best of %ld round(s)\n\n",
+               strcmp(o.arch, "resnet50") == 0 ? "ResNet-50" : "ResNet-18", o.batch, o.image,
+               o.image, o.steps, o.warmup, o.repeat);
+        fflush(stdout);
+        run_rounds(&o);
+        print_gpu_report(&o);
+        /* exit status 1 when mixtape could not run FP32 or O2 FP16 */
+        return measured(best("mixtape", "fp32")) && measured(best("mixtape", "o2-fp16")) ? 0 : 1;
+    }
+    char warm[32] = "the first";
+    if (o.warmup != 1) snprintf(warm, sizeof warm, "the first %ld", o.warmup);
     printf("%s on the CPU, channels-last, synthetic batch %ldx3x%ldx%ld, 1000 classes, SGD "
-           "momentum; %ld steps, the first untimed; threads tried: %s; best of %ld round(s); "
+           "momentum; %ld steps, %s untimed; threads tried: %s; best of %ld round(s); "
            "%ld cores online\n\n",
            strcmp(o.arch, "resnet50") == 0 ? "ResNet-50" : "ResNet-18", o.batch, o.image, o.image,
-           o.steps, o.threads, o.repeat, sysconf(_SC_NPROCESSORS_ONLN));
+           o.steps, warm, o.threads, o.repeat, sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
     run_rounds(&o);
     print_table();

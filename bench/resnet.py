@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ResNet-18/50 trained in plain PyTorch on the CPU, the same network and loop as
+"""ResNet-18/50 trained in plain PyTorch on the CPU or CUDA, the same network and loop as
 samples/resnet_amp.c: torchvision's architecture written out here (torch 1.13 on Debian has no
 torchvision): a 7x7 stride-2 stem conv + BN + ReLU, 3x3 stride-2 max pool, [2, 2, 2, 2] basic
 blocks or [3, 4, 6, 3] bottlenecks (stride on the 3x3 conv, expansion 4) with 1x1 conv + BN
@@ -12,6 +12,17 @@ time (time.process_time: every thread, not the time other processes hold the cor
 Modes: fp32; o1-bf16 = torch.autocast('cpu', dtype=torch.bfloat16) (no GradScaler);
 o1-fp16 = torch.autocast('cpu', dtype=torch.float16), which torch 1.13 refuses on the CPU
 (reported as {"supported": false, "reason": ...}).
+
+--device cuda: the same on the GPU, cudnn.benchmark on (the warm-up steps hold its algorithm
+search), torch.cuda.synchronize() before the clock starts and before it stops (a step returns
+before the GPU has run it, so only the mean over the timed steps is reported: the medians are
+null, like samples/resnet_amp's on CUDA); --threads does not apply. torch's defaults are kept
+(cudnn.allow_tf32 on: its FP32 convolutions run in TF32; the JSON line says so). Modes there: fp32;
+o1-fp16 = torch.autocast('cuda', dtype=torch.float16) + torch.cuda.amp.GradScaler (torch's
+channels_last AMP, the reference of issue 9's GPU goal); o1-bf16 = autocast BF16, no scaler.
+torch has no O2 (FP16 model with FP32 master weights) in core: bench/resnet compares mixtape's
+O2 with this o1-fp16 row. Without a CUDA build of torch or a GPU, each mode answers
+{"supported": false, "reason": ...}.
 
 Every (mode, threads) pair runs in a fresh child process; one JSON object per pair and line:
   {"impl": "torch", "version": ..., "mode": ..., "threads": ..., "images_per_s": ...,
@@ -63,12 +74,72 @@ def make_resnet(torch, arch, classes):
     return nn.Sequential(*layers)
 
 
+def cuda_unavailable(torch):
+    """Why torch cannot train on CUDA here, or None."""
+    if not torch.cuda.is_available():
+        return 'torch %s: no CUDA (torch.cuda.is_available() is False%s)' % (
+            torch.__version__, '' if torch.version.cuda else '; a CPU-only build')
+    return None
+
+
+def run_one_cuda(args, torch, F):
+    mode = args.one
+    why = cuda_unavailable(torch)
+    if why:
+        return {'mode': mode, 'device': 'cuda', 'supported': False, 'reason': why}
+    amp_dtype = {'fp32': None, 'o1-fp16': torch.float16, 'o1-bf16': torch.bfloat16}
+    if mode not in amp_dtype:
+        return {'mode': mode, 'device': 'cuda', 'supported': False,
+                'reason': 'no such mode in torch on CUDA (torch has no O2 in core)'}
+    dtype = amp_dtype[mode]
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device('cuda')
+    torch.manual_seed(args.seed)
+    b, s = args.batch, args.image_size
+    x = torch.randn(b, 3, s, s, device=dev).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, args.classes, (b,), device=dev)
+    torch.manual_seed(args.seed + 1)
+    model = make_resnet(torch, args.arch, args.classes).to(dev, memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    scaler = torch.cuda.amp.GradScaler(init_scale=1024, enabled=dtype == torch.float16)
+
+    warmup = min(args.warmup, args.steps - 1)
+    losses = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        if step == warmup and step > 0:
+            torch.cuda.synchronize()  # the warm-up steps (cuDNN's search) are done
+            t0 = time.perf_counter()
+        with torch.autocast('cuda', dtype=dtype or torch.float16, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    timed = args.steps - warmup
+    return {'impl': 'torch', 'version': torch.__version__, 'mode': mode, 'device': 'cuda',
+            'gpu': torch.cuda.get_device_name(), 'arch': args.arch, 'batch': b,
+            'image_size': s, 'steps': args.steps, 'warmup': warmup, 'threads': 0,
+            'images_per_s': b * timed / (t1 - t0), 'images_per_s_median': None,
+            'ms_per_step': 1e3 * (t1 - t0) / timed, 'ms_median': None, 'cpu_ms_median': None,
+            'peak_mib': torch.cuda.max_memory_allocated() / 2**20,
+            'cudnn_allow_tf32': torch.backends.cudnn.allow_tf32,
+            'loss_first': float(losses[0]), 'loss': float(losses[-1]), 'supported': True}
+
+
 def run_one(args):
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(args.threads)
     mode = args.one
+    if args.device == 'cuda':
+        return run_one_cuda(args, torch, F)
+    torch.set_num_threads(args.threads)
     if mode == 'o1-fp16':
         try:
             with torch.autocast('cpu', dtype=torch.float16):
@@ -130,6 +201,7 @@ def main():
     p.add_argument('--seed', type=int, default=2023)
     p.add_argument('--threads', default='1,2', help='comma list of thread counts')
     p.add_argument('--modes', default='fp32,o1-bf16,o1-fp16')
+    p.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
     p.add_argument('--one', help=argparse.SUPPRESS)  # child: run one mode
     args = p.parse_args()
     if min(args.batch, args.steps, args.classes) <= 0 or args.image_size < 32 or args.warmup < 0:
@@ -139,13 +211,15 @@ def main():
         print(json.dumps(run_one(args)), flush=True)
         return 0
     failed = False
+    # on CUDA the thread count does not apply: one child per mode
+    thread_counts = ['0'] if args.device == 'cuda' else args.threads.split(',')
     for mode in args.modes.split(','):
-        for threads in args.threads.split(','):
+        for threads in thread_counts:
             cmd = [sys.executable, __file__, '--one', mode, '--threads', threads,
                    '--arch', args.arch, '--batch', str(args.batch),
                    '--image-size', str(args.image_size), '--steps', str(args.steps),
                    '--warmup', str(args.warmup), '--classes', str(args.classes),
-                   '--lr', str(args.lr), '--seed', str(args.seed)]
+                   '--lr', str(args.lr), '--seed', str(args.seed), '--device', args.device]
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             lines = [line for line in r.stdout.splitlines() if line.startswith('{')]
             if r.returncode != 0 or not lines:
