@@ -6,6 +6,7 @@
 #include "test_util.h"
 #include "../src/cuda/cuda_impl.h"
 #include "../src/cuda/cudnn_impl.h"
+#include "../src/dist/dist_impl.h"
 
 static void test_cublas_loads(void **state) {
     (void)state;
@@ -23,13 +24,23 @@ static void test_cudnn_loads(void **state) {
     assert_non_null(api->bn_bwd);
 }
 
+static void test_nccl_loads(void **state) {
+    (void)state;
+    const char *why = mt_dist_nccl_load_error();
+    if (why) fail_msg("%s", why);
+}
+
 int main(void) {
     bool cudnn = mt_cudnn_available();
+    const char *nccl_why = mt_dist_nccl_load_error();
+    bool nccl = !nccl_why || !strstr(nccl_why, "cannot load"); /* "lacks": a failure */
     mt_clear_error();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cublas_loads),
         cudnn ? (struct CMUnitTest)cmocka_unit_test(test_cudnn_loads)
               : MT_TEST_SKIPPED(test_cudnn_loads, "libcudnn.so.9 is not installed here"),
+        nccl ? (struct CMUnitTest)cmocka_unit_test(test_nccl_loads)
+             : MT_TEST_SKIPPED(test_nccl_loads, "libnccl.so.2 is not installed here"),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -62,6 +62,9 @@ int mt_dist_nccl_start(const char *op, const mt_dist_nccl_call *c);
 int mt_dist_nccl_new_id(const char *op, unsigned char *id);
 /* An error NCCL reported asynchronously on this world's communicator, as an mt error. */
 int mt_dist_nccl_async_error(const char *op);
+/* Loads NCCL (once); NULL when it loaded with every entry point, else why not ("cannot load
+   ...", "NCCL lacks ...", "built without ..."). */
+const char *mt_dist_nccl_load_error(void);
 void mt_dist_nccl_destroy(mt_dist_state *st);
 
 /* "cpu" or "cuda:N" */

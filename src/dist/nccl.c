@@ -36,15 +36,15 @@ int mt_dist_nccl_async_error(const char *op) {
 void mt_dist_nccl_destroy(mt_dist_state *st) {
     (void)st;
 }
+const char *mt_dist_nccl_load_error(void) {
+    return "built without " MT_NCCL_MISSING_WHAT;
+}
 #else
-#include <dlfcn.h>
 #include <stdio.h>
 #include <threads.h>
 #include <nccl.h>
 #include "../cuda/cuda_impl.h"
-
-#define MT_DIST_STR_(x) #x
-#define MT_DIST_STR(x)  MT_DIST_STR_(x)
+#include "../cuda/dl_library.h"
 
 typedef struct {
     __typeof__(&ncclGetUniqueId) get_unique_id;
@@ -63,34 +63,21 @@ static char load_error[256]; /* empty once loaded */
 static once_flag load_once = ONCE_FLAG_INIT;
 
 static void load_from(const char *const *names, size_t n) {
-    void *lib = NULL;
-    for (size_t i = 0; i < n && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        const char *why = dlerror();
-        snprintf(load_error, sizeof load_error, "cannot load %s: %s", names[0],
-                 why ? why : "not found");
-        return;
-    }
-    /* object-to-function pointer conversion through memcpy: ISO C has no cast for it */
-#define MT_LOAD(field, name)                                                                       \
-    do {                                                                                           \
-        void *p = dlsym(lib, name);                                                                \
-        if (!p && !load_error[0]) snprintf(load_error, sizeof load_error, "NCCL lacks %s", name);  \
-        memcpy(&api.field, &p, sizeof p);                                                          \
-    } while (0)
+    void *lib = mt_dl_open(names, n, load_error, sizeof load_error);
+    if (!lib) return;
+#define MT_LOAD(field, name) MT_DL_LOAD(lib, "NCCL", api.field, name, load_error)
     MT_LOAD(get_unique_id, "ncclGetUniqueId");
     MT_LOAD(comm_init_rank, "ncclCommInitRank");
     MT_LOAD(comm_destroy, "ncclCommDestroy");
     MT_LOAD(comm_get_async_error, "ncclCommGetAsyncError");
     MT_LOAD(get_error_string, "ncclGetErrorString");
-    /* optional (NCCL 2.13+): the detail of a failure */
-    void *last = dlsym(lib, "ncclGetLastError");
-    memcpy(&api.get_last_error, &last, sizeof last);
     MT_LOAD(all_reduce, "ncclAllReduce");
     MT_LOAD(broadcast, "ncclBroadcast");
     MT_LOAD(all_gather, "ncclAllGather");
 #undef MT_LOAD
-    /* stays loaded for the life of the process (communicators may outlive any caller) */
+    /* optional (NCCL 2.13+): the detail of a failure; its absence is no error */
+    char optional[64] = "";
+    MT_DL_LOAD(lib, "NCCL", api.get_last_error, "ncclGetLastError", optional);
 }
 
 static void load(void) {
@@ -110,9 +97,14 @@ static void load(void) {
                      .broadcast = ncclBroadcast,
                      .all_gather = ncclAllGather};
 #else
-    static const char *const names[] = {"libnccl.so." MT_DIST_STR(NCCL_MAJOR), "libnccl.so"};
+    static const char *const names[] = {"libnccl.so." MT_DL_STR(NCCL_MAJOR), "libnccl.so"};
     load_from(names, sizeof names / sizeof *names);
 #endif
+}
+
+const char *mt_dist_nccl_load_error(void) {
+    call_once(&load_once, load);
+    return load_error[0] ? load_error : NULL;
 }
 
 static const nccl_api *nccl(const char *op) {
