@@ -179,6 +179,41 @@ static void test_bucket_counts_and_overlap(void **state) {
     assert_int_equal(st.started_in_backward, 0);
 }
 
+/* Parameters of two dtypes in turn (O2's FP16 weights among FP32 norm parameters): one open
+   bucket per dtype, so two buckets, not one per dtype change; every gradient is averaged. */
+static void test_buckets_per_dtype(void **state) {
+    (void)state;
+    enum { N = 5 };
+    mt_tensor *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = mt_full(MT_SHAPE(3 + i), i % 2 ? MT_F32 : MT_F16, MT_CPU, 0.5);
+        mt_set_requires_grad(p[i], true);
+    }
+    for (int per_param = 0; per_param < 2; per_param++) {
+        mt_ddp *ddp = mt_ddp_new(p, N, &(mt_ddp_opts){.per_parameter = per_param});
+        assert_non_null(ddp);
+        mt_scope_begin();
+        mt_tensor *loss = mt_scalar(0.0, MT_F32, MT_CPU);
+        for (int i = 0; i < N; i++)
+            loss = mt_add(loss, mt_mul_scalar(mt_sum_all(mt_cast(p[i], MT_F32)), i + 1.0));
+        assert_int_equal(mt_backward(loss, NULL), 0);
+        assert_int_equal(mt_ddp_wait(ddp), 0);
+        for (int i = 0; i < N; i++) {
+            double want[8];
+            for (int k = 0; k < 3 + i; k++) want[k] = i + 1.0;
+            assert_tensor_close(mt_grad(p[i]), want, 3 + i, 0, 0);
+        }
+        mt_scope_end();
+        mt_ddp_stats st;
+        assert_int_equal(mt_ddp_stats_get(ddp, &st), 0);
+        assert_int_equal(st.buckets, per_param ? N : 2);
+        assert_int_equal(st.allreduce_calls, per_param ? N : 2);
+        mt_ddp_free(ddp);
+        for (int i = 0; i < N; i++) mt_set_grad(p[i], NULL);
+    }
+    for (int i = 0; i < N; i++) mt_release(p[i]);
+}
+
 /* Two micro-batches, the first under no_sync: the gradients equal the average over the
    ranks of the accumulated sums, i.e. one big batch's two halves summed. */
 static void test_no_sync_accumulates(void **state) {
@@ -326,6 +361,7 @@ int main(void) {
         MT_TEST(test_sgd_amp_o2_one_rank_overflows),
         MT_TEST(test_adamw_amp_o2),
         MT_TEST(test_bucket_counts_and_overlap),
+        MT_TEST(test_buckets_per_dtype),
         MT_TEST(test_no_sync_accumulates),
         MT_TEST(test_unused_parameter),
         MT_TEST(test_ready_twice_refused),

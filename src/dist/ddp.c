@@ -327,26 +327,31 @@ static int check_ranks(MPI_Comm comm, mt_tensor *const *params, int n, int local
         bad / DESC, mt_dist_rank(), mt_shape_str(t, b, sizeof b), mt_dtype_name(t->dtype));
 }
 
-/* Reverse registration order, a new bucket at a dtype change or when the size is reached. */
+/* Reverse registration order (roughly the order backward makes gradients ready), one open
+   bucket per dtype (as torch's bucket assignment: O2's FP32 norm parameters among FP16 ones
+   do not cut the FP16 run into many small buckets), a new bucket when the size is reached. */
 static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
     size_t cap = (size_t)(bucket_mb * 1024.0 * 1024.0);
     d->buckets = calloc((size_t)(d->n ? d->n : 1), sizeof *d->buckets);
     if (!d->buckets) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory");
-    ddp_bucket *cur = NULL;
-    size_t cur_bytes = 0;
+    int open[MT_DTYPE_COUNT];
+    size_t open_bytes[MT_DTYPE_COUNT] = {0};
+    for (int k = 0; k < MT_DTYPE_COUNT; k++) open[k] = -1;
     for (int i = d->n - 1; i >= 0; i--) {
         ddp_param *p = &d->params[i];
-        size_t bytes = (size_t)p->t->numel * buf_esize(p->t->dtype);
-        if (!cur || per_parameter || cur->dt != p->t->dtype || cur_bytes + bytes > cap) {
-            cur = &d->buckets[d->nb++];
-            cur->dt = p->t->dtype;
-            cur_bytes = 0;
+        mt_dtype dt = p->t->dtype;
+        size_t bytes = (size_t)p->t->numel * buf_esize(dt);
+        if (open[dt] < 0 || per_parameter || open_bytes[dt] + bytes > cap) {
+            open[dt] = d->nb++;
+            d->buckets[open[dt]].dt = dt;
+            open_bytes[dt] = 0;
         }
-        p->bucket = (int)(cur - d->buckets);
+        ddp_bucket *cur = &d->buckets[open[dt]];
+        p->bucket = open[dt];
         p->offset = cur->numel;
         cur->numel += p->t->numel;
         cur->n_params++;
-        cur_bytes += bytes;
+        open_bytes[dt] += bytes;
     }
     for (int i = 0; i < d->nb && d->cuda; i++) {
         ddp_bucket *b = &d->buckets[i];
