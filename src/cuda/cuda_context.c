@@ -46,6 +46,9 @@ static void ctx_destroy(mt_cuda_device_ctx *c) {
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->fault_host) cudaFreeHost(c->fault_host);
     if (c->peer_event) cudaEventDestroy(c->peer_event);
+    if (c->comm_in) cudaEventDestroy(c->comm_in);
+    if (c->comm_out) cudaEventDestroy(c->comm_out);
+    if (c->comm_stream) cudaStreamDestroy(c->comm_stream);
     free(c);
 }
 
@@ -69,6 +72,10 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->set_stream(c->blas, c->stream));
     if (!rc)
         rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->peer_event, cudaEventDisableTiming));
+    if (!rc)
+        rc = mt_cuda_check(op, cudaStreamCreateWithFlags(&c->comm_stream, cudaStreamNonBlocking));
+    if (!rc) rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->comm_in, cudaEventDisableTiming));
+    if (!rc) rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->comm_out, cudaEventDisableTiming));
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->lt_create(&c->blas_lt));
     if (!rc) c->staging = mt_cuda_staging_new(); /* none: uploads copy from pageable memory */
     int sms = 1;

@@ -22,6 +22,11 @@ typedef struct {
     cublasLtHandle_t blas_lt;  /* cuBLASLt, for GEMMs with an epilogue (cuda_gemm.c) */
     mt_cuda_fault *fault_host; /* mapped pinned memory: written by kernels, read after syncs */
     cudaEvent_t peer_event;    /* orders the two streams of a device-to-device copy */
+    /* Collectives (NCCL) run on their own stream so that they overlap the compute stream:
+       comm_in makes a collective wait for the compute work before it, comm_out makes later
+       compute wait for the collectives before it (src/dist/nccl.c). */
+    cudaStream_t comm_stream;
+    cudaEvent_t comm_in, comm_out;
     mt_cuda_ctx kctx;
     mt_cudnn_state *dnn; /* cuDNN handle and algorithm cache, made on first use (cudnn_state.c) */
 } mt_cuda_device_ctx;

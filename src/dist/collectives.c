@@ -248,7 +248,8 @@ mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
 int mt_dist_wait(mt_dist_work *w) {
     if (!w) return mt_error_set(MT_ERR_NULL, "mt_dist_wait: arg 1: work is NULL");
     int rc = w->pending ? mt_dist_wait_request(w->op, &w->req) : 0;
-    if (w->cuda) rc = mt_dist_nccl_async_error(w->op);
+    if (w->cuda) rc = mt_dist_nccl_join(w->op, w->t->device.index);
+    if (w->cuda && rc == 0) rc = mt_dist_nccl_async_error(w->op);
     if (rc == MT_ERR_TIMEOUT) {
         /* MPI may still write into the buffers: they are left alive (leaked), the work
            header is freed */

@@ -247,6 +247,8 @@ int mt_ddp_wait(mt_ddp *d) {
             if (rc == 0) d->buckets[i].pending = false;
         }
     if (rc == MT_ERR_TIMEOUT) d->leak_buffers = true; /* MPI may still write into them */
+    if (rc == 0 && d->cuda) /* the copies out of the buckets after their all-reduces */
+        rc = mt_dist_nccl_join("mt_ddp_wait", d->params[0].t->device.index);
     int world = mt_dist_world_size();
     for (int i = 0; rc == 0 && i < d->n; i++) rc = copy_out(d, &d->params[i], world);
     if (rc == 0) {
@@ -375,6 +377,10 @@ static int broadcast_params(mt_ddp *d) {
             mt_dist_nccl_start("mt_ddp_new", &(mt_dist_nccl_call){.t = d->params[i].t, .root = 0});
         if (rc < 0) return rc;
         mt_tensor_bump_version(d->params[i].t);
+    }
+    if (d->cuda && d->n > 0) { /* the parameters are read and written by compute from here */
+        int rc = mt_dist_nccl_join("mt_ddp_new", d->params[0].t->device.index);
+        if (rc < 0) return rc;
     }
     for (int i = 0; i < d->n && d->mpi && !d->cuda; i++) {
         mt_tensor *t = d->params[i].t;

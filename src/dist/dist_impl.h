@@ -65,6 +65,9 @@ int mt_dist_nccl_async_error(const char *op);
 /* Loads NCCL (once); NULL when it loaded with every entry point, else why not ("cannot load
    ...", "NCCL lacks ...", "built without ..."). */
 const char *mt_dist_nccl_load_error(void);
+/* Later work on the compute stream of cuda:device waits for every collective queued so far
+   on its communication stream (mt_dist_wait, mt_ddp_wait, the blocking collectives). */
+int mt_dist_nccl_join(const char *op, int device);
 void mt_dist_nccl_destroy(mt_dist_state *st);
 
 /* "cpu" or "cuda:N" */

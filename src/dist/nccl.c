@@ -2,11 +2,12 @@
    cuBLAS), never linked: a CPU-only user needs no NCCL. The communicator is made by the first
    collective on a CUDA tensor (every rank calls it, so it is a safe point to meet), on that
    tensor's device: the unique id comes from rank 0 through MPI, is made locally in a world of
-   one, or is the one the threads of mt_dist_init_thread share. Collectives are queued on the
-   device context's stream, the stream every kernel of the library uses, so a result is
-   ordered before any later op on it with no host wait. The emulated device links its fake
-   NCCL (test/cuda_emu/fake_nccl.cpp) into the program; MT_NCCL_LIBRARY names the library to
-   load instead, in both builds. */
+   one, or is the one the threads of mt_dist_init_thread share. Collectives run on the device
+   context's communication stream, after an event on its compute stream (the stream every
+   kernel of the library uses), so they overlap the compute work queued after them (DDP's
+   rest of backward); mt_dist_nccl_join makes later compute wait for them, with no host wait. The
+   emulated device links its fake NCCL (test/cuda_emu/fake_nccl.cpp) into the program;
+   MT_NCCL_LIBRARY names the library to load instead, in both builds. */
 #include <stdlib.h>
 #include <string.h>
 #include "dist_impl.h"
@@ -38,6 +39,10 @@ void mt_dist_nccl_destroy(mt_dist_state *st) {
 }
 const char *mt_dist_nccl_load_error(void) {
     return "built without " MT_NCCL_MISSING_WHAT;
+}
+int mt_dist_nccl_join(const char *op, int device) {
+    (void)device;
+    return mt_dist_nccl_new_id(op, NULL);
 }
 #else
 #include <stdio.h>
@@ -236,21 +241,32 @@ int mt_dist_nccl_start(const char *op, const mt_dist_nccl_call *c) {
     if (!comm) return mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
     mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(op, c->t->device.index);
     if (!ctx) return mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    /* on the communication stream, after the compute work that made the data */
+    rc = mt_cuda_check(op, cudaEventRecord(ctx->comm_in, ctx->stream));
+    if (!rc) rc = mt_cuda_check(op, cudaStreamWaitEvent(ctx->comm_stream, ctx->comm_in, 0));
+    if (rc) return rc;
     void *buf = mt_tensor_data(c->t);
     size_t n = (size_t)(c->src ? c->src->numel : c->t->numel);
     ncclResult_t r;
     if (c->src) {
-        r = api.all_gather(mt_tensor_data(c->src), buf, n, type, comm, ctx->stream);
+        r = api.all_gather(mt_tensor_data(c->src), buf, n, type, comm, ctx->comm_stream);
     } else if (c->root >= 0) {
-        r = api.broadcast(buf, buf, n, type, c->root, comm, ctx->stream);
+        r = api.broadcast(buf, buf, n, type, c->root, comm, ctx->comm_stream);
     } else {
         /* a bool sum is a logical or, and max of 0/1 is exactly that */
         ncclRedOp_t o = c->reduce == MT_REDUCE_MAX || c->t->dtype == MT_BOOL ? ncclMax
                         : c->reduce == MT_REDUCE_AVG                         ? ncclAvg
                                                                              : ncclSum;
-        r = api.all_reduce(buf, buf, n, type, o, comm, ctx->stream);
+        r = api.all_reduce(buf, buf, n, type, o, comm, ctx->comm_stream);
     }
     return r == ncclSuccess ? 0 : nccl_error(op, r);
+}
+
+int mt_dist_nccl_join(const char *op, int device) {
+    mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(op, device);
+    if (!ctx) return mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    int rc = mt_cuda_check(op, cudaEventRecord(ctx->comm_out, ctx->comm_stream));
+    return rc ? rc : mt_cuda_check(op, cudaStreamWaitEvent(ctx->stream, ctx->comm_out, 0));
 }
 
 int mt_dist_nccl_async_error(const char *op) {
