@@ -27,7 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "mixtape.h"
+#define MT_SAMPLE_NAME "digits_cnn"
+#include "sample_util.h"
 
 #ifndef MT_DIGITS_DATA
 #define MT_DIGITS_DATA "digits.txt"
@@ -57,20 +58,6 @@ typedef struct {
 
 enum { N_PARAMS = 8 }; /* the convolutions have no bias: batch norm's shift takes its place */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The library never prints or exits; the sample does both when something went wrong. */
-static void check(const char *what) {
-    if (mt_last_status() == MT_OK) return;
-    fprintf(stderr, "digits_cnn: %s failed: %s (%s)\n", what, mt_last_error(),
-            mt_status_name(mt_last_status()));
-    exit(1);
-}
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: digits_cnn [options]\n"
@@ -87,18 +74,6 @@ static void usage(FILE *f) {
             MT_DIGITS_DATA);
 }
 
-static long parse_long(const char *opt, const char *s, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "digits_cnn: %s: expected an integer in [%ld, %ld], got \"%s\"\n", opt, lo,
-                hi, s);
-        exit(2);
-    }
-    return v;
-}
-
 static double parse_double(const char *opt, const char *s, double lo, double hi) {
     char *end;
     errno = 0;
@@ -109,14 +84,6 @@ static double parse_double(const char *opt, const char *s, double lo, double hi)
         exit(2);
     }
     return v;
-}
-
-static mt_device parse_device(const char *s) {
-    if (strcmp(s, "cpu") == 0) return MT_CPU;
-    if (strncmp(s, "cuda", 4) == 0 && (s[4] == 0 || s[4] == ':'))
-        return MT_CUDA(s[4] ? (int)parse_long("--device", s + 5, 0, 63) : 0);
-    fprintf(stderr, "digits_cnn: --device: expected cpu or cuda[:N], got \"%s\"\n", s);
-    exit(2);
 }
 
 static amp_mode parse_amp(const char *s) {

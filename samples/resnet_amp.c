@@ -42,22 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "mixtape.h"
-
-typedef struct {
-    const char *name, *label;
-    mt_dtype low; /* MT_F32: no autocast */
-    mt_amp_level level;
-    bool scaler, master_weights;
-} mode_spec;
-
-static const mode_spec MODES[] = {
-    {"fp32", "FP32", MT_F32, MT_AMP_O1, false, false},
-    {"o1-fp16", "AMP-O1 FP16", MT_F16, MT_AMP_O1, true, false},
-    {"o2-fp16", "AMP-O2 FP16 master weights", MT_F16, MT_AMP_O2, true, true},
-    {"o1-bf16", "AMP-O1 BF16", MT_BF16, MT_AMP_O1, false, false},
-};
-enum { N_MODES = sizeof MODES / sizeof MODES[0] };
+#define MT_SAMPLE_NAME "resnet_amp"
+#include "sample_util.h"
 
 typedef struct {
     bool resnet50;
@@ -95,30 +81,6 @@ typedef struct {
     int n_params;
     int64_t features; /* channels into the classifier */
 } resnet;
-
-static double clock_s(clockid_t id) {
-    struct timespec ts;
-    clock_gettime(id, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double now_s(void) {
-    return clock_s(CLOCK_MONOTONIC);
-}
-
-/* CPU time of every thread of the process: unlike the wall clock, it does not count the time
-   other processes on a shared machine hold the cores. */
-static double cpu_s(void) {
-    return clock_s(CLOCK_PROCESS_CPUTIME_ID);
-}
-
-/* The library never prints or exits; the sample does both when something went wrong. */
-static void check(const char *what) {
-    if (mt_last_status() == MT_OK) return;
-    fprintf(stderr, "resnet_amp: %s failed: %s (%s)\n", what, mt_last_error(),
-            mt_status_name(mt_last_status()));
-    exit(1);
-}
 
 static void conv_bn_init(resnet *r, conv_bn *cb, int64_t in, int64_t out, int64_t k, int64_t stride,
                          mt_device dev) {
@@ -234,49 +196,6 @@ static void usage(FILE *f) {
                "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n");
 }
 
-static long parse_long(const char *opt, const char *s, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "resnet_amp: %s: expected an integer in [%ld, %ld], got \"%s\"\n", opt, lo,
-                hi, s);
-        exit(2);
-    }
-    return v;
-}
-
-static void parse_modes(const char *list, bool *run) {
-    memset(run, 0, N_MODES * sizeof *run);
-    char *copy = strdup(list);
-    if (!copy) exit(1);
-    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        int k = 0;
-        while (k < N_MODES && strcmp(MODES[k].name, tok) != 0) k++;
-        if (k == N_MODES) {
-            fprintf(stderr,
-                    "resnet_amp: --modes: unknown mode \"%s\" (known: fp32, o1-fp16, o2-fp16, "
-                    "o1-bf16)\n",
-                    tok);
-            exit(2);
-        }
-        run[k] = true;
-    }
-    free(copy);
-}
-
-static void parse_device(const char *s, config *c) {
-    if (strcmp(s, "cpu") == 0) {
-        c->dev = MT_CPU;
-    } else if (strncmp(s, "cuda", 4) == 0 && (s[4] == 0 || s[4] == ':')) {
-        c->dev = MT_CUDA(s[4] ? (int)parse_long("--device cuda:N", s + 5, 0, 63) : 0);
-    } else {
-        fprintf(stderr, "resnet_amp: --device: expected cpu or cuda[:N], got \"%s\"\n", s);
-        exit(2);
-    }
-}
-
 /* Sizes given on the command line; 0 (-1 for warmup): the device's default. */
 typedef struct {
     long batch, image, steps, warmup;
@@ -320,7 +239,7 @@ static void parse_option(int o, const char *arg, config *c, given *g) {
         break;
     case O_DEVICE:
         g->dev_given = true;
-        parse_device(arg, c);
+        c->dev = parse_device(arg);
         break;
     case O_BATCH:
         g->batch = parse_long("--batch", arg, 2, 1 << 16); /* batch norm needs 2 */
@@ -429,16 +348,6 @@ typedef struct {
     mt_ddp_stats ddp; /* --ddp: the last step's all-reduce calls, buckets */
     double checksum;  /* the sum of every parameter after training */
 } result;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) { /* sorts v */
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* One step: forward under autocast, (scaled) backward, optimizer step; the loss belongs to the
    caller's scope. */
@@ -551,13 +460,6 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     if (mt_live_tensors() != tensors_before)
         fprintf(stderr, "resnet_amp: warning: %s left %lld tensor(s) alive\n", m->name,
                 (long long)(mt_live_tensors() - tensors_before));
-}
-
-static void print_json_number(double v) {
-    if (isfinite(v))
-        printf("%.9g", v);
-    else
-        printf("null"); /* JSON has no inf/nan */
 }
 
 static void print_json(const config *c, const mode_spec *m, const result *r) {

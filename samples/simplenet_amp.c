@@ -35,24 +35,10 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
-#include "mixtape.h"
+#define MT_SAMPLE_NAME "simplenet_amp"
+#include "sample_util.h"
 
-typedef struct {
-    const char *name;    /* as given to --modes and printed in JSON */
-    const char *label;   /* for the table */
-    mt_dtype low;        /* MT_F32: no autocast */
-    mt_amp_level level;  /* autocast level */
-    bool scaler;         /* FP16 needs loss scaling */
-    bool master_weights; /* O2: low-precision parameters with FP32 masters in the optimizer */
-} mode_spec;
-
-static const mode_spec MODES[] = {
-    {"fp32", "FP32", MT_F32, MT_AMP_O1, false, false},
-    {"o1-fp16", "AMP-O1 FP16", MT_F16, MT_AMP_O1, true, false},
-    {"o2-fp16", "AMP-O2 FP16 master weights", MT_F16, MT_AMP_O2, true, true},
-    {"o1-bf16", "AMP-O1 BF16", MT_BF16, MT_AMP_O1, false, false},
-};
-enum { N_MODES = sizeof MODES / sizeof MODES[0], N_LAYERS = 3 };
+enum { N_LAYERS = 3 };
 
 typedef struct {
     int64_t hidden, batch;
@@ -84,29 +70,9 @@ static const char *device_name(mt_device d) {
     return d.type == MT_DEVICE_CUDA ? "cuda" : "cpu";
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int64_t maxrss_bytes(void) {
     struct rusage ru;
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_maxrss * 1024 : 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The library never prints or exits; the sample does both when something went wrong. */
-static void check(const char *what) {
-    if (mt_last_status() == MT_OK) return;
-    if (isatty(STDERR_FILENO)) fputc('\n', stderr); /* end a progress line */
-    fprintf(stderr, "simplenet_amp: %s failed: %s (%s)\n", what, mt_last_error(),
-            mt_status_name(mt_last_status()));
-    exit(1);
 }
 
 static void usage(FILE *f) {
@@ -128,38 +94,6 @@ static void usage(FILE *f) {
                "  --bucket-mb X   --ddp gradient bucket size in MiB (default 25)\n"
                "  --per-param     --ddp: one all-reduce per parameter (no buckets)\n"
                "  --no-overlap    --ddp: start the all-reduces after backward, not during it\n");
-}
-
-static long parse_long(const char *opt, const char *s, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "simplenet_amp: %s: expected an integer in [%ld, %ld], got \"%s\"\n", opt,
-                lo, hi, s);
-        exit(2);
-    }
-    return v;
-}
-
-static void parse_modes(const char *list, bool *run) {
-    memset(run, 0, N_MODES * sizeof *run);
-    char *copy = strdup(list);
-    if (!copy) exit(1);
-    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        int k = 0;
-        while (k < N_MODES && strcmp(MODES[k].name, tok) != 0) k++;
-        if (k == N_MODES) {
-            fprintf(stderr,
-                    "simplenet_amp: --modes: unknown mode \"%s\" (known: fp32, o1-fp16, "
-                    "o2-fp16, o1-bf16)\n",
-                    tok);
-            exit(2);
-        }
-        run[k] = true;
-    }
-    free(copy);
 }
 
 static void parse_args(int argc, char **argv, config *c) {
@@ -262,16 +196,7 @@ static void parse_args(int argc, char **argv, config *c) {
             break;
         case O_DEVICE:
             dev_given = true;
-            if (strcmp(optarg, "cpu") == 0) {
-                c->dev = MT_CPU;
-            } else if (strncmp(optarg, "cuda", 4) == 0 && (optarg[4] == 0 || optarg[4] == ':')) {
-                int idx = optarg[4] ? (int)parse_long("--device cuda:N", optarg + 5, 0, 63) : 0;
-                c->dev = MT_CUDA(idx);
-            } else {
-                fprintf(stderr, "simplenet_amp: --device: expected cpu or cuda[:N], got \"%s\"\n",
-                        optarg);
-                exit(2);
-            }
+            c->dev = parse_device(optarg);
             break;
         case 'h':
         case O_HELP:
@@ -527,13 +452,6 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     if (mt_live_tensors() != tensors_before)
         fprintf(stderr, "simplenet_amp: warning: %s left %lld tensor(s) alive\n", m->name,
                 (long long)(mt_live_tensors() - tensors_before));
-}
-
-static void print_json_number(double v) {
-    if (isfinite(v))
-        printf("%.9g", v);
-    else
-        printf("null"); /* JSON has no inf/nan */
 }
 
 static void print_json(const config *c, const mode_spec *m, const result *r) {
