@@ -10,19 +10,9 @@
 #define S4(a, b, c, d) ((const int64_t[]){a, b, c, d})
 
 static uint64_t rng_state = 0x510e527fade682d1ULL;
-static double urand(void) {
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return 2.0 * (double)(rng_state >> 11) * 0x1.0p-53 - 1.0;
-}
 
 static mt_tensor *make(mt_dtype dt, int nd, const int64_t *shape, double offset) {
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= shape[i];
-    double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-    for (int64_t i = 0; i < n; i++) x[i] = offset + urand();
-    mt_tensor *t = mt_test_tensor(x, dt, nd, shape);
-    free(x);
-    return t;
+    return mt_test_uniform(&rng_state, dt, nd, shape, offset);
 }
 
 typedef struct {

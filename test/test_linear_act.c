@@ -7,25 +7,12 @@
 
 /* ---- deterministic inputs */
 static uint64_t rng_state = 0x3c6ef372fe94f82bULL;
-static double urand(void) {
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return 2.0 * (double)(rng_state >> 11) * 0x1.0p-53 - 1.0;
-}
 
-static int64_t numel_of(int nd, const int64_t *s) {
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= s[i];
-    return n;
-}
+#define numel_of mt_test_numel
 
 /* a tensor of dtype dt with values in [-1, 1) */
 static mt_tensor *make(mt_dtype dt, int nd, const int64_t *shape) {
-    int64_t n = numel_of(nd, shape);
-    double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-    for (int64_t i = 0; i < n; i++) x[i] = urand();
-    mt_tensor *t = mt_test_tensor(x, dt, nd, shape);
-    free(x);
-    return t;
+    return mt_test_uniform(&rng_state, dt, nd, shape, 0.0);
 }
 
 static const mt_activation acts[] = {MT_ACT_NONE, MT_ACT_RELU, MT_ACT_GELU, MT_ACT_GELU_TANH};

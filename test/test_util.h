@@ -271,6 +271,31 @@ static inline mt_tensor *mt_test_tensor(const double *v, mt_dtype dt, int ndim,
     return t;
 }
 
+/* The element count of a shape. */
+static inline int64_t mt_test_numel(int nd, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    return n;
+}
+
+/* A reproducible draw in [lo, hi) from *state (a 64-bit LCG: tests need the same numbers on
+   every machine, not good randomness). */
+static inline double mt_test_urand(uint64_t *state, double lo, double hi) {
+    *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + (hi - lo) * (double)(*state >> 11) * 0x1.0p-53;
+}
+
+/* A tensor of dtype dt on the device under test with values offset + [-1, 1) from *state. */
+static inline mt_tensor *mt_test_uniform(uint64_t *state, mt_dtype dt, int nd, const int64_t *shape,
+                                         double offset) {
+    int64_t n = mt_test_numel(nd, shape);
+    double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+    for (int64_t i = 0; i < n; i++) x[i] = offset + mt_test_urand(state, -1, 1);
+    mt_tensor *t = mt_test_tensor(x, dt, nd, shape);
+    free(x);
+    return t;
+}
+
 /* Asserts |t - expect| <= atol + rtol * |expect| elementwise (NaN matches NaN, inf matches
    inf of the same sign). */
 static inline void mt_test_assert_close(const mt_tensor *t, const double *expect, int64_t n,
