@@ -84,6 +84,38 @@ static void argmax(const plane *x, const window *w, int64_t *bh, int64_t *bw, do
         }
 }
 
+/* The plane as dense floats: its own data when it is a dense F32 plane, else widened into buf
+   (H * W floats), a row at a time. Not for F64 (kept exact in the double loops). */
+static const float *plane_f32(const plane *p, int64_t H, int64_t W, float *buf) {
+    if (p->t->dtype == MT_F32 && p->sw == 4 && p->sh == 4 * W) return (const float *)p->base;
+    for (int64_t h = 0; h < H; h++)
+        mt_cpu_load_f32(p->base + h * p->sh, p->sw, p->t->dtype, W, buf + h * W);
+    return buf;
+}
+
+/* argmax() on a dense float plane: no dtype switch per element. */
+static int64_t argmax_f(const float *x, int64_t W, const window *w, float *best) {
+    int64_t at = w->h0 * W + w->w0;
+    float b = -INFINITY;
+    for (int64_t h = w->h0; h < w->h1; h++)
+        for (int64_t v = w->w0; v < w->w1; v++) {
+            float e = x[h * W + v];
+            if (e > b || e != e) b = e, at = h * W + v;
+        }
+    *best = b;
+    return at;
+}
+
+/* One output of a plane: the window's max (first, NaN wins) or average, from floats. */
+static double pool_one_f(const float *x, int64_t W, const window *w, bool max) {
+    float best;
+    if (max) return (argmax_f(x, W, w, &best), best);
+    double r = 0.0;
+    for (int64_t h = w->h0; h < w->h1; h++)
+        for (int64_t v = w->w0; v < w->w1; v++) r += x[h * W + v];
+    return r / w->divisor;
+}
+
 /* ---- NHWC (every tensor has channel stride 1), F32, F16 and BF16. For each output position
    the window's rows of C channels are read in order, so the loops stream memory (the
    plane-by-plane loops below would read one element per cache line). F16/BF16 rows are
@@ -315,27 +347,44 @@ int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
     int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
     mt_dtype dt = x->dtype;
-#pragma omp parallel for collapse(2) if (y->numel * 4 > MT_CPU_PARALLEL_MIN)                       \
-    num_threads(mt_cpu_num_threads())
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t c = 0; c < C; c++) {
-            plane xp = plane_of(x, n, c), yp = plane_of(y, n, c);
-            for (int64_t oh = 0; oh < OH; oh++)
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    window w;
-                    window_of(p, oh, ow, H, W, OH, OW, &w);
-                    double r = 0.0;
-                    if (p->kind == MT_POOL_MAX) {
-                        int64_t bh, bw;
-                        argmax(&xp, &w, &bh, &bw, &r);
-                    } else {
-                        for (int64_t h = w.h0; h < w.h1; h++)
-                            for (int64_t v = w.w0; v < w.w1; v++) r += ld(pix(&xp, h, v), dt);
-                        r /= w.divisor;
-                    }
-                    st(pix(&yp, oh, ow), dt, r);
-                }
+    bool wide = dt != MT_F64; /* F32/F16/BF16 planes are read as dense floats */
+    size_t nbytes = wide ? (size_t)(H * W) * sizeof(float) : 0;
+    int failed = 0;
+#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        float *buf = wide ? mt_host_alloc(nbytes ? nbytes : 1) : NULL;
+        if (wide && !buf) {
+#pragma omp atomic write
+            failed = 1;
         }
+#pragma omp for collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                if (wide && !buf) continue;
+                plane xp = plane_of(x, n, c), yp = plane_of(y, n, c);
+                const float *xf = wide ? plane_f32(&xp, H, W, buf) : NULL;
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        window w;
+                        window_of(p, oh, ow, H, W, OH, OW, &w);
+                        double r = 0.0;
+                        if (xf) {
+                            r = pool_one_f(xf, W, &w, p->kind == MT_POOL_MAX);
+                        } else if (p->kind == MT_POOL_MAX) {
+                            int64_t bh, bw;
+                            argmax(&xp, &w, &bh, &bw, &r);
+                        } else {
+                            for (int64_t h = w.h0; h < w.h1; h++)
+                                for (int64_t v = w.w0; v < w.w1; v++) r += ld(pix(&xp, h, v), dt);
+                            r /= w.divisor;
+                        }
+                        st(pix(&yp, oh, ow), dt, r);
+                    }
+            }
+        if (buf) mt_host_free(buf, nbytes ? nbytes : 1);
+    }
+    if (failed)
+        return mt_error_set(MT_ERR_OOM, "%s: out of memory for an input plane", pool_op_name(p));
     return 0;
 }
 
@@ -360,12 +409,15 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
     }
     int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
     int64_t H = gx->shape[2], W = gx->shape[3];
-    size_t nbytes = (size_t)(H * W) * sizeof(double);
+    /* max pooling of a float input finds the argmax again on the plane widened to floats */
+    bool wide = p->kind == MT_POOL_MAX && x->dtype != MT_F64;
+    size_t nbytes = (size_t)(H * W) * (sizeof(double) + (wide ? sizeof(float) : 0));
     int failed = 0;
 #pragma omp parallel num_threads(mt_cpu_num_threads()) if (gx->numel * 4 > MT_CPU_PARALLEL_MIN)
     {
         /* the plane's gradient summed in F64 and rounded once */
         double *acc = mt_host_alloc(nbytes ? nbytes : 1);
+        float *buf = acc && wide ? (float *)(acc + H * W) : NULL;
         if (!acc) {
 #pragma omp atomic write
             failed = 1;
@@ -376,12 +428,18 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
                 if (!acc) continue;
                 plane gp = plane_of(gy, n, c), xp = {0}, gxp = plane_of(gx, n, c);
                 if (p->kind == MT_POOL_MAX) xp = plane_of(x, n, c);
+                const float *xf = buf ? plane_f32(&xp, H, W, buf) : NULL;
                 for (int64_t i = 0; i < H * W; i++) acc[i] = 0.0;
                 for (int64_t oh = 0; oh < OH; oh++)
                     for (int64_t ow = 0; ow < OW; ow++) {
                         window w;
                         window_of(p, oh, ow, H, W, OH, OW, &w);
                         double g = ld(pix(&gp, oh, ow), gy->dtype);
+                        if (xf) {
+                            float best;
+                            acc[argmax_f(xf, W, &w, &best)] += g;
+                            continue;
+                        }
                         if (p->kind == MT_POOL_MAX) {
                             int64_t bh, bw;
                             double best;
