@@ -73,6 +73,24 @@ static int collect_grads(mt_optimizer *o) {
     return k;
 }
 
+/* sum(g^2) over every collected gradient as a 0-d F32 tensor on the device; NULL on error. */
+static mt_tensor *grads_sq_norm(const char *op, mt_optimizer *o, int k) {
+    mt_tensor *sq = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
+    if (sq && mt_backend_get(o->device)->sq_norm(o->grad_buf, k, sq) < 0) {
+        mt_tensor_unref(sq);
+        sq = NULL;
+    }
+    return sq;
+}
+
+/* Lets go of the collected gradients; a failure without a message gets one. Returns rc. */
+static int clip_finish(const char *op, mt_optimizer *o, int rc) {
+    for (int i = 0; i < o->n; i++) o->grad_buf[i] = NULL;
+    if (rc < 0 && mt_last_status() == MT_OK)
+        mt_error_set(MT_ERR_INTERNAL, "%s: a backend kernel failed", op);
+    return rc;
+}
+
 double mt_clip_grad_norm(mt_optimizer *o, double max_norm) {
     return mt_clip_grad_norm_ex(o, max_norm, false);
 }
@@ -80,15 +98,13 @@ double mt_clip_grad_norm(mt_optimizer *o, double max_norm) {
 double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonfinite) {
     static const char op[] = "mt_clip_grad_norm";
     if (check_args(op, o, max_norm) < 0) return NAN;
-    const mt_backend *be = mt_backend_get(o->device);
     int k = collect_grads(o);
     if (k == 0) return 0.0;
 
     double norm = NAN;
-    mt_tensor *sq = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
+    mt_tensor *sq = grads_sq_norm(op, o, k);
     float sq_host = NAN;
-    int rc = sq ? be->sq_norm(o->grad_buf, k, sq) : mt_last_status();
-    if (rc == 0) rc = be->download(sq, &sq_host);
+    int rc = sq ? mt_backend_get(o->device)->download(sq, &sq_host) : mt_last_status();
     mt_tensor_unref(sq);
     if (rc == 0) {
         norm = sqrt((double)sq_host);
@@ -102,20 +118,13 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
         else if (!(norm <= max_norm))
             rc = scale_grads(op, o, max_norm / (norm + CLIP_EPS));
     }
-    for (int i = 0; i < o->n; i++) o->grad_buf[i] = NULL;
-    if (rc < 0) {
-        if (mt_last_status() == MT_OK)
-            mt_error_set(MT_ERR_INTERNAL, "%s: a backend kernel failed", op);
-        return NAN;
-    }
-    return norm;
+    return clip_finish(op, o, rc) < 0 ? NAN : norm;
 }
 
 /* The norm on the device: sqrt of the fused sum of squares (0-d F32); NULL on error. */
 static mt_tensor *device_norm(const char *op, mt_optimizer *o, int k) {
-    mt_tensor *sq = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
-    int rc = sq ? mt_backend_get(o->device)->sq_norm(o->grad_buf, k, sq) : mt_last_status();
-    mt_tensor *norm = rc == 0 ? mt_sqrt(sq) : NULL;
+    mt_tensor *sq = grads_sq_norm(op, o, k);
+    mt_tensor *norm = sq ? mt_sqrt(sq) : NULL;
     mt_tensor_unref(sq);
     return norm;
 }
@@ -148,10 +157,7 @@ mt_tensor *mt_clip_grad_norm_async(mt_optimizer *o, double max_norm) {
     mt_autocast_end();
     int rc = coef ? scale_grads_by(op, o, coef) : mt_last_status();
     mt_tensor_unref(coef);
-    for (int i = 0; i < o->n; i++) o->grad_buf[i] = NULL;
-    if (rc != 0) {
-        if (mt_last_status() == MT_OK)
-            mt_error_set(MT_ERR_INTERNAL, "%s: a backend kernel failed", op);
+    if (clip_finish(op, o, rc) < 0) {
         mt_tensor_unref(norm);
         norm = NULL;
     }
