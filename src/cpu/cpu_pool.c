@@ -126,10 +126,14 @@ static bool nhwc_row_dtype(mt_dtype dt) {
     return dt == MT_F32 || dt == MT_F16 || dt == MT_BF16;
 }
 
+/* t has channel stride 1 (NHWC rows), a row dtype, and positions that fit an int32 */
+static bool nhwc_one(const mt_tensor *t) {
+    return nhwc_row_dtype(t->dtype) && t->strides[1] == 1 && t->shape[1] > 1 &&
+           t->shape[2] * t->shape[3] < INT32_MAX;
+}
+
 static bool nhwc(const mt_tensor *a, const mt_tensor *b) {
-    return a->dtype == b->dtype && nhwc_row_dtype(a->dtype) && a->strides[1] == 1 &&
-           b->strides[1] == 1 && a->shape[1] > 1 && a->shape[2] * a->shape[3] < INT32_MAX &&
-           b->shape[2] * b->shape[3] < INT32_MAX;
+    return a->dtype == b->dtype && nhwc_one(a) && nhwc_one(b);
 }
 
 static inline char *row_at(const mt_tensor *t, int64_t n, int64_t h, int64_t w) {
@@ -393,7 +397,7 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
     bool done;
     int rc = mt_cpu_pool2d_backward_dnnl(gx, gy, p, &done);
     if (rc || done) return rc;
-    if (nhwc(gx, gx) && gy->dtype == gx->dtype && (p->kind != MT_POOL_MAX || nhwc(x, gx))) {
+    if (nhwc_one(gx) && gy->dtype == gx->dtype && (p->kind != MT_POOL_MAX || nhwc(x, gx))) {
         /* a gradient in another layout (the broadcast one of a sum) is laid out like gx
            first: one copy instead of the plane-by-plane loops */
         mt_tensor *dense = nhwc(gx, gy) ? NULL
