@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 #include "cpu.h"
+#include "../math/norm_math.h"
 
 #define CHUNK 512
 

@@ -40,15 +40,13 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
             LOAD(bn_at(c->x, c, 0, ch, 0), c->es, c->xdt, 1, &k);
             double s1, s2;
             SFX(bn_shifted_sums)(c, ch, k, &s1, &s2);
-            double dm = s1 / (double)M, dv = s2 / (double)M - dm * dm;
-            md = (T)dm;
-            mean = (T)((double)k + dm);
-            var = (T)(dv > 0 ? dv : 0);
+            mt_bn_moments m = mt_bn_moments_from_sums(s1, s2, (double)k, M);
+            md = (T)m.shifted_mean;
+            mean = (T)m.mean;
+            var = (T)m.var;
             if (rm) {
-                double mo = a->momentum;
-                rm[ch] = (T)((1 - mo) * (double)rm[ch] + mo * (double)mean);
-                rv[ch] =
-                    (T)((1 - mo) * (double)rv[ch] + mo * (double)var * (double)M / (double)(M - 1));
+                rm[ch] = (T)mt_bn_running_mean((double)rm[ch], (double)mean, a->momentum);
+                rv[ch] = (T)mt_bn_running_var((double)rv[ch], (double)var, M, a->momentum);
             }
         } else {
             mean = k = rm[ch];

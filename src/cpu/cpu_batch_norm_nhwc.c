@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 #include "cpu.h"
+#include "../math/norm_math.h"
 
 #define NHWC_BLOCK 256  /* rows summed in T before a flush into doubles */
 #define NHWC_ELEMS 2048 /* values per row buffer: rows_per = NHWC_ELEMS / C rows (at least 1) */
@@ -65,6 +66,22 @@ static void shape_init(nhwc_ctx *c, const mt_tensor *x) {
     c->x = mt_tensor_data(x);
 }
 
+typedef int (*nhwc_pass)(nhwc_ctx *c, int nparts, double *s1, double *s2);
+
+/* One pass (forward or backward) over c with its scratch block: accumulation type F64 when
+   the saved statistics are F64, F32 otherwise. */
+static int nhwc_run(nhwc_ctx *c, bool wide, nhwc_pass pass_f, nhwc_pass pass_d) {
+    int nparts = mt_cpu_num_threads();
+    size_t bytes;
+    double *s1, *s2;
+    void *block = scratch_alloc(c, nparts, wide ? sizeof(double) : sizeof(float), &bytes, &s1, &s2);
+    if (!block)
+        return mt_error_set(MT_ERR_OOM, "mt_batch_norm: out of memory for channels-last scratch");
+    int rc = (wide ? pass_d : pass_f)(c, nparts, s1, s2);
+    mt_host_free(block, bytes);
+    return rc;
+}
+
 int mt_cpu_batch_norm_nhwc(const mt_bn_args *a) {
     nhwc_ctx c = {.a = a,
                   .res = opt(a->residual),
@@ -77,17 +94,7 @@ int mt_cpu_batch_norm_nhwc(const mt_bn_args *a) {
                   .out = mt_tensor_data(a->y)};
     shape_init(&c, a->x);
     if (c.M == 0 || c.C == 0) return 0;
-    bool wide = a->save_mean->dtype == MT_F64;
-    int nparts = mt_cpu_num_threads();
-    size_t bytes;
-    double *s1, *s2;
-    void *block =
-        scratch_alloc(&c, nparts, wide ? sizeof(double) : sizeof(float), &bytes, &s1, &s2);
-    if (!block)
-        return mt_error_set(MT_ERR_OOM, "mt_batch_norm: out of memory for channels-last scratch");
-    int rc = wide ? nhwc_forward_d(&c, nparts, s1, s2) : nhwc_forward_f(&c, nparts, s1, s2);
-    mt_host_free(block, bytes);
-    return rc;
+    return nhwc_run(&c, a->save_mean->dtype == MT_F64, nhwc_forward_f, nhwc_forward_d);
 }
 
 int mt_cpu_batch_norm_backward_nhwc(const mt_bn_backward_args *a) {
@@ -102,16 +109,6 @@ int mt_cpu_batch_norm_backward_nhwc(const mt_bn_backward_args *a) {
                   .gw = opt(a->gw),
                   .gb = opt(a->gb)};
     shape_init(&c, a->x);
-    bool wide = a->save_mean->dtype == MT_F64;
     if (c.C == 0) return 0;
-    int nparts = mt_cpu_num_threads();
-    size_t bytes;
-    double *s1, *s2;
-    void *block =
-        scratch_alloc(&c, nparts, wide ? sizeof(double) : sizeof(float), &bytes, &s1, &s2);
-    if (!block)
-        return mt_error_set(MT_ERR_OOM, "mt_batch_norm: out of memory for channels-last scratch");
-    int rc = wide ? nhwc_backward_d(&c, nparts, s1, s2) : nhwc_backward_f(&c, nparts, s1, s2);
-    mt_host_free(block, bytes);
-    return rc;
+    return nhwc_run(&c, a->save_mean->dtype == MT_F64, nhwc_backward_f, nhwc_backward_d);
 }

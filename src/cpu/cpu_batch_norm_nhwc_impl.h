@@ -164,15 +164,13 @@ static int SFX(nhwc_forward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
     for (int64_t ch = 0; ch < C; ch++) {
         T mean, var;
         if (a->training) {
-            double dm = s1[ch] / (double)M, dv = s2[ch] / (double)M - dm * dm;
-            md[ch] = (T)dm;
-            mean = (T)((double)k[ch] + dm);
-            var = (T)(dv > 0 ? dv : 0);
+            mt_bn_moments m = mt_bn_moments_from_sums(s1[ch], s2[ch], (double)k[ch], M);
+            md[ch] = (T)m.shifted_mean;
+            mean = (T)m.mean;
+            var = (T)m.var;
             if (rm) {
-                double mo = a->momentum;
-                rm[ch] = (T)((1 - mo) * (double)rm[ch] + mo * (double)mean);
-                rv[ch] =
-                    (T)((1 - mo) * (double)rv[ch] + mo * (double)var * (double)M / (double)(M - 1));
+                rm[ch] = (T)mt_bn_running_mean((double)rm[ch], (double)mean, a->momentum);
+                rv[ch] = (T)mt_bn_running_var((double)rv[ch], (double)var, M, a->momentum);
             }
         } else {
             mean = k[ch] = rm[ch];

@@ -12,6 +12,7 @@
 #include "cuda_compat.h"
 #include <math.h>
 #include "element_access.cuh"
+#include "../math/norm_math.h"
 #include "../math/philox.h"
 
 constexpr int NORM_THREADS = 256;
@@ -161,15 +162,13 @@ __global__ void __launch_bounds__(NORM_THREADS) bn_forward(mt_cuda_batch_norm_ar
         }
         s1 = norm_block_sum(s1, sm);
         s2 = norm_block_sum(s2, sm);
-        double dm = s1 / (double)M, dv = s2 / (double)M - dm * dm;
-        md = (A)dm;
-        mean = (A)((double)k + dm);
-        var = (A)(dv > 0 ? dv : 0);
+        mt_bn_moments m = mt_bn_moments_from_sums(s1, s2, (double)k, M);
+        md = (A)m.shifted_mean;
+        mean = (A)m.mean;
+        var = (A)m.var;
         if (rm && threadIdx.x == 0) {
-            double mo = a.momentum;
-            rm[ch] = (A)((1 - mo) * (double)rm[ch] + mo * (double)mean);
-            rv[ch] =
-                (A)((1 - mo) * (double)rv[ch] + mo * (double)var * (double)M / (double)(M - 1));
+            rm[ch] = (A)mt_bn_running_mean((double)rm[ch], (double)mean, a.momentum);
+            rv[ch] = (A)mt_bn_running_var((double)rv[ch], (double)var, M, a.momentum);
         }
     } else {
         mean = k = rm[ch];
