@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cpu.h"
+#include "../tensor/reduce_geom.h"
 
 /* Comparisons that may see NaN keep GCC from if-converting (and so vectorising) the max
    selects unless FP exceptions are declared unobserved; we never read them. */
@@ -358,6 +359,7 @@ static void run_task(const plan *P, int64_t t, int64_t rb, int64_t re, double *v
 
 /* ---------------------------------------------------------------- planning */
 
+/* The shared geometry (src/tensor/reduce_geom.h) with strides in bytes. */
 static void make_plan(plan *P, mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask) {
     memset(P, 0, sizeof *P);
     P->op = op;
@@ -367,78 +369,21 @@ static void make_plan(plan *P, mt_op_id op, mt_tensor *out, const mt_tensor *a, 
     int64_t oes = (int64_t)mt_dtype_size(out->dtype);
     P->a = (const char *)mt_tensor_data(a);
     P->o = (char *)mt_tensor_data(out);
-    int64_t rs[MT_MAX_DIMS], rsh[MT_MAX_DIMS];
-    int nr = 0;
-    P->K = P->R = 1;
-    for (int d = 0; d < a->ndim; d++) {
-        int64_t n = a->shape[d];
-        if (mask & (1u << d)) {
-            P->R *= n;
-            if (n == 1) continue;
-            rsh[nr] = n;
-            rs[nr++] = a->strides[d] * P->es;
-            continue;
-        }
-        P->K *= n;
-        if (n == 1) continue;
-        int k = P->nk;
-        if (k > 0 && P->kstride[k - 1] == a->strides[d] * n * P->es &&
-            P->ostride[k - 1] == out->strides[d] * n * oes) {
-            P->kshape[k - 1] *= n; /* merge into the previous kept dim */
-            P->kstride[k - 1] = a->strides[d] * P->es;
-            P->ostride[k - 1] = out->strides[d] * oes;
-            continue;
-        }
-        P->kshape[k] = n;
-        P->kstride[k] = a->strides[d] * P->es;
-        P->ostride[k] = out->strides[d] * oes;
-        P->nk++;
+    mt_reduce_geom g;
+    mt_reduce_geom_make(&g, a->ndim, a->shape, a->strides, out->strides, mask);
+    P->nk = g.nk;
+    P->nr = g.nr;
+    P->K = g.K;
+    P->R = g.R;
+    P->column = g.column;
+    for (int k = 0; k < g.nk; k++) {
+        P->kshape[k] = g.kshape[k];
+        P->kstride[k] = g.kstride[k] * P->es;
+        P->ostride[k] = g.ostride[k] * oes;
     }
-    /* reduced dims: sort by stride (largest first), then merge nested ones */
-    for (int i = 1; i < nr; i++)
-        for (int j = i; j > 0 && llabs(rs[j]) > llabs(rs[j - 1]); j--) {
-            int64_t t = rs[j];
-            rs[j] = rs[j - 1];
-            rs[j - 1] = t;
-            t = rsh[j];
-            rsh[j] = rsh[j - 1];
-            rsh[j - 1] = t;
-        }
-    for (int i = 0; i < nr; i++) {
-        if (P->nr > 0 && P->rstride[P->nr - 1] == rs[i] * rsh[i]) {
-            P->rshape[P->nr - 1] *= rsh[i];
-            P->rstride[P->nr - 1] = rs[i];
-            continue;
-        }
-        P->rshape[P->nr] = rsh[i];
-        P->rstride[P->nr++] = rs[i];
-    }
-    if (P->nr == 0) { /* nothing to reduce: one run of one element */
-        P->rshape[0] = 1;
-        P->rstride[0] = P->es;
-        P->nr = 1;
-    }
-    /* column mode: a kept dim is the contiguous one and the run is not */
-    int vec = -1;
-    for (int k = 0; k < P->nk; k++)
-        if (P->kstride[k] == P->es && P->kshape[k] >= 4) vec = k;
-    if (vec >= 0 && P->rstride[P->nr - 1] != P->es && P->R > 1) {
-        /* move the contiguous kept dim last; kept flat order follows the new order */
-        int64_t s0 = P->kshape[vec], s1 = P->kstride[vec], s2 = P->ostride[vec];
-        for (int k = vec; k < P->nk - 1; k++) {
-            P->kshape[k] = P->kshape[k + 1];
-            P->kstride[k] = P->kstride[k + 1];
-            P->ostride[k] = P->ostride[k + 1];
-        }
-        P->kshape[P->nk - 1] = s0;
-        P->kstride[P->nk - 1] = s1;
-        P->ostride[P->nk - 1] = s2;
-        P->column = true;
-    }
-    if (P->nk == 0) { /* one output */
-        P->kshape[0] = 1;
-        P->kstride[0] = P->ostride[0] = 0;
-        P->nk = 1;
+    for (int r = 0; r < g.nr; r++) {
+        P->rshape[r] = g.rshape[r];
+        P->rstride[r] = g.rstride[r] * P->es;
     }
 }
 

@@ -1,7 +1,8 @@
 // Reductions (SUM, MEAN, MAX over a dim mask) and the multi-tensor sum of squares.
 //
-// Plan (as cpu_reduce.c): size-1 dims are dropped; kept dims (in order) and reduced dims
-// (sorted by stride) are each coalesced where the layout allows. Three shapes of work:
+// Plan (src/tensor/reduce_geom.h, shared with cpu_reduce.c): size-1 dims are dropped; kept
+// dims (in order) and reduced dims (sorted by stride) are each coalesced where the layout
+// allows. Three shapes of work:
 // - rows: the reduced dims are walked by a group of threads per output (a sub-warp or warp
 //   for short reductions, a block for long ones), lanes on consecutive reduced indices so a
 //   contiguous run is read coalesced; shuffle trees combine the lanes;
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "element_access.cuh"
+#include "../tensor/reduce_geom.h"
 
 // Threads to aim for when splitting a reduction (132 SMs x 2048: a full H100). A constant,
 // not the device's SM count: the split shape sets the rounding, so results are the same
@@ -243,82 +245,6 @@ __global__ void __launch_bounds__(256) mt_reduce_finish(mt_rplan P, const A *par
 
 // ---------------------------------------------------------------- reduce host side
 
-// Kept dims in order, merged when both input and output nest; reduced dims sorted by
-// |stride| (largest first), merged when nested. Mirrors make_plan in cpu_reduce.c.
-static void mt_rplan_dims(mt_rplan *P, const mt_cuda_array *out, const mt_cuda_array *a,
-                          uint32_t mask) {
-    int64_t rs[MT_MAX_DIMS], rsh[MT_MAX_DIMS];
-    int nr = 0;
-    P->K = P->R = 1;
-    for (int d = 0; d < a->ndim; d++) {
-        int64_t n = a->shape[d], s = a->strides[d], os = out->strides[d];
-        if (mask & (1u << d)) {
-            P->R *= n;
-            if (n != 1) rsh[nr] = n, rs[nr++] = s;
-            continue;
-        }
-        P->K *= n;
-        if (n == 1) continue;
-        int k = P->nk;
-        if (k > 0 && P->kstride[k - 1] == s * n && P->ostride[k - 1] == os * n) {
-            P->kshape[k - 1] *= n;
-            P->kstride[k - 1] = s;
-            P->ostride[k - 1] = os;
-            continue;
-        }
-        P->kshape[k] = n;
-        P->kstride[k] = s;
-        P->ostride[k] = os;
-        P->nk++;
-    }
-    for (int i = 1; i < nr; i++)
-        for (int j = i; j > 0 && llabs(rs[j]) > llabs(rs[j - 1]); j--) {
-            int64_t t = rs[j];
-            rs[j] = rs[j - 1], rs[j - 1] = t;
-            t = rsh[j];
-            rsh[j] = rsh[j - 1], rsh[j - 1] = t;
-        }
-    for (int i = 0; i < nr; i++) {
-        if (P->nr > 0 && P->rstride[P->nr - 1] == rs[i] * rsh[i]) {
-            P->rshape[P->nr - 1] *= rsh[i];
-            P->rstride[P->nr - 1] = rs[i];
-            continue;
-        }
-        P->rshape[P->nr] = rsh[i];
-        P->rstride[P->nr++] = rs[i];
-    }
-    if (P->nr == 0) { // nothing to reduce: one run of one element
-        P->rshape[0] = P->rstride[0] = 1;
-        P->nr = 1;
-    }
-}
-
-// Column mode when a kept dim of >= 4 is the contiguous one and the run is not (the CPU's
-// rule): it is moved last, and kept flat indices follow the new order.
-static void mt_rplan_column(mt_rplan *P) {
-    int vec = -1;
-    for (int k = 0; k < P->nk; k++)
-        if (P->kstride[k] == 1 && P->kshape[k] >= 4) vec = k;
-    if (vec >= 0 && P->rstride[P->nr - 1] != 1 && P->R > 1) {
-        int64_t s0 = P->kshape[vec], s1 = P->kstride[vec], s2 = P->ostride[vec];
-        for (int k = vec; k < P->nk - 1; k++) {
-            P->kshape[k] = P->kshape[k + 1];
-            P->kstride[k] = P->kstride[k + 1];
-            P->ostride[k] = P->ostride[k + 1];
-        }
-        P->kshape[P->nk - 1] = s0;
-        P->kstride[P->nk - 1] = s1;
-        P->ostride[P->nk - 1] = s2;
-        P->column = true;
-        P->V = s0;
-    }
-    if (P->nk == 0) { // one output
-        P->kshape[0] = 1;
-        P->kstride[0] = P->ostride[0] = 0;
-        P->nk = 1;
-    }
-}
-
 // Splits of the reduced range so that about MT_SPLIT_THREADS threads have work, each split
 // keeping at least `min_per` elements; at most 4096 (the finisher's warp folds them).
 static void mt_rplan_split(mt_rplan *P, int64_t units, int threads, int64_t min_per) {
@@ -383,9 +309,20 @@ extern "C" int mt_cuda_reduce(const mt_cuda_ctx *c, mt_op_id op, const mt_cuda_a
     P.dt = a->dtype;
     P.odt = out->dtype;
     P.op = op;
-    mt_rplan_dims(&P, out, a, mask);
-    if (P.K == 0) return 0;
-    mt_rplan_column(&P);
+    mt_reduce_geom g; // the CPU's geometry (src/tensor/reduce_geom.h), strides in elements
+    mt_reduce_geom_make(&g, a->ndim, a->shape, a->strides, out->strides, mask);
+    if (g.K == 0) return 0;
+    P.nk = g.nk;
+    P.nr = g.nr;
+    P.K = g.K;
+    P.R = g.R;
+    P.column = g.column;
+    P.V = g.column ? g.kshape[g.nk - 1] : 0;
+    memcpy(P.kshape, g.kshape, sizeof g.kshape);
+    memcpy(P.kstride, g.kstride, sizeof g.kstride);
+    memcpy(P.ostride, g.ostride, sizeof g.ostride);
+    memcpy(P.rshape, g.rshape, sizeof g.rshape);
+    memcpy(P.rstride, g.rstride, sizeof g.rstride);
     switch (a->dtype) {
     case MT_F64:
         return (int)mt_reduce_launch<double>(c, &P);
