@@ -520,7 +520,13 @@ static int scaler_put(const char *fn, mt_state *st, const char *prefix, const ch
     return rc ? rc : 0;
 }
 
-static int check_between_steps(const mt_grad_scaler *s, const char *fn) {
+/* The checks that open a state save or load: a scaler and a state, a prefix ("" for NULL),
+   and no step in progress. */
+static int check_state_io(const mt_grad_scaler *s, const mt_state *st, const char **prefix,
+                          const char *fn) {
+    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
+    if (!st) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
+    if (!*prefix) *prefix = "";
     if (s->n_opts)
         return mt_error_set(MT_ERR_STATE,
                             "%s: called between unscale/step and update; save or load the "
@@ -531,10 +537,7 @@ static int check_between_steps(const mt_grad_scaler *s, const char *fn) {
 
 int mt_grad_scaler_state_save(mt_grad_scaler *s, mt_state *st, const char *prefix) {
     const char *fn = "mt_grad_scaler_state_save";
-    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
-    if (!st) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
-    if (!prefix) prefix = "";
-    int rc = check_between_steps(s, fn);
+    int rc = check_state_io(s, st, &prefix, fn);
     if (rc) return rc;
     mt_api_enter();
     const double hp[N_HPARAM] = {s->growth_factor, s->backoff_factor,  s->min_scale,
@@ -604,10 +607,7 @@ static int check_loaded_values(const char *fn, const double *h, const double *v)
 
 int mt_grad_scaler_state_load(mt_grad_scaler *s, mt_state *st, const char *prefix) {
     const char *fn = "mt_grad_scaler_state_load";
-    if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
-    if (!st) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
-    if (!prefix) prefix = "";
-    int rc = check_between_steps(s, fn);
+    int rc = check_state_io(s, st, &prefix, fn);
     if (rc) return rc;
     mt_api_enter();
     double h[N_HPARAM], v[N_STATE], disabled = 0;
