@@ -27,7 +27,8 @@ static bool saved_cl(const mt_tensor *x) {
     return x->ndim == 4 && !mt_is_contiguous(x);
 }
 
-/* saved: 0 x, 1 weight or NULL, 2 save_mean, 3 save_rstd, 4 y (relu only), 5 bias or NULL;
+/* saved: 0 x, 1 weight or NULL, 2 save_mean, 3 save_rstd, 4 y (relu only), 5 bias (with a
+   backend state only) or NULL;
    ints: 0 training; state: the backend's (mt_bn_args.state), or none */
 static int bn_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *x = n->saved[0];
@@ -158,13 +159,14 @@ static int validate(const bn_call *k) {
 static int record(mt_op_id op, mt_tensor *const *in, const mt_bn_args *a) {
     int rc = 0;
     mt_node *node = mt_record(op, bn_backward, in, 4, a->y, &rc);
-    struct mt_bn_state *st = a->state;
+    mt_bn_state *st = a->state;
+    bool backend_state = st->state != NULL;
     if (!node) {
-        if (st->state) st->free_fn(st->state);
+        if (backend_state) st->free_fn(st->state);
         st->state = NULL;
         return rc;
     }
-    if (st->state) mt_node_set_state(node, st->state, st->free_fn);
+    if (backend_state) mt_node_set_state(node, st->state, st->free_fn);
     st->state = NULL;
     node->ints[0] = a->training;
     node->n_ints = 1;
@@ -173,7 +175,8 @@ static int record(mt_op_id op, mt_tensor *const *in, const mt_bn_args *a) {
     if (!rc) rc = mt_node_save(node, 2, a->save_mean);
     if (!rc) rc = mt_node_save(node, 3, a->save_rstd);
     if (!rc && a->relu) rc = mt_node_save(node, 4, a->y);
-    if (!rc && a->bias) rc = mt_node_save(node, 5, a->bias);
+    /* the bias only where the backend's backward reads it (cuDNN's fused backward does) */
+    if (!rc && a->bias && backend_state) rc = mt_node_save(node, 5, a->bias);
     return rc;
 }
 
@@ -195,7 +198,7 @@ static mt_tensor *batch_norm(const bn_call *k) {
         if (!d[i]) rc = mt_backward_failed();
     }
     int64_t C = x->shape[1];
-    struct mt_bn_state state = {0};
+    mt_bn_state state = {0};
     mt_bn_args a = {.x = d[0],
                     .weight = d[1],
                     .bias = d[2],
