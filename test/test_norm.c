@@ -494,7 +494,21 @@ static void test_batch_norm_cudnn_ex(void **state) {
         assert_tensor_close(rm, ((const double[]){0, 0, 0, 0, 0, 0, 0, 0}), 8, 0, 0);
         assert_tensor_close(rv, ((const double[]){1, 1, 1, 1, 1, 1, 1, 1}), 8, 0, 0);
     }
-    /* a workspace query failing is an error too, before anything ran */
+    /* a configuration the size queries call NOT_SUPPORTED runs on the own kernels instead,
+       forward and backward */
+    mt_tensor *yo = bn_act_with("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize=3000", x,
+                                NULL, NULL, res);
+    assert_non_null(yo);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationBackwardEx=5000", 1);
+    assert_int_equal(mt_backward(mt_sum_all(yo), NULL), 0);
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_tensor *gx = mt_grad(x), *gres = mt_grad(res);
+    assert_true(gx && gres);
+    mt_release(gx);
+    mt_release(gres);
+    mt_zero_grad(x);
+    mt_zero_grad(res);
+    /* a size query failing otherwise is an error, before anything ran */
     assert_null(
         bn_act_with("cudnnGetBatchNormalizationTrainingExReserveSpaceSize=4000", x, rm, rv, res));
     assert_error(MT_ERR_DEVICE, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize");

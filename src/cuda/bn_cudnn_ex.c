@@ -63,6 +63,13 @@ static int workspace(const char *op, const mt_cudnn_bn_call *b, size_t bytes, vo
     return 0;
 }
 
+/* A size query's status: a configuration cuDNN does not support (the NOT_SUPPORTED family)
+   declines the Ex path before anything ran, without an error; other failures are errors. */
+static int size_query(const char *op, const char *what, cudnnStatus_t s) {
+    if ((int)s / 1000 * 1000 == CUDNN_STATUS_NOT_SUPPORTED) return MT_CUDNN_BN_EX_DECLINED;
+    return mt_cudnn_check(op, what, s);
+}
+
 static int ex_forward_call(const char *op, const mt_bn_args *a, mt_cudnn_bn_call *b,
                            cudnnActivationDescriptor_t act, ex_state *st) {
     cudnnBatchNormOps_t ops =
@@ -73,13 +80,13 @@ static int ex_forward_call(const char *op, const mt_bn_args *a, mt_cudnn_bn_call
     void *bias = mt_cudnn_bn_param(op, b, a->bias, 1, 0.0, &rc);
     size_t wsb = 0;
     if (!rc)
-        rc = mt_cudnn_check(op, "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
-                            b->api->bn_fwd_ex_workspace(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
-                                                        ops, b->x, zd, b->x, b->p, act, &wsb));
+        rc = size_query(op, "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+                        b->api->bn_fwd_ex_workspace(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops,
+                                                    b->x, zd, b->x, b->p, act, &wsb));
     if (!rc)
-        rc = mt_cudnn_check(op, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
-                            b->api->bn_ex_reserve(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops,
-                                                  act, b->x, &st->reserve_bytes));
+        rc = size_query(op, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+                        b->api->bn_ex_reserve(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, act,
+                                              b->x, &st->reserve_bytes));
     if (!rc && st->reserve_bytes > 0) {
         int64_t n = (int64_t)st->reserve_bytes;
         st->reserve = mt_tensor_new(op, 1, &n, MT_BOOL, a->x->device);
@@ -117,7 +124,7 @@ int mt_cudnn_batch_norm_ex(const mt_bn_args *a) {
     if (!rc) rc = ex_forward_call(op, a, &b, act, st);
     if (act) b.api->destroy_act(act);
     mt_cudnn_bn_end(&b);
-    if (rc) {
+    if (rc) { /* declined or failed: nothing ran, the running statistics are as they were */
         ex_state_free(st);
         return rc;
     }

@@ -73,7 +73,10 @@ bool mt_cuda_bn_nhwc(const mt_tensor *x) {
 }
 
 int mt_cuda_be_batch_norm(const mt_bn_args *b) {
-    if (mt_cudnn_bn_ex_applies(b)) return mt_cudnn_batch_norm_ex(b);
+    if (mt_cudnn_bn_ex_applies(b)) {
+        int rc = mt_cudnn_batch_norm_ex(b);
+        if (rc != MT_CUDNN_BN_EX_DECLINED) return rc;
+    }
     if (mt_cudnn_bn_applies(b)) return mt_cudnn_batch_norm(b);
     if (mt_cudnn_bn_eval_applies(b)) return mt_cudnn_batch_norm_eval(b);
     mt_cuda_device_ctx *c = ctx_for("mt_batch_norm", b->x);

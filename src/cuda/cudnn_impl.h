@@ -116,7 +116,10 @@ int mt_cudnn_batch_norm_backward(const mt_bn_backward_args *a);
 bool mt_cudnn_bn_eval_applies(const mt_bn_args *a);
 int mt_cudnn_batch_norm_eval(const mt_bn_args *a);
 bool mt_cudnn_bn_ex_applies(const mt_bn_args *a);
-/* On success a->state receives the reserve space (and epsilon) for the backward. */
+/* On success a->state receives the reserve space (and epsilon) for the backward. Returns
+   MT_CUDNN_BN_EX_DECLINED (no error set, nothing changed) where cuDNN's size queries say
+   NOT_SUPPORTED for this configuration: the own kernels run it instead. */
+#define MT_CUDNN_BN_EX_DECLINED 1
 int mt_cudnn_batch_norm_ex(const mt_bn_args *a);
 /* The backward of a forward that ran mt_cudnn_batch_norm_ex (a->state is its state): gy,
    and the gradients wanted, in x's dtype and layout. */
