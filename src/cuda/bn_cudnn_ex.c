@@ -6,7 +6,9 @@
    The forward's reserve space (the ReLU mask cuDNN's backward reads) is a device buffer the
    tape node owns through its state block, with the epsilon the backward must repeat; the
    workspaces come from the caching allocator for one call each. The backward gives dx, dz
-   (the residual's gradient), dscale and dbias in one call. */
+   (the residual's gradient), dscale and dbias in one call. cuDNN warns that the persistent
+   mode can overflow for inputs of a very large range; torch takes the same mode for
+   channels-last training. The ReLU propagates NaN, as torch's. */
 #include <math.h>
 #include <stdlib.h>
 #include "cudnn_impl.h"
