@@ -3,8 +3,9 @@
    training and eval, with and without affine parameters, the fused residual add and relu;
    shapes with more rows than one accumulation block and than one thread's range; inputs whose
    mean is far from zero (the shifted sums); an FP64 gradient check through a channels-last
-   input. Where the backend has channels-last kernels (the CPU), the output and the input
-   gradient stay channels-last: no NCHW copy. */
+   input; F16 shapes that take cuDNN's fused NHWC path on CUDA. Both backends have
+   channels-last kernels: the output and the input gradient stay channels-last, no NCHW
+   copy. */
 #include "test_util.h"
 
 #define S4(a, b, c, d) ((const int64_t[]){a, b, c, d})
@@ -32,7 +33,7 @@ static double *grad_values(mt_tensor *t, bool cl) {
     mt_tensor *g = mt_grad(t);
     assert_non_null(g);
     double *v = mt_test_values(g);
-    if (cl && mt_test_device_is_cpu() && mt_ndim(g) == 4) /* the gradient keeps the format */
+    if (cl && mt_ndim(g) == 4) /* the gradient keeps the format */
         assert_true(mt_is_channels_last(g) && !mt_is_contiguous(g));
     mt_release(g);
     return v;
@@ -58,7 +59,7 @@ static bn_result run(mt_tensor *x0, mt_tensor *res0, mt_tensor *w0, mt_tensor *b
     mt_tensor *y = mt_batch_norm_act(x, rm, rv, w, b, res, o->training, 0.1, 1e-5,
                                      o->relu ? MT_ACT_RELU : MT_ACT_NONE);
     assert_non_null(y);
-    if (cl && mt_test_device_is_cpu()) assert_true(mt_is_channels_last(y) && !mt_is_contiguous(y));
+    if (cl) assert_true(mt_is_channels_last(y) && !mt_is_contiguous(y));
     r.y = mt_test_values(y);
     r.rm = mt_test_values(rm);
     r.rv = mt_test_values(rv);
@@ -127,6 +128,21 @@ static void test_nhwc_matches_nchw(void **state) {
         }
 }
 
+/* F16 with C a multiple of 4: on CUDA the fused training cases run through cuDNN's Ex calls
+   (persistent NHWC batch norm, the ReLU mask in the reserve space) on NHWC input, the own
+   kernels on NCHW input; both agree, gradients of the residual included. */
+static void test_nhwc_cudnn_shapes(void **state) {
+    (void)state;
+    const bn_opts opts[] = {
+        {true, true, true, true},  {true, false, false, true},  {true, true, false, true},
+        {true, false, true, true}, {false, true, false, false},
+    };
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        compare(MT_F16, S4(2, 8, 3, 4), &opts[k], 0.0);
+        compare(MT_F16, S4(3, 12, 5, 5), &opts[k], 2.0);
+    }
+}
+
 /* |mean| >> std: the shifted sums keep the variance (both layouts) */
 static void test_nhwc_large_mean(void **state) {
     (void)state;
@@ -166,6 +182,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_nhwc_matches_nchw),
         MT_TEST(test_nhwc_large_mean),
+        MT_TEST(test_nhwc_cudnn_shapes),
         MT_TEST(test_nhwc_gradcheck),
     };
     MT_RUN_TESTS(tests);

@@ -22,6 +22,11 @@ static void test_cudnn_loads(void **state) {
     if (!api) fail_msg("%s", mt_last_error());
     assert_non_null(api->conv_fwd);
     assert_non_null(api->bn_bwd);
+    assert_non_null(api->bn_fwd_infer);
+    assert_non_null(api->bn_fwd_train_ex);
+    assert_non_null(api->bn_bwd_ex);
+    assert_non_null(api->bn_ex_reserve);
+    assert_non_null(api->set_act);
 }
 
 static void test_nccl_loads(void **state) {

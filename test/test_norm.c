@@ -423,7 +423,7 @@ static void test_batch_norm_cudnn_routing(void **state) {
                                 "cudnnBatchNormalizationForwardTraining: CUDNN_STATUS_BAD_PARAM");
     assert_tensor_close(rm, ((const double[]){0, 0, 0}), 3, 0, 0);
     assert_tensor_close(rv, ((const double[]){1, 1, 1}), 3, 0, 0);
-    assert_non_null(mt_batch_norm(x, rm, rv, NULL, NULL, false, 0.1, 1e-5)); /* eval: own */
+    assert_non_null(mt_batch_norm(x, rm, rv, NULL, NULL, false, 0.1, 1e-5)); /* eval: inference */
     mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, d), *b = mt_zeros(MT_SHAPE(3), MT_F32, d);
     assert_non_null(mt_batch_norm_act(x, NULL, NULL, w, b, x, true, 0.1, 1e-5, MT_ACT_RELU));
     unsetenv("MTEMU_CUDNN_FAIL");
@@ -435,6 +435,111 @@ static void test_batch_norm_cudnn_routing(void **state) {
                                 "CUDNN_STATUS_EXECUTION_FAILED");
     assert_null(mt_grad(x));
     unsetenv("MTEMU_CUDNN_FAIL");
+    mt_scope_end();
+}
+
+/* Eval mode's plain batch norm runs through cudnnBatchNormalizationForwardInference: a fault
+   injected there is the op's error; the fused ReLU in eval stays on the own kernels. */
+static void test_batch_norm_cudnn_eval(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = random_tensor(MT_F32, 47, MT_SHAPE(4, 3, 5));
+    mt_tensor *rm = random_tensor(MT_F32, 48, MT_SHAPE(3)), *rv = mt_ones(MT_SHAPE(3), MT_F32, d);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationForwardInference=2000", 1);
+    assert_null(mt_batch_norm(x, rm, rv, NULL, NULL, false, 0.1, 1e-5));
+    assert_error(MT_ERR_DEVICE, "mt_batch_norm: cuDNN error in "
+                                "cudnnBatchNormalizationForwardInference: CUDNN_STATUS_BAD_PARAM");
+    assert_non_null(mt_batch_norm_act(x, rm, rv, NULL, NULL, NULL, false, 0.1, 1e-5, MT_ACT_RELU));
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_scope_end();
+}
+
+/* x [N, C, H, W] F16 channels-last (C a multiple of 4), the residual alike */
+static mt_tensor *nhwc_f16(uint32_t seed) {
+    mt_tensor *t = random_tensor(MT_F16, seed, MT_SHAPE(2, 8, 3, 3));
+    mt_tensor *c = mt_to_channels_last(t);
+    mt_release(t);
+    return c;
+}
+
+/* One fused call with the fault named by `fail` injected into the fake cuDNN: NULL means
+   it ran elsewhere than that entry point. */
+static mt_tensor *bn_act_with(const char *fail, mt_tensor *x, mt_tensor *rm, mt_tensor *rv,
+                              mt_tensor *res) {
+    setenv("MTEMU_CUDNN_FAIL", fail, 1);
+    mt_tensor *y = mt_batch_norm_act(x, rm, rv, NULL, NULL, res, true, 0.1, 1e-5, MT_ACT_RELU);
+    unsetenv("MTEMU_CUDNN_FAIL");
+    return y;
+}
+
+/* The fused batch norm + (add +) ReLU in training on NHWC F16 with C a multiple of 4 runs
+   through cudnnBatchNormalizationForwardTrainingEx, forward, and BackwardEx, backward: a
+   fault injected into either is the op's error naming that call, and the failed forward
+   leaves the running statistics as they were. F32, NCHW, or C not a multiple of 4 run
+   elsewhere (the same injection changes nothing there). */
+static void test_batch_norm_cudnn_ex(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = nhwc_f16(51), *res = nhwc_f16(52);
+    mt_tensor *rm = mt_zeros(MT_SHAPE(8), MT_F32, d), *rv = mt_ones(MT_SHAPE(8), MT_F32, d);
+    mt_set_requires_grad(x, true);
+    mt_set_requires_grad(res, true);
+    const char *fwd = "cudnnBatchNormalizationForwardTrainingEx=3000";
+    for (int with_res = 0; with_res < 2; with_res++) {
+        assert_null(bn_act_with(fwd, x, rm, rv, with_res ? res : NULL));
+        assert_error(MT_ERR_UNSUPPORTED, "mt_batch_norm_act: cuDNN error in "
+                                         "cudnnBatchNormalizationForwardTrainingEx");
+        assert_tensor_close(rm, ((const double[]){0, 0, 0, 0, 0, 0, 0, 0}), 8, 0, 0);
+        assert_tensor_close(rv, ((const double[]){1, 1, 1, 1, 1, 1, 1, 1}), 8, 0, 0);
+    }
+    /* a configuration the size queries call NOT_SUPPORTED runs on the own kernels instead,
+       forward and backward */
+    mt_tensor *yo = bn_act_with("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize=3000", x,
+                                NULL, NULL, res);
+    assert_non_null(yo);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationBackwardEx=5000", 1);
+    assert_int_equal(mt_backward(mt_sum_all(yo), NULL), 0);
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_tensor *gx = mt_grad(x), *gres = mt_grad(res);
+    assert_true(gx && gres);
+    mt_release(gx);
+    mt_release(gres);
+    mt_zero_grad(x);
+    mt_zero_grad(res);
+    /* a size query failing otherwise is an error, before anything ran */
+    assert_null(
+        bn_act_with("cudnnGetBatchNormalizationTrainingExReserveSpaceSize=4000", x, rm, rv, res));
+    assert_error(MT_ERR_DEVICE, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize");
+    /* not the Ex path: F32, NCHW F16, C = 6 */
+    mt_tensor *x32 = mt_to_channels_last(random_tensor(MT_F32, 53, MT_SHAPE(2, 8, 3, 3)));
+    assert_non_null(bn_act_with(fwd, x32, NULL, NULL, NULL));
+    assert_non_null(
+        bn_act_with(fwd, random_tensor(MT_F16, 54, MT_SHAPE(2, 8, 3, 3)), NULL, NULL, NULL));
+    assert_non_null(
+        bn_act_with(fwd, mt_to_channels_last(random_tensor(MT_F16, 55, MT_SHAPE(2, 6, 3, 3))), NULL,
+                    NULL, NULL));
+    /* without autograd no node keeps the reserve space (a leak would show under ASan); the
+       running statistics move */
+    assert_non_null(bn_act_with("", nhwc_f16(56), rm, rv, NULL));
+    double *m = mt_test_values(rm);
+    double moved = 0;
+    for (int c = 0; c < 8; c++) moved += fabs(m[c]);
+    free(m);
+    assert_true(moved > 0);
+    /* the backward of an Ex forward is BackwardEx */
+    mt_tensor *y = bn_act_with("", x, rm, rv, res);
+    assert_non_null(y);
+    assert_true(mt_is_channels_last(y) && !mt_is_contiguous(y));
+    mt_tensor *loss = mt_sum_all(mt_mul(y, y));
+    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationBackwardEx=5000", 1);
+    assert_int_not_equal(mt_backward(loss, NULL), 0);
+    assert_error(MT_ERR_DEVICE, "cuDNN error in cudnnBatchNormalizationBackwardEx: "
+                                "CUDNN_STATUS_EXECUTION_FAILED");
+    unsetenv("MTEMU_CUDNN_FAIL");
+    assert_null(mt_grad(x));
+    assert_null(mt_grad(res));
     mt_scope_end();
 }
 
@@ -453,6 +558,12 @@ int main(void) {
         MT_TEST(test_norm_errors),
         emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_routing)
                           : MT_TEST_SKIPPED(test_batch_norm_cudnn_routing,
+                                            "fault injection needs the emulated CUDA device"),
+        emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_eval)
+                          : MT_TEST_SKIPPED(test_batch_norm_cudnn_eval,
+                                            "fault injection needs the emulated CUDA device"),
+        emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_ex)
+                          : MT_TEST_SKIPPED(test_batch_norm_cudnn_ex,
                                             "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);

@@ -76,6 +76,17 @@ def batch_norm_cases(g, files):
                                              torch.stack([t[1], t[2]]))[1],
                             [x, rm.clone(), rv.clone(), w, b], rg=[False] * 5, params=prm,
                             grads=False, mixed="fp32 output")
+    # NHWC F16 with C a multiple of 4 (channels-last x and residual): on CUDA the training
+    # case runs through cuDNN's fused Ex batch norm, the eval one through the own kernels
+    for training in (True, False):
+        name = "4x8x2x3_nhwc_%s_f16" % ("train" if training else "eval")
+        gen = g.gen_for("batch_norm_act_" + name)
+        x, res = g.make(gen, (4, 8, 2, 3), g.F16), g.make(gen, (4, 8, 2, 3), g.F16)
+        rm, rv = g.make(gen, (8,), g.F32), g.make(gen, (8,), g.F64, "positive").to(g.F32)
+        w, b = _param(g, gen, (8,), g.F16), _param(g, gen, (8,), g.F16)
+        prm = {"training": int(training), "momentum": 0.1, "eps": 1e-5, "channels_last": [0, 5]}
+        fa.case(name, lambda t, tr=training: _bn(t, tr, True, True), [x, rm, rv, w, b, res],
+                rg=[True, False, False, True, True, True], params=prm, mixed=True)
     gen = g.gen_for("batch_norm_offset")  # as layer_norm's offset case: an F64 reference
     x = (g.make(gen, (4, 2, 3), g.F64) * 0.01 + 100.0).to(g.F32)
     ins = [x, torch.zeros(2), torch.ones(2), torch.ones(2), torch.zeros(2)]

@@ -1,6 +1,7 @@
-/* Batch norm in training through cuDNN (cudnnBatchNormalizationForwardTraining and
-   cudnnBatchNormalizationBackward, spatial mode): x [N, C, inner...] contiguous is described
-   as [N, C, S, 1]; statistics, weight and bias in FP32 (F64 for F64 x), cuDNN's parameter
+/* Batch norm through cuDNN's plain calls: in training cudnnBatchNormalizationForwardTraining
+   and cudnnBatchNormalizationBackward, in eval cudnnBatchNormalizationForwardInference
+   (spatial mode). x [N, C, inner...] contiguous (or dense NHWC) is described as [N, C, S, 1];
+   statistics, weight and bias in FP32 (F64 for F64 x), cuDNN's parameter
    type. cuDNN's definitions are the backend's: the batch mean and 1/sqrt(biased var + eps)
    saved, running buffers (either may be absent) updated with the unbiased variance by the
    factor momentum. A missing weight or bias is a temporary of ones or zeros, a gradient not
@@ -16,13 +17,21 @@ static void ncs(const mt_tensor *x, int64_t *n, int64_t *c, int64_t *s) {
     for (int d = 2; d < x->ndim; d++) *s *= x->shape[d];
 }
 
+bool mt_cudnn_bn_fits(const mt_tensor *x) {
+    int64_t n, c, s;
+    ncs(x, &n, &c, &s);
+    return x->ndim >= 2 && n > 0 && c > 0 && s > 0 && x->numel <= INT_MAX &&
+           (mt_is_contiguous(x) || mt_cuda_bn_nhwc(x));
+}
+
 /* BF16 stays on the own kernels: cuDNN's legacy batch norm is documented for HALF, FLOAT and
    DOUBLE activations. */
 static bool fits(const mt_tensor *x) {
-    int64_t n, c, s;
-    ncs(x, &n, &c, &s);
-    return x->ndim >= 2 && n > 0 && c > 0 && s > 0 && x->numel <= INT_MAX && mt_is_contiguous(x) &&
-           x->dtype != MT_BF16;
+    return mt_cudnn_bn_fits(x) && x->dtype != MT_BF16;
+}
+
+static bool same_layout(const mt_tensor *a, const mt_tensor *x) {
+    return mt_cuda_bn_nhwc(a) == mt_cuda_bn_nhwc(x) && (mt_is_contiguous(a) || mt_cuda_bn_nhwc(a));
 }
 
 bool mt_cudnn_bn_applies(const mt_bn_args *a) {
@@ -30,62 +39,65 @@ bool mt_cudnn_bn_applies(const mt_bn_args *a) {
            fits(a->x) && mt_cudnn_available();
 }
 
-/* cuDNN reads x and dy and writes dx in one data type */
+/* cuDNN reads x and dy and writes dx in one data type and layout */
 bool mt_cudnn_bn_backward_applies(const mt_bn_backward_args *a) {
     return a->training && !a->y && !a->gres && fits(a->x) && a->gy->dtype == a->x->dtype &&
-           mt_is_contiguous(a->gy) && (!a->gx || a->gx->dtype == a->x->dtype) &&
+           same_layout(a->gy, a->x) &&
+           (!a->gx || (a->gx->dtype == a->x->dtype && same_layout(a->gx, a->x))) &&
            mt_cudnn_available();
 }
 
-static cudnnDataType_t dnn_dtype(mt_dtype dt) {
+/* cuDNN's inference is torch's eval (spatial, the running statistics; epsilon at least its
+   minimum). It writes y only: the saved statistics come from a small kernel. */
+bool mt_cudnn_bn_eval_applies(const mt_bn_args *a) {
+    return !a->training && !a->relu && !a->residual && a->running_mean && a->running_var &&
+           a->eps >= CUDNN_BN_MIN_EPSILON && fits(a->x) && mt_cudnn_available();
+}
+
+cudnnDataType_t mt_cudnn_dtype(mt_dtype dt) {
     return dt == MT_F64    ? CUDNN_DATA_DOUBLE
            : dt == MT_F16  ? CUDNN_DATA_HALF
            : dt == MT_BF16 ? CUDNN_DATA_BFLOAT16
                            : CUDNN_DATA_FLOAT;
 }
 
-typedef struct {
-    const mt_cudnn_api *api;
-    cudnnHandle_t h;
-    cudnnTensorDescriptor_t x, p; /* the activation [N, C, S, 1], the parameters [1, C, 1, 1] */
-    mt_dtype pdt;                 /* the parameters' dtype */
-    mt_device dev;
-    int64_t c;
-    mt_tensor *tmp[4]; /* temporaries standing in for absent parameters or results */
-} bn_call;
-
-static void call_end(bn_call *b) {
+void mt_cudnn_bn_end(mt_cudnn_bn_call *b) {
     if (b->x) b->api->destroy_tensor(b->x);
     if (b->p) b->api->destroy_tensor(b->p);
-    for (int i = 0; i < 4; i++) mt_tensor_unref(b->tmp[i]);
+    for (int i = 0; i < 6; i++) mt_tensor_unref(b->tmp[i]);
 }
 
-static int call_begin(const char *op, bn_call *b, const mt_tensor *x, mt_dtype pdt) {
-    *b = (bn_call){0};
-    mt_cuda_device_ctx *c = mt_cuda_ctx_get(op, x->device.index);
-    b->h = c ? mt_cudnn_handle(op, c) : NULL;
+int mt_cudnn_bn_begin(const char *op, mt_cudnn_bn_call *b, const mt_tensor *x, mt_dtype pdt) {
+    *b = (mt_cudnn_bn_call){0};
+    b->ctx = mt_cuda_ctx_get(op, x->device.index);
+    b->h = b->ctx ? mt_cudnn_handle(op, b->ctx) : NULL;
     if (!b->h) return mt_last_status();
-    b->api = mt_cudnn_load(op, c->device);
+    b->api = mt_cudnn_load(op, b->ctx->device);
     b->pdt = pdt;
     b->dev = x->device;
     int64_t n, s;
     ncs(x, &n, &b->c, &s);
-    int xd[4] = {(int)n, (int)b->c, (int)s, 1}, xs[4] = {(int)(b->c * s), (int)s, 1, 1};
+    /* [N, C, S, 1]: NCHW strides, or NHWC ones (a dense NHWC tensor with H = S, W = 1) */
+    int xd[4] = {(int)n, (int)b->c, (int)s, 1};
+    int xs[4] = {(int)(b->c * s), (int)s, 1, 1};
+    if (mt_cuda_bn_nhwc(x)) {
+        xs[1] = 1;
+        xs[2] = xs[3] = (int)b->c;
+    }
     int pd[4] = {1, (int)b->c, 1, 1}, ps[4] = {(int)b->c, 1, 1, 1};
     int rc = mt_cudnn_check(op, "cudnnCreateTensorDescriptor", b->api->create_tensor(&b->x));
     if (!rc) rc = mt_cudnn_check(op, "cudnnCreateTensorDescriptor", b->api->create_tensor(&b->p));
     if (!rc)
         rc = mt_cudnn_check(op, "cudnnSetTensorNdDescriptor",
-                            b->api->set_tensor_nd(b->x, dnn_dtype(x->dtype), 4, xd, xs));
+                            b->api->set_tensor_nd(b->x, mt_cudnn_dtype(x->dtype), 4, xd, xs));
     if (!rc)
         rc = mt_cudnn_check(op, "cudnnSetTensorNdDescriptor",
-                            b->api->set_tensor_nd(b->p, dnn_dtype(pdt), 4, pd, ps));
+                            b->api->set_tensor_nd(b->p, mt_cudnn_dtype(pdt), 4, pd, ps));
     return rc;
 }
 
-/* t's data, or a temporary [C] of the parameters' dtype filled with fill (NAN: uninitialised,
-   for results nobody reads) held in slot i. */
-static void *param(const char *op, bn_call *b, const mt_tensor *t, int i, double fill, int *rc) {
+void *mt_cudnn_bn_param(const char *op, mt_cudnn_bn_call *b, const mt_tensor *t, int i, double fill,
+                        int *rc) {
     if (*rc) return NULL;
     if (t) return mt_tensor_data(t);
     b->tmp[i] = mt_tensor_new(op, 1, &b->c, b->pdt, b->dev);
@@ -97,11 +109,25 @@ static void *param(const char *op, bn_call *b, const mt_tensor *t, int i, double
     return *rc ? NULL : mt_tensor_data(b->tmp[i]);
 }
 
+void *mt_cudnn_bn_activation(const char *op, mt_cudnn_bn_call *b, const mt_tensor *t,
+                             const mt_tensor *x, int i, int *rc) {
+    if (*rc) return NULL;
+    if (t) return mt_tensor_data(t);
+    b->tmp[i] = mt_cuda_bn_nhwc(x) ? mt_tensor_new_format(op, x->shape, x->dtype, x->device, true)
+                                   : mt_tensor_new(op, x->ndim, x->shape, x->dtype, x->device);
+    if (!b->tmp[i]) {
+        *rc = mt_last_status();
+        return NULL;
+    }
+    return mt_tensor_data(b->tmp[i]);
+}
+
 int mt_cudnn_batch_norm(const mt_bn_args *a) {
     const char *op = "mt_batch_norm";
-    bn_call b;
-    int rc = call_begin(op, &b, a->x, a->save_mean->dtype);
-    void *w = param(op, &b, a->weight, 0, 1.0, &rc), *bias = param(op, &b, a->bias, 1, 0.0, &rc);
+    mt_cudnn_bn_call b;
+    int rc = mt_cudnn_bn_begin(op, &b, a->x, a->save_mean->dtype);
+    void *w = mt_cudnn_bn_param(op, &b, a->weight, 0, 1.0, &rc),
+         *bias = mt_cudnn_bn_param(op, &b, a->bias, 1, 0.0, &rc);
     if (!rc) {
         float one = 1.0f, zero = 0.0f; /* blend factors: float for every data type but double */
         double one64 = 1.0, zero64 = 0.0;
@@ -115,24 +141,18 @@ int mt_cudnn_batch_norm(const mt_bn_args *a) {
                                 a->running_var ? mt_tensor_data(a->running_var) : NULL, a->eps,
                                 mt_tensor_data(a->save_mean), mt_tensor_data(a->save_rstd)));
     }
-    call_end(&b);
+    mt_cudnn_bn_end(&b);
     return rc;
 }
 
 int mt_cudnn_batch_norm_backward(const mt_bn_backward_args *a) {
     const char *op = "mt_batch_norm";
-    bn_call b;
-    int rc = call_begin(op, &b, a->x, a->save_mean->dtype);
-    void *w = param(op, &b, a->weight, 0, 1.0, &rc);
-    void *gw = param(op, &b, a->gw, 1, NAN, &rc), *gb = param(op, &b, a->gb, 2, NAN, &rc);
-    void *gx = NULL;
-    if (!rc && a->gx) {
-        gx = mt_tensor_data(a->gx);
-    } else if (!rc) { /* cuDNN always writes dx */
-        b.tmp[3] = mt_tensor_new(op, a->x->ndim, a->x->shape, a->x->dtype, a->x->device);
-        rc = b.tmp[3] ? 0 : mt_last_status();
-        if (!rc) gx = mt_tensor_data(b.tmp[3]);
-    }
+    mt_cudnn_bn_call b;
+    int rc = mt_cudnn_bn_begin(op, &b, a->x, a->save_mean->dtype);
+    void *w = mt_cudnn_bn_param(op, &b, a->weight, 0, 1.0, &rc);
+    void *gw = mt_cudnn_bn_param(op, &b, a->gw, 1, NAN, &rc),
+         *gb = mt_cudnn_bn_param(op, &b, a->gb, 2, NAN, &rc);
+    void *gx = mt_cudnn_bn_activation(op, &b, a->gx, a->x, 3, &rc); /* cuDNN always writes dx */
     if (!rc) {
         float one = 1.0f, zero = 0.0f;
         double one64 = 1.0, zero64 = 0.0;
@@ -146,6 +166,33 @@ int mt_cudnn_batch_norm_backward(const mt_bn_backward_args *a) {
                           mt_tensor_data(a->gy), b.x, gx, b.p, w, gw, gb, CUDNN_BN_MIN_EPSILON,
                           mt_tensor_data(a->save_mean), mt_tensor_data(a->save_rstd)));
     }
-    call_end(&b);
+    mt_cudnn_bn_end(&b);
+    return rc;
+}
+
+int mt_cudnn_batch_norm_eval(const mt_bn_args *a) {
+    const char *op = "mt_batch_norm";
+    mt_cudnn_bn_call b;
+    int rc = mt_cudnn_bn_begin(op, &b, a->x, a->save_mean->dtype);
+    void *w = mt_cudnn_bn_param(op, &b, a->weight, 0, 1.0, &rc);
+    void *bias = mt_cudnn_bn_param(op, &b, a->bias, 1, 0.0, &rc);
+    if (!rc) {
+        float one = 1.0f, zero = 0.0f;
+        double one64 = 1.0, zero64 = 0.0;
+        bool f64 = a->x->dtype == MT_F64;
+        rc = mt_cudnn_check(
+            op, "cudnnBatchNormalizationForwardInference",
+            b.api->bn_fwd_infer(b.h, CUDNN_BATCHNORM_SPATIAL, f64 ? (const void *)&one64 : &one,
+                                f64 ? (const void *)&zero64 : &zero, b.x, mt_tensor_data(a->x), b.x,
+                                mt_tensor_data(a->y), b.p, w, bias, mt_tensor_data(a->running_mean),
+                                mt_tensor_data(a->running_var), a->eps));
+    }
+    if (!rc)
+        rc = mt_cuda_check(op,
+                           (cudaError_t)mt_cuda_bn_eval_stats(
+                               &b.ctx->kctx, a->save_mean->dtype == MT_F64, b.c,
+                               mt_tensor_data(a->running_mean), mt_tensor_data(a->running_var),
+                               a->eps, mt_tensor_data(a->save_mean), mt_tensor_data(a->save_rstd)));
+    mt_cudnn_bn_end(&b);
     return rc;
 }

@@ -399,6 +399,7 @@ const mt_backend mt_cuda_backend = {
     .layer_norm_backward = mt_cuda_be_layer_norm_backward,
     .batch_norm = mt_cuda_be_batch_norm,
     .batch_norm_backward = mt_cuda_be_batch_norm_backward,
+    .batch_norm_nhwc = true,
     .dropout = mt_cuda_be_dropout,
     .index_select = mt_cuda_be_index_select,
     .index_add = mt_cuda_be_index_add,

@@ -1,7 +1,8 @@
 /* The host side of the normalisation, dropout and indexing families on CUDA: the tensors of
    the backend call (contiguous, checked by the op) become the plain launch arguments of
-   kernels.h (norm.cu, index.cu). Batch norm in training without the fused residual and ReLU
-   runs through cuDNN instead (bn_cudnn.c). */
+   kernels.h (norm.cu, index.cu). Batch norm runs through cuDNN where cuDNN computes it as
+   torch does: in training the fused NHWC F16 residual + ReLU (bn_cudnn_ex.c) and the plain
+   one, in eval the plain one (bn_cudnn.c); the own kernels run the rest. */
 #include "cudnn_impl.h"
 
 static mt_cuda_device_ctx *ctx_for(const char *op, const mt_tensor *t) {
@@ -66,13 +67,24 @@ static void ncs(const mt_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
     for (int d = 2; d < x->ndim; d++) *S *= x->shape[d];
 }
 
+/* dense channels-last 4-d activations (the op hands NCHW contiguous ones otherwise) */
+bool mt_cuda_bn_nhwc(const mt_tensor *x) {
+    return x->ndim == 4 && !mt_is_contiguous(x) && mt_is_channels_last(x);
+}
+
 int mt_cuda_be_batch_norm(const mt_bn_args *b) {
+    if (mt_cudnn_bn_ex_applies(b)) {
+        int rc = mt_cudnn_batch_norm_ex(b);
+        if (rc != MT_CUDNN_BN_EX_DECLINED) return rc;
+    }
     if (mt_cudnn_bn_applies(b)) return mt_cudnn_batch_norm(b);
+    if (mt_cudnn_bn_eval_applies(b)) return mt_cudnn_batch_norm_eval(b);
     mt_cuda_device_ctx *c = ctx_for("mt_batch_norm", b->x);
     if (!c) return MT_ERR_DEVICE;
     mt_cuda_batch_norm_args a = {.wide = b->save_mean->dtype == MT_F64,
                                  .training = b->training,
                                  .relu = b->relu,
+                                 .nhwc = mt_cuda_bn_nhwc(b->x),
                                  .x = mt_tensor_data(b->x),
                                  .residual = data_or_null(b->residual),
                                  .y = mt_tensor_data(b->y),
@@ -91,11 +103,15 @@ int mt_cuda_be_batch_norm(const mt_bn_args *b) {
 }
 
 int mt_cuda_be_batch_norm_backward(const mt_bn_backward_args *b) {
+    /* the forward's choice; its saved y lets the own kernels stand in where the gradients'
+       dtypes or layouts are not the Ex call's */
+    if (b->state && mt_cudnn_bn_ex_backward_applies(b)) return mt_cudnn_batch_norm_ex_backward(b);
     if (mt_cudnn_bn_backward_applies(b)) return mt_cudnn_batch_norm_backward(b);
     mt_cuda_device_ctx *c = ctx_for("mt_batch_norm", b->x);
     if (!c) return MT_ERR_DEVICE;
     mt_cuda_batch_norm_backward_args a = {.wide = b->save_mean->dtype == MT_F64,
                                           .training = b->training,
+                                          .nhwc = mt_cuda_bn_nhwc(b->x),
                                           .gy = mt_tensor_data(b->gy),
                                           .x = mt_tensor_data(b->x),
                                           .y = data_or_null(b->y),

@@ -41,6 +41,15 @@ typedef struct {
     __typeof__(&cudnnPoolingForward) pool_fwd;
     __typeof__(&cudnnBatchNormalizationForwardTraining) bn_fwd_train;
     __typeof__(&cudnnBatchNormalizationBackward) bn_bwd;
+    __typeof__(&cudnnBatchNormalizationForwardInference) bn_fwd_infer;
+    __typeof__(&cudnnCreateActivationDescriptor) create_act;
+    __typeof__(&cudnnDestroyActivationDescriptor) destroy_act;
+    __typeof__(&cudnnSetActivationDescriptor) set_act;
+    __typeof__(&cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize) bn_fwd_ex_workspace;
+    __typeof__(&cudnnGetBatchNormalizationBackwardExWorkspaceSize) bn_bwd_ex_workspace;
+    __typeof__(&cudnnGetBatchNormalizationTrainingExReserveSpaceSize) bn_ex_reserve;
+    __typeof__(&cudnnBatchNormalizationForwardTrainingEx) bn_fwd_train_ex;
+    __typeof__(&cudnnBatchNormalizationBackwardEx) bn_bwd_ex;
 } mt_cudnn_api;
 
 /* Loads cuDNN once; NULL with MT_ERR_UNSUPPORTED naming op and device ("cuDNN not found")
@@ -95,11 +104,55 @@ int mt_cuda_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_
 bool mt_cudnn_pool_expressible(const mt_tensor *x, const mt_tensor *y, const mt_pool2d_params *p);
 int mt_cudnn_pool2d(const char *op, mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
 
-/* ---- batch norm in training (bn_cudnn.c): the plain batch norm (no residual, no ReLU) in
-   training mode, forward and backward, through cuDNN's spatial batch norm; cuda_norm.c's own
-   kernels run the rest (eval, the fused residual + ReLU). */
+/* ---- batch norm through cuDNN. bn_cudnn.c: the plain batch norm (no residual, no ReLU)
+   in training, forward and backward (cudnnBatchNormalization{ForwardTraining,Backward},
+   spatial), and in eval (cudnnBatchNormalizationForwardInference). bn_cudnn_ex.c: the fused
+   relu(bn(x) [+ residual]) in training on NHWC F16 (the Ex entry points, persistent spatial
+   mode), its reserve space kept in the tape node. cuda_norm.c's own kernels run the rest. */
 bool mt_cudnn_bn_applies(const mt_bn_args *a);
 int mt_cudnn_batch_norm(const mt_bn_args *a);
 bool mt_cudnn_bn_backward_applies(const mt_bn_backward_args *a);
 int mt_cudnn_batch_norm_backward(const mt_bn_backward_args *a);
+bool mt_cudnn_bn_eval_applies(const mt_bn_args *a);
+int mt_cudnn_batch_norm_eval(const mt_bn_args *a);
+bool mt_cudnn_bn_ex_applies(const mt_bn_args *a);
+/* On success a->state receives the reserve space (and epsilon) for the backward. Returns
+   MT_CUDNN_BN_EX_DECLINED (no error set, nothing changed) where cuDNN's size queries say
+   NOT_SUPPORTED for this configuration: the own kernels run it instead. */
+#define MT_CUDNN_BN_EX_DECLINED 1
+int mt_cudnn_batch_norm_ex(const mt_bn_args *a);
+/* The backward of a forward that ran mt_cudnn_batch_norm_ex (a->state is its state): gy,
+   and the gradients wanted, in x's dtype and layout. */
+bool mt_cudnn_bn_ex_backward_applies(const mt_bn_backward_args *a);
+int mt_cudnn_batch_norm_ex_backward(const mt_bn_backward_args *a);
+
+/* What the batch norm calls share: the descriptors of x ([N, C, S, 1], NCHW or NHWC
+   strides) and of the parameters ([1, C, 1, 1] of the parameters' dtype), the handle and the
+   temporaries standing in for absent parameters or unwanted results. */
+typedef struct {
+    const mt_cudnn_api *api;
+    mt_cuda_device_ctx *ctx;
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t x, p;
+    mt_dtype pdt; /* the parameters' dtype */
+    mt_device dev;
+    int64_t c;
+    mt_tensor *tmp[6];
+} mt_cudnn_bn_call;
+/* True when x fits cuDNN's batch norm: [N, C, ...] with every count > 0, at most INT_MAX
+   elements, contiguous or dense NHWC. */
+bool mt_cudnn_bn_fits(const mt_tensor *x);
+int mt_cudnn_bn_begin(const char *op, mt_cudnn_bn_call *b, const mt_tensor *x, mt_dtype pdt);
+void mt_cudnn_bn_end(mt_cudnn_bn_call *b);
+/* t's data, or a temporary [C] of the parameters' dtype filled with fill (NAN: left
+   uninitialised, for results nobody reads) held in slot i; NULL with *rc set on failure (a
+   no-op once *rc is set). */
+void *mt_cudnn_bn_param(const char *op, mt_cudnn_bn_call *b, const mt_tensor *t, int i, double fill,
+                        int *rc);
+/* t's data, or a temporary of x's shape, dtype and layout (uninitialised) in slot i. */
+void *mt_cudnn_bn_activation(const char *op, mt_cudnn_bn_call *b, const mt_tensor *t,
+                             const mt_tensor *x, int i, int *rc);
+cudnnDataType_t mt_cudnn_dtype(mt_dtype dt);
+/* dense channels-last 4-d activations (cuda_norm.c) */
+bool mt_cuda_bn_nhwc(const mt_tensor *x);
 #endif

@@ -46,7 +46,16 @@ static once_flag load_once = ONCE_FLAG_INIT;
     F(set_pool_2d, cudnnSetPooling2dDescriptor)                                                    \
     F(pool_fwd, cudnnPoolingForward)                                                               \
     F(bn_fwd_train, cudnnBatchNormalizationForwardTraining)                                        \
-    F(bn_bwd, cudnnBatchNormalizationBackward)
+    F(bn_bwd, cudnnBatchNormalizationBackward)                                                     \
+    F(bn_fwd_infer, cudnnBatchNormalizationForwardInference)                                       \
+    F(create_act, cudnnCreateActivationDescriptor)                                                 \
+    F(destroy_act, cudnnDestroyActivationDescriptor)                                               \
+    F(set_act, cudnnSetActivationDescriptor)                                                       \
+    F(bn_fwd_ex_workspace, cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize)               \
+    F(bn_bwd_ex_workspace, cudnnGetBatchNormalizationBackwardExWorkspaceSize)                      \
+    F(bn_ex_reserve, cudnnGetBatchNormalizationTrainingExReserveSpaceSize)                         \
+    F(bn_fwd_train_ex, cudnnBatchNormalizationForwardTrainingEx)                                   \
+    F(bn_bwd_ex, cudnnBatchNormalizationBackwardEx)
 
 #if defined(MT_CUDA_EMU)
 static void load(void) {

@@ -154,10 +154,11 @@ typedef struct {
 } mt_cuda_layer_norm_args;
 int mt_cuda_layer_norm(const mt_cuda_ctx *c, const mt_cuda_layer_norm_args *a);
 int mt_cuda_layer_norm_backward(const mt_cuda_ctx *c, const mt_cuda_layer_norm_args *a);
-/* x, y, residual [N, C, S] in xdt; weight, bias, running buffers, save_* [C] */
+/* x, y, residual [N, C, S] in xdt (or, nhwc, dense [N, S, C]); weight, bias, running
+   buffers, save_* [C] */
 typedef struct {
     int64_t N, C, S;
-    bool wide, training, relu;
+    bool wide, training, relu, nhwc;
     const char *x, *residual; /* residual NULL: none */
     char *y;
     mt_dtype xdt;
@@ -168,14 +169,18 @@ typedef struct {
 int mt_cuda_batch_norm(const mt_cuda_ctx *c, const mt_cuda_batch_norm_args *a);
 typedef struct {
     int64_t N, C, S;
-    bool wide, training;
-    const char *gy, *x, *y; /* y: the saved output under relu, else NULL */
-    char *gx, *gres;        /* NULL when not wanted */
+    bool wide, training, nhwc; /* nhwc: every activation dense [N, S, C] */
+    const char *gy, *x, *y;    /* y: the saved output under relu, else NULL */
+    char *gx, *gres;           /* NULL when not wanted */
     mt_dtype gydt, xdt, gxdt, gresdt;
     const void *weight, *save_mean, *save_rstd;
     void *gw, *gb; /* NULL when not wanted */
 } mt_cuda_batch_norm_backward_args;
 int mt_cuda_batch_norm_backward(const mt_cuda_ctx *c, const mt_cuda_batch_norm_backward_args *a);
+/* save_mean = running mean, save_rstd = 1/sqrt(running var + eps), [C] each (eval mode
+   where cuDNN normalises: it does not write them) */
+int mt_cuda_bn_eval_stats(const mt_cuda_ctx *c, bool wide, int64_t C, const void *rm,
+                          const void *rv, double eps, void *save_mean, void *save_rstd);
 /* out = x * keep / (1 - p), keep = Philox draw i (of seed, offset) >= p; n contiguous
    elements of dtype dt */
 int mt_cuda_dropout(const mt_cuda_ctx *c, char *out, const char *x, mt_dtype dt, int64_t n,

@@ -140,9 +140,12 @@ extern "C" int mt_cuda_layer_norm_backward(const mt_cuda_ctx *c, const mt_cuda_l
 
 // ---------------------------------------------------------------- batch norm
 
-// Element (n, ch, s) of an [N, C, S] contiguous tensor.
+// Element (n, ch, s) of an [N, C, S] contiguous tensor, or of its dense NHWC form.
+MT_DEV int64_t bn_index(int64_t C, int64_t S, bool nhwc, int64_t n, int64_t ch, int64_t s) {
+    return nhwc ? (n * S + s) * C + ch : (n * C + ch) * S + s;
+}
 MT_DEV int64_t bn_index(const mt_cuda_batch_norm_args &a, int64_t n, int64_t ch, int64_t s) {
-    return (n * a.C + ch) * a.S + s;
+    return bn_index(a.C, a.S, a.nhwc, n, ch, s);
 }
 
 template <typename A>
@@ -205,7 +208,7 @@ __global__ void __launch_bounds__(NORM_THREADS) bn_backward(mt_cuda_batch_norm_b
     double sg = 0, sgx = 0;
     if (a.gw || a.gb || (a.gx && a.training)) {
         for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-            int64_t e = (i / a.S * a.C + ch) * a.S + i % a.S;
+            int64_t e = bn_index(a.C, a.S, a.nhwc, i / a.S, ch, i % a.S);
             A g = bn_gz<A>(a, e);
             sg += (double)g;
             sgx += (double)(g * ((mt_load<A>(a.x, a.xdt, e) - mean) * rs));
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(NORM_THREADS) bn_backward(mt_cuda_batch_norm_b
     A mg = a.training ? (A)(sg / (double)M) : (A)0;
     A mgx = a.training ? (A)(sgx / (double)M) : (A)0;
     for (int64_t i = threadIdx.x; i < M; i += blockDim.x) {
-        int64_t e = (i / a.S * a.C + ch) * a.S + i % a.S;
+        int64_t e = bn_index(a.C, a.S, a.nhwc, i / a.S, ch, i % a.S);
         A g = bn_gz<A>(a, e);
         if (a.gres) mt_store<A>(a.gres, a.gresdt, e, g);
         if (a.gx)
@@ -238,6 +241,31 @@ extern "C" int mt_cuda_batch_norm(const mt_cuda_ctx *c, const mt_cuda_batch_norm
         MT_LAUNCH(bn_forward<double>, (unsigned)a->C, NORM_THREADS, 0, c->stream, *a);
     else
         MT_LAUNCH(bn_forward<float>, (unsigned)a->C, NORM_THREADS, 0, c->stream, *a);
+    return (int)cudaGetLastError();
+}
+
+// Eval mode's saved statistics: the running mean and 1/sqrt(running var + eps).
+template <typename A>
+__global__ void __launch_bounds__(NORM_THREADS)
+    bn_eval_stats(int64_t C, const void *rm, const void *rv, double eps, void *sm, void *srs) {
+    for (int64_t ch = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; ch < C;
+         ch += (int64_t)gridDim.x * blockDim.x) {
+        ((A *)sm)[ch] = ((const A *)rm)[ch];
+        ((A *)srs)[ch] = (A)1 / norm_sqrt(((const A *)rv)[ch] + (A)eps);
+    }
+}
+
+extern "C" int mt_cuda_bn_eval_stats(const mt_cuda_ctx *c, bool wide, int64_t C, const void *rm,
+                                     const void *rv, double eps, void *save_mean, void *save_rstd) {
+    if (C == 0) return 0;
+    int64_t blocks = (C + NORM_THREADS - 1) / NORM_THREADS;
+    unsigned grid = (unsigned)(blocks < 1024 ? blocks : 1024);
+    if (wide)
+        MT_LAUNCH(bn_eval_stats<double>, grid, NORM_THREADS, 0, c->stream, C, rm, rv, eps,
+                  save_mean, save_rstd);
+    else
+        MT_LAUNCH(bn_eval_stats<float>, grid, NORM_THREADS, 0, c->stream, C, rm, rv, eps, save_mean,
+                  save_rstd);
     return (int)cudaGetLastError();
 }
 

@@ -27,8 +27,9 @@ static bool saved_cl(const mt_tensor *x) {
     return x->ndim == 4 && !mt_is_contiguous(x);
 }
 
-/* saved: 0 x, 1 weight or NULL, 2 save_mean, 3 save_rstd, 4 y (relu only);
-   ints: 0 training */
+/* saved: 0 x, 1 weight or NULL, 2 save_mean, 3 save_rstd, 4 y (relu only), 5 bias (with a
+   backend state only) or NULL;
+   ints: 0 training; state: the backend's (mt_bn_args.state), or none */
 static int bn_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *x = n->saved[0];
     bool cl = saved_cl(x);
@@ -51,6 +52,8 @@ static int bn_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
                              .x = x,
                              .y = n->saved[4],
                              .weight = n->saved[1],
+                             .bias = n->saved[5],
+                             .state = n->state,
                              .save_mean = n->saved[2],
                              .save_rstd = n->saved[3],
                              .training = n->ints[0] != 0};
@@ -152,10 +155,19 @@ static int validate(const bn_call *k) {
     return 0;
 }
 
+/* Records the node; the backend's state goes to it, or is freed when none is recorded. */
 static int record(mt_op_id op, mt_tensor *const *in, const mt_bn_args *a) {
     int rc = 0;
     mt_node *node = mt_record(op, bn_backward, in, 4, a->y, &rc);
-    if (!node) return rc;
+    mt_bn_state *st = a->state;
+    bool backend_state = st->state != NULL;
+    if (!node) {
+        if (backend_state) st->free_fn(st->state);
+        st->state = NULL;
+        return rc;
+    }
+    if (backend_state) mt_node_set_state(node, st->state, st->free_fn);
+    st->state = NULL;
     node->ints[0] = a->training;
     node->n_ints = 1;
     rc = mt_node_save(node, 0, a->x);
@@ -163,6 +175,8 @@ static int record(mt_op_id op, mt_tensor *const *in, const mt_bn_args *a) {
     if (!rc) rc = mt_node_save(node, 2, a->save_mean);
     if (!rc) rc = mt_node_save(node, 3, a->save_rstd);
     if (!rc && a->relu) rc = mt_node_save(node, 4, a->y);
+    /* the bias only where the backend's backward reads it (cuDNN's fused backward does) */
+    if (!rc && a->bias && backend_state) rc = mt_node_save(node, 5, a->bias);
     return rc;
 }
 
@@ -184,6 +198,7 @@ static mt_tensor *batch_norm(const bn_call *k) {
         if (!d[i]) rc = mt_backward_failed();
     }
     int64_t C = x->shape[1];
+    mt_bn_state state = {0};
     mt_bn_args a = {.x = d[0],
                     .weight = d[1],
                     .bias = d[2],
@@ -193,7 +208,8 @@ static mt_tensor *batch_norm(const bn_call *k) {
                     .training = k->training,
                     .relu = k->act == MT_ACT_RELU,
                     .momentum = k->momentum,
-                    .eps = k->eps};
+                    .eps = k->eps,
+                    .state = &state};
     if (rc == 0) {
         a.save_mean = mt_tensor_new(name, 1, &C, acc, x->device);
         a.save_rstd = a.save_mean ? mt_tensor_new(name, 1, &C, acc, x->device) : NULL;

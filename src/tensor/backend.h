@@ -43,6 +43,14 @@ typedef struct {
     int growth_interval, backoff_after;
 } mt_scale_update_args;
 
+/* What a backend keeps from a batch-norm forward for its backward (cuDNN's reserve space and
+   the path chosen): left NULL by most, set only on success. The op hands it to the tape node
+   (mt_bn_backward_args.state), or frees it with free_fn when none is recorded. */
+typedef struct {
+    void *state;
+    void (*free_fn)(void *state);
+} mt_bn_state;
+
 /* One batch-norm pass (forward of mt_batch_norm and mt_batch_norm_act). x is [N, C, inner...]
    contiguous (or dense channels-last where the backend says batch_norm_nhwc); statistics per
    channel over N and the inner dims, in the accumulation dtype (F32, or F64 for F64 x), as are
@@ -57,6 +65,7 @@ typedef struct {
     const mt_tensor *x, *weight, *bias, *residual;
     bool training, relu;
     double momentum, eps;
+    mt_bn_state *state; /* out, see mt_bn_state */
 } mt_bn_args;
 
 /* Its backward. y is the saved output (for the relu mask, or NULL without relu); the
@@ -65,8 +74,9 @@ typedef struct {
    where gz = gy masked by y > 0 under relu. */
 typedef struct {
     mt_tensor *gx, *gw, *gb, *gres;
-    const mt_tensor *gy, *x, *y, *weight, *save_mean, *save_rstd;
+    const mt_tensor *gy, *x, *y, *weight, *bias, *save_mean, *save_rstd;
     bool training;
+    void *state; /* the forward's state (mt_bn_args.state), or NULL */
 } mt_bn_backward_args;
 /* Geometry of a 2-d convolution in NCHW logical shapes: x [N, C, H, W], w [OC, C / groups,
    KH, KW], y [N, OC, OH, OW] with OH = (H + 2 padding - dilation (KH - 1) - 1) / stride + 1

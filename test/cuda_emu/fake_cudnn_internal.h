@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 // half.h before the toolkit headers: its locals named `half` would shadow cuda_fp16.h's type
 #include "../../src/math/half.h"
@@ -52,6 +54,13 @@ struct cudnnPoolingStruct {
     int window[2] = {1, 1}, pad[2] = {0, 0}, stride[2] = {1, 1};
 };
 
+struct cudnnActivationStruct {
+    bool set = false;
+    cudnnActivationMode_t mode = CUDNN_ACTIVATION_RELU;
+    cudnnNanPropagation_t nan = CUDNN_NOT_PROPAGATE_NAN;
+    double coef = 0;
+};
+
 namespace fakednn {
 
 const char *status_name(cudnnStatus_t s);
@@ -91,6 +100,27 @@ cudnnStatus_t check_memory(const char *api, const char *name, const void *p, siz
 cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t);
 // A host scalar of the compute type: double for DOUBLE data, float otherwise.
 double scalar(const void *p, bool f64);
+
+// ---- batch norm (fake_cudnn_norm_pool.cpp), shared with the Ex calls (fake_cudnn_bn_ex.cpp)
+struct bn_shape {
+    cudnnDataType_t dt, pdt;
+    int n, c, h, w;
+    int xs[4];
+};
+int64_t bn_at(const bn_shape &b, int n, int c, int h, int w);
+// x (and y, dy, dx: the same descriptor contents), the parameter descriptor 1 x C x 1 x 1 of
+// float (double for DOUBLE x), the mode, epsilon, the blend factors as host pointers; runs
+// the fault injection of api.
+cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mode,
+                       cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
+                       cudnnTensorDescriptor_t p, double eps, const void *const *scalars,
+                       int nscalars, bn_shape *b);
+// Each activation-shaped pointer spans x's bytes, each parameter pointer C values.
+cudnnStatus_t bn_memory(const char *api, const bn_shape &b,
+                        std::initializer_list<std::pair<const char *, const void *>> xs,
+                        std::initializer_list<std::pair<const char *, const void *>> ps);
+// The batch mean and biased variance of channel c.
+void bn_stats(const bn_shape &b, const char *x, int c, double eps, double *mean, double *var);
 
 } // namespace fakednn
 #endif

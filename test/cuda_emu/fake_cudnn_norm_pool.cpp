@@ -1,5 +1,5 @@
 // The fake cuDNN's pooling forward and batch norm in training (see fake_cudnn.cpp for the
-// rules).
+// rules); the fused Ex batch norm and the inference are in fake_cudnn_bn_ex.cpp.
 #include "fake_cudnn_internal.h"
 
 #include <initializer_list>
@@ -9,13 +9,7 @@ using namespace fakednn;
 
 // ---- batch norm in training, spatial mode: per channel over N, H and W, in double
 
-namespace {
-
-struct bn_shape {
-    cudnnDataType_t dt, pdt;
-    int n, c, h, w;
-    int xs[4];
-};
+namespace fakednn {
 
 int64_t bn_at(const bn_shape &b, int n, int c, int h, int w) {
     return (int64_t)n * b.xs[0] + (int64_t)c * b.xs[1] + (int64_t)h * b.xs[2] +
@@ -99,7 +93,7 @@ void bn_stats(const bn_shape &b, const char *x, int c, double eps, double *mean,
     (void)eps;
 }
 
-} // namespace
+} // namespace fakednn
 
 extern "C" {
 

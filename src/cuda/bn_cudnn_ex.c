@@ -1,0 +1,184 @@
+/* The fused batch norm relu(bn(x) [+ residual]) in training through cuDNN's Ex entry points
+   (cudnnBatchNormalizationForwardTrainingEx / BackwardEx) in persistent spatial mode with
+   bnOps BN_ADD_ACTIVATION (a residual z) or BN_ACTIVATION and a RELU activation descriptor.
+   cuDNN documents these ops for NHWC fully packed HALF activations with FLOAT parameters and
+   statistics and C a multiple of 4; everything else stays on the own kernels (cuda_norm.c).
+   The forward's reserve space (the ReLU mask cuDNN's backward reads) is a device buffer the
+   tape node owns through its state block, with the epsilon the backward must repeat; the
+   workspaces come from the caching allocator for one call each. The backward gives dx, dz
+   (the residual's gradient), dscale and dbias in one call. cuDNN warns that the persistent
+   mode can overflow for inputs of a very large range; torch takes the same mode for
+   channels-last training. The ReLU propagates NaN, as torch's. */
+#include <math.h>
+#include <stdlib.h>
+#include "cudnn_impl.h"
+
+typedef struct {
+    mt_tensor *reserve; /* cuDNN's reserve space as bytes (MT_BOOL), NULL when 0 bytes */
+    size_t reserve_bytes;
+    double eps;
+    bool add; /* BN_ADD_ACTIVATION: the forward had a residual */
+} ex_state;
+
+static void ex_state_free(void *p) {
+    ex_state *s = p;
+    mt_tensor_unref(s->reserve);
+    free(s);
+}
+
+bool mt_cudnn_bn_ex_applies(const mt_bn_args *a) {
+    const mt_tensor *x = a->x, *r = a->residual;
+    return a->training && a->relu && a->state && x->dtype == MT_F16 && mt_cuda_bn_nhwc(x) &&
+           x->shape[1] % 4 == 0 && mt_cudnn_bn_fits(x) && a->save_mean->dtype == MT_F32 &&
+           !a->running_mean == !a->running_var &&
+           (!r || (r->dtype == x->dtype && mt_cuda_bn_nhwc(r))) && mt_cudnn_available();
+}
+
+static bool like_x(const mt_tensor *t, const mt_tensor *x) {
+    return !t || (t->dtype == x->dtype && mt_cuda_bn_nhwc(t));
+}
+
+bool mt_cudnn_bn_ex_backward_applies(const mt_bn_backward_args *a) {
+    const ex_state *s = a->state;
+    return s && a->training && a->y && like_x(a->y, a->x) && like_x(a->gy, a->x) &&
+           like_x(a->gx, a->x) && like_x(a->gres, a->x) && (s->add || !a->gres);
+}
+
+/* The RELU descriptor (NaN propagated, as torch's relu) */
+static int relu_desc(const char *op, const mt_cudnn_bn_call *b, cudnnActivationDescriptor_t *d) {
+    *d = NULL;
+    int rc = mt_cudnn_check(op, "cudnnCreateActivationDescriptor", b->api->create_act(d));
+    if (!rc)
+        rc = mt_cudnn_check(op, "cudnnSetActivationDescriptor",
+                            b->api->set_act(*d, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+    return rc;
+}
+
+/* A workspace of the size cuDNN asked for, from the caching allocator (NULL for 0 bytes). */
+static int workspace(const char *op, const mt_cudnn_bn_call *b, size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) return 0;
+    *out = mt_cuda_alloc(b->ctx->device, bytes);
+    if (!*out)
+        return mt_error_set(
+            MT_ERR_OOM, "%s: out of device memory for a cuDNN workspace of %zu bytes", op, bytes);
+    return 0;
+}
+
+/* A size query's status: a configuration cuDNN does not support (the NOT_SUPPORTED family)
+   declines the Ex path before anything ran, without an error; other failures are errors. */
+static int size_query(const char *op, const char *what, cudnnStatus_t s) {
+    if ((int)s / 1000 * 1000 == CUDNN_STATUS_NOT_SUPPORTED) return MT_CUDNN_BN_EX_DECLINED;
+    return mt_cudnn_check(op, what, s);
+}
+
+static int ex_forward_call(const char *op, const mt_bn_args *a, mt_cudnn_bn_call *b,
+                           cudnnActivationDescriptor_t act, ex_state *st) {
+    cudnnBatchNormOps_t ops =
+        a->residual ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    cudnnTensorDescriptor_t zd = a->residual ? b->x : NULL;
+    int rc = 0;
+    void *w = mt_cudnn_bn_param(op, b, a->weight, 0, 1.0, &rc);
+    void *bias = mt_cudnn_bn_param(op, b, a->bias, 1, 0.0, &rc);
+    size_t wsb = 0;
+    if (!rc)
+        rc = size_query(op, "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+                        b->api->bn_fwd_ex_workspace(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops,
+                                                    b->x, zd, b->x, b->p, act, &wsb));
+    if (!rc)
+        rc = size_query(op, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+                        b->api->bn_ex_reserve(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, act,
+                                              b->x, &st->reserve_bytes));
+    if (!rc && st->reserve_bytes > 0) {
+        int64_t n = (int64_t)st->reserve_bytes;
+        st->reserve = mt_tensor_new(op, 1, &n, MT_BOOL, a->x->device);
+        if (!st->reserve) rc = mt_last_status();
+    }
+    void *ws = NULL;
+    if (!rc) rc = workspace(op, b, wsb, &ws);
+    if (!rc) {
+        float one = 1.0f, zero = 0.0f;
+        rc = mt_cudnn_check(
+            op, "cudnnBatchNormalizationForwardTrainingEx",
+            b->api->bn_fwd_train_ex(
+                b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &one, &zero, b->x,
+                mt_tensor_data(a->x), zd, a->residual ? mt_tensor_data(a->residual) : NULL, b->x,
+                mt_tensor_data(a->y), b->p, w, bias, a->momentum,
+                a->running_mean ? mt_tensor_data(a->running_mean) : NULL,
+                a->running_var ? mt_tensor_data(a->running_var) : NULL, a->eps,
+                mt_tensor_data(a->save_mean), mt_tensor_data(a->save_rstd), act, ws, wsb,
+                st->reserve ? mt_tensor_data(st->reserve) : NULL, st->reserve_bytes));
+    }
+    if (ws) mt_cuda_free(b->ctx->device, ws, wsb); /* stream order keeps it for the call */
+    return rc;
+}
+
+int mt_cudnn_batch_norm_ex(const mt_bn_args *a) {
+    const char *op = "mt_batch_norm_act";
+    ex_state *st = calloc(1, sizeof *st);
+    if (!st) return mt_error_set(MT_ERR_OOM, "%s: out of memory for the cuDNN state", op);
+    st->eps = a->eps;
+    st->add = a->residual != NULL;
+    mt_cudnn_bn_call b;
+    cudnnActivationDescriptor_t act = NULL;
+    int rc = mt_cudnn_bn_begin(op, &b, a->x, a->save_mean->dtype);
+    if (!rc) rc = relu_desc(op, &b, &act);
+    if (!rc) rc = ex_forward_call(op, a, &b, act, st);
+    if (act) b.api->destroy_act(act);
+    mt_cudnn_bn_end(&b);
+    if (rc) { /* declined or failed: nothing ran, the running statistics are as they were */
+        ex_state_free(st);
+        return rc;
+    }
+    a->state->state = st;
+    a->state->free_fn = ex_state_free;
+    return 0;
+}
+
+static int ex_backward_call(const char *op, const mt_bn_backward_args *a, mt_cudnn_bn_call *b,
+                            cudnnActivationDescriptor_t act, const ex_state *st) {
+    cudnnBatchNormOps_t ops =
+        st->add ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    cudnnTensorDescriptor_t dzd = st->add ? b->x : NULL;
+    int rc = 0;
+    void *w = mt_cudnn_bn_param(op, b, a->weight, 0, 1.0, &rc);
+    void *bias = mt_cudnn_bn_param(op, b, a->bias, 1, 0.0, &rc);
+    void *gw = mt_cudnn_bn_param(op, b, a->gw, 2, NAN, &rc);
+    void *gb = mt_cudnn_bn_param(op, b, a->gb, 3, NAN, &rc);
+    /* cuDNN writes dx, and dz under BN_ADD_ACTIVATION: temporaries where not wanted */
+    void *gx = mt_cudnn_bn_activation(op, b, a->gx, a->x, 4, &rc);
+    void *gz = st->add ? mt_cudnn_bn_activation(op, b, a->gres, a->x, 5, &rc) : NULL;
+    size_t wsb = 0;
+    if (!rc)
+        rc = mt_cudnn_check(op, "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
+                            b->api->bn_bwd_ex_workspace(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+                                                        ops, b->x, b->x, b->x, dzd, b->x, b->p, act,
+                                                        &wsb));
+    void *ws = NULL;
+    if (!rc) rc = workspace(op, b, wsb, &ws);
+    if (!rc) {
+        float one = 1.0f, zero = 0.0f;
+        rc = mt_cudnn_check(
+            op, "cudnnBatchNormalizationBackwardEx",
+            b->api->bn_bwd_ex(b->h, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &one, &zero, &one,
+                              &zero, b->x, mt_tensor_data(a->x), b->x, mt_tensor_data(a->y), b->x,
+                              mt_tensor_data(a->gy), dzd, gz, b->x, gx, b->p, w, bias, gw, gb,
+                              st->eps, mt_tensor_data(a->save_mean), mt_tensor_data(a->save_rstd),
+                              act, ws, wsb, st->reserve ? mt_tensor_data(st->reserve) : NULL,
+                              st->reserve_bytes));
+    }
+    if (ws) mt_cuda_free(b->ctx->device, ws, wsb);
+    return rc;
+}
+
+int mt_cudnn_batch_norm_ex_backward(const mt_bn_backward_args *a) {
+    const char *op = "mt_batch_norm_act";
+    mt_cudnn_bn_call b;
+    cudnnActivationDescriptor_t act = NULL;
+    int rc = mt_cudnn_bn_begin(op, &b, a->x, a->save_mean->dtype);
+    if (!rc) rc = relu_desc(op, &b, &act);
+    if (!rc) rc = ex_backward_call(op, a, &b, act, a->state);
+    if (act) b.api->destroy_act(act);
+    mt_cudnn_bn_end(&b);
+    return rc;
+}

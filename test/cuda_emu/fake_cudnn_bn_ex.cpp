@@ -1,0 +1,419 @@
+// The fake cuDNN's activation descriptors, the fused batch norm in training (the Ex entry
+// points with their workspace and reserve-space size queries) and the batch norm inference
+// (see fake_cudnn.cpp for the rules). The Ex calls enforce what cuDNN documents for bnOps
+// with an activation: persistent spatial mode, NHWC fully packed HALF x, z and y, C a
+// multiple of 4, a RELU descriptor, z given exactly for BN_ADD_ACTIVATION; a workspace and a
+// reserve space at least the sizes the queries return. The forward keeps the ReLU mask in the
+// reserve space, one bit per element, and the backward reads it from there (as cuDNN's
+// does), so a reserve space not carried from the forward to the backward gives wrong results.
+#include "fake_cudnn_internal.h"
+
+using namespace fakednn;
+
+namespace {
+
+const char *ops_name(cudnnBatchNormOps_t ops) {
+    return ops == CUDNN_BATCHNORM_OPS_BN              ? "BN"
+           : ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION ? "BN_ACTIVATION"
+                                                      : "BN_ADD_ACTIVATION";
+}
+
+bool nhwc_packed(const cudnnTensorStruct *t) {
+    const int *d = t->dims, *s = t->strides;
+    return t->nd == 4 && s[1] == 1 && s[3] == d[1] && s[2] == d[3] * d[1] &&
+           s[0] == d[2] * d[3] * d[1];
+}
+
+bool same_desc(const cudnnTensorStruct *a, const cudnnTensorStruct *b) {
+    return a->dt == b->dt && a->nd == b->nd && std::memcmp(a->dims, b->dims, sizeof a->dims) == 0 &&
+           std::memcmp(a->strides, b->strides, sizeof a->strides) == 0;
+}
+
+// The Ex rules on top of bn_check's: the ops, the activation, z against the ops.
+cudnnStatus_t ex_check(const char *api, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                       cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t z, bool z_given,
+                       cudnnActivationDescriptor_t act) {
+    if (ops != CUDNN_BATCHNORM_OPS_BN && ops != CUDNN_BATCHNORM_OPS_BN_ACTIVATION &&
+        ops != CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: bnOps %d", api, ops);
+    bool add = ops == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
+    if (add != (z != nullptr) || add != z_given)
+        return fail(CUDNN_STATUS_BAD_PARAM,
+                    "%s: z (descriptor and data) is given exactly for "
+                    "BN_ADD_ACTIVATION, bnOps %s",
+                    api, ops_name(ops));
+    if (ops == CUDNN_BATCHNORM_OPS_BN) return CUDNN_STATUS_SUCCESS;
+    if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: bnOps %s needs SPATIAL_PERSISTENT mode", api,
+                    ops_name(ops));
+    if (x->dt != CUDNN_DATA_HALF || !nhwc_packed(x) || x->dims[1] % 4 != 0)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                    "%s: bnOps %s needs NHWC fully packed HALF x with C a multiple of 4 (C %d)",
+                    api, ops_name(ops), x->dims[1]);
+    if (add) {
+        cudnnStatus_t st = check_tensor(api, "z", z);
+        if (st != CUDNN_STATUS_SUCCESS) return st;
+        if (!same_desc(z, x))
+            return fail(CUDNN_STATUS_BAD_PARAM, "%s: z and x descriptors differ", api);
+    }
+    if (!is_live(act) || !act->set)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: bnOps %s needs a live, set activation descriptor",
+                    api, ops_name(ops));
+    if (act->mode != CUDNN_ACTIVATION_RELU)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: activation mode %d is not RELU", api,
+                    act->mode);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+// The sizes the queries answer: per-channel partial sums, and the ReLU mask (one bit per
+// element, in 32-bit words) for the ops with an activation.
+size_t fwd_workspace(const cudnnTensorStruct *x) {
+    return static_cast<size_t>(x->dims[1]) * 2 * sizeof(double);
+}
+size_t bwd_workspace(const cudnnTensorStruct *x) {
+    return static_cast<size_t>(x->dims[1]) * 4 * sizeof(double);
+}
+size_t reserve_size(cudnnBatchNormOps_t ops, const cudnnTensorStruct *x) {
+    if (ops == CUDNN_BATCHNORM_OPS_BN) return 0;
+    size_t n = 1;
+    for (int i = 0; i < x->nd; i++) n *= static_cast<size_t>(x->dims[i]);
+    return (n + 31) / 32 * 4;
+}
+
+// A buffer of at least need bytes: the size given covers it and, when need > 0, the pointer
+// is device memory of that size.
+cudnnStatus_t sized(const char *api, const char *name, const void *p, size_t given, size_t need) {
+    if (given < need)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s of %zu bytes, the query asked for %zu", api,
+                    name, given, need);
+    return need ? check_memory(api, name, p, given) : CUDNN_STATUS_SUCCESS;
+}
+
+bool mask_bit(const char *r, int64_t i) {
+    return (r[i / 8] >> (i % 8)) & 1;
+}
+
+// The element index (over the logical N, C, H, W order) that the mask bit of i stands for.
+int64_t logical(const bn_shape &b, int n, int c, int h, int w) {
+    return ((static_cast<int64_t>(n) * b.c + c) * b.h + h) * b.w + w;
+}
+
+} // namespace
+
+extern "C" {
+
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *d) {
+    return make("cudnnCreateActivationDescriptor", d);
+}
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) {
+    return destroy("cudnnDestroyActivationDescriptor", d);
+}
+
+cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d,
+                                           cudnnActivationMode_t mode,
+                                           cudnnNanPropagation_t reluNanOpt, double coef) {
+    const char *api = "cudnnSetActivationDescriptor";
+    if (!is_live(d))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    if (mode < CUDNN_ACTIVATION_SIGMOID || mode > CUDNN_ACTIVATION_SWISH)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: mode %d", api, mode);
+    if (reluNanOpt != CUDNN_PROPAGATE_NAN && reluNanOpt != CUDNN_NOT_PROPAGATE_NAN)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: NaN option %d", api, reluNanOpt);
+    d->mode = mode;
+    d->nan = reluNanOpt;
+    d->coef = coef;
+    d->set = true;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t zDesc,
+    const cudnnTensorDescriptor_t yDesc, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc,
+    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes) {
+    const char *api = "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize";
+    bn_shape b;
+    cudnnStatus_t st =
+        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, 0.0, nullptr, 0, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, zDesc, zDesc != nullptr, activationDesc);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    if (!sizeInBytes) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
+    *sizeInBytes = fwd_workspace(xDesc);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t yDesc,
+    const cudnnTensorDescriptor_t dyDesc, const cudnnTensorDescriptor_t dzDesc,
+    const cudnnTensorDescriptor_t dxDesc, const cudnnTensorDescriptor_t dBnScaleBiasDesc,
+    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes) {
+    const char *api = "cudnnGetBatchNormalizationBackwardExWorkspaceSize";
+    bn_shape b;
+    cudnnStatus_t st =
+        bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, 0.0, nullptr, 0, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, dzDesc, dzDesc != nullptr, activationDesc);
+    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "dx", dxDesc);
+    if (st == CUDNN_STATUS_SUCCESS && bnOps != CUDNN_BATCHNORM_OPS_BN)
+        st = check_tensor(api, "y", yDesc);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    if (!same_desc(dxDesc, xDesc) || (bnOps != CUDNN_BATCHNORM_OPS_BN && !same_desc(yDesc, xDesc)))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: dx (or y) and x descriptors differ", api);
+    if (!sizeInBytes) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
+    *sizeInBytes = bwd_workspace(xDesc);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t xDesc,
+    size_t *sizeInBytes) {
+    const char *api = "cudnnGetBatchNormalizationTrainingExReserveSpaceSize";
+    if (!is_live(handle))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)handle);
+    cudnnStatus_t st = injected(api);
+    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "x", xDesc);
+    if (st == CUDNN_STATUS_SUCCESS && bnOps != CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
+        st = ex_check(api, mode, bnOps, xDesc, nullptr, false, activationDesc);
+    else if (st == CUDNN_STATUS_SUCCESS) // z is not part of this query
+        st = ex_check(api, mode, bnOps, xDesc, xDesc, true, activationDesc);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    if (!sizeInBytes) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
+    *sizeInBytes = reserve_size(bnOps, xDesc);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const void *alpha,
+    const void *beta, const cudnnTensorDescriptor_t xDesc, const void *xData,
+    const cudnnTensorDescriptor_t zDesc, const void *zData, const cudnnTensorDescriptor_t yDesc,
+    void *yData, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance,
+    cudnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes,
+    void *reserveSpace, size_t reserveSpaceSizeInBytes) {
+    const char *api = "cudnnBatchNormalizationForwardTrainingEx";
+    bn_shape b;
+    const void *sc[2] = {alpha, beta};
+    cudnnStatus_t st =
+        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon, sc, 2, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, zDesc, zData != nullptr, activationDesc);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    if (!resultRunningMean != !resultRunningVariance || !resultSaveMean != !resultSaveInvVariance)
+        return fail(CUDNN_STATUS_BAD_PARAM,
+                    "%s: running (or saved) mean and variance must both be given or both NULL",
+                    api);
+    st =
+        bn_memory(api, b, {{"x", xData}, {"y", yData}}, {{"bnScale", bnScale}, {"bnBias", bnBias}});
+    if (st == CUDNN_STATUS_SUCCESS && zData) st = bn_memory(api, b, {{"z", zData}}, {});
+    if (st == CUDNN_STATUS_SUCCESS && resultRunningMean)
+        st = bn_memory(api, b, {},
+                       {{"resultRunningMean", resultRunningMean},
+                        {"resultRunningVariance", resultRunningVariance}});
+    if (st == CUDNN_STATUS_SUCCESS && resultSaveMean)
+        st = bn_memory(
+            api, b, {},
+            {{"resultSaveMean", resultSaveMean}, {"resultSaveInvVariance", resultSaveInvVariance}});
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = sized(api, "workspace", workspace, workSpaceSizeInBytes, fwd_workspace(xDesc));
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = sized(api, "reserveSpace", reserveSpace, reserveSpaceSizeInBytes,
+                   reserve_size(bnOps, xDesc));
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    bool f64 = b.dt == CUDNN_DATA_DOUBLE;
+    double al = scalar(alpha, f64), be = scalar(beta, f64), f = exponentialAverageFactor,
+           eps = epsilon;
+    bool act = bnOps != CUDNN_BATCHNORM_OPS_BN,
+         nan = act && activationDesc->nan == CUDNN_PROPAGATE_NAN;
+    const char *xp = static_cast<const char *>(xData), *zp = static_cast<const char *>(zData),
+               *wp = static_cast<const char *>(bnScale), *bp = static_cast<const char *>(bnBias);
+    char *yp = static_cast<char *>(yData), *rm = static_cast<char *>(resultRunningMean),
+         *rv = static_cast<char *>(resultRunningVariance),
+         *sm = static_cast<char *>(resultSaveMean),
+         *si = static_cast<char *>(resultSaveInvVariance), *rs = static_cast<char *>(reserveSpace);
+    mtemu::enqueue(handle->stream, [=] {
+        int64_t m = (int64_t)b.n * b.h * b.w;
+        for (int c = 0; c < b.c; c++) {
+            double mean, var;
+            bn_stats(b, xp, c, eps, &mean, &var);
+            double inv = 1.0 / std::sqrt(var + eps), g = load(wp, b.pdt, c),
+                   sh = load(bp, b.pdt, c);
+            for (int n = 0; n < b.n; n++)
+                for (int h = 0; h < b.h; h++)
+                    for (int w = 0; w < b.w; w++) {
+                        int64_t i = bn_at(b, n, c, h, w), l = logical(b, n, c, h, w);
+                        double v = (load(xp, b.dt, i) - mean) * inv * g + sh;
+                        if (zp) v += load(zp, b.dt, i);
+                        if (act) {
+                            bool keep = v > 0;
+                            if (!keep && !(nan && std::isnan(v))) v = 0;
+                            uint8_t bit = static_cast<uint8_t>(1u << (l % 8));
+                            rs[l / 8] =
+                                static_cast<char>(keep ? rs[l / 8] | bit : rs[l / 8] & ~bit);
+                        }
+                        v *= al;
+                        if (be != 0) v += be * load(yp, b.dt, i);
+                        store(yp, b.dt, i, v);
+                    }
+            if (rm) { // the unbiased variance into the running estimate
+                store(rm, b.pdt, c, (1 - f) * load(rm, b.pdt, c) + f * mean);
+                store(rv, b.pdt, c, (1 - f) * load(rv, b.pdt, c) + f * var * m / (double)(m - 1));
+            }
+            if (sm) {
+                store(sm, b.pdt, c, mean);
+                store(si, b.pdt, c, inv);
+            }
+        }
+    });
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBatchNormalizationBackwardEx(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff,
+    const void *betaParamDiff, const cudnnTensorDescriptor_t xDesc, const void *xData,
+    const cudnnTensorDescriptor_t yDesc, const void *yData, const cudnnTensorDescriptor_t dyDesc,
+    const void *dyData, const cudnnTensorDescriptor_t dzDesc, void *dzData,
+    const cudnnTensorDescriptor_t dxDesc, void *dxData,
+    const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData,
+    void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean,
+    const void *savedInvVariance, cudnnActivationDescriptor_t activationDesc, void *workSpace,
+    size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes) {
+    const char *api = "cudnnBatchNormalizationBackwardEx";
+    bn_shape b;
+    const void *sc[4] = {alphaDataDiff, betaDataDiff, alphaParamDiff, betaParamDiff};
+    cudnnStatus_t st =
+        bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, epsilon, sc, 4, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, dzDesc, dzData != nullptr, activationDesc);
+    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "dx", dxDesc);
+    bool act = bnOps != CUDNN_BATCHNORM_OPS_BN;
+    if (st == CUDNN_STATUS_SUCCESS && act) st = check_tensor(api, "y", yDesc);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    if (!same_desc(dxDesc, xDesc) || (act && !same_desc(yDesc, xDesc)))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: dx (or y) and x descriptors differ", api);
+    if (!savedMean != !savedInvVariance)
+        return fail(CUDNN_STATUS_BAD_PARAM,
+                    "%s: saved mean and inverse variance must both be given or both NULL", api);
+    st = bn_memory(api, b, {{"x", xData}, {"dy", dyData}, {"dx", dxData}},
+                   {{"bnScale", bnScaleData},
+                    {"dBnScaleResult", dBnScaleData},
+                    {"dBnBiasResult", dBnBiasData}});
+    if (st == CUDNN_STATUS_SUCCESS && act) // y and the bias: needed with an activation
+        st = bn_memory(api, b, {{"y", yData}}, {{"bnBias", bnBiasData}});
+    if (st == CUDNN_STATUS_SUCCESS && dzData) st = bn_memory(api, b, {{"dz", dzData}}, {});
+    if (st == CUDNN_STATUS_SUCCESS && savedMean)
+        st = bn_memory(api, b, {},
+                       {{"savedMean", savedMean}, {"savedInvVariance", savedInvVariance}});
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = sized(api, "workSpace", workSpace, workSpaceSizeInBytes, bwd_workspace(xDesc));
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = sized(api, "reserveSpace", reserveSpace, reserveSpaceSizeInBytes,
+                   reserve_size(bnOps, xDesc));
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    bool f64 = b.dt == CUDNN_DATA_DOUBLE;
+    double ad = scalar(alphaDataDiff, f64), bd = scalar(betaDataDiff, f64),
+           ap = scalar(alphaParamDiff, f64), bpd = scalar(betaParamDiff, f64), eps = epsilon;
+    const char *xp = static_cast<const char *>(xData), *gyp = static_cast<const char *>(dyData),
+               *wp = static_cast<const char *>(bnScaleData),
+               *smp = static_cast<const char *>(savedMean),
+               *sip = static_cast<const char *>(savedInvVariance),
+               *rs = static_cast<const char *>(reserveSpace);
+    char *gxp = static_cast<char *>(dxData), *gzp = static_cast<char *>(dzData),
+         *gwp = static_cast<char *>(dBnScaleData), *gbp = static_cast<char *>(dBnBiasData);
+    mtemu::enqueue(handle->stream, [=] {
+        int64_t m = (int64_t)b.n * b.h * b.w;
+        // dy through the ReLU mask the forward left in the reserve space
+        auto grad = [&](int n, int c, int h, int w) {
+            double g = load(gyp, b.dt, bn_at(b, n, c, h, w));
+            return act && !mask_bit(rs, logical(b, n, c, h, w)) ? 0.0 : g;
+        };
+        for (int c = 0; c < b.c; c++) {
+            double mean, inv;
+            if (smp) {
+                mean = load(smp, b.pdt, c);
+                inv = load(sip, b.pdt, c);
+            } else {
+                double var;
+                bn_stats(b, xp, c, eps, &mean, &var);
+                inv = 1.0 / std::sqrt(var + eps);
+            }
+            double sg = 0, sgx = 0;
+            for (int n = 0; n < b.n; n++)
+                for (int h = 0; h < b.h; h++)
+                    for (int w = 0; w < b.w; w++) {
+                        double g = grad(n, c, h, w);
+                        sg += g;
+                        sgx += g * (load(xp, b.dt, bn_at(b, n, c, h, w)) - mean) * inv;
+                    }
+            double gamma = load(wp, b.pdt, c);
+            for (int n = 0; n < b.n; n++)
+                for (int h = 0; h < b.h; h++)
+                    for (int w = 0; w < b.w; w++) {
+                        int64_t i = bn_at(b, n, c, h, w);
+                        double g = grad(n, c, h, w), xh = (load(xp, b.dt, i) - mean) * inv;
+                        double v = ad * gamma * inv * (g - sg / m - xh * sgx / m);
+                        if (bd != 0) v += bd * load(gxp, b.dt, i);
+                        store(gxp, b.dt, i, v);
+                        if (gzp)
+                            store(gzp, b.dt, i,
+                                  bd != 0 ? ad * g + bd * load(gzp, b.dt, i) : ad * g);
+                    }
+            double gw = ap * sgx, gb = ap * sg;
+            if (bpd != 0) {
+                gw += bpd * load(gwp, b.pdt, c);
+                gb += bpd * load(gbp, b.pdt, c);
+            }
+            store(gwp, b.pdt, c, gw);
+            store(gbp, b.pdt, c, gb);
+        }
+    });
+    return CUDNN_STATUS_SUCCESS;
+}
+
+// y = scale (x - mean) / sqrt(var + eps) + bias with the given (running) statistics
+cudnnStatus_t cudnnBatchNormalizationForwardInference(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
+    const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t yDesc,
+    void *y, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    const void *bnBias, const void *estimatedMean, const void *estimatedVariance, double epsilon) {
+    const char *api = "cudnnBatchNormalizationForwardInference";
+    bn_shape b;
+    const void *sc[2] = {alpha, beta};
+    cudnnStatus_t st =
+        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon, sc, 2, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = bn_memory(api, b, {{"x", x}, {"y", y}},
+                       {{"bnScale", bnScale},
+                        {"bnBias", bnBias},
+                        {"estimatedMean", estimatedMean},
+                        {"estimatedVariance", estimatedVariance}});
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    bool f64 = b.dt == CUDNN_DATA_DOUBLE;
+    double al = scalar(alpha, f64), be = scalar(beta, f64), eps = epsilon;
+    const char *xp = static_cast<const char *>(x), *wp = static_cast<const char *>(bnScale),
+               *bp = static_cast<const char *>(bnBias),
+               *mp = static_cast<const char *>(estimatedMean),
+               *vp = static_cast<const char *>(estimatedVariance);
+    char *yp = static_cast<char *>(y);
+    mtemu::enqueue(handle->stream, [=] {
+        for (int c = 0; c < b.c; c++) {
+            double mean = load(mp, b.pdt, c), inv = 1.0 / std::sqrt(load(vp, b.pdt, c) + eps);
+            double g = load(wp, b.pdt, c), sh = load(bp, b.pdt, c);
+            for (int n = 0; n < b.n; n++)
+                for (int h = 0; h < b.h; h++)
+                    for (int w = 0; w < b.w; w++) {
+                        int64_t i = bn_at(b, n, c, h, w);
+                        double v = al * ((load(xp, b.dt, i) - mean) * inv * g + sh);
+                        if (be != 0) v += be * load(yp, b.dt, i);
+                        store(yp, b.dt, i, v);
+                    }
+        }
+    });
+    return CUDNN_STATUS_SUCCESS;
+}
+
+} // extern "C"
