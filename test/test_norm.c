@@ -289,6 +289,38 @@ static void test_batch_norm_act_residual_grad(void **state) {
     mt_scope_end();
 }
 
+/* relu(bn(x)) propagates NaN as torch's relu does: a NaN in a channel makes its statistics
+   NaN, and every output of that channel must be NaN, not a clamped 0 that would hide the
+   overflow from the GradScaler. NCHW and channels-last, F32 and F16 (the CUDA backend's
+   cuDNN Ex path and its own kernels). */
+static void test_batch_norm_act_nan(void **state) {
+    (void)state;
+    const mt_dtype dts[2] = {MT_F32, MT_F16};
+    for (int i = 0; i < 4; i++) {
+        mt_scope_begin();
+        double v[32];
+        fill_values(v, 32, 61);
+        v[5] = NAN; /* [0, 1, 0, 1] in NCHW: channel 1 */
+        mt_tensor *x = mt_test_tensor(v, dts[i % 2], MT_SHAPE(2, 4, 2, 2));
+        if (i >= 2) x = mt_to_channels_last(x);
+        mt_tensor *y =
+            mt_batch_norm_act(x, NULL, NULL, NULL, NULL, NULL, true, 0.1, 1e-5, MT_ACT_RELU);
+        assert_non_null(y);
+        double *yv = mt_test_values(mt_contiguous(y));
+        for (int n = 0; n < 2; n++)
+            for (int c = 0; c < 4; c++)
+                for (int s = 0; s < 4; s++) {
+                    double e = yv[(n * 4 + c) * 4 + s];
+                    if (c == 1)
+                        assert_true(isnan(e));
+                    else
+                        assert_true(e >= 0);
+                }
+        free(yv);
+        mt_scope_end();
+    }
+}
+
 /* O1 and O2 BF16: the activation stays BF16, weight, bias and statistics stay FP32, and the
    gradients come back in each input's dtype. */
 static void test_norm_autocast(void **state) {
@@ -553,6 +585,7 @@ int main(void) {
         MT_TEST(test_batch_norm_offset),
         MT_TEST(test_batch_norm_gradcheck),
         MT_TEST(test_batch_norm_act_residual_grad),
+        MT_TEST(test_batch_norm_act_nan),
         MT_TEST(test_norm_autocast),
         MT_TEST(test_batch_norm_running_buffers),
         MT_TEST(test_norm_errors),

@@ -67,7 +67,8 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
                     for (int64_t j = 0; j < m; j++) buf[j] += res[j];
                 }
                 if (a->relu)
-                    for (int64_t j = 0; j < m; j++) buf[j] = buf[j] > 0 ? buf[j] : (T)0;
+                    for (int64_t j = 0; j < m; j++)
+                        buf[j] = buf[j] < 0 ? (T)0 : buf[j]; /* NaN stays */
                 STORE(bn_at(c->out, c, n, ch, s0), c->es, c->xdt, m, buf);
             }
     }

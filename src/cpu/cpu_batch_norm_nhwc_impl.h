@@ -106,7 +106,7 @@ static int SFX(nhwc_forward_part)(void *vctx, int64_t rb, int64_t re, int part) 
             for (int64_t i = 0; i < n * C; i++) buf[i] += res[i];
         }
         if (c->a->relu)
-            for (int64_t i = 0; i < n * C; i++) buf[i] = buf[i] > 0 ? buf[i] : (T)0;
+            for (int64_t i = 0; i < n * C; i++) buf[i] = buf[i] < 0 ? (T)0 : buf[i]; /* NaN stays */
         STORE(c->out + q * C * c->es, c->es, c->dt, n * C, buf);
     }
     return 0;

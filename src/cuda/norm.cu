@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(NORM_THREADS) bn_forward(mt_cuda_batch_norm_ar
         int64_t e = bn_index(a, i / a.S, ch, i % a.S);
         A y = ((mt_load<A>(a.x, a.xdt, e) - k) - md) * scale + shift;
         if (a.residual) y += mt_load<A>(a.residual, a.xdt, e);
-        if (a.relu) y = y > 0 ? y : (A)0;
+        if (a.relu) y = y < 0 ? (A)0 : y; // NaN propagates, as torch's relu
         mt_store<A>(a.y, a.xdt, e, y);
     }
 }
