@@ -1,0 +1,396 @@
+/* Max pooling on the CPU with torch's semantics: each window's first maximum in row-major
+   order, a NaN winning (the last NaN of the window, as torch's CPU `val > max || isnan(val)`).
+   The forward finds the argmax once and, when the op will record a node, writes it to idx (I32,
+   y's shape and format: the flat offset h * W + w within the input plane, as torch's indices);
+   the backward only scatters gy through idx, it never searches a window again.
+   NCHW (or any strides): one (n, c) plane per task. Each output row is computed tap by tap (a
+   tap: one input row and one kernel column), branch-free over the row's outputs, so that the
+   select vectorises and no branch depends on the data; F16/BF16 planes are widened to F32
+   once. NHWC (channel stride 1): one (n, oh) output row per task in the forward, one sample
+   per task in the backward (a sample's scatter never touches another's gradient), C channels
+   at a time. F64 keeps plain double loops (gradchecks). Gradients sum in F32 (F64 for F64),
+   each rounded once to a low dtype. */
+#pragma GCC optimize("no-trapping-math") /* else GCC keeps the NaN-aware selects scalar */
+#include <math.h>
+#include <string.h>
+#include "cpu_pool_rows.h"
+
+/* ---- planes */
+
+/* Per-kernel-column facts shared by every plane: the outputs o in [lo, hi) whose window
+   holds input column o * stride + kw - padding, i.e. that column lies in [0, W). */
+typedef struct {
+    int64_t *lo, *hi;
+    size_t nbytes;
+} tap_cols;
+
+static bool tap_cols_get(tap_cols *t, const mt_pool2d_params *p, int64_t W, int64_t OW) {
+    int64_t KW = p->kernel[1], s = p->stride[1];
+    t->nbytes = (size_t)KW * 2 * sizeof(int64_t);
+    t->lo = mt_host_alloc(t->nbytes);
+    if (!t->lo) return false;
+    t->hi = t->lo + KW;
+    for (int64_t kw = 0; kw < KW; kw++) {
+        int64_t off = kw - p->padding[1];
+        int64_t lo = off >= 0 ? 0 : (-off + s - 1) / s;
+        int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / s + 1;
+        hi = hi < OW ? hi : OW;
+        t->lo[kw] = lo < hi ? lo : hi;
+        t->hi[kw] = hi;
+    }
+    return true;
+}
+
+/* best[o], arg[o] take x[o * S + off] (flat offset at + o * S + off) for o in [lo, hi) where
+   it is larger or a NaN. Inlined with S a constant for the common strides. */
+static inline __attribute__((always_inline)) void max_tap_s(const float *restrict x, int64_t S,
+                                                            int64_t off, int32_t at, int64_t lo,
+                                                            int64_t hi, float *restrict best,
+                                                            int32_t *restrict arg) {
+    for (int64_t o = lo; o < hi; o++) {
+        float e = x[o * S + off], b = best[o];
+        bool take = e > b || e != e;
+        best[o] = take ? e : b;
+        arg[o] = take ? at + (int32_t)(o * S + off) : arg[o];
+    }
+}
+
+MT_CPU_CLONES static void max_tap(const float *restrict x, int64_t s, int64_t off, int32_t at,
+                                  int64_t lo, int64_t hi, float *restrict best,
+                                  int32_t *restrict arg) {
+    if (s == 1)
+        max_tap_s(x, 1, off, at, lo, hi, best, arg);
+    else if (s == 2)
+        max_tap_s(x, 2, off, at, lo, hi, best, arg);
+    else
+        max_tap_s(x, s, off, at, lo, hi, best, arg);
+}
+
+/* Per-thread scratch of the plane loops: the plane widened to floats (or the gradient plane
+   summed), and one output row of maxima (or gradients) and argmax. */
+typedef struct {
+    size_t nbytes;
+    void *plane; /* H * W floats, or doubles for F64 */
+    void *row;   /* OW floats or doubles */
+    int32_t *arg;
+} plane_scratch;
+
+static bool plane_scratch_get(plane_scratch *s, int64_t H, int64_t W, int64_t OW, size_t es) {
+    s->nbytes = (size_t)(H * W + OW) * es + (size_t)OW * sizeof(int32_t);
+    s->plane = mt_host_alloc(s->nbytes);
+    if (!s->plane) return false;
+    s->row = (char *)s->plane + (size_t)(H * W) * es;
+    s->arg = (int32_t *)((char *)s->row + (size_t)OW * es);
+    return true;
+}
+
+static inline int32_t *idx_at(const mt_cpu_plane *ip, int64_t h, int64_t w) {
+    return (int32_t *)mt_cpu_pix(ip, h, w);
+}
+
+/* One F32/F16/BF16 plane: y (and idx when ip) from x. */
+static void max_plane_f32(mt_cpu_plane *yp, const mt_cpu_plane *ip, const mt_cpu_plane *xp,
+                          const mt_pool2d_params *p, const tap_cols *tc, int64_t H, int64_t W,
+                          plane_scratch *s) {
+    int64_t OH = yp->t->shape[2], OW = yp->t->shape[3];
+    int64_t KH = p->kernel[0], KW = p->kernel[1], sh = p->stride[0], sw = p->stride[1];
+    const float *x = mt_cpu_plane_f32(xp, H, W, s->plane);
+    float *best = s->row;
+    for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t hs = oh * sh - p->padding[0];
+        int64_t h0 = hs > 0 ? hs : 0, h1 = hs + KH < H ? hs + KH : H;
+        for (int64_t ow = 0; ow < OW; ow++) {
+            int64_t ws = ow * sw - p->padding[1];
+            best[ow] = -INFINITY;
+            s->arg[ow] = (int32_t)(h0 * W + (ws > 0 ? ws : 0)); /* all -inf: the first */
+        }
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t kw = 0; kw < KW; kw++)
+                max_tap(x + h * W, sw, kw - p->padding[1], (int32_t)(h * W), tc->lo[kw], tc->hi[kw],
+                        best, s->arg);
+        mt_cpu_store_f32(mt_cpu_pix(yp, oh, 0), yp->sw, yp->t->dtype, OW, best);
+        if (ip)
+            for (int64_t ow = 0; ow < OW; ow++) *idx_at(ip, oh, ow) = s->arg[ow];
+    }
+}
+
+/* One F64 plane, exactly, window by window. */
+static void max_plane_f64(mt_cpu_plane *yp, const mt_cpu_plane *ip, const mt_cpu_plane *xp,
+                          const mt_pool2d_params *p, int64_t H, int64_t W) {
+    int64_t OH = yp->t->shape[2], OW = yp->t->shape[3];
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            mt_cpu_window w;
+            mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
+            int64_t at = w.h0 * W + w.w0;
+            double best = -INFINITY;
+            for (int64_t h = w.h0; h < w.h1; h++)
+                for (int64_t v = w.w0; v < w.w1; v++) {
+                    double e = *(const double *)mt_cpu_pix(xp, h, v);
+                    if (e > best || isnan(e)) best = e, at = h * W + v;
+                }
+            *(double *)mt_cpu_pix(yp, oh, ow) = best;
+            if (ip) *idx_at(ip, oh, ow) = (int32_t)at;
+        }
+}
+
+static int max_pool_planes(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
+                           const mt_pool2d_params *p) {
+    int64_t N = y->shape[0], C = y->shape[1], H = x->shape[2], W = x->shape[3], OW = y->shape[3];
+    bool f64 = x->dtype == MT_F64;
+    tap_cols tc = {0};
+    if (!f64 && !tap_cols_get(&tc, p, W, OW))
+        return mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for a kernel of width %lld",
+                            (long long)p->kernel[1]);
+    int failed = 0;
+#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        plane_scratch s = {0};
+        bool ok = f64 || plane_scratch_get(&s, H, W, OW, sizeof(float));
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                if (!ok) continue;
+                mt_cpu_plane xp = mt_cpu_plane_of(x, n, c), yp = mt_cpu_plane_of(y, n, c), ip;
+                if (idx) ip = mt_cpu_plane_of(idx, n, c);
+                if (f64)
+                    max_plane_f64(&yp, idx ? &ip : NULL, &xp, p, H, W);
+                else
+                    max_plane_f32(&yp, idx ? &ip : NULL, &xp, p, &tc, H, W, &s);
+            }
+        if (s.plane) mt_host_free(s.plane, s.nbytes);
+    }
+    if (tc.lo) mt_host_free(tc.lo, tc.nbytes);
+    return failed ? mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for an input plane") : 0;
+}
+
+/* gx's plane = the scatter of gy's plane through idx. F32/F16/BF16: summed in F32, in gx's
+   own plane when that is dense F32. */
+static void max_plane_backward_f32(mt_cpu_plane *gp, const mt_cpu_plane *gyp,
+                                   const mt_cpu_plane *ip, int64_t H, int64_t W, plane_scratch *s) {
+    int64_t OH = gyp->t->shape[2], OW = gyp->t->shape[3];
+    bool direct = gp->t->dtype == MT_F32 && gp->sw == 4 && gp->sh == 4 * W;
+    float *acc = direct ? (float *)gp->base : s->plane, *g = s->row;
+    memset(acc, 0, (size_t)(H * W) * sizeof(float));
+    for (int64_t oh = 0; oh < OH; oh++) {
+        mt_cpu_load_f32(mt_cpu_pix(gyp, oh, 0), gyp->sw, gyp->t->dtype, OW, g);
+        for (int64_t ow = 0; ow < OW; ow++) acc[*idx_at(ip, oh, ow)] += g[ow];
+    }
+    if (!direct)
+        for (int64_t h = 0; h < H; h++)
+            mt_cpu_store_f32(mt_cpu_pix(gp, h, 0), gp->sw, gp->t->dtype, W, acc + h * W);
+}
+
+static void max_plane_backward_f64(mt_cpu_plane *gp, const mt_cpu_plane *gyp,
+                                   const mt_cpu_plane *ip, int64_t H, int64_t W, plane_scratch *s) {
+    int64_t OH = gyp->t->shape[2], OW = gyp->t->shape[3];
+    double *acc = s->plane, *g = s->row;
+    memset(acc, 0, (size_t)(H * W) * sizeof(double));
+    for (int64_t oh = 0; oh < OH; oh++) {
+        mt_cpu_load_f64(mt_cpu_pix(gyp, oh, 0), gyp->sw, gyp->t->dtype, OW, g);
+        for (int64_t ow = 0; ow < OW; ow++) acc[*idx_at(ip, oh, ow)] += g[ow];
+    }
+    for (int64_t h = 0; h < H; h++)
+        mt_cpu_store_f64(mt_cpu_pix(gp, h, 0), gp->sw, gp->t->dtype, W, acc + h * W);
+}
+
+/* one (n, c) plane per task: the planes' scatters are disjoint, so no races */
+static int max_pool_backward_planes(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx) {
+    int64_t N = gx->shape[0], C = gx->shape[1], H = gx->shape[2], W = gx->shape[3];
+    bool f64 = gx->dtype == MT_F64;
+    size_t es = f64 ? sizeof(double) : sizeof(float);
+    int failed = 0;
+#pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        plane_scratch s = {0};
+        bool ok = plane_scratch_get(&s, H, W, gy->shape[3], es);
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                if (!ok) continue;
+                mt_cpu_plane gp = mt_cpu_plane_of(gx, n, c), gyp = mt_cpu_plane_of(gy, n, c);
+                mt_cpu_plane ip = mt_cpu_plane_of(idx, n, c);
+                if (f64)
+                    max_plane_backward_f64(&gp, &gyp, &ip, H, W, &s);
+                else
+                    max_plane_backward_f32(&gp, &gyp, &ip, H, W, &s);
+            }
+        if (ok) mt_host_free(s.plane, s.nbytes);
+    }
+    return failed ? mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for a gradient plane")
+                  : 0;
+}
+
+/* ---- NHWC rows */
+
+/* yr = max(yr, xr) per channel, a NaN taking over; branch-free so that it vectorises. */
+MT_CPU_CLONES static void row_max(float *restrict yr, const float *restrict xr, int64_t C) {
+    for (int64_t c = 0; c < C; c++) {
+        float a = yr[c], b = xr[c];
+        yr[c] = (b > a || b != b) ? b : a;
+    }
+}
+
+/* The same, also moving each channel's argmax to position at where xr takes over. */
+MT_CPU_CLONES static void row_argmax(float *restrict best, int32_t *restrict arg,
+                                     const float *restrict xr, int32_t at, int64_t C) {
+    for (int64_t c = 0; c < C; c++) {
+        float a = best[c], b = xr[c];
+        bool take = b > a || b != b;
+        best[c] = take ? b : a;
+        arg[c] = take ? at : arg[c];
+    }
+}
+
+/* Returns false when the per-thread rows cannot be had. */
+static bool max_pool_nhwc(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
+                          const mt_pool2d_params *p) {
+    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
+    int64_t H = x->shape[2], W = x->shape[3];
+    size_t nbytes = (size_t)C * 2 * sizeof(float);
+    int failed = 0;
+#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        float *acc = mt_host_alloc(nbytes), *buf = acc ? acc + C : NULL;
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t oh = 0; oh < OH; oh++) {
+                if (!acc) continue;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    mt_cpu_window w;
+                    mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
+                    float *yr = mt_cpu_row_out(y, n, oh, ow, acc);
+                    int32_t *ar = idx ? (int32_t *)mt_cpu_row_at(idx, n, oh, ow) : NULL;
+                    for (int64_t c = 0; c < C; c++) yr[c] = -INFINITY;
+                    if (ar)
+                        for (int64_t c = 0; c < C; c++) ar[c] = (int32_t)(w.h0 * W + w.w0);
+                    for (int64_t h = w.h0; h < w.h1; h++)
+                        for (int64_t v = w.w0; v < w.w1; v++) {
+                            const float *xr = mt_cpu_row_load(x, n, h, v, buf);
+                            if (ar)
+                                row_argmax(yr, ar, xr, (int32_t)(h * W + v), C);
+                            else
+                                row_max(yr, xr, C);
+                        }
+                    if (yr == acc) mt_cpu_row_store(y, n, oh, ow, acc);
+                }
+            }
+        if (acc) mt_host_free(acc, nbytes);
+    }
+    return !failed;
+}
+
+/* g0[arg[c] * rs + c] += gr[c]: the rows of a sample's gradient lie dense, rs apart. */
+MT_CPU_CLONES static void row_scatter(float *restrict g0, int64_t rs, const int32_t *restrict arg,
+                                      const float *restrict gr, int64_t C) {
+    for (int64_t c = 0; c < C; c++) g0[arg[c] * rs + c] += gr[c];
+}
+
+/* gx[n] = the scatter of gy[n] through idx[n]. gacc: the sample's gradient in F32 (a low gx),
+   else gx's F32 rows, summed in place. */
+static void max_backward_sample(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx, int64_t n,
+                                float *gbuf, float *gacc) {
+    int64_t C = gx->shape[1], H = gx->shape[2], W = gx->shape[3];
+    int64_t OH = gy->shape[2], OW = gy->shape[3];
+    bool dense = gacc || gx->strides[2] == W * gx->strides[3];
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t v = 0; v < W; v++) {
+            float *g = gacc ? gacc + (h * W + v) * C : (float *)mt_cpu_row_at(gx, n, h, v);
+            memset(g, 0, (size_t)C * sizeof(float));
+        }
+    float *g0 = gacc ? gacc : (float *)mt_cpu_row_at(gx, n, 0, 0);
+    int64_t rs = gacc ? C : gx->strides[3];
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const float *gr = mt_cpu_row_load(gy, n, oh, ow, gbuf);
+            const int32_t *ar = (const int32_t *)mt_cpu_row_at(idx, n, oh, ow);
+            if (dense) {
+                row_scatter(g0, rs, ar, gr, C);
+                continue;
+            }
+            for (int64_t c = 0; c < C; c++)
+                ((float *)mt_cpu_row_at(gx, n, ar[c] / W, ar[c] % W))[c] += gr[c];
+        }
+    if (gacc)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t v = 0; v < W; v++) mt_cpu_row_store(gx, n, h, v, gacc + (h * W + v) * C);
+}
+
+/* Returns false when the per-thread scratch cannot be had. */
+static bool max_pool_backward_nhwc(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx) {
+    int64_t C = gx->shape[1], plane = gx->shape[2] * gx->shape[3] * C;
+    size_t nbytes = (size_t)(C + (gx->dtype == MT_F32 ? 0 : plane)) * sizeof(float);
+    int failed = 0;
+#pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
+    {
+        float *gbuf = mt_host_alloc(nbytes);
+        if (!gbuf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *gacc = gbuf && gx->dtype != MT_F32 ? gbuf + C : NULL;
+#pragma omp for
+        for (int64_t n = 0; n < gy->shape[0]; n++)
+            if (gbuf) max_backward_sample(gx, gy, idx, n, gbuf, gacc);
+        if (gbuf) mt_host_free(gbuf, nbytes);
+    }
+    return !failed;
+}
+
+/* ---- entry points (through cpu_pool.c's families) */
+
+static bool nhwc_rows(const mt_tensor *a, const mt_tensor *b, const mt_tensor *idx) {
+    return a->dtype == b->dtype && mt_cpu_pool_nhwc(a) && mt_cpu_pool_nhwc(b) &&
+           idx->strides[1] == 1;
+}
+
+int mt_cpu_max_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p) {
+    if (idx && x->shape[2] * x->shape[3] > INT32_MAX)
+        return mt_error_set(MT_ERR_UNSUPPORTED,
+                            "mt_max_pool2d: input planes of %lld x %lld elements do not fit the "
+                            "int32 argmax indices of the CPU backend",
+                            (long long)x->shape[2], (long long)x->shape[3]);
+    if (y->numel == 0) return 0;
+    if (nhwc_rows(x, y, idx ? idx : y))
+        return max_pool_nhwc(y, idx, x, p) ? 0
+                                           : mt_error_set(MT_ERR_OOM,
+                                                          "mt_max_pool2d: out of memory for %lld "
+                                                          "channels",
+                                                          (long long)y->shape[1]);
+    return max_pool_planes(y, idx, x, p);
+}
+
+int mt_cpu_max_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx,
+                               const mt_pool2d_params *p) {
+    (void)p; /* the indices carry the geometry */
+    if (!idx)
+        return mt_error_set(MT_ERR_INTERNAL,
+                            "mt_max_pool2d: backward without the forward's argmax indices");
+    if (gx->numel == 0) return 0;
+    if (!nhwc_rows(gx, gx, idx) || gy->dtype != gx->dtype)
+        return max_pool_backward_planes(gx, gy, idx);
+    /* a gradient in another layout (the broadcast one of a sum) is laid out like gx first:
+       one copy instead of the plane-by-plane loops */
+    bool rows = mt_cpu_pool_nhwc(gy);
+    mt_tensor *dense =
+        rows ? NULL : mt_tensor_new_format("mt_max_pool2d", gy->shape, gy->dtype, gy->device, true);
+    if (!rows && !dense) return mt_last_status();
+    int rc = dense ? mt_cpu_copy(dense, gy) : 0;
+    if (rc == 0 && !max_pool_backward_nhwc(gx, dense ? dense : gy, idx))
+        rc = mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for %lld channels",
+                          (long long)gx->shape[1]);
+    mt_tensor_unref(dense);
+    return rc;
+}
