@@ -275,6 +275,8 @@ static const pool_case tie_cases[] = {
      {.kernel = {4, 4}, .stride = {3, 3}, .padding = {2, 2}, .ceil_mode = true},
      0,
      0},
+    /* one sample of 40 channels: the channels-last backward splits it into channel blocks */
+    {0, 1, 40, 6, 5, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}, 0, 0},
 };
 
 /* Inputs full of ties (values in {-2, .., 2}), NaNs and -inf, in NCHW, NHWC and a transposed
@@ -285,6 +287,8 @@ static const pool_case tie_cases[] = {
 static void test_max_pool_indices(void **state) {
     (void)state;
     const mt_dtype dts[] = {MT_F32, MT_BF16, MT_F16, MT_F64};
+    int threads = mt_get_num_threads();
+    mt_set_num_threads(4); /* more threads than samples: channel blocks on the CPU */
     for (int i = 0; i < (int)(sizeof tie_cases / sizeof tie_cases[0]); i++)
         for (int d = 0; d < 4; d++)
             for (int layout = 0; layout < 3; layout++) {
@@ -330,6 +334,7 @@ static void test_max_pool_indices(void **state) {
                 mt_scope_end();
                 free(v), free(g), free(y), free(gx);
             }
+    mt_set_num_threads(threads);
 }
 
 /* Bytes a max pooling keeps alive: the output, and (on a backend that keeps argmax indices)

@@ -6,10 +6,10 @@
    NCHW (or any strides): one (n, c) plane per task, widened to F32 into a copy padded with
    -inf columns, and each output row computed input row by kernel column, branch-free over all
    the row's outputs, so that the select vectorises and no branch depends on the data. NHWC
-   (channel stride 1): one (n, oh) output row per task in the forward, one sample
-   per task in the backward (a sample's scatter never touches another's gradient), C channels
-   at a time. F64 keeps plain double loops (gradchecks). Gradients sum in F32 (F64 for F64),
-   each rounded once to a low dtype. */
+   (channel stride 1): one (n, oh) output row per task in the forward, a sample or a block of
+   its channels per task in the backward (a block's scatter never touches another's gradient),
+   C channels at a time. F64 keeps plain double loops (gradchecks). Gradients sum in F32 (F64 for
+   F64), each rounded once to a low dtype. */
 #pragma GCC optimize("no-trapping-math") /* else GCC keeps the NaN-aware selects scalar */
 #include <math.h>
 #include <string.h>
@@ -297,40 +297,69 @@ MT_CPU_CLONES static void row_scatter(float *restrict g0, int64_t rs, const int3
     for (int64_t c = 0; c < C; c++) g0[arg[c] * rs + c] += gr[c];
 }
 
-/* gx[n] = the scatter of gy[n] through idx[n]. gacc: the sample's gradient in F32 (a low gx),
-   else gx's F32 rows, summed in place. */
-static void max_backward_sample(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx, int64_t n,
-                                float *gbuf, float *gacc) {
-    int64_t C = gx->shape[1], H = gx->shape[2], W = gx->shape[3];
-    int64_t OH = gy->shape[2], OW = gy->shape[3];
+/* Channels [c0, c0 + cn) of the row (n, h, w) as floats: F32 in place, F16/BF16 widened. */
+static const float *row_part(const mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0,
+                             int64_t cn, float *buf) {
+    char *r = mt_cpu_row_at(t, n, h, w);
+    if (t->dtype == MT_F32) return (const float *)r + c0;
+    if (t->dtype == MT_BF16)
+        mt_cpu_bf16_to_f32((const uint16_t *)r + c0, buf, cn);
+    else
+        mt_cpu_f16_to_f32((const uint16_t *)r + c0, buf, cn);
+    return buf;
+}
+
+static void row_part_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0, int64_t cn,
+                           const float *v) {
+    uint16_t *r = (uint16_t *)mt_cpu_row_at(t, n, h, w) + c0;
+    if (t->dtype == MT_BF16)
+        mt_cpu_f32_to_bf16(v, r, cn);
+    else
+        mt_cpu_f32_to_f16(v, r, cn);
+}
+
+/* One task of the backward: channels [c0, c0 + cn) of gx[n] = the scatter of gy[n] through
+   idx[n] (an index moves a gradient within its channel, so blocks of channels never touch
+   each other's elements). gacc: the block's gradient in F32 for a low gx (rows cn apart),
+   else the sums go to gx's F32 rows in place. */
+static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx, int64_t n,
+                               int64_t c0, int64_t cn, float *gbuf, float *gacc) {
+    int64_t H = gx->shape[2], W = gx->shape[3], OH = gy->shape[2], OW = gy->shape[3];
     bool dense = gacc || gx->strides[2] == W * gx->strides[3];
     for (int64_t h = 0; h < H; h++)
         for (int64_t v = 0; v < W; v++) {
-            float *g = gacc ? gacc + (h * W + v) * C : (float *)mt_cpu_row_at(gx, n, h, v);
-            memset(g, 0, (size_t)C * sizeof(float));
+            float *g = gacc ? gacc + (h * W + v) * cn : (float *)mt_cpu_row_at(gx, n, h, v) + c0;
+            memset(g, 0, (size_t)cn * sizeof(float));
         }
-    float *g0 = gacc ? gacc : (float *)mt_cpu_row_at(gx, n, 0, 0);
-    int64_t rs = gacc ? C : gx->strides[3];
+    float *g0 = gacc ? gacc : (float *)mt_cpu_row_at(gx, n, 0, 0) + c0;
+    int64_t rs = gacc ? cn : gx->strides[3];
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow++) {
-            const float *gr = mt_cpu_row_load(gy, n, oh, ow, gbuf);
-            const int32_t *ar = (const int32_t *)mt_cpu_row_at(idx, n, oh, ow);
+            const float *gr = row_part(gy, n, oh, ow, c0, cn, gbuf);
+            const int32_t *ar = (const int32_t *)mt_cpu_row_at(idx, n, oh, ow) + c0;
             if (dense) {
-                row_scatter(g0, rs, ar, gr, C);
+                row_scatter(g0, rs, ar, gr, cn);
                 continue;
             }
-            for (int64_t c = 0; c < C; c++)
-                ((float *)mt_cpu_row_at(gx, n, ar[c] / W, ar[c] % W))[c] += gr[c];
+            for (int64_t c = 0; c < cn; c++)
+                ((float *)mt_cpu_row_at(gx, n, ar[c] / W, ar[c] % W))[c0 + c] += gr[c];
         }
     if (gacc)
         for (int64_t h = 0; h < H; h++)
-            for (int64_t v = 0; v < W; v++) mt_cpu_row_store(gx, n, h, v, gacc + (h * W + v) * C);
+            for (int64_t v = 0; v < W; v++)
+                row_part_store(gx, n, h, v, c0, cn, gacc + (h * W + v) * cn);
 }
 
-/* Returns false when the per-thread scratch cannot be had. */
+/* Returns false when the per-thread scratch cannot be had. Tasks are (sample, channel block):
+   whole samples when there are enough of them for the threads, else blocks of channels (whole
+   64-byte lines of F32), so that a small batch still spreads over the threads. */
 static bool max_pool_backward_nhwc(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx) {
-    int64_t C = gx->shape[1], plane = gx->shape[2] * gx->shape[3] * C;
-    size_t nbytes = (size_t)(C + (gx->dtype == MT_F32 ? 0 : plane)) * sizeof(float);
+    int64_t N = gx->shape[0], C = gx->shape[1], HW = gx->shape[2] * gx->shape[3];
+    int64_t threads = mt_cpu_num_threads(), parts = N >= threads ? 1 : (threads + N - 1) / N;
+    int64_t cb = ((C + parts - 1) / parts + 15) / 16 * 16;
+    cb = cb < C ? cb : C;
+    int64_t nb = (C + cb - 1) / cb;
+    size_t nbytes = (size_t)(cb + (gx->dtype == MT_F32 ? 0 : HW * cb)) * sizeof(float);
     int failed = 0;
 #pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
     {
@@ -339,10 +368,13 @@ static bool max_pool_backward_nhwc(mt_tensor *gx, const mt_tensor *gy, const mt_
 #pragma omp atomic write
             failed = 1;
         }
-        float *gacc = gbuf && gx->dtype != MT_F32 ? gbuf + C : NULL;
-#pragma omp for
-        for (int64_t n = 0; n < gy->shape[0]; n++)
-            if (gbuf) max_backward_sample(gx, gy, idx, n, gbuf, gacc);
+        float *gacc = gbuf && gx->dtype != MT_F32 ? gbuf + cb : NULL;
+#pragma omp for collapse(2)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t b = 0; b < nb; b++) {
+                int64_t c0 = b * cb, cn = C - c0 < cb ? C - c0 : cb;
+                if (gbuf) max_backward_block(gx, gy, idx, n, c0, cn, gbuf, gacc);
+            }
         if (gbuf) mt_host_free(gbuf, nbytes);
     }
     return !failed;
