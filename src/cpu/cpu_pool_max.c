@@ -249,43 +249,71 @@ MT_CPU_CLONES static void row_argmax(float *restrict best, int32_t *restrict arg
     }
 }
 
+/* The input rows [h0, h1) of sample n as F32 pixels of C channels (pixel (h, v) at
+   ((h - h0) * W + v) * C): a low x widened once per output row, not once per window that
+   reads it; an F32 x is read in place (NULL). */
+static const float *input_rows(const mt_tensor *x, int64_t n, int64_t h0, int64_t h1, float *buf) {
+    int64_t C = x->shape[1], W = x->shape[3];
+    if (x->dtype == MT_F32) return NULL;
+    bool dense = x->strides[3] == C && x->strides[2] == W * C;
+    for (int64_t h = h0; h < h1; h++)
+        for (int64_t v = 0; v < W; v += dense ? W : 1) {
+            const uint16_t *r = (const uint16_t *)mt_cpu_row_at(x, n, h, v);
+            float *d = buf + ((h - h0) * W + v) * C;
+            if (x->dtype == MT_BF16)
+                mt_cpu_bf16_to_f32(r, d, dense ? W * C : C);
+            else
+                mt_cpu_f16_to_f32(r, d, dense ? W * C : C);
+        }
+    return buf;
+}
+
+/* One output row (n, oh): y and, when idx, the argmax of each window. */
+static void max_out_row_nhwc(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
+                             const mt_pool2d_params *p, int64_t n, int64_t oh, float *acc,
+                             float *rows) {
+    int64_t C = y->shape[1], OH = y->shape[2], OW = y->shape[3], H = x->shape[2], W = x->shape[3];
+    mt_cpu_window w;
+    mt_cpu_window_of(p, oh, 0, H, W, OH, OW, &w); /* the rows are the same for every ow */
+    const float *xs = input_rows(x, n, w.h0, w.h1, rows);
+    for (int64_t ow = 0; ow < OW; ow++) {
+        mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
+        float *yr = mt_cpu_row_out(y, n, oh, ow, acc);
+        int32_t *ar = idx ? (int32_t *)mt_cpu_row_at(idx, n, oh, ow) : NULL;
+        for (int64_t c = 0; c < C; c++) yr[c] = -INFINITY;
+        if (ar)
+            for (int64_t c = 0; c < C; c++) ar[c] = (int32_t)(w.h0 * W + w.w0);
+        for (int64_t h = w.h0; h < w.h1; h++)
+            for (int64_t v = w.w0; v < w.w1; v++) {
+                const float *xr =
+                    xs ? xs + ((h - w.h0) * W + v) * C : (const float *)mt_cpu_row_at(x, n, h, v);
+                if (ar)
+                    row_argmax(yr, ar, xr, (int32_t)(h * W + v), C);
+                else
+                    row_max(yr, xr, C);
+            }
+        if (yr == acc) mt_cpu_row_store(y, n, oh, ow, acc);
+    }
+}
+
 /* Returns false when the per-thread rows cannot be had. */
 static bool max_pool_nhwc(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
                           const mt_pool2d_params *p) {
-    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
-    int64_t H = x->shape[2], W = x->shape[3];
-    size_t nbytes = (size_t)C * 2 * sizeof(float);
+    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], KH = p->kernel[0];
+    int64_t rows = x->dtype == MT_F32 ? 0 : KH * x->shape[3] * C;
+    size_t nbytes = (size_t)(C + rows) * sizeof(float);
     int failed = 0;
 #pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
     {
-        float *acc = mt_host_alloc(nbytes), *buf = acc ? acc + C : NULL;
+        float *acc = mt_host_alloc(nbytes);
         if (!acc) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for collapse(2)
         for (int64_t n = 0; n < N; n++)
-            for (int64_t oh = 0; oh < OH; oh++) {
-                if (!acc) continue;
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    mt_cpu_window w;
-                    mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
-                    float *yr = mt_cpu_row_out(y, n, oh, ow, acc);
-                    int32_t *ar = idx ? (int32_t *)mt_cpu_row_at(idx, n, oh, ow) : NULL;
-                    for (int64_t c = 0; c < C; c++) yr[c] = -INFINITY;
-                    if (ar)
-                        for (int64_t c = 0; c < C; c++) ar[c] = (int32_t)(w.h0 * W + w.w0);
-                    for (int64_t h = w.h0; h < w.h1; h++)
-                        for (int64_t v = w.w0; v < w.w1; v++) {
-                            const float *xr = mt_cpu_row_load(x, n, h, v, buf);
-                            if (ar)
-                                row_argmax(yr, ar, xr, (int32_t)(h * W + v), C);
-                            else
-                                row_max(yr, xr, C);
-                        }
-                    if (yr == acc) mt_cpu_row_store(y, n, oh, ow, acc);
-                }
-            }
+            for (int64_t oh = 0; oh < OH; oh++)
+                if (acc) max_out_row_nhwc(y, idx, x, p, n, oh, acc, acc + C);
         if (acc) mt_host_free(acc, nbytes);
     }
     return !failed;
@@ -326,11 +354,15 @@ static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tens
                                int64_t c0, int64_t cn, float *gbuf, float *gacc) {
     int64_t H = gx->shape[2], W = gx->shape[3], OH = gy->shape[2], OW = gy->shape[3];
     bool dense = gacc || gx->strides[2] == W * gx->strides[3];
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t v = 0; v < W; v++) {
-            float *g = gacc ? gacc + (h * W + v) * cn : (float *)mt_cpu_row_at(gx, n, h, v) + c0;
-            memset(g, 0, (size_t)cn * sizeof(float));
-        }
+    /* the whole sample's rows at once where they lie together */
+    bool whole = cn == gx->shape[1] && gx->strides[3] == cn && gx->strides[2] == W * cn;
+    if (gacc)
+        memset(gacc, 0, (size_t)(H * W * cn) * sizeof(float));
+    else
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t v = 0; v < W; v += whole ? W : 1)
+                memset((float *)mt_cpu_row_at(gx, n, h, v) + c0, 0,
+                       (size_t)((whole ? W : 1) * cn) * sizeof(float));
     float *g0 = gacc ? gacc : (float *)mt_cpu_row_at(gx, n, 0, 0) + c0;
     int64_t rs = gacc ? cn : gx->strides[3];
     for (int64_t oh = 0; oh < OH; oh++)
@@ -344,7 +376,9 @@ static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tens
             for (int64_t c = 0; c < cn; c++)
                 ((float *)mt_cpu_row_at(gx, n, ar[c] / W, ar[c] % W))[c0 + c] += gr[c];
         }
-    if (gacc)
+    if (gacc && whole)
+        row_part_store(gx, n, 0, 0, 0, H * W * cn, gacc);
+    else if (gacc)
         for (int64_t h = 0; h < H; h++)
             for (int64_t v = 0; v < W; v++)
                 row_part_store(gx, n, h, v, c0, cn, gacc + (h * W + v) * cn);
