@@ -112,6 +112,28 @@ static void test_channels_last_grad(void **state) {
     assert_no_error();
 }
 
+/* A channels-last gradient that the backward owns alone becomes the leaf's .grad as it is,
+   as a contiguous one does (torch's layout contract): no copy, so the backward's peak grows
+   by the one gradient, not by two or three of them. */
+static void test_channels_last_grad_adopted(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = mt_to_channels_last(mt_ones(MT_SHAPE(2, 8, 16, 16), MT_F32, mt_test_device()));
+    mt_set_requires_grad(x, true);
+    mt_tensor *cot = mt_to_channels_last(mt_ones(MT_SHAPE(2, 8, 16, 16), MT_F32, mt_test_device()));
+    mt_tensor *y = mt_mul_scalar(x, 3.0);
+    int64_t bytes = 2 * 8 * 16 * 16 * (int64_t)sizeof(float);
+    mt_peak_bytes_reset();
+    int64_t before = mt_live_bytes();
+    assert_int_equal(mt_backward(y, cot), 0);
+    assert_true(mt_peak_bytes() - before < 2 * bytes);
+    mt_tensor *g = mt_grad(x);
+    assert_true(mt_is_channels_last(g) && !mt_is_contiguous(g));
+    assert_same_values(g, mt_full(MT_SHAPE(2, 8, 16, 16), MT_F32, mt_test_device(), 3.0), 0);
+    mt_scope_end();
+    assert_no_error();
+}
+
 static mt_tensor *fn_cl(mt_tensor *const *in, void *ctx) {
     (void)ctx;
     return mt_mul(mt_to_channels_last(in[0]), in[1]);
@@ -148,6 +170,7 @@ int main(void) {
         MT_TEST(test_channels_last_elementwise),
         MT_TEST(test_channels_last_elementwise_keeps_format),
         MT_TEST(test_channels_last_grad),
+        MT_TEST(test_channels_last_grad_adopted),
         MT_TEST(test_channels_last_gradcheck),
         MT_TEST(test_channels_last_errors),
     };

@@ -246,6 +246,132 @@ static void test_max_pool_ties_and_nan(void **state) {
     assert_no_error();
 }
 
+/* Windows that overlap (stride < kernel), pad, overhang (ceil_mode) and a stride of 3, with
+   C = 1 and odd sizes. */
+static const pool_case tie_cases[] = {
+    {0, 2, 3, 7, 9, {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}}, 0, 0},
+    {0,
+     2,
+     5,
+     9,
+     7,
+     {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true},
+     0,
+     0},
+    {0,
+     1,
+     1,
+     6,
+     5,
+     {.kernel = {2, 3}, .stride = {1, 2}, .padding = {1, 1}, .ceil_mode = true},
+     0,
+     0},
+    {0, 3, 4, 5, 5, {.kernel = {3, 1}, .stride = {2, 1}}, 0, 0},
+    {0,
+     1,
+     3,
+     8,
+     8,
+     {.kernel = {4, 4}, .stride = {3, 3}, .padding = {2, 2}, .ceil_mode = true},
+     0,
+     0},
+    /* one sample of 40 channels: the channels-last backward splits it into channel blocks */
+    {0, 1, 40, 6, 5, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}, 0, 0},
+};
+
+/* Inputs full of ties (values in {-2, .., 2}), NaNs and -inf, in NCHW, NHWC and a transposed
+   view (strides of neither format), every floating dtype: the gradient must land on the
+   element torch picks (reference(): the first maximum in row-major window order, the last
+   NaN; a window of -inf only: its first element), so a wrong argmax or index scheme (kept
+   indices decoded in the wrong plane, layout or window) fails here. */
+static void test_max_pool_indices(void **state) {
+    (void)state;
+    const mt_dtype dts[] = {MT_F32, MT_BF16, MT_F16, MT_F64};
+    int threads = mt_get_num_threads();
+    mt_set_num_threads(4); /* more threads than samples: channel blocks on the CPU */
+    for (int i = 0; i < (int)(sizeof tie_cases / sizeof tie_cases[0]); i++)
+        for (int d = 0; d < 4; d++)
+            for (int layout = 0; layout < 3; layout++) {
+                const pool_case *k = &tie_cases[i];
+                int64_t nx = k->n * k->c * k->h * k->w;
+                int64_t ny = k->n * k->c * out_size(k, 0) * out_size(k, 1);
+                double *v = malloc(sizeof(double) * (size_t)nx);
+                double *g = malloc(sizeof(double) * (size_t)ny);
+                double *y = malloc(sizeof(double) * (size_t)ny);
+                double *gx = malloc(sizeof(double) * (size_t)nx);
+                fill(v, nx, 101u + (uint32_t)i);
+                for (int64_t j = 0; j < nx; j++)
+                    v[j] = j % 17 == 3 ? NAN : j % 11 == 5 ? -INFINITY : round(2 * v[j]);
+                for (int64_t j = 0; j < ny; j++) g[j] = (double)(j % 7 + 1); /* exact sums */
+                reference(k, v, y, g, gx);
+                mt_scope_begin();
+                mt_tensor *leaf, *x;
+                if (layout == 2) { /* stored [n, c, w, h], pooled through a transposed view */
+                    double *t = malloc(sizeof(double) * (size_t)nx);
+                    for (int64_t p = 0; p < k->n * k->c; p++)
+                        for (int64_t h = 0; h < k->h; h++)
+                            for (int64_t w = 0; w < k->w; w++)
+                                t[(p * k->w + w) * k->h + h] = v[(p * k->h + h) * k->w + w];
+                    leaf = mt_test_tensor(t, dts[d], MT_SHAPE(k->n, k->c, k->w, k->h));
+                    free(t);
+                    mt_set_requires_grad(leaf, true);
+                    x = mt_transpose(leaf, 2, 3);
+                } else {
+                    leaf = mt_test_tensor(v, dts[d], MT_SHAPE(k->n, k->c, k->h, k->w));
+                    mt_set_requires_grad(leaf, true);
+                    x = layout == 1 ? mt_to_channels_last(leaf) : leaf;
+                }
+                mt_tensor *cot =
+                    mt_test_tensor(g, dts[d], MT_SHAPE(k->n, k->c, out_size(k, 0), out_size(k, 1)));
+                if (layout == 1) cot = mt_to_channels_last(cot);
+                mt_tensor *out = mt_max_pool2d(x, &k->o);
+                assert_no_error();
+                assert_tensor_close(out, y, ny, 0, 0);
+                assert_int_equal(mt_backward(out, cot), 0);
+                mt_tensor *gl = mt_grad(leaf);
+                if (layout == 2) gl = mt_transpose(gl, 2, 3);
+                assert_tensor_close(gl, gx, nx, 0, 0);
+                mt_scope_end();
+                free(v), free(g), free(y), free(gx);
+            }
+    mt_set_num_threads(threads);
+}
+
+/* Bytes a max pooling keeps alive: the output, and (on a backend that keeps argmax indices)
+   4 bytes per output element while a node is recorded; under no-grad, or for an input that
+   needs no gradient, nothing but the output. */
+static int64_t kept_bytes(bool grad_mode, bool requires_grad) {
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(2, 3, 8, 8), MT_F32, mt_test_device());
+    mt_set_requires_grad(x, requires_grad);
+    bool was = mt_set_grad_enabled(grad_mode);
+    int64_t b0 = mt_live_bytes();
+    mt_tensor *y = mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}});
+    int64_t kept = mt_live_bytes() - b0;
+    mt_set_grad_enabled(was);
+    assert_non_null(y);
+    if (grad_mode && requires_grad) assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+    mt_scope_end();
+    return kept;
+}
+
+static void test_max_pool_no_grad_keeps_no_indices(void **state) {
+    (void)state;
+    int64_t before = mt_live_bytes();
+    int64_t out = 2 * 3 * 4 * 4 * (int64_t)sizeof(float);
+    int64_t nograd = kept_bytes(false, true), frozen = kept_bytes(true, false);
+    int64_t training = kept_bytes(true, true);
+    assert_int_equal(frozen, nograd);
+    if (mt_test_device_is_cpu()) { /* the CPU backend keeps I32 indices (max_pool_indices) */
+        assert_int_equal(nograd, out);
+        assert_int_equal(training, out + 2 * 3 * 4 * 4 * (int64_t)sizeof(int32_t));
+    } else { /* CUDA saves the input (an alias: no new bytes) and searches again */
+        assert_int_equal(training, nograd);
+    }
+    assert_int_equal(mt_live_bytes(), before); /* the indices die with the node */
+    assert_no_error();
+}
+
 static void test_pool_errors(void **state) {
     (void)state;
     mt_device d = mt_test_device();
@@ -332,6 +458,8 @@ int main(void) {
         MT_TEST(test_pool_broadcast_grad),
         MT_TEST(test_pool_gradcheck),
         MT_TEST(test_max_pool_ties_and_nan),
+        MT_TEST(test_max_pool_indices),
+        MT_TEST(test_max_pool_no_grad_keeps_no_indices),
         MT_TEST(test_pool_errors),
         MT_TEST(test_pool_device),
         emulated_device() ? (struct CMUnitTest)MT_TEST(test_pool_cudnn_routing)

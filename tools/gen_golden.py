@@ -653,6 +653,8 @@ def pool_ops(files):
                     pr = dict(params, channels_last=[0]) if cl else params
                     fo.case(name, lambda t, fn=fn, cl=cl: fn(t, cl=cl), [make(g, (2, 3, 7, 8), dt)],
                             params=pr)
+        if op == "max_pool2d":
+            max_pool_ties(fo)
         files.append(fo)
     fo = OpFile("adaptive_avg_pool2d")
     for size in ((3, 4), (1, 1), (7, 8), (5, 3)):
@@ -669,6 +671,37 @@ def pool_ops(files):
                     t[0].to(memory_format=CL) if cl else t[0], size),
                     [make(g, (2, 3, 7, 8), dt)], params=pr)
     files.append(fo)
+
+
+def max_pool_ties(fo):
+    """max_pool2d on inputs full of ties (values in {-2, .., 2}), NaNs and -inf, over
+    overlapping, padded and ceil_mode windows: the gradient shows which element of each
+    window torch picks (the first maximum in row-major order; the last NaN), so a wrong
+    argmax or index scheme fails here."""
+    windows = {  # kernel, stride, padding, ceil_mode
+        "k3s1p1": ((3, 3), (1, 1), (1, 1), False),
+        "k3s2p1_ceil": ((3, 3), (2, 2), (1, 1), True),
+        "k32s12p11_ceil": ((3, 2), (1, 2), (1, 1), True),
+        "k2s1": ((2, 2), (1, 1), (0, 0), False),
+    }
+    for wname, (k, st, pad, ceil) in windows.items():
+        params = {"kernel": list(k), "stride": list(st), "padding": list(pad),
+                  "ceil_mode": ceil, "count_include_pad": True}
+        for dt in (F32, F64):
+            for cl in (False, True):
+                if dt == F64 and cl:
+                    continue
+                name = "ties_%s_%s_%s" % (wname, "nhwc" if cl else "nchw", NAMES[dt])
+                g = gen_for("max_pool2d_" + name)
+                n = torch.randn((2, 5, 7, 9), generator=g, dtype=F64)
+                u = torch.rand((2, 5, 7, 9), generator=g, dtype=F64)
+                v = torch.round(n * 1.2).clamp(-2.0, 2.0)
+                v = torch.where(u < 0.04, torch.full_like(v, float("nan")), v)
+                v = torch.where((u >= 0.04) & (u < 0.12), torch.full_like(v, -float("inf")), v)
+                pr = dict(params, channels_last=[0]) if cl else params
+                fo.case(name, lambda t, k=k, st=st, pad=pad, ceil=ceil, cl=cl: F.max_pool2d(
+                    t[0].to(memory_format=CL) if cl else t[0], k, st, pad, ceil_mode=ceil),
+                    [v.to(dt)], params=pr)
 
 
 def loss_ops(files):

@@ -42,10 +42,13 @@ static int list_push(node_list *l, mt_node *n) {
     return 0;
 }
 
-/* True when we hold the only reference to t and its memory, so it may be updated in place. */
+/* True when we hold the only reference to t and its memory, so it may be updated in place
+   or adopted as a .grad. Dense channels-last counts as contiguous does (torch's gradient
+   layout contract): a clone would keep that layout anyway, so copying it only cost time (two
+   copies per channels-last leaf, the most of a channels-last pooling's backward). */
 static bool exclusively_owned(const mt_tensor *t) {
     return atomic_load(&t->refcount) == 1 && atomic_load(&t->storage->refcount) == 1 &&
-           !t->grad_fn && mt_is_contiguous(t);
+           !t->grad_fn && (mt_is_contiguous(t) || mt_is_channels_last(t));
 }
 
 static int mt_backward_status(void) {

@@ -131,14 +131,14 @@ int mt_cpu_conv2d_backward_data_ref(mt_tensor *gx, const mt_tensor *gy, const mt
                                     const mt_conv2d_params *p);
 int mt_cpu_conv2d_backward_weight_ref(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
                                       const mt_conv2d_params *p);
-/* pooling (cpu_pool.c); cpu_pool_dnnl.c runs the cases where oneDNN agrees with torch and
-   sets *done, else returns 0 with *done false */
+/* pooling (cpu_pool.c, max pooling in cpu_pool_max.c); cpu_pool_dnnl.c runs the cases where oneDNN
+   agrees with torch and sets *done, else returns 0 with *done false */
 int mt_cpu_pool2d_dnnl(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p, bool *done);
 int mt_cpu_pool2d_backward_dnnl(mt_tensor *gx, const mt_tensor *gy, const mt_pool2d_params *p,
                                 bool *done);
-int mt_cpu_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
+int mt_cpu_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p);
 int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
-                           const mt_pool2d_params *p);
+                           const mt_tensor *idx, const mt_pool2d_params *p);
 int mt_cpu_unscale(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
                    mt_tensor *found_inf);
 int mt_cpu_scale_update(const mt_scale_update_args *a);

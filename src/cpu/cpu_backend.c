@@ -240,4 +240,5 @@ const mt_backend mt_cpu_backend = {
     .argmax = mt_cpu_argmax,
     .gemm_epilogue = mt_cpu_gemm_epilogue,
     .batch_norm_nhwc = true,
+    .max_pool_indices = true,
 };

@@ -98,9 +98,9 @@ int mt_cuda_be_gather(mt_tensor *out, const mt_tensor *x, int dim, const mt_tens
 int mt_cuda_be_scatter_add(mt_tensor *dst, int dim, const mt_tensor *index, const mt_tensor *src);
 int mt_cuda_be_argmax(mt_tensor *out, const mt_tensor *x, int dim);
 /* ---- pooling families (pool_cuda.c, kernels in pool.cu) */
-int mt_cuda_be_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
+int mt_cuda_be_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p);
 int mt_cuda_be_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
-                               const mt_pool2d_params *p);
+                               const mt_tensor *idx, const mt_pool2d_params *p);
 
 /* ---- caching allocator (cuda_alloc.c): stream-ordered reuse on the device's one stream */
 void *mt_cuda_alloc(int device, size_t nbytes); /* NULL on failure, no error set */

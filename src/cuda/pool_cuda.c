@@ -33,8 +33,11 @@ static mt_cuda_pool_args pool_args(const mt_tensor *x, const mt_tensor *y,
     return a;
 }
 
-int mt_cuda_be_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
+/* idx is always NULL here: this backend does not set max_pool_indices, so its max-pooling
+   backward finds the argmax again from x */
+int mt_cuda_be_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p) {
     const char *op = op_name(p->kind);
+    (void)idx;
     if (y->numel == 0) return 0;
     if (mt_cudnn_pool_expressible(x, y, p)) return mt_cudnn_pool2d(op, y, x, p);
     mt_cuda_device_ctx *c = mt_cuda_ctx_get(op, y->device.index);
@@ -46,8 +49,9 @@ int mt_cuda_be_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *
 }
 
 int mt_cuda_be_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
-                               const mt_pool2d_params *p) {
+                               const mt_tensor *idx, const mt_pool2d_params *p) {
     const char *op = op_name(p->kind);
+    (void)idx;
     if (gx->numel == 0) return 0;
     mt_cuda_device_ctx *c = mt_cuda_ctx_get(op, gx->device.index);
     if (!c) return MT_ERR_DEVICE;

@@ -1,8 +1,10 @@
 /* 2-d pooling with torch's semantics: mt_max_pool2d, mt_avg_pool2d (kernel, stride, padding,
    ceil_mode, count_include_pad) and mt_adaptive_avg_pool2d, on the backend's pooling
-   families. The output keeps the input's memory format. Max pooling's node keeps the input,
-   from which the backward finds each window's argmax again (torch routes the gradient to
-   that one element); the average poolings keep nothing but the geometry. */
+   families. The output keeps the input's memory format. Max pooling's node keeps the argmax
+   indices of its forward (I32, the output's shape: 1/4 of the input's bytes at stride 2) where
+   the backend writes them (max_pool_indices), so that the backward only scatters; only when a
+   node is recorded, never under no-grad. Elsewhere it keeps the input, from which the backward
+   finds each window's argmax again. The average poolings keep nothing but the geometry. */
 #include <stdlib.h>
 #include "memory_format.h"
 
@@ -60,11 +62,12 @@ static int pool_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     const char *name = mt_op_fullname(n->op);
     const mt_pool2d_params *p = n->state;
     const mt_input_meta *mx = &n->inputs[0];
-    bool cl = n->ints[0] != 0;
+    bool cl = n->ints[0] != 0, by_index = n->ints[1] != 0;
     mt_tensor *gy = mt_dense_4d(name, g, cl);
     mt_tensor *gx = gy ? mt_tensor_new_format(name, mx->shape, mx->dtype, g->device, cl) : NULL;
-    int rc = gx ? mt_backend_get(g->device)->pool2d_backward(gx, gy, n->saved[0], p)
-                : mt_backward_failed();
+    const mt_tensor *x = by_index ? NULL : n->saved[0], *idx = by_index ? n->saved[0] : NULL;
+    int rc =
+        gx ? mt_backend_get(g->device)->pool2d_backward(gx, gy, x, idx, p) : mt_backward_failed();
     mt_tensor_unref(gy);
     if (rc)
         mt_tensor_unref(gx);
@@ -86,16 +89,22 @@ static mt_tensor *pool_run(mt_tensor *x, mt_pool2d_params *p, int64_t *shape) {
     mt_tensor *d = mt_dense_4d(name, c, false);
     bool cl = d && mt_prefers_channels_last(d);
     mt_tensor *out = d ? mt_tensor_new_format(name, shape, d->dtype, d->device, cl) : NULL;
-    int rc = out ? be->pool2d(out, d, p) : mt_backward_failed();
+    /* the indices only when the node below will be recorded */
+    bool by_index = p->kind == MT_POOL_MAX && be->max_pool_indices && mt_autograd_wanted(&c, 1);
+    mt_tensor *idx =
+        out && by_index ? mt_tensor_new_format(name, shape, MT_I32, d->device, cl) : NULL;
+    int rc = out && (idx || !by_index) ? be->pool2d(out, idx, d, p) : mt_backward_failed();
     if (rc == 0) {
         mt_node *node = mt_record(op, pool_backward, &c, 1, out, &rc);
         if (node) rc = mt_node_copy_state(node, p, sizeof *p, name);
         if (node && rc == 0) {
             node->ints[0] = cl;
-            node->n_ints = 1;
-            if (p->kind == MT_POOL_MAX) rc = mt_node_save(node, 0, d);
+            node->ints[1] = by_index;
+            node->n_ints = 2;
+            if (p->kind == MT_POOL_MAX) rc = mt_node_save(node, 0, by_index ? idx : d);
         }
     }
+    mt_tensor_unref(idx);
     if (rc) {
         mt_tensor_unref(out);
         out = NULL;

@@ -207,13 +207,13 @@ static int no_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const m
     (void)gy, (void)x, (void)p;
     return unsupported_op("mt_conv2d", "convolution backward-weight", gw->device);
 }
-static int no_pool2d(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
-    (void)x;
+static int no_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p) {
+    (void)idx, (void)x;
     return unsupported_op(pool_op(p), "pooling forward", y->device);
 }
 static int no_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
-                              const mt_pool2d_params *p) {
-    (void)gy, (void)x;
+                              const mt_tensor *idx, const mt_pool2d_params *p) {
+    (void)gy, (void)x, (void)idx;
     return unsupported_op(pool_op(p), "pooling backward", gx->device);
 }
 

@@ -172,11 +172,16 @@ typedef struct mt_backend {
     /* gw = the gradient of conv2d's weight, from gy and x (computed in x's format) */
     int (*conv2d_backward_weight)(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *x,
                                   const mt_conv2d_params *p);
-    int (*pool2d)(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
-    /* gx (every element written) from gy; max pooling reads x again for the argmax (the first
-       maximum of each window, NaN winning, as torch) instead of keeping indices */
+    /* y = pool(x). idx is NULL, or (max pooling on a backend with max_pool_indices, when the
+       op will record a tape node) an I32 tensor of y's shape and format that receives each
+       window's argmax as the flat offset h * W + w within its input plane: the first maximum
+       in row-major window order, a NaN winning (the last NaN), as torch's CPU kernel. */
+    int (*pool2d)(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p);
+    /* gx (every element written) from gy. Max pooling scatters gy through idx (the forward's,
+       x NULL) on a backend with max_pool_indices; elsewhere idx is NULL and the backend finds
+       each window's argmax again from x. */
     int (*pool2d_backward)(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
-                           const mt_pool2d_params *p);
+                           const mt_tensor *idx, const mt_pool2d_params *p);
     /* Philox draws: element i uses counter offset + i / 4 (src/math/philox.h) */
     int (*random)(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset);
     /* true when any element is inf or nan (waits for the device: debug checks only) */
@@ -227,6 +232,9 @@ typedef struct mt_backend {
     /* batch_norm and batch_norm_backward also take dense channels-last (NHWC) 4-d tensors:
        x, residual, y, gy, gx and gres all in that layout (else all contiguous) */
     bool batch_norm_nhwc;
+    /* max pooling's forward writes its argmax indices (pool2d's idx) for the backward, which
+       then reads idx instead of x */
+    bool max_pool_indices;
 } mt_backend;
 
 /* The table for a device, complete (missing families answer MT_ERR_UNSUPPORTED); NULL when
