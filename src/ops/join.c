@@ -35,87 +35,87 @@ static int join_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return 0;
 }
 
+/* The arguments: a tensor array of n >= 1 tensors on one device whose shapes fit (equal for
+   stack; equal but in dim for cat), and one dtype unless a floating one is among them. *d gets
+   the normalised dim, *any_float whether the inputs are promoted. Nonzero on an error (set,
+   or an earlier one that a NULL input carries). */
+static int join_check(const char *name, bool stack, mt_tensor *const *ts, int n, int dim, int *d,
+                      bool *any_float) {
+    char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
+    if (!ts && n > 0)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: arg 2: n is %d but the tensor array (arg 1) is NULL", name, n);
+    if (n <= 0)
+        return mt_error_set(MT_ERR_INVALID, "%s: arg 2: needs at least one tensor, got %d", name,
+                            n);
+    for (int i = 0; i < n; i++)
+        if (!ts[i]) return MT_ERR_NULL; /* an earlier error: propagate */
+    const mt_tensor *t0 = ts[0];
+    if (!stack && t0->ndim == 0)
+        return mt_error_set(MT_ERR_SHAPE,
+                            "%s: arg 1: tensor 0 is 0-d; 0-d tensors cannot be joined "
+                            "(use mt_stack)",
+                            name);
+    if (stack && t0->ndim >= MT_MAX_DIMS)
+        return mt_error_set(MT_ERR_SHAPE,
+                            "%s: arg 1: tensors have %d dims; the result would exceed %d", name,
+                            t0->ndim, MT_MAX_DIMS);
+    int rc = mt_dim_normalize(name, 3, dim, stack ? t0->ndim + 1 : t0->ndim, d);
+    if (rc < 0) return rc;
+    *any_float = false;
+    for (int i = 0; i < n; i++) {
+        const mt_tensor *t = ts[i];
+        if ((rc = mt_check_same_device(name, t0, t)) < 0) return rc;
+        bool fits = t->ndim == t0->ndim;
+        for (int k = 0; fits && k < t0->ndim; k++)
+            fits = t->shape[k] == t0->shape[k] || (!stack && k == *d);
+        if (!fits) {
+            mt_shape_str(t, b1, sizeof b1);
+            mt_shape_str(t0, b2, sizeof b2);
+            if (stack)
+                return mt_error_set(MT_ERR_SHAPE,
+                                    "%s: arg 1: tensor %d has shape %s but tensor 0 has "
+                                    "shape %s (all shapes must be equal)",
+                                    name, i, b1, b2);
+            return mt_error_set(MT_ERR_SHAPE,
+                                "%s: arg 1: tensor %d has shape %s but tensor 0 has "
+                                "shape %s (sizes must match except in dim %d)",
+                                name, i, b1, b2, *d);
+        }
+        *any_float |= mt_dtype_is_floating(t->dtype);
+    }
+    for (int i = 0; i < n && !*any_float; i++) /* integer or bool tensors are not promoted */
+        if (ts[i]->dtype != t0->dtype)
+            return mt_error_set(MT_ERR_DTYPE,
+                                "%s: arg 1: tensor %d has dtype %s but tensor 0 has %s", name, i,
+                                mt_dtype_name(ts[i]->dtype), mt_dtype_name(t0->dtype));
+    return 0;
+}
+
+/* The result's shape: tensor 0's with n inserted at d (stack) or the sizes along d added
+   (cat). Returns its rank, or a negative status when the sizes overflow. */
+static int join_shape(const char *name, bool stack, mt_tensor *const *ts, int n, int d,
+                      int64_t *shape) {
+    const mt_tensor *t0 = ts[0];
+    int nd = stack ? t0->ndim + 1 : t0->ndim;
+    for (int k = 0, j = 0; k < nd; k++) shape[k] = stack && k == d ? n : t0->shape[j++];
+    if (stack) return nd;
+    shape[d] = 0;
+    for (int i = 0; i < n; i++)
+        if (__builtin_add_overflow(shape[d], ts[i]->shape[d], &shape[d]))
+            return mt_error_set(MT_ERR_SHAPE, "%s: the sizes along dim %d add up to more than 2^63",
+                                name, d);
+    return nd;
+}
+
 /* Shared path: validates, promotes, allocates and copies. stack inserts a new dim. */
 static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
     const char *name = mt_op_fullname(op);
-    bool stack = op == MT_OP_STACK;
-    char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
-    if (!ts && n > 0) {
-        mt_error_set(MT_ERR_INVALID, "%s: arg 2: n is %d but the tensor array (arg 1) is NULL",
-                     name, n);
-        return NULL;
-    }
-    if (n <= 0) {
-        mt_error_set(MT_ERR_INVALID, "%s: arg 2: needs at least one tensor, got %d", name, n);
-        return NULL;
-    }
-    for (int i = 0; i < n; i++)
-        if (!ts[i]) return NULL; /* an earlier error: propagate */
-    const mt_tensor *t0 = ts[0];
-    if (!stack && t0->ndim == 0) {
-        mt_error_set(MT_ERR_SHAPE,
-                     "%s: arg 1: tensor 0 is 0-d; 0-d tensors cannot be joined "
-                     "(use mt_stack)",
-                     name);
-        return NULL;
-    }
-    if (stack && t0->ndim >= MT_MAX_DIMS) {
-        mt_error_set(MT_ERR_SHAPE, "%s: arg 1: tensors have %d dims; the result would exceed %d",
-                     name, t0->ndim, MT_MAX_DIMS);
-        return NULL;
-    }
-    int d;
-    if (mt_dim_normalize(name, 3, dim, stack ? t0->ndim + 1 : t0->ndim, &d) < 0) return NULL;
-    bool any_float = false;
-    for (int i = 0; i < n; i++) {
-        const mt_tensor *t = ts[i];
-        if (mt_check_same_device(name, t0, t) < 0) return NULL;
-        bool fits = t->ndim == t0->ndim;
-        for (int k = 0; fits && k < t0->ndim; k++)
-            fits = t->shape[k] == t0->shape[k] || (!stack && k == d);
-        if (!fits) {
-            if (stack)
-                mt_error_set(MT_ERR_SHAPE,
-                             "%s: arg 1: tensor %d has shape %s but tensor 0 has "
-                             "shape %s (all shapes must be equal)",
-                             name, i, mt_shape_str(t, b1, sizeof b1),
-                             mt_shape_str(t0, b2, sizeof b2));
-            else
-                mt_error_set(MT_ERR_SHAPE,
-                             "%s: arg 1: tensor %d has shape %s but tensor 0 has "
-                             "shape %s (sizes must match except in dim %d)",
-                             name, i, mt_shape_str(t, b1, sizeof b1),
-                             mt_shape_str(t0, b2, sizeof b2), d);
-            return NULL;
-        }
-        any_float |= mt_dtype_is_floating(t->dtype);
-    }
-    for (int i = 0; i < n && !any_float; i++) /* integer or bool tensors are not promoted */
-        if (ts[i]->dtype != t0->dtype) {
-            mt_error_set(MT_ERR_DTYPE, "%s: arg 1: tensor %d has dtype %s but tensor 0 has %s",
-                         name, i, mt_dtype_name(ts[i]->dtype), mt_dtype_name(t0->dtype));
-            return NULL;
-        }
-
-    int nd = stack ? t0->ndim + 1 : t0->ndim;
+    bool stack = op == MT_OP_STACK, any_float = false;
+    int d = 0, nd;
     int64_t shape[MT_MAX_DIMS];
-    for (int k = 0, j = 0; k < nd; k++) {
-        if (stack && k == d) {
-            shape[k] = n;
-            continue;
-        }
-        shape[k] = t0->shape[j++];
-    }
-    if (!stack) {
-        shape[d] = 0;
-        for (int i = 0; i < n; i++) {
-            if (__builtin_add_overflow(shape[d], ts[i]->shape[d], &shape[d])) {
-                mt_error_set(MT_ERR_SHAPE, "%s: the sizes along dim %d add up to more than 2^63",
-                             name, d);
-                return NULL;
-            }
-        }
-    }
+    if (join_check(name, stack, ts, n, dim, &d, &any_float)) return NULL;
+    if ((nd = join_shape(name, stack, ts, n, d, shape)) < 0) return NULL;
     mt_tensor *small[8], **cast = n <= 8 ? small : malloc((size_t)n * sizeof *cast);
     if (!cast) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory for %d inputs", name, n);
@@ -125,11 +125,11 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
     int compute = mt_dispatch_inputs(op, ts, n, cast);
     if (compute < 0) goto done;
     /* integer inputs next to floating ones are converted by the copy kernel */
-    mt_dtype out_dt = any_float ? (mt_dtype)compute : t0->dtype;
+    mt_dtype out_dt = any_float ? (mt_dtype)compute : ts[0]->dtype;
 
-    out = mt_tensor_new(name, nd, shape, out_dt, t0->device);
+    out = mt_tensor_new(name, nd, shape, out_dt, ts[0]->device);
     int rc = out ? 0 : MT_ERR_OOM;
-    const mt_backend *be = mt_backend_get(t0->device);
+    const mt_backend *be = mt_backend_get(ts[0]->device);
     int64_t start = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         int64_t len = stack ? 1 : cast[i]->shape[d];
