@@ -792,7 +792,8 @@ typedef struct mt_ddp mt_ddp;
    (MPI_Testsome), no thread. THREAD: a communication thread per mt_ddp starts the buckets'
    all-reduces and tests them between naps (10-200 us) while backward computes; needs MPI at
    MPI_THREAD_MULTIPLE (mt_dist_init asks for it; mt_ddp_new fails with MT_ERR_UNSUPPORTED
-   when MPI gave less). CUDA parameters ignore it (NCCL runs on its own stream). */
+   when MPI gave less). CUDA parameters ignore it (NCCL runs on its own stream), and so does
+   a world of one without a launcher (no MPI: nothing is in flight). */
 typedef enum { MT_DDP_PROGRESS_HOOKS = 0, MT_DDP_PROGRESS_THREAD } mt_ddp_progress;
 typedef struct {
     double bucket_mb;         /* 0: 25 (MiB) */
