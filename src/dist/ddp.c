@@ -3,249 +3,22 @@
    the process group's communicator, so a user's own collectives never interleave with a
    step's buckets. CUDA parameters: device buckets (flat tensors) filled and emptied by the
    library's own copy op and reduced by NCCL (average folded into the reduction), every step
-   queued on the device stream in program order, so nothing waits for the device.
-
-   Progress of CPU buckets. Open MPI (4.1, no asynchronous progress thread) only advances a
-   non-blocking collective inside an MPI call of the same process, so a bucket started from a
-   hook would mostly move when mt_ddp_wait waits for it. Two ways to give it MPI calls during
-   backward (mt_ddp_opts.progress):
-   - hooks (default): every gradient-ready hook tests all buckets in flight with one
-     MPI_Testsome. No thread and no extra core; the gaps between hooks (one layer's backward)
-     are the granularity.
-   - thread: a communication thread per mt_ddp owns the buckets' MPI calls (start and test),
-     as torch's gloo and Paddle do; it naps 10-200 us between tests (cond_timedwait, so a
-     newly handed bucket wakes it at once), because on a small machine the ranks' compute
-     threads need the cores a spinning thread would take. Needs MPI_THREAD_MULTIPLE. */
-#include <errno.h>
+   queued on the device stream in program order, so nothing waits for the device. How CPU
+   buckets progress during backward (hooks or a communication thread): ddp_progress.c. */
 #include <limits.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "../math/half.h"
-#include "dist_impl.h"
+#include "ddp_impl.h"
 
 #define DEFAULT_BUCKET_MB 25.0
 #define DESC              10 /* per parameter: dtype, ndim, 8 dims */
-
-typedef struct mt_ddp mt_ddp;
-
-typedef struct {
-    mt_ddp *ddp;
-    mt_tensor *t;
-    int index, bucket, hook;
-    int64_t offset; /* in elements of its bucket */
-    bool ready;     /* its gradient is in the bucket this step */
-} ddp_param;
-
-typedef struct {
-    mt_dtype dt; /* of the parameters; the buffer is FP32 for FP16/BF16 */
-    void *buf;
-    int64_t numel;
-    int n_params, n_ready;
-    bool launched; /* started, or handed to the communication thread, this step */
-    bool done;     /* its all-reduce was seen complete this step (written by who tests it) */
-    double start_time, done_time;
-    mt_tensor *dev; /* CUDA parameters: the bucket on their device (buf unused) */
-} ddp_bucket;
-
-/* The communication thread's side (MT_DDP_PROGRESS_THREAD); every field under mu. The
-   thread alone calls MPI on the buckets and writes their start/done fields and d->reqs;
-   the main thread reads them once `completed` says so. */
-typedef struct {
-    pthread_t tid;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;  /* to the thread: buckets handed over, or stop */
-    pthread_cond_t done;  /* to mt_ddp_wait: buckets completed, or an MPI error */
-    int queued;           /* buckets [0, queued) are handed over this step */
-    int started;          /* of those, started by the thread */
-    int completed;        /* of those, seen complete */
-    int mpi_error;        /* the first MPI error code the thread met; MPI_SUCCESS: none */
-    bool stop, abandoned; /* abandoned: mt_ddp_wait timed out, the thread stops testing */
-} ddp_comm;
-
-struct mt_ddp {
-    ddp_param *params;
-    int n;
-    ddp_bucket *buckets;
-    int nb, next;      /* buckets [0, next) are started (or handed over) this step */
-    MPI_Request *reqs; /* per bucket; MPI_REQUEST_NULL when not in flight */
-    int *done_idx;     /* MPI_Testsome's output */
-    MPI_Comm comm;
-    bool mpi, no_overlap, no_sync, leak_buffers;
-    bool cuda;     /* the parameters are on one CUDA device: buckets there, through NCCL */
-    bool threaded; /* a communication thread runs (comm_thread) */
-    ddp_comm comm_thread;
-    int64_t calls, calls_in_backward;
-    double first_grad_time, last_grad_time;
-    mt_ddp_stats stats;
-};
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static bool is_half(mt_dtype dt) {
     return dt == MT_F16 || dt == MT_BF16;
 }
 static size_t buf_esize(mt_dtype dt) {
     return is_half(dt) ? sizeof(float) : mt_dtype_size(dt);
-}
-
-/* Bucket i's non-blocking sum over the ranks (the average is taken on copy-out); an MPI
-   code, so that the communication thread can hand it over instead of raising it. */
-static int start_mpi(mt_ddp *d, int i) {
-    ddp_bucket *b = &d->buckets[i];
-    MPI_Datatype type = b->dt == MT_F64 ? MPI_DOUBLE : MPI_FLOAT;
-    return MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, type, MPI_SUM, d->comm, &d->reqs[i]);
-}
-
-/* One MPI call tests the first n buckets' requests (MPI_REQUEST_NULL ones are skipped and
-   completed ones become so); their indices land in d->done_idx. An MPI code. */
-static int test_started(mt_ddp *d, int n, int *count) {
-    *count = 0;
-    if (n == 0) return MPI_SUCCESS;
-    int rc = MPI_Testsome(n, d->reqs, count, d->done_idx, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS || *count == MPI_UNDEFINED) *count = 0;
-    return rc;
-}
-
-static void mark_done(ddp_bucket *b, double t) {
-    b->done = true;
-    b->done_time = t;
-}
-
-/* ---- the communication thread */
-
-static void comm_nap(ddp_comm *c, long idle) {
-    /* a few immediate retests (a small bucket between two ranks completes in microseconds),
-       then growing naps that a newly handed bucket or stop cuts short */
-    if (idle < 8) return;
-    long us = idle < 32 ? 10 : idle < 128 ? 50 : 200;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += us * 1000;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&c->wake, &c->mu, &ts);
-}
-
-static void *comm_main(void *arg) {
-    mt_ddp *d = arg;
-    ddp_comm *c = &d->comm_thread;
-    long idle = 0;
-    pthread_mutex_lock(&c->mu);
-    while (!c->stop) {
-        bool busy = c->started < c->queued || c->completed < c->started;
-        if (!busy || c->mpi_error != MPI_SUCCESS || c->abandoned) {
-            idle = 0;
-            pthread_cond_wait(&c->wake, &c->mu);
-            continue;
-        }
-        int rc, count = 0;
-        if (c->started < c->queued) {
-            int i = c->started;
-            pthread_mutex_unlock(&c->mu);
-            double t = now();
-            rc = start_mpi(d, i);
-            pthread_mutex_lock(&c->mu);
-            d->buckets[i].start_time = t;
-            if (rc == MPI_SUCCESS) c->started++;
-            idle = 0;
-        } else {
-            int n = c->started;
-            pthread_mutex_unlock(&c->mu);
-            rc = test_started(d, n, &count);
-            double t = now();
-            pthread_mutex_lock(&c->mu);
-            for (int k = 0; k < count; k++) mark_done(&d->buckets[d->done_idx[k]], t);
-            c->completed += count;
-        }
-        if (rc != MPI_SUCCESS) c->mpi_error = rc;
-        if (count > 0 || rc != MPI_SUCCESS) pthread_cond_broadcast(&c->done);
-        if (count > 0) idle = 0;
-        if (c->started == c->queued && c->completed < c->started && count == 0) comm_nap(c, ++idle);
-    }
-    pthread_mutex_unlock(&c->mu);
-    return NULL;
-}
-
-static int comm_start(mt_ddp *d) {
-    ddp_comm *c = &d->comm_thread;
-    pthread_condattr_t attr;
-    int rc = pthread_condattr_init(&attr);
-    if (rc == 0) rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (rc == 0 && (rc = pthread_mutex_init(&c->mu, NULL)) == 0) {
-        if ((rc = pthread_cond_init(&c->wake, &attr)) == 0) {
-            if ((rc = pthread_cond_init(&c->done, &attr)) == 0) {
-                c->mpi_error = MPI_SUCCESS;
-                if ((rc = pthread_create(&c->tid, NULL, comm_main, d)) == 0) d->threaded = true;
-                if (rc) pthread_cond_destroy(&c->done);
-            }
-            if (rc) pthread_cond_destroy(&c->wake);
-        }
-        if (rc) pthread_mutex_destroy(&c->mu);
-    }
-    pthread_condattr_destroy(&attr);
-    if (rc == 0) return 0;
-    return mt_error_set(rc == EAGAIN || rc == ENOMEM ? MT_ERR_OOM : MT_ERR_STATE,
-                        "mt_ddp_new: cannot start the communication thread: %s", strerror(rc));
-}
-
-static void comm_stop(mt_ddp *d) {
-    ddp_comm *c = &d->comm_thread;
-    pthread_mutex_lock(&c->mu);
-    c->stop = true;
-    pthread_cond_signal(&c->wake);
-    pthread_mutex_unlock(&c->mu);
-    pthread_join(c->tid, NULL);
-    pthread_cond_destroy(&c->done);
-    pthread_cond_destroy(&c->wake);
-    pthread_mutex_destroy(&c->mu);
-    d->threaded = false;
-}
-
-/* Buckets [0, n) to the thread. */
-static void comm_hand_over(mt_ddp *d, int n) {
-    ddp_comm *c = &d->comm_thread;
-    pthread_mutex_lock(&c->mu);
-    c->queued = n;
-    pthread_cond_signal(&c->wake);
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Until the thread has seen buckets [0, n) complete, bounded by the world's timeout. */
-static int comm_wait(mt_ddp *d, int n) {
-    ddp_comm *c = &d->comm_thread;
-    mt_dist_state *st = mt_dist_state_get();
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    double whole = (double)(time_t)st->timeout;
-    dl.tv_sec += (time_t)whole;
-    dl.tv_nsec += (long)((st->timeout - whole) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-    bool late = false;
-    pthread_mutex_lock(&c->mu);
-    if (c->abandoned) {
-        pthread_mutex_unlock(&c->mu);
-        return mt_error_set(MT_ERR_STATE, "mt_ddp_wait: an earlier step of this mt_ddp failed "
-                                          "with all-reduces in flight");
-    }
-    while (c->completed < n && c->mpi_error == MPI_SUCCESS && !late)
-        late = pthread_cond_timedwait(&c->done, &c->mu, &dl) == ETIMEDOUT && c->completed < n;
-    int err = c->mpi_error;
-    if (late) c->abandoned = true; /* the requests stay in flight; the world is broken */
-    pthread_mutex_unlock(&c->mu);
-    if (err != MPI_SUCCESS) return mt_dist_mpi_error("mt_ddp_wait", err);
-    if (!late) return 0;
-    char why[160];
-    snprintf(why, sizeof why, "mt_ddp_wait timed out after %g s", st->timeout);
-    mt_dist_mark_broken(why);
-    return mt_error_set(MT_ERR_TIMEOUT,
-                        "mt_ddp_wait: rank %d of %d waited %g s and a peer never joined (a rank "
-                        "that died, hangs, or skipped this step); see mt_dist_set_timeout",
-                        st->rank, st->world, st->timeout);
 }
 
 /* ---- starting and progressing buckets from the hooks */
@@ -255,15 +28,15 @@ static int launch(mt_ddp *d, int i) {
     b->launched = true;
     d->calls++;
     if (d->threaded) return 0; /* the thread starts it and stamps the time */
-    b->start_time = now();
+    b->start_time = mt_ddp_now();
     if (d->cuda) /* the average, in the bucket's type; queued, never waited for */
         return mt_dist_nccl_start(
             "mt_ddp", &(mt_dist_nccl_call){.t = b->dev, .root = -1, .reduce = MT_REDUCE_AVG});
     if (!d->mpi) { /* a world of one: the sum is the value */
-        mark_done(b, b->start_time);
+        mt_ddp_mark_done(b, b->start_time);
         return 0;
     }
-    int rc = start_mpi(d, i);
+    int rc = mt_ddp_start_mpi(d, i);
     return rc != MPI_SUCCESS ? mt_dist_mpi_error("mt_ddp", rc) : 0;
 }
 
@@ -276,13 +49,13 @@ static int launch_ready(mt_ddp *d, bool in_backward) {
         rc = launch(d, d->next++);
         if (in_backward) d->calls_in_backward++;
     }
-    if (d->threaded && d->next > first) comm_hand_over(d, d->next);
+    if (d->threaded && d->next > first) mt_ddp_comm_hand_over(d, d->next);
     if (rc < 0 || d->threaded || d->cuda || !d->mpi) return rc;
     int count = 0;
-    rc = test_started(d, d->next, &count);
+    rc = mt_ddp_test_started(d, d->next, &count);
     if (rc != MPI_SUCCESS) return mt_dist_mpi_error("mt_ddp", rc);
-    double t = now();
-    for (int k = 0; k < count; k++) mark_done(&d->buckets[d->done_idx[k]], t);
+    double t = mt_ddp_now();
+    for (int k = 0; k < count; k++) mt_ddp_mark_done(&d->buckets[d->done_idx[k]], t);
     return 0;
 }
 
@@ -362,14 +135,14 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
                             "mt_ddp_set_no_sync to accumulate",
                             p->index);
     int rc = mt_dist_ready("mt_ddp");
-    if (d->first_grad_time == 0) d->first_grad_time = now();
+    if (d->first_grad_time == 0) d->first_grad_time = mt_ddp_now();
     ddp_bucket *b = &d->buckets[p->bucket];
     if (rc == 0) rc = copy_in(p, b);
     if (rc < 0) return rc;
     p->ready = true;
     b->n_ready++;
     rc = d->no_overlap ? 0 : launch_ready(d, true);
-    d->last_grad_time = now();
+    d->last_grad_time = mt_ddp_now();
     return rc;
 }
 
@@ -413,15 +186,7 @@ static void reset_step(mt_ddp *d) {
         b->launched = b->done = false;
         b->start_time = b->done_time = 0;
     }
-    if (d->threaded) {
-        ddp_comm *c = &d->comm_thread;
-        pthread_mutex_lock(&c->mu);
-        if (!c->abandoned && c->mpi_error == MPI_SUCCESS && c->completed == c->started)
-            c->queued = c->started = c->completed = 0;
-        else /* a failed step left requests in flight: they are never reused */
-            c->abandoned = true;
-        pthread_mutex_unlock(&c->mu);
-    }
+    if (d->threaded) mt_ddp_comm_reset(d);
     d->next = 0;
     d->calls = d->calls_in_backward = 0;
     d->first_grad_time = d->last_grad_time = 0;
@@ -434,7 +199,7 @@ static int wait_started(mt_ddp *d) {
         int rc = mt_dist_wait_request("mt_ddp_wait", &d->reqs[i]);
         if (rc == MT_ERR_TIMEOUT) d->reqs[i] = MPI_REQUEST_NULL; /* orphaned by the wait */
         if (rc < 0) return rc;
-        mark_done(&d->buckets[i], now());
+        mt_ddp_mark_done(&d->buckets[i], mt_ddp_now());
     }
     return 0;
 }
@@ -444,7 +209,7 @@ static void record_step(mt_ddp *d, double wait_begin) {
     mt_ddp_stats *s = &d->stats;
     s->allreduce_calls = d->calls;
     s->started_in_backward = d->calls_in_backward;
-    s->wait_seconds = now() - wait_begin;
+    s->wait_seconds = mt_ddp_now() - wait_begin;
     s->wait_begin_time = wait_begin;
     s->steps++;
     s->first_grad_time = d->first_grad_time;
@@ -466,7 +231,7 @@ int mt_ddp_wait(mt_ddp *d) {
     if (d->no_sync) return 0;
     int rc = mt_dist_ready("mt_ddp_wait");
     if (rc < 0) return rc;
-    double t0 = now();
+    double t0 = mt_ddp_now();
     /* parameters no gradient reached this step take part with zeros */
     for (int i = 0; rc == 0 && i < d->n; i++) {
         ddp_param *p = &d->params[i];
@@ -485,7 +250,7 @@ int mt_ddp_wait(mt_ddp *d) {
         b->n_ready++;
     }
     if (rc == 0) rc = launch_ready(d, false);
-    if (rc == 0) rc = d->threaded ? comm_wait(d, d->next) : wait_started(d);
+    if (rc == 0) rc = d->threaded ? mt_ddp_comm_wait(d, d->next) : wait_started(d);
     if (rc == MT_ERR_TIMEOUT || (rc < 0 && d->threaded))
         d->leak_buffers = true; /* MPI may still write into them */
     if (rc == 0 && d->cuda)     /* the copies out of the buckets after their all-reduces */
@@ -636,7 +401,7 @@ static int broadcast_params(mt_ddp *d) {
 }
 
 static void ddp_destroy(mt_ddp *d) {
-    if (d->threaded) comm_stop(d);
+    if (d->threaded) mt_ddp_comm_stop(d);
     /* requests still in flight (a failed or unfinished step) go on writing into the buckets:
        MPI keeps them, and the buckets and the communicator are leaked */
     for (int i = 0; d->reqs && i < d->nb; i++)
@@ -720,7 +485,7 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
         d->params[i] = (ddp_param){.ddp = d, .t = mt_tensor_ref(params[i]), .index = i};
     if (rc == 0) rc = make_buckets(d, o.bucket_mb, o.per_parameter);
     if (rc == 0) rc = broadcast_params(d);
-    if (rc == 0 && thread) rc = comm_start(d);
+    if (rc == 0 && thread) rc = mt_ddp_comm_start(d);
     for (int i = 0; rc == 0 && i < n; i++) {
         int h = mt_tensor_register_grad_ready_hook(params[i], on_grad_ready, &d->params[i]);
         if (h < 0) rc = h;
