@@ -808,7 +808,8 @@ typedef struct {
 typedef struct {
     int buckets;                 /* fixed at creation */
     int64_t allreduce_calls;     /* in the last step mt_ddp_wait finished */
-    int64_t started_in_backward; /* of those, started from a hook, before mt_ddp_wait */
+    int64_t started_in_backward; /* of those, started (or handed to the communication
+                                    thread) from a hook, before mt_ddp_wait */
     double wait_seconds;         /* spent in the last mt_ddp_wait */
     int64_t steps;               /* mt_ddp_wait calls that reduced */
     int64_t done_in_backward;    /* all-reduces seen complete before the last hook returned */
