@@ -4,33 +4,52 @@ mpirun) side by side with PyTorch DistributedDataParallel on the gloo backend, o
 machine in the same run. Each configuration trains 3 x Linear(H, H) + ReLU + MSE with SGD,
 FP32, B rows per rank, one thread per rank; the figures are the median step time over the
 timed steps (the first step excluded), the slowest rank's, the best of --rounds rounds, and mixtape's all-reduce calls
-per step (torch's bucket count from its DDP logging data).
+per step (torch's bucket count from its DDP logging data). mixtape's rows also carry rank 0's
+trace of the best round (medians over the timed steps, ms from the start of backward):
+backward's length, when bucket 0's all-reduce started and was seen complete, when the last
+one was, and how many completed before backward's end.
 
   /usr/bin/python3 bench/ddp.py --sample build/samples/simplenet_amp [--hidden 512] [--batch 64]
+      [--resnet build/samples/resnet_amp]
 
-Configurations: 1 rank; 2 ranks bucketed (25 MiB, overlap on); 2 ranks bucketed with overlap
-off (all-reduces started after backward); 2 ranks one all-reduce per parameter; and, to
-tell CPU contention from communication on a small machine, 2 independent mixtape processes
-without DDP (the same compute, no all-reduce). Prints a
-table, and with --json one JSON object per configuration and line."""
+Configurations: 1 rank; 2 independent mixtape processes without DDP (the same compute, no
+all-reduce: CPU contention on a small machine); 2 ranks with buckets of 25 MiB (one bucket)
+and of 1 MiB (several), each with overlap on (progress from the hooks, and from a
+communication thread) and off; 2 ranks one all-reduce per parameter. With --resnet, also
+mixtape ResNet-18 (batch 4 per rank, 32x32 images, FP32; no torch counterpart: torchvision is
+not installed) with overlap on (hooks, thread) and off. Prints a table, and with --json one
+JSON object per configuration and line."""
 import argparse, json, os, subprocess, sys, time
 
 
-def mixtape(args, ranks, extra):
+TRACE = ['backward_ms', 'first_allreduce_start_ms', 'first_allreduce_done_ms',
+         'last_allreduce_done_ms', 'allreduce_done_before_backward_end']
+
+
+def mixtape(args, ranks, extra, resnet=False):
     ddp = '--no-ddp' not in extra
     extra = [e for e in extra if e != '--no-ddp']
-    cmd = ['mpirun', '-np', str(ranks), '--oversubscribe', '--allow-run-as-root', '--bind-to',
-           'none', args.sample] + (['--ddp'] if ddp else []) + ['--device', 'cpu', '--modes', 'fp32', '--threads', '1',
-           '--hidden', str(args.hidden), '--batch', str(args.batch), '--steps', str(args.steps),
-           '--epochs', '1', '--json'] + extra
+    if resnet:
+        cmd = [args.resnet, '--arch', 'resnet18', '--batch', '4', '--image-size', '32',
+               '--steps', '8', '--classes', '100']
+    else:
+        cmd = [args.sample, '--hidden', str(args.hidden), '--batch', str(args.batch),
+               '--steps', str(args.steps), '--epochs', '1']
+    cmd = (['mpirun', '-np', str(ranks), '--oversubscribe', '--allow-run-as-root', '--bind-to',
+            'none'] + cmd + (['--ddp'] if ddp else []) +
+           ['--device', 'cpu', '--modes', 'fp32', '--threads', '1', '--json'] + extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = [json.loads(l) for l in out.splitlines() if l.startswith('{')]
     assert len(rows) == ranks, out
     if ddp:
         assert len({r['param_checksum'] for r in rows}) == 1, 'replicas diverged: %s' % rows
-    return {'ms_median': max(r['ms_median'] for r in rows),
-            'allreduce_calls_per_step': rows[0]['allreduce_calls_per_step'],
-            'loss': rows[0]['loss'], 'param_checksum': rows[0]['param_checksum']}
+    rank0 = min(rows, key=lambda r: r.get('rank', 0))
+    res = {'ms_median': max(r['ms_median'] for r in rows),
+           'allreduce_calls_per_step': rows[0].get('allreduce_calls_per_step', 0),
+           'loss': rows[0]['loss'], 'param_checksum': rows[0]['param_checksum']}
+    for k in TRACE:
+        res[k] = rank0.get(k)
+    return res
 
 
 def torch_worker(rank, world, args, bucket_mb, port, q):
@@ -90,24 +109,41 @@ def main():
     ap.add_argument('--steps', type=int, default=20)
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--json', action='store_true')
+    ap.add_argument('--resnet', help='samples/resnet_amp: also the ResNet-18 rows')
     args = ap.parse_args()
+    # name, ranks, extra arguments, torch bucket_cap_mb (None: no torch row), resnet
     configs = [
-        ('1 rank', 1, [], 25),
-        ('2 independent processes, no DDP', 2, ['--no-ddp'], None),
-        ('2 ranks, buckets 25 MiB, overlap', 2, [], 25),
-        ('2 ranks, buckets 25 MiB, no overlap', 2, ['--no-overlap'], None),
-        ('2 ranks, one all-reduce per parameter', 2, ['--per-param'], 0.0001),
+        ('1 rank', 1, [], 25, False),
+        ('2 independent processes, no DDP', 2, ['--no-ddp'], None, False),
+        ('2 ranks, 25 MiB, overlap, progress hooks', 2, [], 25, False),
+        ('2 ranks, 25 MiB, overlap, progress thread', 2, ['--progress', 'thread'], None, False),
+        ('2 ranks, 25 MiB, no overlap', 2, ['--no-overlap'], None, False),
+        ('2 ranks, 1 MiB, overlap, progress hooks', 2, ['--bucket-mb', '1'], 1, False),
+        ('2 ranks, 1 MiB, overlap, progress thread', 2,
+         ['--bucket-mb', '1', '--progress', 'thread'], None, False),
+        ('2 ranks, 1 MiB, no overlap', 2, ['--bucket-mb', '1', '--no-overlap'], None, False),
+        ('2 ranks, one all-reduce per parameter', 2, ['--per-param'], 0.0001, False),
     ]
+    if args.resnet:
+        configs += [
+            ('ResNet-18: 2 ranks, overlap, progress hooks', 2, [], None, True),
+            ('ResNet-18: 2 ranks, overlap, progress thread', 2, ['--progress', 'thread'], None,
+             True),
+            ('ResNet-18: 2 ranks, no overlap', 2, ['--no-overlap'], None, True),
+        ]
     # The machine is shared: the configurations are interleaved over --rounds rounds and each
     # keeps its best round.
     best = {}
     for rnd in range(args.rounds):
-        for i, (name, ranks, extra, torch_mb) in enumerate(configs):
-            m = mixtape(args, ranks, extra)
-            t = torch_run(args, ranks, torch_mb, 29500 + 10 * rnd + i) if torch_mb is not None else None
+        for i, (name, ranks, extra, torch_mb, resnet) in enumerate(configs):
+            m = mixtape(args, ranks, extra, resnet)
+            t = torch_run(args, ranks, torch_mb, 29500 + 20 * rnd + i) if torch_mb is not None else None
             b = best.setdefault(name, {'config': name, 'ranks': ranks, 'mixtape_ms': float('inf'),
                                        'torch_ms': None, 'torch_buckets': None})
-            b['mixtape_ms'] = min(b['mixtape_ms'], m['ms_median'])
+            if m['ms_median'] < b['mixtape_ms']:
+                b['mixtape_ms'] = m['ms_median']
+                for k in TRACE:
+                    b[k] = m[k]
             b['mixtape_allreduce_calls_per_step'] = m['allreduce_calls_per_step']
             if t:
                 b['torch_ms'] = t['ms_median'] if b['torch_ms'] is None else min(b['torch_ms'], t['ms_median'])
@@ -116,17 +152,23 @@ def main():
     if args.json:
         for row in rows:
             print(json.dumps(row), flush=True)
-    if not args.json:
-        print('SimpleNet 3 x Linear(%d, %d), FP32, SGD, batch %d per rank, 1 thread per rank; '
-              'median ms/step of the slowest rank' % (args.hidden, args.hidden, args.batch))
-        print('%-40s %12s %16s %12s %14s' % ('configuration', 'mixtape ms', 'all-reduces/step',
-                                             'torch ms', 'torch buckets'))
-        for r in rows:
-            tm = '%.2f' % r['torch_ms'] if r['torch_ms'] is not None else '-'
-            tb = str(r['torch_buckets']) if r['torch_buckets'] is not None else '-'
-            print('%-40s %12.2f %16d %12s %14s' % (r['config'], r['mixtape_ms'],
-                                                   r['mixtape_allreduce_calls_per_step'], tm, tb))
+        return
 
+    def f(v, fmt='%.2f'):
+        return fmt % v if v is not None else '-'
+    print('SimpleNet 3 x Linear(%d, %d), FP32, SGD, batch %d per rank, 1 thread per rank; '
+          'median ms/step of the slowest rank; trace: rank 0, ms from the start of backward'
+          % (args.hidden, args.hidden, args.batch))
+    print('%-46s %9s %6s %9s %7s | %8s %8s %8s %8s %5s' % (
+        'configuration', 'mixtape', 'ARs', 'torch', 'buckets', 'backward', '0 start', '0 done',
+        'last', 'done'))
+    for r in rows:
+        print('%-46s %9.2f %6d %9s %7s | %8s %8s %8s %8s %5s' % (
+            r['config'], r['mixtape_ms'], r['mixtape_allreduce_calls_per_step'],
+            f(r['torch_ms']), f(r['torch_buckets'], '%d'), f(r.get('backward_ms')),
+            f(r.get('first_allreduce_start_ms')), f(r.get('first_allreduce_done_ms')),
+            f(r.get('last_allreduce_done_ms')),
+            f(r.get('allreduce_done_before_backward_end'), '%.0f')))
 
 if __name__ == '__main__':
     main()

@@ -787,17 +787,38 @@ bool mt_dist_work_done(mt_dist_work *w);
    waits for the device. In a world of threads (mt_dist_init_thread) CUDA parameters only,
    and the parameter lists are not compared across ranks (there is no MPI to do it). */
 typedef struct mt_ddp mt_ddp;
+/* How a CPU bucket's all-reduce advances while backward runs (MPI only moves a non-blocking
+   collective inside MPI calls). HOOKS: every gradient-ready hook tests all buckets in flight
+   (MPI_Testsome), no thread. THREAD: a communication thread per mt_ddp starts the buckets'
+   all-reduces and tests them between naps (10-200 us) while backward computes; needs MPI at
+   MPI_THREAD_MULTIPLE (mt_dist_init asks for it; mt_ddp_new fails with MT_ERR_UNSUPPORTED
+   when MPI gave less). CUDA parameters ignore it (NCCL runs on its own stream), and so does
+   a world of one without a launcher (no MPI: nothing is in flight). */
+typedef enum { MT_DDP_PROGRESS_HOOKS = 0, MT_DDP_PROGRESS_THREAD } mt_ddp_progress;
 typedef struct {
-    double bucket_mb;   /* 0: 25 (MiB) */
-    bool per_parameter; /* one bucket, one all-reduce per parameter (for comparison) */
-    bool no_overlap;    /* start every all-reduce in mt_ddp_wait instead of during backward */
+    double bucket_mb;         /* 0: 25 (MiB) */
+    bool per_parameter;       /* one bucket, one all-reduce per parameter (for comparison) */
+    bool no_overlap;          /* start every all-reduce in mt_ddp_wait instead of during backward */
+    mt_ddp_progress progress; /* CPU buckets: default MT_DDP_PROGRESS_HOOKS */
 } mt_ddp_opts;
+/* The times of the last step are seconds on CLOCK_MONOTONIC (comparable with the caller's own
+   clock_gettime(CLOCK_MONOTONIC) readings, e.g. around mt_backward), 0 when it did not happen.
+   A completion time is when mixtape saw the request complete (MPI_Test*, MPI_Wait), an upper
+   bound on when MPI finished it; CUDA buckets are queued, not waited for: no done times. */
 typedef struct {
     int buckets;                 /* fixed at creation */
     int64_t allreduce_calls;     /* in the last step mt_ddp_wait finished */
-    int64_t started_in_backward; /* of those, started from a hook, before mt_ddp_wait */
+    int64_t started_in_backward; /* of those, started (or handed to the communication
+                                    thread) from a hook, before mt_ddp_wait */
     double wait_seconds;         /* spent in the last mt_ddp_wait */
     int64_t steps;               /* mt_ddp_wait calls that reduced */
+    int64_t done_in_backward;    /* all-reduces seen complete before the last hook returned */
+    double first_grad_time;      /* the first gradient-ready hook of the step began */
+    double last_grad_time;       /* the last one returned: backward's end as mt_ddp sees it */
+    double first_start_time;     /* bucket 0's all-reduce was started */
+    double first_done_time;      /* bucket 0's all-reduce was seen complete */
+    double last_done_time;       /* the last bucket's all-reduce was seen complete */
+    double wait_begin_time;      /* mt_ddp_wait was called */
 } mt_ddp_stats;
 mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts);
 int mt_ddp_wait(mt_ddp *d);

@@ -177,23 +177,26 @@ static mt_tensor *resnet_forward(resnet *r, mt_tensor *x) {
 /* ---- options */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: resnet_amp [options]\n"
-               "  --arch A         resnet18 or resnet50 (default resnet18)\n"
-               "  --modes LIST     comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
-               "  --device DEV     cpu or cuda[:N] (default: cuda when available, else cpu)\n"
-               "  --batch N        images per step (GPU default 256, CPU 8)\n"
-               "  --image-size N   height = width (GPU default 224, CPU 64)\n"
-               "  --steps N        training steps per mode (GPU default 50, CPU 6)\n"
-               "  --warmup N       untimed steps at the start (GPU default 5, CPU 1)\n"
-               "  --classes N      classifier outputs (default 1000)\n"
-               "  --lr X           SGD learning rate (default 0.01; momentum 0.9, wd 1e-4)\n"
-               "  --threads N      CPU threads for kernels and BLAS (default: all cores)\n"
-               "  --seed N         seed for data and weights (default 2023)\n"
-               "  --json           one JSON object per mode and line on stdout, nothing else\n"
-               "  --ddp            data parallel over the ranks of mpirun -np N\n"
-               "  --bucket-mb X    --ddp gradient bucket size in MiB (default 25)\n"
-               "  --per-param      --ddp: one all-reduce per parameter (no buckets)\n"
-               "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n");
+    fprintf(f,
+            "usage: resnet_amp [options]\n"
+            "  --arch A         resnet18 or resnet50 (default resnet18)\n"
+            "  --modes LIST     comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
+            "  --device DEV     cpu or cuda[:N] (default: cuda when available, else cpu)\n"
+            "  --batch N        images per step (GPU default 256, CPU 8)\n"
+            "  --image-size N   height = width (GPU default 224, CPU 64)\n"
+            "  --steps N        training steps per mode (GPU default 50, CPU 6)\n"
+            "  --warmup N       untimed steps at the start (GPU default 5, CPU 1)\n"
+            "  --classes N      classifier outputs (default 1000)\n"
+            "  --lr X           SGD learning rate (default 0.01; momentum 0.9, wd 1e-4)\n"
+            "  --threads N      CPU threads for kernels and BLAS (default: all cores)\n"
+            "  --seed N         seed for data and weights (default 2023)\n"
+            "  --json           one JSON object per mode and line on stdout, nothing else\n"
+            "  --ddp            data parallel over the ranks of mpirun -np N\n"
+            "  --bucket-mb X    --ddp gradient bucket size in MiB (default 25)\n"
+            "  --per-param      --ddp: one all-reduce per parameter (no buckets)\n"
+            "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n"
+            "  --progress P     --ddp on the CPU: hooks (MPI tests from each gradient hook,\n"
+            "                   default) or thread (a communication thread tests between naps)\n");
 }
 
 /* Sizes given on the command line; 0 (-1 for warmup): the device's default. */
@@ -203,7 +206,17 @@ typedef struct {
 } given;
 
 enum { O_ARCH = 256, O_MODES, O_DEVICE, O_BATCH, O_IMAGE, O_STEPS, O_WARMUP, O_CLASSES, O_LR };
-enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP, O_DDP, O_BUCKET_MB, O_PER_PARAM, O_NO_OVERLAP };
+enum {
+    O_THREADS = 300,
+    O_SEED,
+    O_JSON,
+    O_HELP,
+    O_DDP,
+    O_BUCKET_MB,
+    O_PER_PARAM,
+    O_NO_OVERLAP,
+    O_PROGRESS
+};
 
 static double parse_bucket_mb(const char *s) {
     char *end;
@@ -280,6 +293,9 @@ static void parse_option(int o, const char *arg, config *c, given *g) {
     case O_NO_OVERLAP:
         c->ddp_opts.no_overlap = true;
         break;
+    case O_PROGRESS:
+        c->ddp_opts.progress = parse_progress(arg);
+        break;
     case 'h':
     case O_HELP:
         usage(stdout);
@@ -308,6 +324,7 @@ static void parse_args(int argc, char **argv, config *c) {
                                          {"bucket-mb", required_argument, 0, O_BUCKET_MB},
                                          {"per-param", no_argument, 0, O_PER_PARAM},
                                          {"no-overlap", no_argument, 0, O_NO_OVERLAP},
+                                         {"progress", required_argument, 0, O_PROGRESS},
                                          {0, 0, 0, 0}};
     given g = {.warmup = -1};
     *c = (config){.classes = 1000, .lr = 0.01, .seed = 2023, .dev = MT_CPU};
@@ -346,25 +363,27 @@ typedef struct {
     int64_t skipped, peak_bytes;
     int timed_steps;
     mt_ddp_stats ddp; /* --ddp: the last step's all-reduce calls, buckets */
+    ddp_trace trace;  /* --ddp on the CPU: backward against the all-reduces, per timed step */
     double checksum;  /* the sum of every parameter after training */
 } result;
 
 /* One step: forward under autocast, (scaled) backward, optimizer step; the loss belongs to the
    caller's scope. */
 static mt_tensor *train_step(const mode_spec *m, resnet *r, mt_optimizer *opt,
-                             mt_grad_scaler *scaler, mt_ddp *ddp, mt_tensor *x, mt_tensor *y) {
+                             mt_grad_scaler *scaler, mt_ddp *ddp, ddp_trace *tr, mt_tensor *x,
+                             mt_tensor *y) {
     if (m->low != MT_F32) mt_autocast_begin(m->low, m->level);
     mt_tensor *loss = mt_cross_entropy(resnet_forward(r, x), y);
     if (m->low != MT_F32) mt_autocast_end();
-    if (scaler) {
-        mt_backward(mt_grad_scaler_scale(scaler, loss), NULL);
-        if (ddp) mt_ddp_wait(ddp);            /* averaged gradients before the (scaler's) step */
+    double bw0 = now_s();
+    mt_backward(scaler ? mt_grad_scaler_scale(scaler, loss) : loss, NULL);
+    double bw1 = now_s();
+    if (ddp) mt_ddp_wait(ddp); /* averaged gradients before the (scaler's) step */
+    if (ddp && tr) ddp_trace_add(tr, ddp, bw0, bw1);
+    if (scaler)
         mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
-    } else {
-        mt_backward(loss, NULL);
-        if (ddp) mt_ddp_wait(ddp);
+    else
         mt_optimizer_step(opt);
-    }
     mt_optimizer_zero_grad(opt);
     return loss;
 }
@@ -394,6 +413,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     if (c->ddp) {
         /* rank 0's initial weights to every rank; the scaler's skip decision is shared */
         ddp = mt_ddp_new(r->params, r->n_params, &c->ddp_opts);
+        ddp_trace_init(&res->trace, c->steps);
         if (scaler) mt_grad_scaler_set_dist(scaler, true);
         check("mt_ddp_new");
     }
@@ -411,7 +431,9 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
         }
         double ts = now_s(), tc = cpu_s();
         mt_scope_begin();
-        mt_tensor *loss = train_step(m, r, opt, scaler, ddp, x, y);
+        /* a GPU's backward returns before the device has run it: no trace there */
+        bool traced = s >= c->warmup && c->dev.type == MT_DEVICE_CPU;
+        mt_tensor *loss = train_step(m, r, opt, scaler, ddp, traced ? &res->trace : NULL, x, y);
         /* read after the clock stops: mt_item would wait for the device */
         if (s == 0) first = mt_retain(loss);
         if (s == c->steps - 1) last = mt_retain(loss);
@@ -462,7 +484,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
                 (long long)(mt_live_tensors() - tensors_before));
 }
 
-static void print_json(const config *c, const mode_spec *m, const result *r) {
+static void print_json(const config *c, const mode_spec *m, result *r) {
     printf("{\"mode\": \"%s\", \"arch\": \"%s\", \"device\": \"%s\", \"batch\": %lld, "
            "\"image_size\": %lld, \"classes\": %lld, \"steps\": %d, \"warmup\": %d, "
            "\"timed_steps\": %d, \"threads\": %d, \"images_per_s\": ",
@@ -486,9 +508,12 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
            (long long)r->peak_bytes);
     if (c->ddp)
         printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
-               "\"buckets\": %d, \"allreduce_started_in_backward\": %lld",
+               "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": "
+               "%.4f, \"ddp_progress\": \"%s\", \"ddp_overlap\": %s",
                mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls,
-               r->ddp.buckets, (long long)r->ddp.started_in_backward);
+               r->ddp.buckets, (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds,
+               progress_name(c->ddp_opts.progress), c->ddp_opts.no_overlap ? "false" : "true");
+    if (c->ddp) ddp_trace_print_json(&r->trace);
     printf(", \"param_checksum\": ");
     print_json_number(r->checksum);
     printf("}\n");
@@ -540,11 +565,24 @@ int main(int argc, char **argv) {
         train(&c, &MODES[k], x, y, &r);
         if (c.json) {
             print_json(&c, &MODES[k], &r);
+            ddp_trace_free(&r.trace);
             continue;
         }
-        if (quiet) continue;
-        printf("%-28s %10.1f %12.2f %12.2f %10.4f %10.4f %8lld\n", MODES[k].label, r.images_per_s,
-               r.ms_mean, r.ms_median, r.loss_first, r.loss_last, (long long)r.skipped);
+        if (!quiet)
+            printf("%-28s %10.1f %12.2f %12.2f %10.4f %10.4f %8lld\n", MODES[k].label,
+                   r.images_per_s, r.ms_mean, r.ms_median, r.loss_first, r.loss_last,
+                   (long long)r.skipped);
+        if (!quiet && c.ddp && r.trace.n)
+            printf("  %d buckets, progress %s; median step, ms from the start of backward: "
+                   "backward ends %.2f, bucket 0 starts %.2f, done %.2f, last done %.2f; %.0f "
+                   "done before backward's end\n",
+                   r.ddp.buckets, progress_name(c.ddp_opts.progress),
+                   ddp_trace_median(&r.trace, DDP_TRACE_BACKWARD),
+                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_START),
+                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_DONE),
+                   ddp_trace_median(&r.trace, DDP_TRACE_LAST_DONE),
+                   ddp_trace_median(&r.trace, DDP_TRACE_DONE_IN_BACKWARD));
+        ddp_trace_free(&r.trace);
         fflush(stdout);
     }
     if (!c.json && !quiet && c.dev.type == MT_DEVICE_CPU)

@@ -118,4 +118,79 @@ static inline void parse_modes(const char *list, bool *run) {
     free(copy);
 }
 
+/* --ddp's per-step trace of backward against the buckets' all-reduces, in ms from the start
+   of mt_backward (mt_ddp_stats' times share the samples' CLOCK_MONOTONIC): backward's length,
+   when bucket 0's all-reduce started and was seen complete, when the last one was, and how
+   many all-reduces were seen complete before backward's last gradient hook returned. Each
+   figure is the median over the traced (timed) steps. */
+enum {
+    DDP_TRACE_BACKWARD,
+    DDP_TRACE_FIRST_START,
+    DDP_TRACE_FIRST_DONE,
+    DDP_TRACE_LAST_DONE,
+    DDP_TRACE_DONE_IN_BACKWARD,
+    DDP_TRACE_N
+};
+typedef struct {
+    double *v[DDP_TRACE_N];
+    int n, cap;
+} ddp_trace;
+
+static inline void ddp_trace_init(ddp_trace *t, int cap) {
+    t->n = 0;
+    t->cap = cap;
+    for (int k = 0; k < DDP_TRACE_N; k++)
+        if (!(t->v[k] = calloc((size_t)(cap > 0 ? cap : 1), sizeof(double)))) exit(1);
+}
+
+/* After mt_ddp_wait: backward ran from bw0 to bw1 (now_s()). */
+static inline void ddp_trace_add(ddp_trace *t, mt_ddp *ddp, double bw0, double bw1) {
+    mt_ddp_stats st;
+    if (t->n >= t->cap || mt_ddp_stats_get(ddp, &st) < 0) return;
+    double ms[DDP_TRACE_N] = {
+        1e3 * (bw1 - bw0),
+        st.first_start_time > 0 ? 1e3 * (st.first_start_time - bw0) : NAN,
+        st.first_done_time > 0 ? 1e3 * (st.first_done_time - bw0) : NAN,
+        st.last_done_time > 0 ? 1e3 * (st.last_done_time - bw0) : NAN,
+        (double)st.done_in_backward,
+    };
+    for (int k = 0; k < DDP_TRACE_N; k++) t->v[k][t->n] = ms[k];
+    t->n++;
+}
+
+static inline double ddp_trace_median(ddp_trace *t, int k) {
+    return t->n ? median(t->v[k], t->n) : NAN;
+}
+
+static inline void ddp_trace_free(ddp_trace *t) {
+    for (int k = 0; k < DDP_TRACE_N; k++) {
+        free(t->v[k]);
+        t->v[k] = NULL;
+    }
+    t->n = t->cap = 0;
+}
+
+/* `, "backward_ms": ..., ...` (the medians) for a JSON line. */
+static inline void ddp_trace_print_json(ddp_trace *t) {
+    static const char *const names[DDP_TRACE_N] = {
+        "backward_ms", "first_allreduce_start_ms", "first_allreduce_done_ms",
+        "last_allreduce_done_ms", "allreduce_done_before_backward_end"};
+    for (int k = 0; k < DDP_TRACE_N; k++) {
+        printf(", \"%s\": ", names[k]);
+        print_json_number(ddp_trace_median(t, k));
+    }
+}
+
+/* --progress hooks|thread */
+static inline mt_ddp_progress parse_progress(const char *s) {
+    if (strcmp(s, "hooks") == 0) return MT_DDP_PROGRESS_HOOKS;
+    if (strcmp(s, "thread") == 0) return MT_DDP_PROGRESS_THREAD;
+    fprintf(stderr, "%s: --progress: expected hooks or thread, got \"%s\"\n", MT_SAMPLE_NAME, s);
+    exit(2);
+}
+
+static inline const char *progress_name(mt_ddp_progress p) {
+    return p == MT_DDP_PROGRESS_THREAD ? "thread" : "hooks";
+}
+
 #endif

@@ -63,6 +63,7 @@ typedef struct {
     int64_t peak_bytes, data_bytes, cached_bytes, peak_bytes_all, rss_delta_bytes, skipped;
     int64_t host_syncs; /* host waits for the device during the timed steps */
     mt_ddp_stats ddp;   /* --ddp: the last step's all-reduce calls, buckets */
+    ddp_trace trace;    /* --ddp: backward against the all-reduces, per timed step */
     double checksum;    /* the sum of every parameter after training */
 } result;
 
@@ -93,7 +94,9 @@ static void usage(FILE *f) {
                "  --ddp           data parallel over the ranks of mpirun -np N (CPU)\n"
                "  --bucket-mb X   --ddp gradient bucket size in MiB (default 25)\n"
                "  --per-param     --ddp: one all-reduce per parameter (no buckets)\n"
-               "  --no-overlap    --ddp: start the all-reduces after backward, not during it\n");
+               "  --no-overlap    --ddp: start the all-reduces after backward, not during it\n"
+               "  --progress P    --ddp: hooks (MPI tests from each gradient hook, default) or\n"
+               "                  thread (a communication thread tests between naps)\n");
 }
 
 static void parse_args(int argc, char **argv, config *c) {
@@ -114,6 +117,7 @@ static void parse_args(int argc, char **argv, config *c) {
         O_BUCKET_MB,
         O_PER_PARAM,
         O_NO_OVERLAP,
+        O_PROGRESS,
         O_HELP
     };
     static const struct option opts[] = {{"hidden", required_argument, 0, O_HIDDEN},
@@ -132,6 +136,7 @@ static void parse_args(int argc, char **argv, config *c) {
                                          {"bucket-mb", required_argument, 0, O_BUCKET_MB},
                                          {"per-param", no_argument, 0, O_PER_PARAM},
                                          {"no-overlap", no_argument, 0, O_NO_OVERLAP},
+                                         {"progress", required_argument, 0, O_PROGRESS},
                                          {"help", no_argument, 0, O_HELP},
                                          {0, 0, 0, 0}};
     long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = 1;
@@ -193,6 +198,9 @@ static void parse_args(int argc, char **argv, config *c) {
             break;
         case O_NO_OVERLAP:
             c->ddp_opts.no_overlap = true;
+            break;
+        case O_PROGRESS:
+            c->ddp_opts.progress = parse_progress(optarg);
             break;
         case O_DEVICE:
             dev_given = true;
@@ -309,22 +317,23 @@ static long checkpoint_load(const char *path, const config *c, const mode_spec *
 /* One training step: forward under autocast, (scaled) backward, optimizer step. The returned
    loss belongs to the caller's scope. */
 static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_optimizer *opt,
-                             mt_grad_scaler *scaler, mt_ddp *ddp, mt_tensor *x, mt_tensor *y) {
+                             mt_grad_scaler *scaler, mt_ddp *ddp, ddp_trace *tr, mt_tensor *x,
+                             mt_tensor *y) {
     if (m->low != MT_F32) mt_autocast_begin(m->low, m->level);
     mt_tensor *h = mt_relu(mt_linear_layer_forward(&layers[0], x));
     h = mt_relu(mt_linear_layer_forward(&layers[1], h));
     mt_tensor *pred = mt_linear_layer_forward(&layers[2], h);
     mt_tensor *loss = mt_mse_loss(pred, y);
     if (m->low != MT_F32) mt_autocast_end();
-    if (scaler) {
-        mt_backward(mt_grad_scaler_scale(scaler, loss), NULL);
-        if (ddp) mt_ddp_wait(ddp);            /* averaged gradients before the (scaler's) step */
+    double bw0 = now_s();
+    mt_backward(scaler ? mt_grad_scaler_scale(scaler, loss) : loss, NULL);
+    double bw1 = now_s();
+    if (ddp) mt_ddp_wait(ddp); /* averaged gradients before the (scaler's) step */
+    if (ddp && tr) ddp_trace_add(tr, ddp, bw0, bw1);
+    if (scaler)
         mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
-    } else {
-        mt_backward(loss, NULL);
-        if (ddp) mt_ddp_wait(ddp);
+    else
         mt_optimizer_step(opt);
-    }
     mt_optimizer_zero_grad(opt);
     return loss;
 }
@@ -363,6 +372,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     }
     mt_ddp *ddp = NULL;
     if (c->ddp) {
+        ddp_trace_init(&r->trace, c->steps * c->epochs);
         /* rank 0's initial weights to every rank; the scaler's skip decision is shared */
         ddp = mt_ddp_new(params, 2 * N_LAYERS, &c->ddp_opts);
         check("mt_ddp_new");
@@ -394,7 +404,8 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         double ts = now_s();
         mt_scope_begin();
         int b = (int)((start + s) % c->steps); /* a resumed run continues the batch order */
-        mt_tensor *loss = train_step(m, layers, opt, scaler, ddp, xs[b], ys[b]);
+        mt_tensor *loss = train_step(m, layers, opt, scaler, ddp, s >= c->warmup ? &r->trace : NULL,
+                                     xs[b], ys[b]);
         if (!loss && mt_last_status() == MT_OK) {
             fprintf(stderr,
                     "simplenet_amp: %s step %d: the forward pass returned no loss and "
@@ -454,7 +465,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
                 (long long)(mt_live_tensors() - tensors_before));
 }
 
-static void print_json(const config *c, const mode_spec *m, const result *r) {
+static void print_json(const config *c, const mode_spec *m, result *r) {
     printf("{\"mode\": \"%s\", \"device\": \"%s\", \"hidden\": %lld, \"batch\": %lld, "
            "\"steps\": %d, \"batches\": %d, \"epochs\": %d, \"threads\": %d, \"ms_per_step\": ",
            m->name, device_name(c->dev), (long long)c->hidden, (long long)c->batch,
@@ -473,9 +484,12 @@ static void print_json(const config *c, const mode_spec *m, const result *r) {
     print_json_number((double)r->host_syncs / r->timed_steps);
     printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
            "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": %.4f, "
-           "\"param_checksum\": ",
+           "\"ddp_progress\": \"%s\", \"ddp_overlap\": %s",
            mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls, r->ddp.buckets,
-           (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds);
+           (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds,
+           progress_name(c->ddp_opts.progress), c->ddp_opts.no_overlap ? "false" : "true");
+    if (c->ddp) ddp_trace_print_json(&r->trace);
+    printf(", \"param_checksum\": ");
     print_json_number(r->checksum);
     printf("}\n");
     fflush(stdout);
@@ -535,9 +549,13 @@ int main(int argc, char **argv) {
         data_bytes = r.data_bytes;
         if (c.json) {
             print_json(&c, &MODES[k], &r);
+            ddp_trace_free(&r.trace);
             continue;
         }
-        if (quiet) continue;
+        if (quiet) {
+            ddp_trace_free(&r.trace);
+            continue;
+        }
         char speedup[32] = "-";
         if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r.ms_per_step);
         printf("%-28s %10.2f %12.7g %9s %10.1f %8lld %10.2f\n", MODES[k].label, r.ms_per_step,
@@ -545,9 +563,19 @@ int main(int argc, char **argv) {
                (double)r.host_syncs / r.timed_steps);
         if (c.ddp)
             printf("  %d buckets: %lld all-reduce calls per step (%lld started during backward), "
-                   "param checksum %.9g\n",
+                   "param checksum %.9g\n"
+                   "  median step (ms from the start of backward, progress %s): backward ends "
+                   "%.2f, bucket 0 starts %.2f, done %.2f, last done %.2f; %.0f done before "
+                   "backward's end\n",
                    r.ddp.buckets, (long long)r.ddp.allreduce_calls,
-                   (long long)r.ddp.started_in_backward, r.checksum);
+                   (long long)r.ddp.started_in_backward, r.checksum,
+                   progress_name(c.ddp_opts.progress),
+                   ddp_trace_median(&r.trace, DDP_TRACE_BACKWARD),
+                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_START),
+                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_DONE),
+                   ddp_trace_median(&r.trace, DDP_TRACE_LAST_DONE),
+                   ddp_trace_median(&r.trace, DDP_TRACE_DONE_IN_BACKWARD));
+        ddp_trace_free(&r.trace);
         fflush(stdout);
     }
     if (!c.json && !quiet) {

@@ -58,6 +58,8 @@ static mt_tensor *batch_loss(model *m, int step, int from, int rows, bool overfl
 typedef struct {
     bool adamw, amp, o2; /* o2: FP16 parameters (mt_amp_decorate) with FP32 masters */
     int overflow_step;   /* -1: none */
+    mt_ddp_progress progress;
+    double bucket_mb; /* 0: the default (one bucket) */
 } config;
 
 /* Trains `steps` steps on rows [from, from + rows) of each global batch; with ddp, the
@@ -108,7 +110,8 @@ static void check_equivalence(const config *c, double tol) {
         assert_int_equal(mt_amp_decorate(ref.p, NP, MT_F16, NULL), 0);
         assert_int_equal(mt_amp_decorate(dp.p, NP, MT_F16, NULL), 0);
     }
-    mt_ddp *ddp = mt_ddp_new(dp.p, NP, NULL);
+    mt_ddp *ddp =
+        mt_ddp_new(dp.p, NP, &(mt_ddp_opts){.progress = c->progress, .bucket_mb = c->bucket_mb});
     assert_non_null(ddp);
     int64_t ref_skipped = train(&ref, c, 0, W * B, NULL, 4);
     int64_t dp_skipped = train(&dp, c, me * B, B, ddp, 4);
@@ -141,6 +144,89 @@ static void test_sgd_amp_o1_one_rank_overflows(void **state) {
 static void test_adamw_amp_o1_one_rank_overflows(void **state) {
     (void)state;
     check_equivalence(&(config){.adamw = true, .amp = true, .overflow_step = 2}, 2e-3);
+}
+
+/* The communication thread reduces the same values as the hooks; with 2 buckets. */
+static void test_sgd_fp32_progress_thread(void **state) {
+    (void)state;
+    check_equivalence(&(config){.overflow_step = -1,
+                                .progress = MT_DDP_PROGRESS_THREAD,
+                                .bucket_mb = 600.0 / (1024 * 1024)},
+                      1e-5);
+}
+static void test_adamw_amp_o1_progress_thread_overflows(void **state) {
+    (void)state;
+    check_equivalence(
+        &(config){
+            .adamw = true, .amp = true, .overflow_step = 2, .progress = MT_DDP_PROGRESS_THREAD},
+        2e-3);
+}
+
+static double clock_s(void) { /* the clock of mt_ddp_stats' times */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One step with one bucket per parameter; *t0 and *t1 are read before backward and after
+   mt_ddp_wait. */
+static mt_ddp_stats traced_step(const mt_ddp_opts *opts, double *t0, double *t1) {
+    model m;
+    model_init(&m, 3);
+    mt_ddp *ddp = mt_ddp_new(m.p, NP, opts);
+    assert_non_null(ddp);
+    mt_scope_begin();
+    mt_tensor *loss = batch_loss(&m, 0, mt_dist_rank() * B, B, false);
+    *t0 = clock_s();
+    assert_int_equal(mt_backward(loss, NULL), 0);
+    assert_int_equal(mt_ddp_wait(ddp), 0);
+    *t1 = clock_s();
+    mt_scope_end();
+    mt_ddp_stats st;
+    assert_int_equal(mt_ddp_stats_get(ddp, &st), 0);
+    mt_ddp_free(ddp);
+    model_free(&m);
+    return st;
+}
+
+/* What the trace says that does not depend on timing: with overlap on, every bucket is
+   started (hooks) or handed over (thread) from a gradient hook; with hook progress bucket 0
+   (b2, whose gradient linear 2's backward makes) starts before the last hook (w1's or b1's)
+   returns; the times are ordered within the step; a completion seen before backward's end
+   counts as done in backward (a world of one completes at the start: all of them). When a
+   bucket completes among two ranks is up to MPI and the machine, so it is only bounded. */
+static void check_trace(mt_ddp_progress progress) {
+    bool one = mt_dist_world_size() == 1;
+    double t0, t1;
+    mt_ddp_stats st =
+        traced_step(&(mt_ddp_opts){.per_parameter = true, .progress = progress}, &t0, &t1);
+    assert_int_equal(st.buckets, NP);
+    assert_int_equal(st.started_in_backward, NP);
+    assert_true(t0 <= st.first_grad_time && st.first_grad_time <= st.last_grad_time);
+    assert_true(st.last_grad_time <= st.wait_begin_time && st.wait_begin_time <= t1);
+    assert_true(st.first_grad_time <= st.first_start_time);
+    if (progress == MT_DDP_PROGRESS_HOOKS || one)
+        assert_true(st.first_start_time < st.last_grad_time);
+    assert_true(st.first_start_time <= st.first_done_time && st.first_done_time <= t1);
+    assert_true(st.first_done_time <= st.last_done_time && st.last_done_time <= t1);
+    assert_true(st.done_in_backward >= 0 && st.done_in_backward <= NP);
+    if (one) assert_int_equal(st.done_in_backward, NP);
+    if (st.done_in_backward == NP) assert_true(st.last_done_time <= st.last_grad_time);
+    /* overlap off: everything starts in mt_ddp_wait, nothing completes during backward */
+    st = traced_step(
+        &(mt_ddp_opts){.per_parameter = true, .no_overlap = true, .progress = progress}, &t0, &t1);
+    assert_int_equal(st.started_in_backward, 0);
+    assert_int_equal(st.done_in_backward, 0);
+    assert_true(st.wait_begin_time <= st.first_start_time && st.first_done_time <= t1);
+}
+
+static void test_trace_progress_hooks(void **state) {
+    (void)state;
+    check_trace(MT_DDP_PROGRESS_HOOKS);
+}
+static void test_trace_progress_thread(void **state) {
+    (void)state;
+    check_trace(MT_DDP_PROGRESS_THREAD);
 }
 
 static mt_ddp_stats one_step(const mt_ddp_opts *opts) {
@@ -301,6 +387,8 @@ static void test_argument_errors(void **state) {
     mt_set_requires_grad(c, true);
     assert_null(mt_ddp_new(&c, 1, &(mt_ddp_opts){.bucket_mb = -1}));
     assert_error(MT_ERR_INVALID, "bucket_mb -1 must be >= 0");
+    assert_null(mt_ddp_new(&c, 1, &(mt_ddp_opts){.progress = (mt_ddp_progress)7}));
+    assert_error(MT_ERR_INVALID, "progress 7 is not an mt_ddp_progress");
     assert_int_equal(mt_ddp_wait(NULL), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "mt_ddp_wait: arg 1");
     if (mt_cuda_available()) {
@@ -360,6 +448,10 @@ int main(void) {
         MT_TEST(test_adamw_amp_o1_one_rank_overflows),
         MT_TEST(test_sgd_amp_o2_one_rank_overflows),
         MT_TEST(test_adamw_amp_o2),
+        MT_TEST(test_sgd_fp32_progress_thread),
+        MT_TEST(test_adamw_amp_o1_progress_thread_overflows),
+        MT_TEST(test_trace_progress_hooks),
+        MT_TEST(test_trace_progress_thread),
         MT_TEST(test_bucket_counts_and_overlap),
         MT_TEST(test_buckets_per_dtype),
         MT_TEST(test_no_sync_accumulates),

@@ -4,7 +4,10 @@
 # the same param_checksum on every rank, and the all-reduce calls per step of the bucketing
 # asked for: SimpleNet's 6 parameters fit one 25 MiB bucket; ResNet-18's 62 (45 MiB in FP32)
 # take 2, and under O2 3 (its FP16 weights, reduced in FP32, in 2 and batch norm's FP32
-# parameters in their own: one open bucket per dtype); --per-param takes one per parameter.
+# parameters in their own: one open bucket per dtype); --per-param takes one per parameter;
+# the same with the communication thread (--progress thread); and the per-step trace is
+# ordered (bucket 0 starts after backward does and completes after it starts; overlap off:
+# nothing completes during backward).
 # Usage: ddp_sample_check.sh SAMPLE_EXE
 set -euo pipefail
 exe=$1
@@ -35,12 +38,21 @@ for m in modes:
     if modes_checked == "all" or m in modes_checked.split(","):
         assert calls == {want}, (m, want, rs)
     assert all(r["loss"] is not None for r in rs), rs
+    for r in rs:  # the per-step trace (medians, ms from the start of backward) is ordered
+        assert r["backward_ms"] > 0, r
+        assert 0 <= r["first_allreduce_start_ms"] <= r["first_allreduce_done_ms"], r
+        assert r["first_allreduce_done_ms"] <= r["last_allreduce_done_ms"], r
+        assert 0 <= r["allreduce_done_before_backward_end"] <= r["allreduce_calls_per_step"], r
+        if "--no-overlap" in sys.argv[3:]:
+            assert r["allreduce_done_before_backward_end"] == 0, r
 print("ok: %d modes, checksums equal on both ranks, %d all-reduce call(s) per step (%s)"
       % (len(modes), want, modes_checked))
-' "$modes" "$want"
+' "$modes" "$want" "$@"
 }
 command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
 check fp32,o1-fp16,o1-bf16 "$bucketed"
 check o2-fp16 "$o2"
 check all "$n_params" --per-param
 check all "$n_params" --per-param --no-overlap
+check fp32,o1-fp16,o1-bf16 "$bucketed" --progress thread
+check all "$n_params" --per-param --progress thread

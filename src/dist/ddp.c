@@ -3,54 +3,16 @@
    the process group's communicator, so a user's own collectives never interleave with a
    step's buckets. CUDA parameters: device buckets (flat tensors) filled and emptied by the
    library's own copy op and reduced by NCCL (average folded into the reduction), every step
-   queued on the device stream in program order, so nothing waits for the device. */
+   queued on the device stream in program order, so nothing waits for the device. How CPU
+   buckets progress during backward (hooks or a communication thread): ddp_progress.c. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "../math/half.h"
-#include "dist_impl.h"
+#include "ddp_impl.h"
 
 #define DEFAULT_BUCKET_MB 25.0
 #define DESC              10 /* per parameter: dtype, ndim, 8 dims */
-
-typedef struct mt_ddp mt_ddp;
-
-typedef struct {
-    mt_ddp *ddp;
-    mt_tensor *t;
-    int index, bucket, hook;
-    int64_t offset; /* in elements of its bucket */
-    bool ready;     /* its gradient is in the bucket this step */
-} ddp_param;
-
-typedef struct {
-    mt_dtype dt; /* of the parameters; the buffer is FP32 for FP16/BF16 */
-    void *buf;
-    int64_t numel;
-    int n_params, n_ready;
-    bool launched, pending;
-    MPI_Request req;
-    mt_tensor *dev; /* CUDA parameters: the bucket on their device (buf unused) */
-} ddp_bucket;
-
-struct mt_ddp {
-    ddp_param *params;
-    int n;
-    ddp_bucket *buckets;
-    int nb, next; /* buckets [0, next) are started this step */
-    MPI_Comm comm;
-    bool mpi, no_overlap, no_sync, leak_buffers;
-    bool cuda; /* the parameters are on one CUDA device: buckets there, through NCCL */
-    int64_t calls, calls_in_backward;
-    mt_ddp_stats stats;
-};
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static bool is_half(mt_dtype dt) {
     return dt == MT_F16 || dt == MT_BF16;
@@ -59,36 +21,42 @@ static size_t buf_esize(mt_dtype dt) {
     return is_half(dt) ? sizeof(float) : mt_dtype_size(dt);
 }
 
-static int launch(mt_ddp *d, ddp_bucket *b) {
+/* ---- starting and progressing buckets from the hooks */
+
+static int launch(mt_ddp *d, int i) {
+    ddp_bucket *b = &d->buckets[i];
     b->launched = true;
     d->calls++;
+    if (d->threaded) return 0; /* the thread starts it and stamps the time */
+    b->start_time = mt_ddp_now();
     if (d->cuda) /* the average, in the bucket's type; queued, never waited for */
         return mt_dist_nccl_start(
             "mt_ddp", &(mt_dist_nccl_call){.t = b->dev, .root = -1, .reduce = MT_REDUCE_AVG});
-    if (!d->mpi) return 0; /* a world of one: the sum is the value */
-    MPI_Datatype type = b->dt == MT_F64 ? MPI_DOUBLE : MPI_FLOAT;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, b->buf, (int)b->numel, type, MPI_SUM, d->comm, &b->req);
-    if (rc != MPI_SUCCESS) return mt_dist_mpi_error("mt_ddp", rc);
-    b->pending = true;
-    return 0;
+    if (!d->mpi) { /* a world of one: the sum is the value */
+        mt_ddp_mark_done(b, b->start_time);
+        return 0;
+    }
+    int rc = mt_ddp_start_mpi(d, i);
+    return rc != MPI_SUCCESS ? mt_dist_mpi_error("mt_ddp", rc) : 0;
 }
 
 /* Starts the buckets that are complete, in index order (every rank the same order), and
-   lets MPI progress the ones in flight. */
+   lets MPI progress the ones in flight (or hands them to the communication thread). */
 static int launch_ready(mt_ddp *d, bool in_backward) {
-    int rc = 0;
+    int rc = 0, first = d->next;
     while (rc == 0 && d->next < d->nb &&
            d->buckets[d->next].n_ready == d->buckets[d->next].n_params) {
-        rc = launch(d, &d->buckets[d->next++]);
+        rc = launch(d, d->next++);
         if (in_backward) d->calls_in_backward++;
     }
-    for (int i = 0; rc == 0 && i < d->next; i++) {
-        ddp_bucket *b = &d->buckets[i];
-        bool done = false;
-        if (b->pending) rc = mt_dist_test_request("mt_ddp", &b->req, &done);
-        if (done) b->pending = false;
-    }
-    return rc;
+    if (d->threaded && d->next > first) mt_ddp_comm_hand_over(d, d->next);
+    if (rc < 0 || d->threaded || d->cuda || !d->mpi) return rc;
+    int count = 0;
+    rc = mt_ddp_test_started(d, d->next, &count);
+    if (rc != MPI_SUCCESS) return mt_dist_mpi_error("mt_ddp", rc);
+    double t = mt_ddp_now();
+    for (int k = 0; k < count; k++) mt_ddp_mark_done(&d->buckets[d->done_idx[k]], t);
+    return 0;
 }
 
 static int status_or(int fallback) {
@@ -167,12 +135,15 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
                             "mt_ddp_set_no_sync to accumulate",
                             p->index);
     int rc = mt_dist_ready("mt_ddp");
+    if (d->first_grad_time == 0) d->first_grad_time = mt_ddp_now();
     ddp_bucket *b = &d->buckets[p->bucket];
     if (rc == 0) rc = copy_in(p, b);
     if (rc < 0) return rc;
     p->ready = true;
     b->n_ready++;
-    return d->no_overlap ? 0 : launch_ready(d, true);
+    rc = d->no_overlap ? 0 : launch_ready(d, true);
+    d->last_grad_time = mt_ddp_now();
+    return rc;
 }
 
 /* The averaged bucket values into each parameter's gradient. */
@@ -210,11 +181,49 @@ static int copy_out(mt_ddp *d, ddp_param *p, int world) {
 static void reset_step(mt_ddp *d) {
     for (int i = 0; i < d->n; i++) d->params[i].ready = false;
     for (int i = 0; i < d->nb; i++) {
-        d->buckets[i].n_ready = 0;
-        d->buckets[i].launched = d->buckets[i].pending = false;
+        ddp_bucket *b = &d->buckets[i];
+        b->n_ready = 0;
+        b->launched = b->done = false;
+        b->start_time = b->done_time = 0;
     }
+    if (d->threaded) mt_ddp_comm_reset(d);
     d->next = 0;
     d->calls = d->calls_in_backward = 0;
+    d->first_grad_time = d->last_grad_time = 0;
+}
+
+/* Waits (bounded) for the buckets still in flight; the main thread's MPI calls. */
+static int wait_started(mt_ddp *d) {
+    for (int i = 0; i < d->next; i++) {
+        if (d->reqs[i] == MPI_REQUEST_NULL) continue;
+        int rc = mt_dist_wait_request("mt_ddp_wait", &d->reqs[i]);
+        if (rc == MT_ERR_TIMEOUT) d->reqs[i] = MPI_REQUEST_NULL; /* orphaned by the wait */
+        if (rc < 0) return rc;
+        mt_ddp_mark_done(&d->buckets[i], mt_ddp_now());
+    }
+    return 0;
+}
+
+/* The last step's trace into the statistics. */
+static void record_step(mt_ddp *d, double wait_begin) {
+    mt_ddp_stats *s = &d->stats;
+    s->allreduce_calls = d->calls;
+    s->started_in_backward = d->calls_in_backward;
+    s->wait_seconds = mt_ddp_now() - wait_begin;
+    s->wait_begin_time = wait_begin;
+    s->steps++;
+    s->first_grad_time = d->first_grad_time;
+    s->last_grad_time = d->last_grad_time;
+    s->first_start_time = d->nb ? d->buckets[0].start_time : 0;
+    s->first_done_time = d->nb ? d->buckets[0].done_time : 0;
+    s->last_done_time = 0;
+    s->done_in_backward = 0;
+    for (int i = 0; i < d->nb; i++) {
+        const ddp_bucket *b = &d->buckets[i];
+        if (b->done_time > s->last_done_time) s->last_done_time = b->done_time;
+        if (b->done && d->last_grad_time > 0 && b->done_time <= d->last_grad_time)
+            s->done_in_backward++;
+    }
 }
 
 int mt_ddp_wait(mt_ddp *d) {
@@ -222,7 +231,7 @@ int mt_ddp_wait(mt_ddp *d) {
     if (d->no_sync) return 0;
     int rc = mt_dist_ready("mt_ddp_wait");
     if (rc < 0) return rc;
-    double t0 = now();
+    double t0 = mt_ddp_now();
     /* parameters no gradient reached this step take part with zeros */
     for (int i = 0; rc == 0 && i < d->n; i++) {
         ddp_param *p = &d->params[i];
@@ -241,22 +250,14 @@ int mt_ddp_wait(mt_ddp *d) {
         b->n_ready++;
     }
     if (rc == 0) rc = launch_ready(d, false);
-    for (int i = 0; rc == 0 && i < d->nb; i++)
-        if (d->buckets[i].pending) {
-            rc = mt_dist_wait_request("mt_ddp_wait", &d->buckets[i].req);
-            if (rc == 0) d->buckets[i].pending = false;
-        }
-    if (rc == MT_ERR_TIMEOUT) d->leak_buffers = true; /* MPI may still write into them */
-    if (rc == 0 && d->cuda) /* the copies out of the buckets after their all-reduces */
+    if (rc == 0) rc = d->threaded ? mt_ddp_comm_wait(d, d->next) : wait_started(d);
+    if (rc == MT_ERR_TIMEOUT || (rc < 0 && d->threaded))
+        d->leak_buffers = true; /* MPI may still write into them */
+    if (rc == 0 && d->cuda)     /* the copies out of the buckets after their all-reduces */
         rc = mt_dist_nccl_join("mt_ddp_wait", d->params[0].t->device.index);
     int world = mt_dist_world_size();
     for (int i = 0; rc == 0 && i < d->n; i++) rc = copy_out(d, &d->params[i], world);
-    if (rc == 0) {
-        d->stats.allreduce_calls = d->calls;
-        d->stats.started_in_backward = d->calls_in_backward;
-        d->stats.wait_seconds = now() - t0;
-        d->stats.steps++;
-    }
+    if (rc == 0) record_step(d, t0);
     reset_step(d);
     return rc;
 }
@@ -362,6 +363,10 @@ static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
                                d->params[0].t->device);
         if (!b->dev) return status_or(MT_ERR_OOM);
     }
+    d->reqs = malloc((size_t)(d->nb ? d->nb : 1) * sizeof *d->reqs);
+    d->done_idx = malloc((size_t)(d->nb ? d->nb : 1) * sizeof *d->done_idx);
+    if (!d->reqs || !d->done_idx) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory");
+    for (int i = 0; i < d->nb; i++) d->reqs[i] = MPI_REQUEST_NULL;
     for (int i = 0; i < d->nb && !d->cuda; i++) {
         ddp_bucket *b = &d->buckets[i];
         b->buf = calloc((size_t)(b->numel ? b->numel : 1), buf_esize(b->dt));
@@ -396,6 +401,14 @@ static int broadcast_params(mt_ddp *d) {
 }
 
 static void ddp_destroy(mt_ddp *d) {
+    if (d->threaded) mt_ddp_comm_stop(d);
+    /* requests still in flight (a failed or unfinished step) go on writing into the buckets:
+       MPI keeps them, and the buckets and the communicator are leaked */
+    for (int i = 0; d->reqs && i < d->nb; i++)
+        if (d->reqs[i] != MPI_REQUEST_NULL) {
+            mt_dist_orphan_request(&d->reqs[i]);
+            d->leak_buffers = true;
+        }
     for (int i = 0; d->params && i < d->n; i++) {
         ddp_param *p = &d->params[i];
         if (p->hook > 0) mt_tensor_remove_grad_ready_hook(p->t, p->hook);
@@ -407,6 +420,8 @@ static void ddp_destroy(mt_ddp *d) {
     }
     if (d->mpi && d->comm != MPI_COMM_NULL && !d->leak_buffers) MPI_Comm_free(&d->comm);
     free(d->buckets);
+    free(d->reqs);
+    free(d->done_idx);
     free(d->params);
     free(d);
 }
@@ -420,6 +435,11 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
         return NULL;
     }
     if (o.bucket_mb == 0) o.bucket_mb = DEFAULT_BUCKET_MB;
+    if (o.progress != MT_DDP_PROGRESS_HOOKS && o.progress != MT_DDP_PROGRESS_THREAD) {
+        mt_error_set(MT_ERR_INVALID, "%s: progress %d is not an mt_ddp_progress", fn,
+                     (int)o.progress);
+        return NULL;
+    }
     mt_dist_state *st = mt_dist_state_get();
     /* a world of threads has no MPI: CUDA parameters only, and the agreement checks are
        left to NCCL (the emulator's fake refuses mismatched broadcasts) */
@@ -429,6 +449,17 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
                      "%s: CPU parameters in a world of threads "
                      "(mt_dist_init_thread), which has no MPI",
                      fn);
+        return NULL;
+    }
+    /* a thread is of use where MPI carries CPU buckets; every rank has the same MPI, so
+       this local refusal is the same on every rank */
+    bool thread = o.progress == MT_DDP_PROGRESS_THREAD && st->mpi && !on_cuda;
+    if (thread && st->thread_level < MPI_THREAD_MULTIPLE) {
+        mt_error_set(MT_ERR_UNSUPPORTED,
+                     "%s: progress MT_DDP_PROGRESS_THREAD needs MPI_THREAD_MULTIPLE, but MPI "
+                     "provides level %d (initialised before mt_dist_init with less?); use "
+                     "MT_DDP_PROGRESS_HOOKS",
+                     fn, st->thread_level);
         return NULL;
     }
     mt_ddp *d = calloc(1, sizeof *d);
@@ -454,6 +485,7 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
         d->params[i] = (ddp_param){.ddp = d, .t = mt_tensor_ref(params[i]), .index = i};
     if (rc == 0) rc = make_buckets(d, o.bucket_mb, o.per_parameter);
     if (rc == 0) rc = broadcast_params(d);
+    if (rc == 0 && thread) rc = mt_ddp_comm_start(d);
     for (int i = 0; rc == 0 && i < n; i++) {
         int h = mt_tensor_register_grad_ready_hook(params[i], on_grad_ready, &d->params[i]);
         if (h < 0) rc = h;

@@ -80,6 +80,10 @@ int mt_dist_test_request(const char *op, MPI_Request *req, bool *done) {
     return 0;
 }
 
+void mt_dist_orphan_request(MPI_Request *req) {
+    if (*req != MPI_REQUEST_NULL && n_orphans < MAX_ORPHANS) orphans[n_orphans++] = *req;
+}
+
 int mt_dist_wait_request(const char *op, MPI_Request *req) {
     mt_dist_state *st = mt_dist_state_get();
     double deadline = MPI_Wtime() + st->timeout;
@@ -88,7 +92,7 @@ int mt_dist_wait_request(const char *op, MPI_Request *req) {
         int rc = mt_dist_test_request(op, req, &done);
         if (rc < 0 || done) return rc;
         if (MPI_Wtime() > deadline) {
-            if (n_orphans < MAX_ORPHANS) orphans[n_orphans++] = *req;
+            mt_dist_orphan_request(req);
             char why[160];
             snprintf(why, sizeof why, "%s timed out after %g s", op, st->timeout);
             mt_dist_mark_broken(why);
@@ -152,12 +156,18 @@ static int init_mpi(void) {
     mt_dist_state *st = mt_dist_state_get();
     int already = 0;
     MPI_Initialized(&already);
+    int provided = MPI_THREAD_SINGLE;
     if (!already) {
-        int provided = 0;
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        /* MULTIPLE: mt_ddp's communication thread (MT_DDP_PROGRESS_THREAD) tests its buckets
+           while the main thread may call MPI for other collectives; a build of MPI that gives
+           less still works for everything else, and mt_ddp_new refuses the thread then */
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return mt_error_set(MT_ERR_STATE, "mt_dist_init: MPI_Init_thread failed");
         st->own_mpi = true;
+    } else {
+        MPI_Query_thread(&provided); /* the user's own MPI_Init*: its level */
     }
+    st->thread_level = provided;
     /* errors come back as codes instead of aborting the job (MPI_ERRORS_ARE_FATAL) */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &st->comm);

@@ -12,8 +12,9 @@ typedef struct {
     bool own_mpi; /* we called MPI_Init, so we call MPI_Finalize */
     bool broken;  /* a wait timed out or MPI failed: no further collectives */
     int rank, world;
-    MPI_Comm comm;  /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
-    double timeout; /* seconds */
+    int thread_level; /* what MPI_Init_thread provided (MPI_THREAD_*) */
+    MPI_Comm comm;    /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
+    double timeout;   /* seconds */
     char broken_why[192];
     /* NCCL (nccl.c): the communicator, made by the first collective on a CUDA tensor */
     void *nccl_comm; /* ncclComm_t */
@@ -37,6 +38,11 @@ int mt_dist_mpi_error(const char *op, int code);
 /* Waits for req with the process's deadline. On timeout the request is kept (its buffers
    must stay alive: the caller leaks them) and the world is marked broken. */
 int mt_dist_wait_request(const char *op, MPI_Request *req);
+
+/* Keeps a request that will not be waited for any more (a timed-out wait, buckets left in
+   flight); finalize gives it one more bounded chance. The caller must not test or wait for
+   *req again (the world is marked broken first, which refuses further collectives). */
+void mt_dist_orphan_request(MPI_Request *req);
 
 /* Non-blocking progress: *done becomes true when req has completed. */
 int mt_dist_test_request(const char *op, MPI_Request *req, bool *done);
