@@ -177,26 +177,20 @@ static mt_tensor *resnet_forward(resnet *r, mt_tensor *x) {
 /* ---- options */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: resnet_amp [options]\n"
-            "  --arch A         resnet18 or resnet50 (default resnet18)\n"
-            "  --modes LIST     comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
-            "  --device DEV     cpu or cuda[:N] (default: cuda when available, else cpu)\n"
-            "  --batch N        images per step (GPU default 256, CPU 8)\n"
-            "  --image-size N   height = width (GPU default 224, CPU 64)\n"
-            "  --steps N        training steps per mode (GPU default 50, CPU 6)\n"
-            "  --warmup N       untimed steps at the start (GPU default 5, CPU 1)\n"
-            "  --classes N      classifier outputs (default 1000)\n"
-            "  --lr X           SGD learning rate (default 0.01; momentum 0.9, wd 1e-4)\n"
-            "  --threads N      CPU threads for kernels and BLAS (default: all cores)\n"
-            "  --seed N         seed for data and weights (default 2023)\n"
-            "  --json           one JSON object per mode and line on stdout, nothing else\n"
-            "  --ddp            data parallel over the ranks of mpirun -np N\n"
-            "  --bucket-mb X    --ddp gradient bucket size in MiB (default 25)\n"
-            "  --per-param      --ddp: one all-reduce per parameter (no buckets)\n"
-            "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n"
-            "  --progress P     --ddp on the CPU: hooks (MPI tests from each gradient hook,\n"
-            "                   default) or thread (a communication thread tests between naps)\n");
+    fprintf(f, "usage: resnet_amp [options]\n"
+               "  --arch A         resnet18 or resnet50 (default resnet18)\n"
+               "  --modes LIST     comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
+               "  --device DEV     cpu or cuda[:N] (default: cuda when available, else cpu)\n"
+               "  --batch N        images per step (GPU default 256, CPU 8)\n"
+               "  --image-size N   height = width (GPU default 224, CPU 64)\n"
+               "  --steps N        training steps per mode (GPU default 50, CPU 6)\n"
+               "  --warmup N       untimed steps at the start (GPU default 5, CPU 1)\n"
+               "  --classes N      classifier outputs (default 1000)\n"
+               "  --lr X           SGD learning rate (default 0.01; momentum 0.9, wd 1e-4)\n"
+               "  --threads N      CPU threads for kernels and BLAS (default: all cores)\n"
+               "  --seed N         seed for data and weights (default 2023)\n"
+               "  --json           one JSON object per mode and line on stdout, nothing "
+               "else\n" SAMPLE_DDP_USAGE);
 }
 
 /* Sizes given on the command line; 0 (-1 for warmup): the device's default. */
@@ -206,27 +200,7 @@ typedef struct {
 } given;
 
 enum { O_ARCH = 256, O_MODES, O_DEVICE, O_BATCH, O_IMAGE, O_STEPS, O_WARMUP, O_CLASSES, O_LR };
-enum {
-    O_THREADS = 300,
-    O_SEED,
-    O_JSON,
-    O_HELP,
-    O_DDP,
-    O_BUCKET_MB,
-    O_PER_PARAM,
-    O_NO_OVERLAP,
-    O_PROGRESS
-};
-
-static double parse_bucket_mb(const char *s) {
-    char *end;
-    double mb = strtod(s, &end);
-    if (end == s || *end || !(mb > 0)) {
-        fprintf(stderr, "resnet_amp: --bucket-mb: expected a number > 0, got \"%s\"\n", s);
-        exit(2);
-    }
-    return mb;
-}
+enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP };
 
 static double parse_lr(const char *s) {
     char *end;
@@ -239,6 +213,7 @@ static double parse_lr(const char *s) {
 }
 
 static void parse_option(int o, const char *arg, config *c, given *g) {
+    if (parse_ddp_option(o, arg, &c->ddp, &c->ddp_opts)) return;
     switch (o) {
     case O_ARCH:
         if (strcmp(arg, "resnet18") != 0 && strcmp(arg, "resnet50") != 0) {
@@ -281,21 +256,6 @@ static void parse_option(int o, const char *arg, config *c, given *g) {
     case O_JSON:
         c->json = true;
         break;
-    case O_DDP:
-        c->ddp = true;
-        break;
-    case O_BUCKET_MB:
-        c->ddp_opts.bucket_mb = parse_bucket_mb(arg);
-        break;
-    case O_PER_PARAM:
-        c->ddp_opts.per_parameter = true;
-        break;
-    case O_NO_OVERLAP:
-        c->ddp_opts.no_overlap = true;
-        break;
-    case O_PROGRESS:
-        c->ddp_opts.progress = parse_progress(arg);
-        break;
     case 'h':
     case O_HELP:
         usage(stdout);
@@ -320,11 +280,7 @@ static void parse_args(int argc, char **argv, config *c) {
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
                                          {"help", no_argument, 0, O_HELP},
-                                         {"ddp", no_argument, 0, O_DDP},
-                                         {"bucket-mb", required_argument, 0, O_BUCKET_MB},
-                                         {"per-param", no_argument, 0, O_PER_PARAM},
-                                         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
-                                         {"progress", required_argument, 0, O_PROGRESS},
+                                         SAMPLE_DDP_OPTIONS,
                                          {0, 0, 0, 0}};
     given g = {.warmup = -1};
     *c = (config){.classes = 1000, .lr = 0.01, .seed = 2023, .dev = MT_CPU};
@@ -335,12 +291,7 @@ static void parse_args(int argc, char **argv, config *c) {
         fprintf(stderr, "resnet_amp: unexpected argument \"%s\"\n", argv[optind]);
         exit(2);
     }
-    if (!g.dev_given && mt_cuda_available()) c->dev = MT_CUDA(0);
-    if (c->dev.type == MT_DEVICE_CUDA && c->dev.index >= mt_cuda_device_count()) {
-        fprintf(stderr, "resnet_amp: --device cuda:%d: %d CUDA device(s) available\n", c->dev.index,
-                mt_cuda_device_count());
-        exit(1);
-    }
+    c->dev = resolve_device(g.dev_given, c->dev);
     /* The guide's sizes on a GPU; on a CPU a scaled-down run of seconds. */
     bool gpu = c->dev.type == MT_DEVICE_CUDA;
     c->batch = g.batch ? g.batch : (gpu ? 256 : 8);
@@ -506,14 +457,7 @@ static void print_json(const config *c, const mode_spec *m, result *r) {
     print_json_number(r->loss_last);
     printf(", \"skipped\": %lld, \"peak_bytes\": %lld", (long long)r->skipped,
            (long long)r->peak_bytes);
-    if (c->ddp)
-        printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
-               "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": "
-               "%.4f, \"ddp_progress\": \"%s\", \"ddp_overlap\": %s",
-               mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls,
-               r->ddp.buckets, (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds,
-               progress_name(c->ddp_opts.progress), c->ddp_opts.no_overlap ? "false" : "true");
-    if (c->ddp) ddp_trace_print_json(&r->trace);
+    if (c->ddp) print_ddp_json(&r->ddp, &c->ddp_opts, &r->trace);
     printf(", \"param_checksum\": ");
     print_json_number(r->checksum);
     printf("}\n");

@@ -4,6 +4,7 @@
 #ifndef MT_SAMPLE_UTIL_H
 #define MT_SAMPLE_UTIL_H
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -191,6 +192,79 @@ static inline mt_ddp_progress parse_progress(const char *s) {
 
 static inline const char *progress_name(mt_ddp_progress p) {
     return p == MT_DDP_PROGRESS_THREAD ? "thread" : "hooks";
+}
+
+/* ---- the --ddp options of simplenet_amp and resnet_amp */
+
+/* getopt_long ids, above each sample's own */
+enum { O_DDP = 400, O_BUCKET_MB, O_PER_PARAM, O_NO_OVERLAP, O_PROGRESS };
+
+/* The struct option rows, for a sample's table. */
+#define SAMPLE_DDP_OPTIONS                                                                         \
+    {"ddp", no_argument, 0, O_DDP}, {"bucket-mb", required_argument, 0, O_BUCKET_MB},              \
+        {"per-param", no_argument, 0, O_PER_PARAM}, {"no-overlap", no_argument, 0, O_NO_OVERLAP},  \
+    {                                                                                              \
+        "progress", required_argument, 0, O_PROGRESS                                               \
+    }
+
+#define SAMPLE_DDP_USAGE                                                                           \
+    "  --ddp            data parallel over the ranks of mpirun -np N\n"                            \
+    "  --bucket-mb X    --ddp gradient bucket size in MiB (default 25)\n"                          \
+    "  --per-param      --ddp: one all-reduce per parameter (no buckets)\n"                        \
+    "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n"              \
+    "  --progress P     --ddp on the CPU: hooks (MPI tests from each gradient hook,\n"             \
+    "                   default) or thread (a communication thread tests between naps)\n"
+
+/* Handles option o when it is a --ddp one (true), else leaves it to the sample (false). */
+static inline bool parse_ddp_option(int o, const char *arg, bool *ddp, mt_ddp_opts *opts) {
+    char *end;
+    switch (o) {
+    case O_DDP:
+        *ddp = true;
+        return true;
+    case O_BUCKET_MB:
+        opts->bucket_mb = strtod(arg, &end);
+        if (end == arg || *end || !(opts->bucket_mb > 0)) {
+            fprintf(stderr, "%s: --bucket-mb: expected a number > 0, got \"%s\"\n", MT_SAMPLE_NAME,
+                    arg);
+            exit(2);
+        }
+        return true;
+    case O_PER_PARAM:
+        opts->per_parameter = true;
+        return true;
+    case O_NO_OVERLAP:
+        opts->no_overlap = true;
+        return true;
+    case O_PROGRESS:
+        opts->progress = parse_progress(arg);
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* `, "rank": ..., "allreduce_calls_per_step": ...` and the trace, for a JSON line. */
+static inline void print_ddp_json(const mt_ddp_stats *st, const mt_ddp_opts *opts,
+                                  ddp_trace *trace) {
+    printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
+           "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": %.4f, "
+           "\"ddp_progress\": \"%s\", \"ddp_overlap\": %s",
+           mt_dist_rank(), mt_dist_world_size(), (long long)st->allreduce_calls, st->buckets,
+           (long long)st->started_in_backward, 1e3 * st->wait_seconds,
+           progress_name(opts->progress), opts->no_overlap ? "false" : "true");
+    if (trace) ddp_trace_print_json(trace);
+}
+
+/* --device given, or cuda:0 when there is one, else the CPU; exits on a missing device. */
+static inline mt_device resolve_device(bool given, mt_device dev) {
+    if (!given && mt_cuda_available()) dev = MT_CUDA(0);
+    if (dev.type == MT_DEVICE_CUDA && dev.index >= mt_cuda_device_count()) {
+        fprintf(stderr, "%s: --device cuda:%d: %d CUDA device(s) available\n", MT_SAMPLE_NAME,
+                dev.index, mt_cuda_device_count());
+        exit(1);
+    }
+    return dev;
 }
 
 #endif

@@ -78,48 +78,94 @@ static int64_t maxrss_bytes(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: simplenet_amp [options]\n"
-               "  --modes LIST    comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
-               "  --device DEV    cpu or cuda[:N] (default: cuda when available, else cpu)\n"
-               "  --hidden N      input = hidden = output size (GPU default 4096, CPU 1024)\n"
-               "  --batch N       batch size (GPU default 512, CPU 256)\n"
-               "  --steps N       batches per epoch (GPU default 50, CPU 10)\n"
-               "  --epochs N      epochs (GPU default 5, CPU 2)\n"
-               "  --warmup N      untimed steps at the start (default 1)\n"
-               "  --threads N     CPU threads for kernels and BLAS (default: all cores)\n"
-               "  --seed N        seed for data and weights (default 2023)\n"
-               "  --json          one JSON object per mode and line on stdout, nothing else\n"
-               "  --save PATH     write a checkpoint after the run (one mode only)\n"
-               "  --resume PATH   continue from a checkpoint of the same mode and sizes\n"
+               "  --modes LIST     comma list of fp32,o1-fp16,o2-fp16,o1-bf16 (default: all)\n"
+               "  --device DEV     cpu or cuda[:N] (default: cuda when available, else cpu)\n"
+               "  --hidden N       input = hidden = output size (GPU default 4096, CPU 1024)\n"
+               "  --batch N        batch size (GPU default 512, CPU 256)\n"
+               "  --steps N        batches per epoch (GPU default 50, CPU 10)\n"
+               "  --epochs N       epochs (GPU default 5, CPU 2)\n"
+               "  --warmup N       untimed steps at the start (default 1)\n"
+               "  --threads N      CPU threads for kernels and BLAS (default: all cores)\n"
+               "  --seed N         seed for data and weights (default 2023)\n"
+               "  --json           one JSON object per mode and line on stdout, nothing else\n"
+               "  --save PATH      write a checkpoint after the run (one mode only)\n"
+               "  --resume PATH    continue from a checkpoint of the same mode and "
+               "sizes\n" SAMPLE_DDP_USAGE);
+}
 
-               "  --ddp           data parallel over the ranks of mpirun -np N (CPU)\n"
-               "  --bucket-mb X   --ddp gradient bucket size in MiB (default 25)\n"
-               "  --per-param     --ddp: one all-reduce per parameter (no buckets)\n"
-               "  --no-overlap    --ddp: start the all-reduces after backward, not during it\n"
-               "  --progress P    --ddp: hooks (MPI tests from each gradient hook, default) or\n"
-               "                  thread (a communication thread tests between naps)\n");
+/* Sizes given on the command line; 0: the device's default. */
+typedef struct {
+    long hidden, batch, steps, epochs, warmup;
+    bool dev_given;
+} given;
+
+enum {
+    O_HIDDEN = 256,
+    O_BATCH,
+    O_STEPS,
+    O_EPOCHS,
+    O_WARMUP,
+    O_MODES,
+    O_DEVICE,
+    O_THREADS,
+    O_SEED,
+    O_JSON,
+    O_SAVE,
+    O_RESUME,
+    O_HELP
+};
+
+static void parse_option(int o, const char *arg, config *c, given *g) {
+    if (parse_ddp_option(o, arg, &c->ddp, &c->ddp_opts)) return;
+    switch (o) {
+    case O_HIDDEN:
+        g->hidden = parse_long("--hidden", arg, 1, 1 << 16);
+        break;
+    case O_BATCH:
+        g->batch = parse_long("--batch", arg, 1, 1 << 20);
+        break;
+    case O_STEPS:
+        g->steps = parse_long("--steps", arg, 1, 1 << 20);
+        break;
+    case O_EPOCHS:
+        g->epochs = parse_long("--epochs", arg, 1, 1 << 20);
+        break;
+    case O_WARMUP:
+        g->warmup = parse_long("--warmup", arg, 0, 1 << 20);
+        break;
+    case O_MODES:
+        parse_modes(arg, c->run);
+        break;
+    case O_THREADS:
+        c->threads = (int)parse_long("--threads", arg, 1, 4096);
+        break;
+    case O_SEED:
+        c->seed = (uint64_t)parse_long("--seed", arg, 0, LONG_MAX);
+        break;
+    case O_JSON:
+        c->json = true;
+        break;
+    case O_SAVE:
+        c->save_path = arg;
+        break;
+    case O_RESUME:
+        c->resume_path = arg;
+        break;
+    case O_DEVICE:
+        g->dev_given = true;
+        c->dev = parse_device(arg);
+        break;
+    case 'h':
+    case O_HELP:
+        usage(stdout);
+        exit(0);
+    default:
+        usage(stderr);
+        exit(2);
+    }
 }
 
 static void parse_args(int argc, char **argv, config *c) {
-    enum {
-        O_HIDDEN = 256,
-        O_BATCH,
-        O_STEPS,
-        O_EPOCHS,
-        O_WARMUP,
-        O_MODES,
-        O_DEVICE,
-        O_THREADS,
-        O_SEED,
-        O_JSON,
-        O_SAVE,
-        O_RESUME,
-        O_DDP,
-        O_BUCKET_MB,
-        O_PER_PARAM,
-        O_NO_OVERLAP,
-        O_PROGRESS,
-        O_HELP
-    };
     static const struct option opts[] = {{"hidden", required_argument, 0, O_HIDDEN},
                                          {"batch", required_argument, 0, O_BATCH},
                                          {"steps", required_argument, 0, O_STEPS},
@@ -132,89 +178,14 @@ static void parse_args(int argc, char **argv, config *c) {
                                          {"json", no_argument, 0, O_JSON},
                                          {"save", required_argument, 0, O_SAVE},
                                          {"resume", required_argument, 0, O_RESUME},
-                                         {"ddp", no_argument, 0, O_DDP},
-                                         {"bucket-mb", required_argument, 0, O_BUCKET_MB},
-                                         {"per-param", no_argument, 0, O_PER_PARAM},
-                                         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
-                                         {"progress", required_argument, 0, O_PROGRESS},
+                                         SAMPLE_DDP_OPTIONS,
                                          {"help", no_argument, 0, O_HELP},
                                          {0, 0, 0, 0}};
-    long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = 1;
-    bool dev_given = false;
+    given g = {.warmup = 1};
     *c = (config){.seed = 2023, .dev = MT_CPU};
     for (int k = 0; k < N_MODES; k++) c->run[k] = true;
     int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case O_HIDDEN:
-            hidden = parse_long("--hidden", optarg, 1, 1 << 16);
-            break;
-        case O_BATCH:
-            batch = parse_long("--batch", optarg, 1, 1 << 20);
-            break;
-        case O_STEPS:
-            steps = parse_long("--steps", optarg, 1, 1 << 20);
-            break;
-        case O_EPOCHS:
-            epochs = parse_long("--epochs", optarg, 1, 1 << 20);
-            break;
-        case O_WARMUP:
-            warmup = parse_long("--warmup", optarg, 0, 1 << 20);
-            break;
-        case O_MODES:
-            parse_modes(optarg, c->run);
-            break;
-        case O_THREADS:
-            c->threads = (int)parse_long("--threads", optarg, 1, 4096);
-            break;
-        case O_SEED:
-            c->seed = (uint64_t)parse_long("--seed", optarg, 0, LONG_MAX);
-            break;
-        case O_JSON:
-            c->json = true;
-            break;
-        case O_SAVE:
-            c->save_path = optarg;
-            break;
-        case O_RESUME:
-            c->resume_path = optarg;
-            break;
-        case O_DDP:
-            c->ddp = true;
-            break;
-        case O_BUCKET_MB: {
-            char *end;
-            c->ddp_opts.bucket_mb = strtod(optarg, &end);
-            if (end == optarg || *end || !(c->ddp_opts.bucket_mb > 0)) {
-                fprintf(stderr,
-                        "simplenet_amp: --bucket-mb: expected a positive number, got \"%s\"\n",
-                        optarg);
-                exit(2);
-            }
-            break;
-        }
-        case O_PER_PARAM:
-            c->ddp_opts.per_parameter = true;
-            break;
-        case O_NO_OVERLAP:
-            c->ddp_opts.no_overlap = true;
-            break;
-        case O_PROGRESS:
-            c->ddp_opts.progress = parse_progress(optarg);
-            break;
-        case O_DEVICE:
-            dev_given = true;
-            c->dev = parse_device(optarg);
-            break;
-        case 'h':
-        case O_HELP:
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            exit(2);
-        }
-    }
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) parse_option(o, optarg, c, &g);
     if (optind < argc) {
         fprintf(stderr, "simplenet_amp: unexpected argument \"%s\"\n", argv[optind]);
         usage(stderr);
@@ -226,22 +197,17 @@ static void parse_args(int argc, char **argv, config *c) {
         fprintf(stderr, "simplenet_amp: --save and --resume need exactly one mode (--modes)\n");
         exit(2);
     }
-    if (!dev_given && mt_cuda_available()) c->dev = MT_CUDA(0);
-    if (c->dev.type == MT_DEVICE_CUDA && c->dev.index >= mt_cuda_device_count()) {
-        fprintf(stderr, "simplenet_amp: --device cuda:%d: %d CUDA device(s) available\n",
-                c->dev.index, mt_cuda_device_count());
-        exit(1);
-    }
+    c->dev = resolve_device(g.dev_given, c->dev);
     /* The guide's sizes on a GPU; on a CPU a scaled-down run that takes seconds, not minutes. */
     bool gpu = c->dev.type == MT_DEVICE_CUDA;
-    c->hidden = hidden ? hidden : (gpu ? 4096 : 1024);
-    c->batch = batch ? batch : (gpu ? 512 : 256);
-    c->steps = steps ? (int)steps : (gpu ? 50 : 10);
-    c->epochs = epochs ? (int)epochs : (gpu ? 5 : 2);
+    c->hidden = g.hidden ? g.hidden : (gpu ? 4096 : 1024);
+    c->batch = g.batch ? g.batch : (gpu ? 512 : 256);
+    c->steps = g.steps ? (int)g.steps : (gpu ? 50 : 10);
+    c->epochs = g.epochs ? (int)g.epochs : (gpu ? 5 : 2);
     /* At least one step is timed: a one-step run times its only step, warm-up included. */
     int64_t total = (int64_t)c->steps * c->epochs;
-    c->warmup = warmup < total ? (int)warmup : (int)(total - 1);
-    if (!gpu && !(hidden || batch || steps || epochs)) {
+    c->warmup = g.warmup < total ? (int)g.warmup : (int)(total - 1);
+    if (!gpu && !(g.hidden || g.batch || g.steps || g.epochs)) {
         fprintf(
             c->json ? stderr : stdout,
             "cpu: scaled-down defaults (hidden 1024, batch 256, 10 batches x 2 epochs); the AMP "
@@ -482,13 +448,7 @@ static void print_json(const config *c, const mode_spec *m, result *r) {
            (long long)r->skipped, c->warmup, r->timed_steps, (long long)r->cached_bytes,
            (long long)r->peak_bytes_all, (long long)r->host_syncs);
     print_json_number((double)r->host_syncs / r->timed_steps);
-    printf(", \"rank\": %d, \"world_size\": %d, \"allreduce_calls_per_step\": %lld, "
-           "\"buckets\": %d, \"allreduce_started_in_backward\": %lld, \"ddp_wait_ms\": %.4f, "
-           "\"ddp_progress\": \"%s\", \"ddp_overlap\": %s",
-           mt_dist_rank(), mt_dist_world_size(), (long long)r->ddp.allreduce_calls, r->ddp.buckets,
-           (long long)r->ddp.started_in_backward, 1e3 * r->ddp.wait_seconds,
-           progress_name(c->ddp_opts.progress), c->ddp_opts.no_overlap ? "false" : "true");
-    if (c->ddp) ddp_trace_print_json(&r->trace);
+    print_ddp_json(&r->ddp, &c->ddp_opts, c->ddp ? &r->trace : NULL);
     printf(", \"param_checksum\": ");
     print_json_number(r->checksum);
     printf("}\n");
