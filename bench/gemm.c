@@ -12,8 +12,9 @@
    Time per call: a run of --iters calls queued back to back, then one device synchronization,
    divided by --iters (so host overheads count only where they exceed the device time); the
    best of --reps runs, mixtape and cuBLAS interleaved so both see the same device. Before
-   timing, mixtape's result is compared with cuBLAS's (max |diff| / max |cuBLAS|), so that both
-   sides provably compute the same product.
+   timing, mixtape's result is compared with cuBLAS's (max |diff| / max |cuBLAS|, at most one
+   output rounding apart), so that both sides provably compute the same product; a
+   disagreement is an error (exit status 1).
 
    The cuBLAS operands are the device copies of the same host values as mixtape's (mixtape's
    public API has no device pointer); same shapes, strides and dtype.
@@ -267,8 +268,17 @@ static bool measure_blas(const mt_side *s, const blas_api *api, mt_tensor *ah, m
     bool ok = b.a && b.b && cudaMalloc(&b.y, ybytes) == cudaSuccess &&
               api->create(&b.h) == CUBLAS_STATUS_SUCCESS && blas_call(&b) == CUBLAS_STATUS_SUCCESS;
     float *ref = ok ? host_f32(NULL, b.y, dt, s->c->m, s->c->n) : NULL;
+    bool agree = true;
     if (ref) {
         r->rel_diff = rel_diff(mine, ref, s->c->m * s->c->n);
+        /* one rounding of the output apart at most: an ulp of the largest value (FP16 2^-10,
+           BF16 2^-7 relative); FP32 sums in another order */
+        static const double tol[N_DTYPES] = {2e-3, 1e-2, 1e-4};
+        if (!(r->rel_diff <= tol[di])) {
+            fprintf(stderr, "gemm: %s %s: mixtape and cuBLAS differ: max rel diff %.3g > %.0e\n",
+                    s->c->name, DTYPE_LABEL[di], r->rel_diff, tol[di]);
+            agree = false;
+        }
         for (int rep = 0; rep < o->reps; rep++) {
             r->mt_s = fmin(r->mt_s, mt_side_time(s, o->iters));
             r->blas_s = fmin(r->blas_s, blas_time(&b, o->iters));
@@ -277,7 +287,7 @@ static bool measure_blas(const mt_side *s, const blas_api *api, mt_tensor *ah, m
         fprintf(stderr, "gemm: %s %s: the cuBLAS side failed (%s)\n", s->c->name, DTYPE_LABEL[di],
                 cudaGetErrorString(cudaGetLastError()));
     }
-    bool measured = ref != NULL;
+    bool measured = ref != NULL && agree;
     free(ref);
     if (b.h) api->destroy(b.h);
     cudaFree(b.a);

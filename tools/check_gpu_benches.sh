@@ -28,10 +28,7 @@ n=$(grep -c '^{"bench": "gemm"' "$out")
 good=$(grep '^{"bench": "gemm"' "$out" | grep '"mixtape_tflops": [0-9]' |
     grep '"cublas_tflops": [0-9]' | grep -c '"max_rel_diff": [0-9]')
 ((good == 12)) || fail "gemm: $good of 12 lines with mixtape and cuBLAS rates and their difference"
-# mixtape and cuBLAS computed the same product (FP16/BF16 outputs round at 2^-11 / 2^-8)
-bad=$(grep '^{"bench": "gemm"' "$out" | sed -n 's/.*"max_rel_diff": \([0-9.e+-]*\).*/\1/p' |
-    awk '$1 > 0.02' | wc -l)
-((bad == 0)) || fail "gemm: $bad case(s) where mixtape and cuBLAS differ by more than 2%"
+# (gemm itself fails when mixtape and cuBLAS disagree by more than one output rounding)
 grep -q '^| shape (M x N x K) |' "$out" || fail "gemm: no table"
 grep -q '"emulated": true' "$out" && { grep -q 'EMULATED' "$out" || fail "gemm: emulated device not labelled"; }
 cat "$out"
