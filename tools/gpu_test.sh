@@ -17,9 +17,8 @@
 #               per device from testlog.json
 #   bench       samples/simplenet_amp --device cuda, then bench/simplenet --device cuda
 #               (mixtape against PyTorch on this GPU)
-#   gpubench    bench/gemm --device cuda (FP16/BF16 GEMMs against cuBLAS on the same operands:
-#               goal >= 0.60 of its rate) and bench/op_overhead --device cuda (tiny-op host time:
-#               goal <= 0.5x torch's); tools/gpu_steps_bench.sh
+#   gpubench    bench/gemm (GEMMs: >= 0.60 of cuBLAS's rate) and bench/op_overhead --device cuda
+#               (tiny-op host time: <= 0.5x torch's) on the GPU; tools/gpu_steps_bench.sh
 #   resnet      samples/resnet_amp --device cuda --json (ResNet-18, every mode), bench/resnet
 #               --device cuda (ResNet-50 mixtape against PyTorch's channels_last AMP: issue 9's
 #               GPU goal, O2 FP16 images/s >= torch's), samples/digits_cnn --device cuda --amp o1
@@ -124,8 +123,7 @@ find_tool() {
 }
 
 # ---------------------------------------------------------------------------- steps
-# step_gpubench (issue 6's GEMM and tiny-op goals)
-# shellcheck source=tools/gpu_steps_bench.sh
+# shellcheck source=tools/gpu_steps_bench.sh # step_gpubench (issue 6's GEMM, tiny-op goals)
 source "$root/tools/gpu_steps_bench.sh"
 
 step_probe() {
