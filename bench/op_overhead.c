@@ -5,7 +5,8 @@
                       [--python PATH (with PyTorch)] [--no-torch] [path/to/op_overhead.py]
 
    --device cuda[:N]: tiny ops on a CUDA device instead, host time per call against PyTorch on
-   the same device (bench/op_overhead_cuda.c; --reps: runs per op there, default 10).
+   the same device (bench/op_overhead_cuda.c; --iters defaults to 2000 there, --reps, the runs
+   per op, to 10).
 
    Tiny ops are 8-element F32 tensors: the time is the library's fixed cost per call
    (validation, dispatch, allocation, autograd recording, scope bookkeeping), not arithmetic.
@@ -179,7 +180,7 @@ static void row(const char *name, double ours, double torch, bool have_torch) {
 }
 
 int main(int argc, char **argv) {
-    int iters = 20000, reps = 10; /* calls per run; runs per op (CUDA) */
+    int iters = 0, reps = 10; /* calls per run (20000; CUDA 2000); runs per op (CUDA) */
     bool want_torch = true;
     const char *device = "cpu", *python = MT_TORCH_PYTHON;
     /* the PyTorch script: from the repository root (build/bench/op_overhead) or from the
@@ -200,6 +201,7 @@ int main(int argc, char **argv) {
         else
             script = argv[i];
     }
+    if (iters == 0) iters = strcmp(device, "cpu") != 0 ? 2000 : 20000;
     if (iters < 10) iters = 10;
     if (reps < 1) reps = 1;
     if (strcmp(device, "cpu") != 0)
