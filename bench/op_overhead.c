@@ -1,7 +1,12 @@
 /* Per-op overhead of tiny eager ops, and the bandwidth of a large F32 add, side by side with
    PyTorch in one run.
 
-   usage: op_overhead [--iters N (calls per run)] [--no-torch] [path/to/op_overhead.py]
+   usage: op_overhead [--device cpu|cuda[:N]] [--iters N (calls per run)] [--reps N]
+                      [--python PATH (with PyTorch)] [--no-torch] [path/to/op_overhead.py]
+
+   --device cuda[:N]: tiny ops on a CUDA device instead, host time per call against PyTorch on
+   the same device (bench/op_overhead_cuda.c; --iters defaults to 2000 there, --reps, the runs
+   per op, to 10).
 
    Tiny ops are 8-element F32 tensors: the time is the library's fixed cost per call
    (validation, dispatch, allocation, autograd recording, scope bookkeeping), not arithmetic.
@@ -16,6 +21,9 @@
 #include <unistd.h>
 #include "bench_util.h"
 #include "mixtape.h"
+
+int op_overhead_cuda(const char *device, int iters, int reps, const char *python,
+                     const char *script);
 
 static double clock_s(clockid_t id) {
     struct timespec ts;
@@ -75,11 +83,11 @@ typedef struct {
     bool ok;
 } torch_results;
 
-static torch_results run_torch(const char *script, int iters) {
+static torch_results run_torch(const char *python, const char *script, int iters) {
     torch_results r = {0};
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s %d %d %d 2>&1", MT_TORCH_PYTHON, script, iters,
-             mt_get_num_threads(), REPS);
+    snprintf(cmd, sizeof cmd, "%s %s %d %d %d 2>&1", python, script, iters, mt_get_num_threads(),
+             REPS);
     FILE *p = popen(cmd, "r");
     if (!p) return r;
     char line[512];
@@ -172,8 +180,9 @@ static void row(const char *name, double ours, double torch, bool have_torch) {
 }
 
 int main(int argc, char **argv) {
-    int iters = 20000; /* calls per run */
+    int iters = 0, reps = 10; /* calls per run (20000; CUDA 2000); runs per op (CUDA) */
     bool want_torch = true;
+    const char *device = "cpu", *python = MT_TORCH_PYTHON;
     /* the PyTorch script: from the repository root (build/bench/op_overhead) or from the
        build directory (bench/op_overhead), unless given */
     const char *script = access("bench/op_overhead.py", R_OK) == 0 ? "bench/op_overhead.py"
@@ -181,12 +190,22 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc)
+            python = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
         else if (!strcmp(argv[i], "--no-torch"))
             want_torch = false;
         else
             script = argv[i];
     }
+    if (iters == 0) iters = strcmp(device, "cpu") != 0 ? 2000 : 20000;
     if (iters < 10) iters = 10;
+    if (reps < 1) reps = 1;
+    if (strcmp(device, "cpu") != 0)
+        return op_overhead_cuda(device, iters, reps, want_torch ? python : NULL, script);
 
     a = mt_rand(MT_SHAPE(8), MT_F32, MT_CPU);
     b = mt_rand(MT_SHAPE(8), MT_F32, MT_CPU);
@@ -207,9 +226,8 @@ int main(int argc, char **argv) {
     bandwidth bw = measure_bandwidth(15);
     torch_results t = {0};
     if (want_torch) {
-        t = run_torch(script, iters / 10);
-        if (!t.ok)
-            fprintf(stderr, "PyTorch side failed (%s %s); mixtape only\n", MT_TORCH_PYTHON, script);
+        t = run_torch(python, script, iters / 10);
+        if (!t.ok) fprintf(stderr, "PyTorch side failed (%s %s); mixtape only\n", python, script);
         double u = per_call_us(add_nograd, iters, REPS);
         us_add = u < us_add ? u : us_add;
         u = per_call_us(add_grad, iters, REPS);

@@ -1,7 +1,9 @@
 """PyTorch side of bench/op_overhead.c: per-op overhead of tiny eager ops and the bandwidth
 of a large F32 add, printed as `key value` lines that the C program reads.
 
-Run by bench/op_overhead (popen) with Debian's python3-torch: /usr/bin/python3."""
+Run by bench/op_overhead (popen) with Debian's python3-torch: /usr/bin/python3.
+With `--device cuda[:N] ITERS REPS` (bench/op_overhead --device cuda): the host time per call
+of tiny ops on that device instead (cuda_main)."""
 import sys
 import time
 
@@ -20,7 +22,53 @@ def per_call_us(fn, iters, reps):
     return best
 
 
+def cuda_main(device, iters, reps):
+    """Wall time per call of `iters` calls followed by one torch.cuda.synchronize(), best of
+    `reps` runs, in microseconds: the same ops and measurement as bench/op_overhead_cuda.c."""
+    if not torch.cuda.is_available():
+        raise SystemExit("op_overhead.py: torch has no CUDA device (torch %s)" % torch.__version__)
+    dev = torch.device(device)
+    print("gpu", torch.cuda.get_device_name(dev), "(torch %s)" % torch.__version__)
+    a = torch.rand(8, device=dev)
+    b = torch.rand(8, device=dev)
+    m1 = torch.rand(8, 8, device=dev)
+    m2 = torch.rand(8, 8, device=dev)
+    x = torch.rand(8, 8, device=dev)
+    w = torch.rand(8, 8, device=dev, requires_grad=True)
+    bias = torch.rand(8, device=dev, requires_grad=True)
+
+    def linear_step():
+        torch.nn.functional.linear(x, w, bias).sum().backward()
+
+    def linear_step_amp():
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.linear(x, w, bias).sum()
+        loss.backward()
+
+    ops = [("add", lambda: torch.add(a, b)), ("mul", lambda: torch.mul(a, b)),
+           ("relu", lambda: torch.relu(a)), ("matmul", lambda: torch.matmul(m1, m2)),
+           ("sum", lambda: torch.sum(a)), ("linear_step", linear_step),
+           ("linear_step_amp", linear_step_amp)]
+    for name, fn in ops:
+        grad = name.startswith("linear")
+        with torch.set_grad_enabled(grad):
+            for _ in range(iters // 10 + 1):
+                fn()
+            best = float("inf")
+            for _ in range(reps):
+                torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                torch.cuda.synchronize(dev)
+                best = min(best, (time.perf_counter() - t0) / iters * 1e6)
+        print("%s_us" % name, best, flush=True)
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--device":
+        cuda_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
     iters = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 30
     torch.set_num_threads(1)  # irrelevant for 8 elements; keeps the comparison single-core

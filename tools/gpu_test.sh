@@ -17,6 +17,8 @@
 #               per device from testlog.json
 #   bench       samples/simplenet_amp --device cuda, then bench/simplenet --device cuda
 #               (mixtape against PyTorch on this GPU)
+#   gpubench    bench/gemm (GEMMs: >= 0.60 of cuBLAS's rate) and bench/op_overhead --device cuda
+#               (tiny-op host time: <= 0.5x torch's) on the GPU; tools/gpu_steps_bench.sh
 #   resnet      samples/resnet_amp --device cuda --json (ResNet-18, every mode), bench/resnet
 #               --device cuda (ResNet-50 mixtape against PyTorch's channels_last AMP: issue 9's
 #               GPU goal, O2 FP16 images/s >= torch's), samples/digits_cnn --device cuda --amp o1
@@ -36,7 +38,8 @@
 # Environment: MT_GPU_BUDGET_S (480), MT_GPU_BUILD_DIR (build-gpu), MT_GPU_PREFIX
 #   (/tmp/mt-gpu-prefix), MT_GPU_JOBS (parallel sanitizer runs, 6), MT_GPU_MESON_ARGS (extra
 #   setup options, split on spaces), MT_GPU_BENCH_ARGS (extra bench/simplenet options, default
-#   --repeat 1), MT_GPU_RESNET_ARGS (bench/resnet options, default a ResNet-50 run sized for this
+#   --repeat 1), MT_GPU_GEMM_ARGS, MT_GPU_OVERHEAD_ARGS (extra bench/gemm, bench/op_overhead
+#   options), MT_GPU_RESNET_ARGS (bench/resnet options, default a ResNet-50 run sized for this
 #   budget), MT_GPU_RESNET (1), MT_GPU_ASAN (auto), MT_GPU_KEEP_LOGS=1 (do not pack).
 # Exit status: 0 when the build ran and no check FAILed.
 set -uo pipefail
@@ -120,6 +123,9 @@ find_tool() {
 }
 
 # ---------------------------------------------------------------------------- steps
+# shellcheck source=tools/gpu_steps_bench.sh # step_gpubench (issue 6's GEMM, tiny-op goals)
+source "$root/tools/gpu_steps_bench.sh"
+
 step_probe() {
     note "probe"
     local log=$logs/probe.log
@@ -785,6 +791,7 @@ main() {
     step_sass
     step_tests
     step_bench
+    step_gpubench
     step_resnet
     step_sanitizer
     step_ncu

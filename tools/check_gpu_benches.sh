@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Smoke test of the CUDA benchmarks (meson test bench_gpu_smoke): bench/gemm and
+# bench/op_overhead with --device cuda at tiny sizes, without PyTorch. Each must exit 0 and
+# print its JSON lines (every figure of mixtape's side measured; gemm: every case agreeing with
+# cuBLAS) and its table. Without a CUDA device both exit 77, and so does this (meson: skipped).
+# On the emulated device the timings are meaningless: this checks that the programs work.
+# Usage: check_gpu_benches.sh GEMM OP_OVERHEAD
+set -uo pipefail
+gemm=$1 overhead=$2
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+fail() {
+    echo "FAIL: $*"
+    cat "$out"
+    exit 1
+}
+
+rc=0
+"$gemm" --device cuda --tiny --iters 2 --reps 1 --no-torch >"$out" 2>&1 || rc=$?
+if ((rc == 77)); then
+    grep -q 'no CUDA device' "$out" || fail "gemm: status 77 without saying 'no CUDA device'"
+    cat "$out"
+    exit 77
+fi
+((rc == 0)) || fail "gemm exited with $rc"
+n=$(grep -c '^{"bench": "gemm"' "$out")
+((n == 12)) || fail "gemm: $n JSON lines, expected 12 (4 shapes x 3 dtypes)"
+good=$(grep '^{"bench": "gemm"' "$out" | grep '"mixtape_tflops": [0-9]' |
+    grep '"cublas_tflops": [0-9]' | grep -c '"max_rel_diff": [0-9]')
+((good == 12)) || fail "gemm: $good of 12 lines with mixtape and cuBLAS rates and their difference"
+# (gemm itself fails when mixtape and cuBLAS disagree by more than one output rounding)
+grep -q '^| shape (M x N x K) |' "$out" || fail "gemm: no table"
+grep -q '"emulated": true' "$out" && { grep -q 'EMULATED' "$out" || fail "gemm: emulated device not labelled"; }
+cat "$out"
+
+rc=0
+"$overhead" --device cuda --iters 10 --reps 1 --no-torch >"$out" 2>&1 || rc=$?
+((rc == 0)) || fail "op_overhead --device cuda exited with $rc"
+n=$(grep '^{"bench": "op_overhead"' "$out" | grep -c '"mixtape_us": [0-9]')
+((n == 7)) || fail "op_overhead: $n JSON lines with mixtape's time, expected 7"
+grep -q '^| op | mixtape us |' "$out" || fail "op_overhead: no table"
+cat "$out"
