@@ -235,7 +235,6 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
          *sm = static_cast<char *>(resultSaveMean),
          *si = static_cast<char *>(resultSaveInvVariance), *rs = static_cast<char *>(reserveSpace);
     mtemu::enqueue(handle->stream, [=] {
-        int64_t m = (int64_t)b.n * b.h * b.w;
         for (int c = 0; c < b.c; c++) {
             double mean, var;
             bn_stats(b, xp, c, eps, &mean, &var);
@@ -258,14 +257,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
                         if (be != 0) v += be * load(yp, b.dt, i);
                         store(yp, b.dt, i, v);
                     }
-            if (rm) { // the unbiased variance into the running estimate
-                store(rm, b.pdt, c, (1 - f) * load(rm, b.pdt, c) + f * mean);
-                store(rv, b.pdt, c, (1 - f) * load(rv, b.pdt, c) + f * var * m / (double)(m - 1));
-            }
-            if (sm) {
-                store(sm, b.pdt, c, mean);
-                store(si, b.pdt, c, inv);
-            }
+            bn_store_channel_stats(b, c, mean, var, inv, f, rm, rv, sm, si);
         }
     });
     return CUDNN_STATUS_SUCCESS;

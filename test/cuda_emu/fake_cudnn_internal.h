@@ -121,6 +121,10 @@ cudnnStatus_t bn_memory(const char *api, const bn_shape &b,
                         std::initializer_list<std::pair<const char *, const void *>> ps);
 // The batch mean and biased variance of channel c.
 void bn_stats(const bn_shape &b, const char *x, int c, double eps, double *mean, double *var);
+// What a training forward writes for channel c besides y: the running estimates (factor f,
+// the unbiased variance, as cuDNN) when rm is given, the saved mean and 1/std when sm is.
+void bn_store_channel_stats(const bn_shape &b, int c, double mean, double var, double inv, double f,
+                            char *rm, char *rv, char *sm, char *si);
 
 } // namespace fakednn
 #endif

@@ -93,6 +93,19 @@ void bn_stats(const bn_shape &b, const char *x, int c, double eps, double *mean,
     (void)eps;
 }
 
+void bn_store_channel_stats(const bn_shape &b, int c, double mean, double var, double inv, double f,
+                            char *rm, char *rv, char *sm, char *si) {
+    int64_t m = (int64_t)b.n * b.h * b.w;
+    if (rm) { // the unbiased variance into the running estimate
+        store(rm, b.pdt, c, (1 - f) * load(rm, b.pdt, c) + f * mean);
+        store(rv, b.pdt, c, (1 - f) * load(rv, b.pdt, c) + f * var * m / (double)(m - 1));
+    }
+    if (sm) {
+        store(sm, b.pdt, c, mean);
+        store(si, b.pdt, c, inv);
+    }
+}
+
 } // namespace fakednn
 
 extern "C" {
@@ -134,7 +147,6 @@ cudnnStatus_t cudnnBatchNormalizationForwardTraining(
          *sm = static_cast<char *>(resultSaveMean),
          *si = static_cast<char *>(resultSaveInvVariance);
     mtemu::enqueue(handle->stream, [=] {
-        int64_t m = (int64_t)b.n * b.h * b.w;
         for (int c = 0; c < b.c; c++) {
             double mean, var;
             bn_stats(b, xp, c, eps, &mean, &var);
@@ -148,14 +160,7 @@ cudnnStatus_t cudnnBatchNormalizationForwardTraining(
                         if (be != 0) v += be * load(yp, b.dt, i);
                         store(yp, b.dt, i, v);
                     }
-            if (rm) { // the unbiased variance into the running estimate
-                store(rm, b.pdt, c, (1 - f) * load(rm, b.pdt, c) + f * mean);
-                store(rv, b.pdt, c, (1 - f) * load(rv, b.pdt, c) + f * var * m / (double)(m - 1));
-            }
-            if (sm) {
-                store(sm, b.pdt, c, mean);
-                store(si, b.pdt, c, inv);
-            }
+            bn_store_channel_stats(b, c, mean, var, inv, f, rm, rv, sm, si);
         }
     });
     return CUDNN_STATUS_SUCCESS;
