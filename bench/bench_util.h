@@ -43,4 +43,17 @@ static inline double mt_bench_json_num(const char *line, const char *key) {
     return strtod(buf, NULL);
 }
 
+/* The "[reps] [threads]" arguments of the kernel benches: reps (default 10) must be > 0,
+   threads (default threads_default) at least threads_min (0: the library's default). False
+   after printing the usage line. */
+static inline bool mt_bench_reps_threads(int argc, char **argv, int threads_default,
+                                         int threads_min, int *reps, int *threads) {
+    *reps = argc > 1 ? atoi(argv[1]) : 10;
+    *threads = argc > 2 ? atoi(argv[2]) : threads_default;
+    if (*reps > 0 && *threads >= threads_min) return true;
+    fprintf(stderr, "usage: %s [reps > 0] [threads %s]\n", argv[0],
+            threads_min > 0 ? "> 0" : ">= 0");
+    return false;
+}
+
 #endif

@@ -76,12 +76,8 @@ static void run_torch(int reps, int threads, timing torch_t[N_SHAPES][2]) {
 }
 
 int main(int argc, char **argv) {
-    int reps = argc > 1 ? atoi(argv[1]) : 10;
-    int threads = argc > 2 ? atoi(argv[2]) : 2;
-    if (reps <= 0 || threads <= 0) {
-        fprintf(stderr, "usage: %s [reps > 0] [threads > 0]\n", argv[0]);
-        return 2;
-    }
+    int reps, threads;
+    if (!mt_bench_reps_threads(argc, argv, 2, 1, &reps, &threads)) return 2;
     mt_set_num_threads(threads);
     timing torch_t[N_SHAPES][2];
     run_torch(reps, threads, torch_t);

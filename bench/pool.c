@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "bench_util.h"
 #include "mixtape.h"
 
 static double now(void) {
@@ -50,12 +51,8 @@ static int run(bool max, bool cl, mt_dtype dt, int reps) {
 }
 
 int main(int argc, char **argv) {
-    int reps = argc > 1 ? atoi(argv[1]) : 10;
-    int threads = argc > 2 ? atoi(argv[2]) : 0;
-    if (reps <= 0 || threads < 0) {
-        fprintf(stderr, "usage: %s [reps > 0] [threads >= 0]\n", argv[0]);
-        return 2;
-    }
+    int reps, threads;
+    if (!mt_bench_reps_threads(argc, argv, 0, 0, &reps, &threads)) return 2;
     if (threads) mt_set_num_threads(threads);
     mt_manual_seed(1);
     printf("mixtape, %d threads\n", mt_get_num_threads());
