@@ -31,9 +31,10 @@ Run with /usr/bin/python3 (Debian's python3-torch)."""
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
+
+from bench_child import run_child
 
 
 def make_resnet(torch, arch, classes):
@@ -220,16 +221,11 @@ def main():
                    '--image-size', str(args.image_size), '--steps', str(args.steps),
                    '--warmup', str(args.warmup), '--classes', str(args.classes),
                    '--lr', str(args.lr), '--seed', str(args.seed), '--device', args.device]
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            lines = [line for line in r.stdout.splitlines() if line.startswith('{')]
-            if r.returncode != 0 or not lines:
-                err = (r.stderr.strip().splitlines() or ['exit status %d' % r.returncode])[-1]
-                print(json.dumps({'mode': mode, 'threads': int(threads), 'supported': False,
-                                  'reason': 'failed: ' + err}), flush=True)
+            result = run_child(cmd, mode, threads)
+            if result is None:
                 failed = True
                 continue
-            print(lines[-1], flush=True)
-            if not json.loads(lines[-1]).get('supported', True):
+            if not result.get('supported', True):
                 break  # the same answer for every thread count
     return 1 if failed else 0
 

@@ -48,9 +48,10 @@ import gc
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
+
+from bench_child import run_child
 
 
 def run_one(args):
@@ -318,16 +319,10 @@ def main():
                    '--hidden', str(args.hidden), '--batch', str(args.batch),
                    '--steps', str(args.steps), '--epochs', str(args.epochs),
                    '--seed', str(args.seed), '--warmup', str(args.warmup)]
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            lines = [line for line in r.stdout.splitlines() if line.startswith('{')]
-            if r.returncode != 0 or not lines:
-                err = (r.stderr.strip().splitlines() or ['exit status %d' % r.returncode])[-1]
-                print(json.dumps({'mode': mode, 'threads': int(threads), 'supported': False,
-                                  'reason': 'failed: ' + err}), flush=True)
+            result = run_child(cmd, mode, threads)
+            if result is None:
                 failed = True
                 continue
-            result = json.loads(lines[-1])
-            print(lines[-1], flush=True)
             if not result.get('supported', True):
                 break  # the same answer for every thread count
     return 1 if failed else 0
