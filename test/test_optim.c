@@ -1,7 +1,7 @@
 /* Optimizers: SGD, Momentum, Adam, AdamW against straightforward double-precision loops;
-   multi_precision masters; the fused step's found_inf / inv_scale arguments; gradient
-   clipping; O2 decorate; error paths. Gradients are set with mt_set_grad, so these tests
-   depend on no op's backward. */
+   multi_precision masters; the fused step's found_inf / inv_scale arguments; layouts and sizes;
+   error paths. Gradients are set with mt_set_grad, so these tests depend on no op's backward.
+   Gradient clipping and O2 decorate: test_clip_decorate.c. */
 #include "test_util.h"
 #include "../src/optim/optimizer_impl.h"
 
@@ -88,29 +88,6 @@ static mt_optimizer *make_opt(const ref_opt *r, mt_tensor **ps, int n, bool mp) 
 
 /* ---------------------------------------------------------------- helpers */
 
-/* x rounded to dt's storage (through the library's own conversion). A reference value, so it
-   is computed on the host (MT_CPU), independently of the device under test; test_half checks
-   the host conversion against src/math bit for bit. */
-static double round_to(double x, mt_dtype dt) {
-    mt_tensor *t = mt_scalar(x, dt, MT_CPU);
-    double v = mt_item(t);
-    mt_release(t);
-    return v;
-}
-
-static mt_tensor *make_param(const double *v, mt_dtype dt, int ndim, const int64_t *shape) {
-    mt_tensor *t = mt_test_tensor(v, dt, ndim, shape);
-    mt_set_requires_grad(t, true);
-    return t;
-}
-
-/* Sets p's gradient from doubles (stored in p's dtype and shape). */
-static void set_grad(mt_tensor *p, const double *v) {
-    mt_tensor *g = mt_test_tensor(v, mt_dtype_of(p), mt_ndim(p), mt_shape(p));
-    assert_int_equal(mt_set_grad(p, g), 0);
-    mt_release(g);
-}
-
 static void get_values(const mt_tensor *t, double *out) {
     double *v = mt_test_values(t);
     memcpy(out, v, (size_t)mt_numel(t) * sizeof *v);
@@ -133,8 +110,8 @@ static void check_kind(mt_optim_kind kind, bool nesterov, mt_dtype dt, bool mp) 
     ref_opt r = ref_of(kind, nesterov);
     bool low = dt == MT_F16 || dt == MT_BF16;
     double p[N], g[N];
-    for (int i = 0; i < N; i++) p[i] = low ? round_to(init_value(i), dt) : init_value(i);
-    mt_tensor *w = make_param(p, dt, MT_SHAPE(N));
+    for (int i = 0; i < N; i++) p[i] = low ? mt_test_round_to(init_value(i), dt) : init_value(i);
+    mt_tensor *w = mt_test_param(p, dt, MT_SHAPE(N));
     mt_optimizer *o = make_opt(&r, &w, 1, mp);
     assert_non_null(o);
     assert_no_error();
@@ -143,12 +120,13 @@ static void check_kind(mt_optim_kind kind, bool nesterov, mt_dtype dt, bool mp) 
         /* rounding each step: start each step from the stored value, so that a one-ulp
            difference (float vs double arithmetic at a rounding boundary) does not compound */
         if (low && !mp) get_values(w, p);
-        for (int i = 0; i < N; i++) g[i] = low ? round_to(grad_value(i, s), dt) : grad_value(i, s);
-        set_grad(w, g);
+        for (int i = 0; i < N; i++)
+            g[i] = low ? mt_test_round_to(grad_value(i, s), dt) : grad_value(i, s);
+        mt_test_set_grad(w, g);
         assert_int_equal(mt_optimizer_step(o), 0);
         ref_step(&r, p, g, N);
         if (low && !mp)
-            for (int i = 0; i < N; i++) p[i] = round_to(p[i], dt);
+            for (int i = 0; i < N; i++) p[i] = mt_test_round_to(p[i], dt);
         if (low && mp) {
             mt_tensor *m = mt_optimizer_master(o, 0);
             assert_non_null(m);
@@ -220,12 +198,12 @@ static void test_low_precision(void **state) {
 static void test_master_keeps_small_updates(void **state) {
     (void)state;
     for (int mp = 0; mp < 2; mp++) {
-        mt_tensor *w = make_param((double[]){1.0}, MT_F16, MT_SHAPE(1));
+        mt_tensor *w = mt_test_param((double[]){1.0}, MT_F16, MT_SHAPE(1));
         mt_optimizer *o =
             mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = mp});
         assert_non_null(o);
         for (int s = 0; s < 10; s++) {
-            set_grad(w, (double[]){-1.0});
+            mt_test_set_grad(w, (double[]){-1.0});
             assert_int_equal(mt_optimizer_step(o), 0);
         }
         if (mp) {
@@ -266,14 +244,14 @@ static void test_found_inf_skips(void **state) {
         for (int kind = MT_OPTIM_SGD; kind <= MT_OPTIM_ADAMW; kind++) {
             double p[N], g[N];
             for (int i = 0; i < N; i++) p[i] = init_value(i), g[i] = grad_value(i, 0);
-            mt_tensor *w = make_param(p, dts[d], MT_SHAPE(N));
+            mt_tensor *w = mt_test_param(p, dts[d], MT_SHAPE(N));
             ref_opt r = ref_of(kind, true);
             mt_optimizer *o = make_opt(&r, &w, 1, true);
-            set_grad(w, g);
+            mt_test_set_grad(w, g);
             assert_int_equal(mt_optimizer_step(o), 0); /* moments exist and are non-zero */
             double before[4 * N + 1] = {0}, after[4 * N + 1] = {0};
             snapshot(o, before);
-            set_grad(w, (double[]){1, 2, 3, 4, 5});
+            mt_test_set_grad(w, (double[]){1, 2, 3, 4, 5});
             mt_tensor *inf = mt_scalar(1.0, MT_F32, mt_test_device());
             mt_tensor *nan = mt_scalar(NAN, MT_F32, mt_test_device());
             mt_tensor *half = mt_scalar(0.5, MT_F32, mt_test_device());
@@ -310,15 +288,15 @@ static void test_inv_scale_folding(void **state) {
         for (int kind = MT_OPTIM_SGD; kind <= MT_OPTIM_ADAMW; kind++) {
             double p[N], g[N], gs[N];
             for (int i = 0; i < N; i++) p[i] = init_value(i);
-            mt_tensor *a = make_param(p, dts[d], MT_SHAPE(N));
-            mt_tensor *b = make_param(p, dts[d], MT_SHAPE(N));
+            mt_tensor *a = mt_test_param(p, dts[d], MT_SHAPE(N));
+            mt_tensor *b = mt_test_param(p, dts[d], MT_SHAPE(N));
             ref_opt r = ref_of(kind, false);
             mt_optimizer *oa = make_opt(&r, &a, 1, true), *ob = make_opt(&r, &b, 1, true);
             mt_tensor *inv = mt_scalar(1.0 / 1024, MT_F32, mt_test_device());
             for (int s = 0; s < 3; s++) {
                 for (int i = 0; i < N; i++) g[i] = grad_value(i, s), gs[i] = 1024 * g[i];
-                set_grad(a, g);
-                set_grad(b, gs);
+                mt_test_set_grad(a, g);
+                mt_test_set_grad(b, gs);
                 assert_int_equal(mt_optimizer_step(oa), 0);
                 assert_int_equal(mt_optimizer_step_ex(ob, NULL, inv), 0);
                 double va[N];
@@ -326,7 +304,7 @@ static void test_inv_scale_folding(void **state) {
                 assert_tensor_close(b, va, N, 0, 0);
                 mt_tensor *gb = mt_grad(b);
                 double want[N];
-                for (int i = 0; i < N; i++) want[i] = round_to(gs[i], dts[d]);
+                for (int i = 0; i < N; i++) want[i] = mt_test_round_to(gs[i], dts[d]);
                 assert_tensor_close(gb, want, N, 0, 0);
                 mt_release(gb);
             }
@@ -345,8 +323,8 @@ static void test_inv_scale_folding(void **state) {
 static void test_zero_grad_and_skip(void **state) {
     (void)state;
     double pa[3] = {1, 2, 3}, pb[2] = {-1, 4};
-    mt_tensor *a = make_param(pa, MT_F32, MT_SHAPE(3));
-    mt_tensor *b = make_param(pb, MT_F32, MT_SHAPE(2));
+    mt_tensor *a = mt_test_param(pa, MT_F32, MT_SHAPE(3));
+    mt_tensor *b = mt_test_param(pb, MT_F32, MT_SHAPE(2));
     mt_tensor *ps[2] = {a, b};
     mt_optimizer *o = mt_adam_new(ps, 2, &(mt_adam_opts){.lr = MT_SET(0.1)});
     assert_non_null(o);
@@ -355,7 +333,7 @@ static void test_zero_grad_and_skip(void **state) {
     assert_tensor_close(a, pa, 3, 0, 0);
     assert_float_equal(mt_item(o->step_count), 0, 0);
     /* only a has a gradient: b is skipped and gets no state */
-    set_grad(a, (double[]){1, -1, 0.5});
+    mt_test_set_grad(a, (double[]){1, -1, 0.5});
     mt_tensor *grads[2];
     assert_int_equal(mt_optimizer_grads(o, grads), 2);
     assert_non_null(grads[0]);
@@ -373,7 +351,7 @@ static void test_zero_grad_and_skip(void **state) {
     assert_tensor_close(a, ((double[]){0.9, 2.1, 2.9}), 3, 1e-6, 1e-6);
     assert_float_equal(mt_item(o->step_count), 1, 0);
     /* the step bumps the version of what it changed */
-    set_grad(b, (double[]){1, 1});
+    mt_test_set_grad(b, (double[]){1, 1});
     uint64_t va = mt_tensor_version(a), vb = mt_tensor_version(b);
     assert_int_equal(mt_optimizer_step(o), 0);
     assert_true(mt_tensor_version(a) == va);
@@ -388,12 +366,12 @@ static void test_zero_grad_and_skip(void **state) {
 
 static void test_lr(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
+    mt_tensor *w = mt_test_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
     mt_optimizer *o = mt_sgd_new(&w, 1, NULL);
     assert_float_equal(mt_optimizer_get_lr(o), 1e-3, 0);
     assert_int_equal(mt_optimizer_set_lr(o, 0.5), 0);
     assert_float_equal(mt_optimizer_get_lr(o), 0.5, 0);
-    set_grad(w, (double[]){1, -2});
+    mt_test_set_grad(w, (double[]){1, -2});
     assert_int_equal(mt_optimizer_step(o), 0);
     assert_tensor_close(w, ((double[]){0.5, 3.0}), 2, 0, 0);
     assert_int_equal(mt_optimizer_set_lr(o, 0), 0); /* 0 is literal here */
@@ -406,7 +384,7 @@ static void test_lr(void **state) {
 
 static void test_defaults(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1}, MT_F32, MT_SHAPE(1));
+    mt_tensor *w = mt_test_param((double[]){1}, MT_F32, MT_SHAPE(1));
     mt_optimizer *o = mt_momentum_new(&w, 1, NULL);
     assert_float_equal(o->lr, 1e-3, 0);
     assert_float_equal(o->momentum, 0.9, 0);
@@ -433,14 +411,14 @@ static void test_defaults(void **state) {
    the default): the update is the one the zero gives. */
 static void test_explicit_zero_options(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1, -1}, MT_F32, MT_SHAPE(2));
+    mt_tensor *w = mt_test_param((double[]){1, -1}, MT_F32, MT_SHAPE(2));
     /* AdamW without decay and with beta1 = 0: the first step moves by lr * sign(g) exactly,
        and nothing decays the weight */
     mt_optimizer *o = mt_adamw_new(
         &w, 1, &(mt_adam_opts){.lr = MT_SET(0.5), .beta1 = MT_SET(0), .weight_decay = MT_SET(0)});
     assert_float_equal(o->weight_decay, 0, 0);
     assert_float_equal(o->beta1, 0, 0);
-    set_grad(w, (double[]){2, -4});
+    mt_test_set_grad(w, (double[]){2, -4});
     assert_int_equal(mt_optimizer_step(o), 0);
     assert_tensor_close(w, ((double[]){0.5, -0.5}), 2, 1e-6, 0);
     mt_optimizer_free(o);
@@ -469,7 +447,7 @@ static void test_explicit_zero_options(void **state) {
    without -Wall could have it. */
 static void test_plain_number_refused(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1}, MT_F32, MT_SHAPE(1));
+    mt_tensor *w = mt_test_param((double[]){1}, MT_F32, MT_SHAPE(1));
     mt_adam_opts o = {0};
     o.weight_decay.value = 0.1; /* what `.weight_decay = 0.1` gives */
     assert_null(mt_adamw_new(&w, 1, &o));
@@ -527,7 +505,7 @@ static void test_many_and_large(void **state) {
         sizes[k] = k % 10 == 3 ? 70001 + k : 17 * k + 1;
         vals[k] = malloc((size_t)sizes[k] * sizeof(double));
         for (int64_t i = 0; i < sizes[k]; i++) vals[k][i] = init_value((int)(i % 1000) + k);
-        ps[k] = make_param(vals[k], dts[k % 4], 1, &sizes[k]);
+        ps[k] = mt_test_param(vals[k], dts[k % 4], 1, &sizes[k]);
         get_values(ps[k], vals[k]); /* the rounded start */
     }
     mt_optimizer *o =
@@ -538,7 +516,7 @@ static void test_many_and_large(void **state) {
             if (k % 7 == 5) continue; /* no gradient */
             double *g = malloc((size_t)sizes[k] * sizeof *g);
             for (int64_t i = 0; i < sizes[k]; i++) g[i] = grad_value((int)(i % 997), s + k);
-            set_grad(ps[k], g);
+            mt_test_set_grad(ps[k], g);
             free(g);
         }
         assert_int_equal(mt_optimizer_step(o), 0);
@@ -558,7 +536,7 @@ static void test_many_and_large(void **state) {
                              .wd = 0.01};
                 for (int s = 0; s < 2; s++) {
                     double g = grad_value((int)(i % 997), s + k);
-                    if (dt != MT_F32 && dt != MT_F64) g = round_to(g, dt);
+                    if (dt != MT_F32 && dt != MT_F64) g = mt_test_round_to(g, dt);
                     ref_step(&r, &want[i], &g, 1);
                 }
             }
@@ -578,283 +556,11 @@ static void test_many_and_large(void **state) {
     assert_no_error();
 }
 
-/* ---------------------------------------------------------------- clip_grad_norm */
-
-static void test_clip_grad_norm(void **state) {
-    (void)state;
-    mt_dtype dts[] = {MT_F32, MT_F64, MT_F16};
-    for (int d = 0; d < 3; d++) {
-        mt_tensor *a = make_param((double[]){0, 0}, dts[d], MT_SHAPE(2));
-        mt_tensor *b = make_param((double[]){0}, dts[d], MT_SHAPE(1));
-        mt_tensor *c = make_param((double[]){0}, dts[d], MT_SHAPE(1));
-        mt_tensor *ps[3] = {a, b, c};
-        mt_optimizer *o = mt_sgd_new(ps, 3, NULL);
-        assert_float_equal(mt_clip_grad_norm(o, 1.0), 0.0, 0); /* no gradients */
-        set_grad(a, (double[]){3, 4});
-        set_grad(b, (double[]){12}); /* c has none */
-        /* below the bound: returned, unchanged */
-        assert_float_equal(mt_clip_grad_norm(o, 20.0), 13.0, 1e-5);
-        assert_float_equal(mt_clip_grad_norm(o, INFINITY), 13.0, 1e-5);
-        mt_tensor *ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){3, 4}), 2, 0, 0);
-        mt_release(ga);
-        /* above: scaled to the bound */
-        assert_float_equal(mt_clip_grad_norm(o, 6.5), 13.0, 1e-5);
-        double coef = 6.5 / (13.0 + 1e-6), tol = dts[d] == MT_F16 ? 2e-3 : 1e-6;
-        ga = mt_grad(a);
-        mt_tensor *gb = mt_grad(b);
-        assert_tensor_close(ga, ((double[]){3 * coef, 4 * coef}), 2, 0, tol);
-        assert_tensor_close(gb, ((double[]){12 * coef}), 1, 0, tol);
-        mt_release(ga);
-        mt_release(gb);
-        assert_float_equal(mt_clip_grad_norm(o, 100), 6.5, dts[d] == MT_F16 ? 1e-2 : 1e-5);
-        /* non-finite with error_if_nonfinite: an error, gradients untouched */
-        set_grad(b, (double[]){INFINITY});
-        assert_true(isnan(mt_clip_grad_norm_ex(o, 1.0, true)));
-        assert_error(MT_ERR_INVALID, "total norm of the gradients is inf");
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){3 * coef, 4 * coef}), 2, 0, tol);
-        mt_release(ga);
-        /* non-finite otherwise, as torch: returned, and applied (inf: coefficient 0, so an
-           inf element becomes nan; nan: every gradient nan), with no error */
-        assert_true(isinf(mt_clip_grad_norm(o, 1.0)));
-        assert_no_error();
-        ga = mt_grad(a);
-        gb = mt_grad(b);
-        assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
-        assert_tensor_close(gb, ((double[]){NAN}), 1, 0, 0);
-        mt_release(ga);
-        mt_release(gb);
-        set_grad(a, (double[]){3, 4});
-        set_grad(b, (double[]){NAN});
-        assert_true(isnan(mt_clip_grad_norm(o, 1.0)));
-        assert_no_error(); /* a NaN norm is a value, not an error */
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){NAN, NAN}), 2, 0, 0);
-        mt_release(ga);
-        set_grad(a, (double[]){3, 4});
-        /* max_norm 0 zeroes the gradients */
-        set_grad(b, (double[]){1});
-        assert_true(mt_clip_grad_norm(o, 0.0) > 0);
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
-        mt_release(ga);
-        mt_optimizer_free(o);
-        mt_release(a);
-        mt_release(b);
-        mt_release(c);
-    }
-    assert_no_error();
-}
-
-/* The norm of mt_clip_grad_norm_async, read back (a 0-d F32 tensor on the device). */
-static double async_norm(mt_optimizer *o, double max_norm) {
-    mt_tensor *n = mt_clip_grad_norm_async(o, max_norm);
-    assert_non_null(n);
-    assert_int_equal(mt_ndim(n), 0);
-    assert_int_equal(mt_dtype_of(n), MT_F32);
-    assert_on_test_device(n);
-    double v = mt_item(n);
-    mt_release(n);
-    return v;
-}
-
-/* The device-side clip: torch's coefficient min(max / (norm + 1e-6), 1), no host wait,
-   non-finite norms applied as torch, and the same errors. */
-static void test_clip_grad_norm_async(void **state) {
-    (void)state;
-    mt_dtype dts[] = {MT_F32, MT_F64, MT_F16};
-    for (int d = 0; d < 3; d++) {
-        mt_tensor *a = make_param((double[]){0, 0}, dts[d], MT_SHAPE(2));
-        mt_tensor *b = make_param((double[]){0}, dts[d], MT_SHAPE(1));
-        mt_tensor *ps[2] = {a, b};
-        mt_optimizer *o = mt_sgd_new(ps, 2, NULL);
-        assert_float_equal(async_norm(o, 1.0), 0.0, 0); /* no gradients */
-        set_grad(a, (double[]){3, 4});
-        set_grad(b, (double[]){12});
-        double tol = dts[d] == MT_F16 ? 2e-3 : 1e-6;
-        /* below the bound: unchanged (a coefficient of exactly 1) */
-        assert_float_equal(async_norm(o, 20.0), 13.0, 1e-5);
-        mt_tensor *ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){3, 4}), 2, 0, 0);
-        mt_release(ga);
-        /* above: scaled, and no wait until the norm is read */
-        mt_synchronize(mt_test_device());
-        int64_t syncs = mt_host_sync_count();
-        mt_tensor *n = mt_clip_grad_norm_async(o, 6.5);
-        assert_int_equal(mt_host_sync_count(), syncs);
-        assert_float_equal(mt_item(n), 13.0, 1e-5);
-        mt_release(n);
-        double coef = 6.5 / (13.0 + 1e-6);
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){3 * coef, 4 * coef}), 2, 0, tol);
-        mt_release(ga);
-        /* inf: coefficient 0 (inf elements become nan); nan: everything nan; no error */
-        set_grad(a, (double[]){3, 4});
-        set_grad(b, (double[]){INFINITY});
-        assert_true(isinf(async_norm(o, 1.0)));
-        assert_no_error();
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
-        mt_release(ga);
-        set_grad(a, (double[]){3, 4});
-        set_grad(b, (double[]){NAN});
-        assert_true(isnan(async_norm(o, 1.0)));
-        assert_no_error();
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){NAN, NAN}), 2, 0, 0);
-        mt_release(ga);
-        /* inside an O2 region the arithmetic stays F32 */
-        set_grad(a, (double[]){3, 4});
-        set_grad(b, (double[]){12});
-        mt_autocast_begin(MT_F16, MT_AMP_O2);
-        assert_float_equal(async_norm(o, 1e30), 13.0, 1e-5);
-        mt_autocast_end();
-        /* errors: nothing changes */
-        assert_null(mt_clip_grad_norm_async(NULL, 1));
-        assert_error(MT_ERR_NULL, "mt_clip_grad_norm_async: arg 1: optimizer is NULL");
-        assert_null(mt_clip_grad_norm_async(o, -1));
-        assert_error(MT_ERR_INVALID, "mt_clip_grad_norm_async: arg 2: max_norm -1 is invalid");
-        ga = mt_grad(a);
-        assert_tensor_close(ga, ((double[]){3, 4}), 2, 0, 0);
-        mt_release(ga);
-        mt_optimizer_free(o);
-        mt_release(a);
-        mt_release(b);
-    }
-    assert_no_error();
-}
-
-/* An expanded (stride-0) gradient is replaced by its own copy before scaling in place. */
-static void test_clip_expanded_grad(void **state) {
-    (void)state;
-    mt_tensor *w = make_param((double[]){0, 0, 0, 0}, MT_F32, MT_SHAPE(4));
-    mt_tensor *one = mt_scalar(2.0, MT_F32, mt_test_device());
-    mt_tensor *g = mt_tensor_expand_to(one, 1, (int64_t[]){4});
-    assert_int_equal(mt_set_grad(w, g), 0);
-    mt_optimizer *o = mt_sgd_new(&w, 1, NULL);
-    assert_float_equal(mt_clip_grad_norm(o, 2.0), 4.0, 1e-6);
-    mt_tensor *gw = mt_grad(w);
-    assert_tensor_close(gw, ((double[]){1, 1, 1, 1}), 4, 1e-6, 0);
-    mt_release(gw);
-    assert_float_equal(mt_item(one), 2.0, 0); /* the shared element is not the grad's any more */
-    mt_optimizer_free(o);
-    mt_release(g);
-    mt_release(one);
-    mt_release(w);
-    assert_no_error();
-}
-
-/* ---------------------------------------------------------------- decorate */
-
-static void test_decorate(void **state) {
-    (void)state;
-    mt_dtype lows[] = {MT_F16, MT_BF16};
-    for (int l = 0; l < 2; l++) {
-        mt_dtype low = lows[l];
-        double v0[4] = {0.1, -1.7, 3.3333, 1e-3}, v1[2] = {1.0001, 0.3}, v2[3] = {7.77, 2, -5};
-        mt_tensor *w0 = make_param(v0, MT_F32, MT_SHAPE(2, 2));
-        mt_tensor *ln = make_param(v1, MT_F32, MT_SHAPE(2)); /* a norm weight: stays FP32 */
-        mt_tensor *w2 = make_param(v2, MT_F32, MT_SHAPE(3));
-        set_grad(w0, (double[]){1, 1, 1, 1});
-        uint64_t ver = mt_tensor_version(w0);
-        mt_tensor *ps[4] = {w0, ln, w2, w0}; /* a duplicate entry is harmless */
-        bool keep[4] = {false, true, false, false};
-        assert_int_equal(mt_amp_decorate(ps, 4, low, keep), 0);
-        assert_int_equal(mt_dtype_of(w0), low);
-        assert_int_equal(mt_dtype_of(ln), MT_F32);
-        assert_int_equal(mt_dtype_of(w2), low);
-        assert_shape(w0, 2, 2);
-        assert_true(mt_requires_grad(w0) && mt_is_leaf(w0));
-        assert_true(mt_tensor_version(w0) > ver);
-        assert_null(mt_grad(w0)); /* the old-dtype gradient is dropped */
-        double r0[4], r2[3];
-        for (int i = 0; i < 4; i++) r0[i] = round_to(v0[i], low);
-        for (int i = 0; i < 3; i++) r2[i] = round_to(v2[i], low);
-        assert_tensor_close(w0, r0, 4, 0, 0);
-        assert_tensor_close(ln, v1, 2, 1e-7, 0);
-        assert_tensor_close(w2, r2, 3, 0, 0);
-        /* an optimizer made afterwards holds FP32 masters made from the low values */
-        mt_optimizer *o =
-            mt_sgd_new(ps, 3, &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = true});
-        assert_non_null(o);
-        mt_tensor *m0 = mt_optimizer_master(o, 0), *m1 = mt_optimizer_master(o, 1),
-                  *m2 = mt_optimizer_master(o, 2);
-        assert_non_null(m0);
-        assert_null(m1);
-        assert_non_null(m2);
-        assert_int_equal(mt_dtype_of(m0), MT_F32);
-        assert_shape(m0, 2, 2);
-        assert_tensor_close(m0, r0, 4, 0, 0);
-        assert_tensor_close(m2, r2, 3, 0, 0);
-        /* and a training step with low gradients works */
-        set_grad(w0, (double[]){-1, -1, -1, -1});
-        set_grad(ln, (double[]){1, 1});
-        assert_int_equal(mt_optimizer_step(o), 0);
-        double want[4];
-        for (int i = 0; i < 4; i++) want[i] = r0[i] + (float)1e-4;
-        assert_tensor_close(m0, want, 4, 1e-7, 1e-6);
-        assert_tensor_close(ln, ((double[]){v1[0] - 1e-4, v1[1] - 1e-4}), 2, 1e-7, 1e-6);
-        mt_release(m0);
-        mt_release(m2);
-        mt_optimizer_free(o);
-        /* without keep_fp32 every parameter is cast */
-        assert_int_equal(mt_amp_decorate(&ln, 1, low, NULL), 0);
-        assert_int_equal(mt_dtype_of(ln), low);
-        mt_release(w0);
-        mt_release(ln);
-        mt_release(w2);
-    }
-    assert_no_error();
-}
-
-/* Decorating after the optimizer was made is caught at the step, not silently wrong. */
-static void test_decorate_after_optimizer(void **state) {
-    (void)state;
-    mt_tensor *w = make_param((double[]){1, 2}, MT_F64, MT_SHAPE(2));
-    mt_optimizer *o = mt_momentum_new(&w, 1, NULL);
-    set_grad(w, (double[]){1, 1});
-    assert_int_equal(mt_optimizer_step(o), 0);
-    assert_int_equal(mt_amp_decorate(&w, 1, MT_F16, NULL), 0);
-    set_grad(w, (double[]){1, 1});
-    assert_int_equal(mt_optimizer_step(o), MT_ERR_STATE);
-    assert_error(MT_ERR_STATE, "params[0] is now f16");
-    mt_optimizer_free(o);
-    mt_release(w);
-}
-
-static void test_decorate_errors(void **state) {
-    (void)state;
-    mt_tensor *w = make_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
-    mt_tensor *i64 = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
-    mt_tensor *y = mt_mul_scalar(w, 2.0);
-    assert_int_equal(mt_amp_decorate(NULL, 1, MT_F16, NULL), MT_ERR_NULL);
-    assert_error(MT_ERR_NULL, "mt_amp_decorate: arg 1: params is NULL");
-    assert_int_equal(mt_amp_decorate(&w, 0, MT_F16, NULL), MT_ERR_INVALID);
-    assert_error(MT_ERR_INVALID, "arg 2: n is 0");
-    assert_int_equal(mt_amp_decorate(&w, 1, MT_F32, NULL), MT_ERR_DTYPE);
-    assert_error(MT_ERR_DTYPE, "low dtype f32 is invalid: expected f16 or bf16");
-    mt_tensor *bad[2] = {w, i64};
-    assert_int_equal(mt_amp_decorate(bad, 2, MT_F16, NULL), MT_ERR_DTYPE);
-    assert_error(MT_ERR_DTYPE, "params[1] has dtype i64");
-    assert_int_equal(mt_dtype_of(w), MT_F32); /* nothing was cast */
-    bad[1] = y;
-    assert_int_equal(mt_amp_decorate(bad, 2, MT_F16, NULL), MT_ERR_STATE);
-    assert_error(MT_ERR_STATE, "params[1] is not a leaf (made by mt_mul_scalar)");
-    bad[1] = NULL;
-    assert_int_equal(mt_amp_decorate(bad, 2, MT_F16, NULL), MT_ERR_NULL);
-    assert_error(MT_ERR_NULL, "params[1] is NULL");
-    assert_int_equal(mt_dtype_of(w), MT_F32);
-    mt_release(y);
-    mt_release(i64);
-    mt_release(w);
-}
-
 /* ---------------------------------------------------------------- errors */
 
 static void test_create_errors(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
+    mt_tensor *w = mt_test_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
     mt_tensor *nog = mt_ones(MT_SHAPE(2), MT_F32, mt_test_device());
     mt_tensor *i64 = mt_zeros(MT_SHAPE(2), MT_I64, mt_test_device());
     mt_tensor *y = mt_mul_scalar(w, 2.0);
@@ -931,9 +637,9 @@ static void test_create_errors(void **state) {
 
 static void test_use_errors(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
+    mt_tensor *w = mt_test_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
     mt_optimizer *o = mt_adam_new(&w, 1, NULL);
-    set_grad(w, (double[]){1, 1});
+    mt_test_set_grad(w, (double[]){1, 1});
 
     assert_int_equal(mt_optimizer_step(NULL), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "mt_optimizer_step: arg 1: optimizer is NULL");
@@ -990,7 +696,7 @@ static void test_use_errors(void **state) {
    not. */
 static void test_scope(void **state) {
     (void)state;
-    mt_tensor *w = make_param((double[]){1, 2}, MT_BF16, MT_SHAPE(2));
+    mt_tensor *w = mt_test_param((double[]){1, 2}, MT_BF16, MT_SHAPE(2));
     mt_tensor *g = mt_ones(MT_SHAPE(2), MT_BF16, mt_test_device());
     int64_t live = mt_live_tensors();
     mt_scope_begin();
@@ -1016,9 +722,9 @@ static void test_out_of_memory(void **state) {
     enum { N = 1000 };
     double v[N];
     for (int i = 0; i < N; i++) v[i] = init_value(i);
-    mt_tensor *h = make_param(v, MT_F16, MT_SHAPE(N));
-    mt_tensor *w = make_param(v, MT_F32, MT_SHAPE(N));
-    set_grad(w, v);
+    mt_tensor *h = mt_test_param(v, MT_F16, MT_SHAPE(N));
+    mt_tensor *w = mt_test_param(v, MT_F32, MT_SHAPE(N));
+    mt_test_set_grad(w, v);
     mt_optimizer *o = mt_adam_new(&w, 1, NULL);
     mt_debug_set_alloc_limit(1000);
     /* the FP32 master (4000 bytes) cannot be allocated */
@@ -1054,12 +760,6 @@ int main(void) {
         MT_TEST(test_plain_number_refused),
         MT_TEST(test_strided),
         MT_TEST(test_many_and_large),
-        MT_TEST(test_clip_grad_norm),
-        MT_TEST(test_clip_grad_norm_async),
-        MT_TEST(test_clip_expanded_grad),
-        MT_TEST(test_decorate),
-        MT_TEST(test_decorate_after_optimizer),
-        MT_TEST(test_decorate_errors),
         MT_TEST(test_create_errors),
         MT_TEST(test_use_errors),
         MT_TEST(test_scope),

@@ -271,6 +271,31 @@ static inline mt_tensor *mt_test_tensor(const double *v, mt_dtype dt, int ndim,
     return t;
 }
 
+/* A parameter (requires_grad) of dtype dt from doubles, on the device under test. */
+static inline mt_tensor *mt_test_param(const double *v, mt_dtype dt, int ndim,
+                                       const int64_t *shape) {
+    mt_tensor *t = mt_test_tensor(v, dt, ndim, shape);
+    mt_set_requires_grad(t, true);
+    return t;
+}
+
+/* Sets p's gradient from doubles (stored in p's dtype and shape). */
+static inline void mt_test_set_grad(mt_tensor *p, const double *v) {
+    mt_tensor *g = mt_test_tensor(v, mt_dtype_of(p), mt_ndim(p), mt_shape(p));
+    assert_int_equal(mt_set_grad(p, g), 0);
+    mt_release(g);
+}
+
+/* x rounded to dt's storage through the library's own conversion. A reference value, so it is
+   computed on the host (MT_CPU), independently of the device under test; test_half checks the
+   host conversion against src/math bit for bit. */
+static inline double mt_test_round_to(double x, mt_dtype dt) {
+    mt_tensor *t = mt_scalar(x, dt, MT_CPU);
+    double v = mt_item(t);
+    mt_release(t);
+    return v;
+}
+
 /* The element count of a shape. */
 static inline int64_t mt_test_numel(int nd, const int64_t *shape) {
     int64_t n = 1;
