@@ -1,8 +1,9 @@
 """Golden cases for the nn ops of issue 9 (normalisation and indexing), called by
 tools/gen_golden.py. Low-precision normalisation cases follow the MIXED rule
-(OpFile.case(mixed=True)): a F16/BF16 activation with FP32 parameters whose values are exact in both low dtypes, so rounding them would change
-nothing either way. Dropout has no golden file: its mask comes from mixtape's Philox stream,
-not torch's generator (test/test_dropout.c checks it statistically)."""
+(OpFile.case(mixed=True)): a F16/BF16 activation with FP32 parameters whose values are exact
+in both low dtypes, so rounding them would change nothing either way. Dropout has no golden
+file: its mask comes from mixtape's Philox stream, not torch's generator (test/test_dropout.c
+checks it statistically)."""
 import torch
 import torch.nn.functional as F
 
