@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "bench_util.h"
 
@@ -40,7 +39,7 @@
 #define MT_RESNET_AMP "samples/resnet_amp"
 #endif
 
-enum { MAX_ROWS = 256, MAX_LINE = 4096, N_MODES = 4 };
+enum { MAX_ROWS = 256, N_MODES = 4 };
 static const char *MODES[N_MODES] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
 static const char *LABELS[N_MODES] = {"FP32", "AMP-O1 FP16", "AMP-O2 FP16 master weights",
                                       "AMP-O1 BF16"};

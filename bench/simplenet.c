@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "bench_util.h"
 #include "mixtape.h"
@@ -40,7 +39,7 @@
 #define MT_SIMPLENET_AMP "samples/simplenet_amp"
 #endif
 
-enum { MAX_ROWS = 128, MAX_LINE = 4096 };
+enum { MAX_ROWS = 128 };
 
 typedef struct {
     mt_bench_row h;
