@@ -5,14 +5,8 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include "bench_util.h"
 #include "mixtape.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     int64_t n = argc > 1 ? atoll(argv[1]) : 788000;
@@ -27,7 +21,7 @@ int main(int argc, char **argv) {
         double ms[3];
         for (int k = 0; k < 3; k++) {
             mt_dist_barrier();
-            double t0 = now_s();
+            double t0 = mt_bench_now_s();
             for (int i = 0; i < CALLS; i++) {
                 if (k == 0) {
                     if (mt_all_reduce(t, MT_REDUCE_SUM) < 0) {
@@ -42,7 +36,7 @@ int main(int argc, char **argv) {
                     MPI_Wait(&r, MPI_STATUS_IGNORE);
                 }
             }
-            ms[k] = 1e3 * (now_s() - t0) / CALLS;
+            ms[k] = 1e3 * (mt_bench_now_s() - t0) / CALLS;
         }
         printf("rank %d round %d: %lld floats: mt_all_reduce %.2f ms, MPI_Allreduce %.2f ms, "
                "MPI_Iallreduce+MPI_Wait %.2f ms\n",

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "bench_util.h"
 #include "mixtape.h"
 
@@ -25,12 +24,6 @@ static const shape shapes[] = {
 };
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 #define NCONF   (NSHAPES * 4)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Best ms per forward + backward step of one configuration, or a negative value. */
 static double time_mixtape(const shape *s, mt_dtype dt, bool cl, int reps) {
@@ -52,10 +45,10 @@ static double time_mixtape(const shape *s, mt_dtype dt, bool cl, int reps) {
     double best = 1e30;
     for (int r = 0; r < reps + 1 && best >= 0; r++) {
         mt_scope_begin();
-        double t0 = now();
+        double t0 = mt_bench_now_s();
         mt_tensor *y = mt_conv2d(x, w, b, &o);
         int rc = y ? mt_backward(y, g) : -1;
-        double t1 = now();
+        double t1 = mt_bench_now_s();
         mt_scope_end();
         mt_zero_grad(x), mt_zero_grad(w), mt_zero_grad(b);
         if (rc) {

@@ -85,14 +85,14 @@ static mt_tensor *mt_side_call(const mt_side *s) {
 /* Seconds per call of `iters` queued calls and one synchronization; NAN on an error. */
 static double mt_side_time(const mt_side *s, int iters) {
     if (mt_synchronize(s->dev) != MT_OK) return NAN;
-    double t0 = mt_gpu_bench_now();
+    double t0 = mt_bench_now_s();
     for (int i = 0; i < iters; i++) {
         mt_tensor *y = mt_side_call(s);
         if (!y) return NAN;
         mt_release(y);
     }
     if (mt_synchronize(s->dev) != MT_OK) return NAN;
-    return (mt_gpu_bench_now() - t0) / iters;
+    return (mt_bench_now_s() - t0) / iters;
 }
 
 /* ---- the cuBLAS side: the toolkit's libcublas, loaded here as the library loads it (the
@@ -153,11 +153,11 @@ static cublasStatus_t blas_call(const blas_side *s) {
 
 static double blas_time(const blas_side *s, int iters) {
     if (cudaDeviceSynchronize() != cudaSuccess) return NAN;
-    double t0 = mt_gpu_bench_now();
+    double t0 = mt_bench_now_s();
     for (int i = 0; i < iters; i++)
         if (blas_call(s) != CUBLAS_STATUS_SUCCESS) return NAN;
     if (cudaDeviceSynchronize() != cudaSuccess) return NAN;
-    return (mt_gpu_bench_now() - t0) / iters;
+    return (mt_bench_now_s() - t0) / iters;
 }
 
 /* A device copy of host tensor t (contiguous, on the CPU); NULL on failure. */

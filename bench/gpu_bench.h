@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include "bench_util.h"
 #include "mixtape.h"
 #ifdef MT_BENCH_CUDART
 #include <cuda_runtime_api.h>
@@ -20,12 +20,6 @@
 /* The exit status of a CUDA benchmark run without a CUDA device: meson counts it as skipped
    (never passed), and tools/gpu_test.sh records it as a failure on a GPU machine. */
 #define MT_GPU_BENCH_NO_DEVICE 77
-
-static inline double mt_gpu_bench_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* "cuda" or "cuda:N" -> N (0 for "cuda"); -1 for anything else. */
 static inline int mt_gpu_bench_parse_device(const char *s) {

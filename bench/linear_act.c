@@ -7,15 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "bench_util.h"
 #include "mixtape.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const int64_t shapes[][3] = {{512, 1024, 1024}, {4096, 256, 256}, {64, 4096, 4096}};
 #define N_SHAPES 3
@@ -44,12 +37,12 @@ static void best_pair(int reps, bool grad, mt_tensor *x, mt_tensor *w, mt_tensor
     double best[2] = {1e30, 1e30};
     for (int r = 0; r < reps + 1; r++) /* the first warms caches, threads, primitives */
         for (int f = 0; f < 2; f++) {
-            double t0 = now();
+            double t0 = mt_bench_now_s();
             if (step(f == 0, grad, x, w, b)) {
                 fprintf(stderr, "mt_linear_act bench failed: %s\n", mt_last_error());
                 exit(1);
             }
-            double t = now() - t0;
+            double t = mt_bench_now_s() - t0;
             if (r > 0 && t < best[f]) best[f] = t;
         }
     *fused = best[0] * 1e3;

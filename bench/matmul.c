@@ -6,14 +6,8 @@
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include "bench_util.h"
 #include "mixtape.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
     int64_t n = argc > 1 ? atoll(argv[1]) : 1024;
@@ -34,12 +28,12 @@ int main(int argc, char **argv) {
     float *pc = mt_data_ptr(c);
     double best_mt = 1e30, best_blas = 1e30;
     for (int r = 0; r < reps + 1; r++) { /* the first round warms caches and threads */
-        double t0 = now();
+        double t0 = mt_bench_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, pa,
                     (int)n, pb, (int)n, 0.0f, pc, (int)n);
-        double t1 = now();
+        double t1 = mt_bench_now_s();
         mt_tensor *y = mt_matmul(a, b);
-        double t2 = now();
+        double t2 = mt_bench_now_s();
         if (!y) {
             fprintf(stderr, "mt_matmul failed: %s\n", mt_last_error());
             return 1;
@@ -62,9 +56,9 @@ int main(int argc, char **argv) {
         mt_tensor *al = mt_cast(a, lows[l]), *bl = mt_cast(b, lows[l]);
         double best = 1e30;
         for (int r = 0; r < reps + 1; r++) {
-            double t0 = now();
+            double t0 = mt_bench_now_s();
             mt_tensor *y = mt_matmul(al, bl);
-            double t1 = now();
+            double t1 = mt_bench_now_s();
             if (!y) {
                 fprintf(stderr, "mt_matmul failed: %s\n", mt_last_error());
                 return 1;

@@ -7,15 +7,8 @@
    Usage: norm [reps] [threads] */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include "bench_util.h"
 #include "mixtape.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 enum { NCHW, NHWC, NHWC_COPY };
 static const char *const layout_names[] = {"nchw", "nhwc", "nhwc-copy"};
@@ -24,12 +17,12 @@ static const char *const layout_names[] = {"nchw", "nhwc", "nhwc-copy"};
 static double step(bool bn, int layout, mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_tensor *rm,
                    mt_tensor *rv, mt_tensor *cot) {
     mt_scope_begin();
-    double t0 = now();
+    double t0 = mt_bench_now_s();
     mt_tensor *xin = layout == NHWC_COPY ? mt_contiguous(x) : x;
     mt_tensor *y =
         bn ? mt_batch_norm(xin, rm, rv, w, b, true, 0.1, 1e-5) : mt_layer_norm(x, 1, w, b, 1e-5);
     int rc = y ? mt_backward(y, cot) : -1;
-    double t = now() - t0;
+    double t = mt_bench_now_s() - t0;
     mt_scope_end();
     return rc == 0 ? t : -1;
 }
@@ -72,11 +65,8 @@ static int run(bool bn, int layout, mt_dtype dt, int reps) {
 }
 
 int main(int argc, char **argv) {
-    int reps, threads;
-    if (!mt_bench_reps_threads(argc, argv, 0, 0, &reps, &threads)) return 2;
-    if (threads) mt_set_num_threads(threads);
-    mt_manual_seed(1);
-    printf("mixtape, %d threads\n", mt_get_num_threads());
+    int reps;
+    if (!mt_bench_kernel_start(argc, argv, &reps)) return 2;
     int rc = 0;
     for (int bn = 1; bn >= 0; bn--)
         for (int layout = 0; layout < (bn ? 3 : 1); layout++)

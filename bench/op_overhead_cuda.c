@@ -78,14 +78,14 @@ enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 /* Microseconds per call: `iters` calls, one synchronization; NAN on an error. */
 static double time_op(const tiny_op *op, mt_device dev, int iters) {
     if (mt_synchronize(dev) != MT_OK) return NAN;
-    double t0 = mt_gpu_bench_now();
+    double t0 = mt_bench_now_s();
     for (int i = 0; i < iters; i++) {
         mt_tensor *y = op->fn();
         if (!y) return NAN;
         mt_release(y);
     }
     if (mt_synchronize(dev) != MT_OK) return NAN;
-    return (mt_gpu_bench_now() - t0) / iters * 1e6;
+    return (mt_bench_now_s() - t0) / iters * 1e6;
 }
 
 static bool setup(mt_device dev) {

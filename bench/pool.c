@@ -5,15 +5,8 @@
    Usage: pool [reps] [threads] */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include "bench_util.h"
 #include "mixtape.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *dtype_name(mt_dtype dt) {
     return dt == MT_F32 ? "f32" : dt == MT_BF16 ? "bf16" : "f16";
@@ -33,10 +26,10 @@ static int run(bool max, bool cl, mt_dtype dt, int reps) {
         mt_tensor *x = cl ? mt_to_channels_last(mt_detach(leaf)) : mt_detach(leaf);
         mt_tensor *c = cl ? mt_to_channels_last(cot) : cot;
         mt_set_requires_grad(x, true);
-        double t0 = now();
+        double t0 = mt_bench_now_s();
         mt_tensor *y = max ? mt_max_pool2d(x, &o) : mt_avg_pool2d(x, &o);
         rc = y ? mt_backward(y, c) : -1;
-        double t = now() - t0;
+        double t = mt_bench_now_s() - t0;
         mt_scope_end();
         if (r > 0 && t < best) best = t;
     }
@@ -51,11 +44,8 @@ static int run(bool max, bool cl, mt_dtype dt, int reps) {
 }
 
 int main(int argc, char **argv) {
-    int reps, threads;
-    if (!mt_bench_reps_threads(argc, argv, 0, 0, &reps, &threads)) return 2;
-    if (threads) mt_set_num_threads(threads);
-    mt_manual_seed(1);
-    printf("mixtape, %d threads\n", mt_get_num_threads());
+    int reps;
+    if (!mt_bench_kernel_start(argc, argv, &reps)) return 2;
     const mt_dtype dts[] = {MT_F32, MT_BF16, MT_F16};
     int rc = 0;
     for (int max = 1; max >= 0; max--)

@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "bench_util.h"
 
@@ -40,15 +39,13 @@
 #define MT_RESNET_AMP "samples/resnet_amp"
 #endif
 
-enum { MAX_ROWS = 256, MAX_LINE = 4096, N_MODES = 4 };
+enum { MAX_ROWS = 256, N_MODES = 4 };
 static const char *MODES[N_MODES] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
 static const char *LABELS[N_MODES] = {"FP32", "AMP-O1 FP16", "AMP-O2 FP16 master weights",
                                       "AMP-O1 BF16"};
 
 typedef struct {
-    char impl[160], mode[32], reason[256];
-    bool supported;
-    int threads;
+    mt_bench_row h;
     double images_per_s, ms, loss_first, loss;
     double cpu_ms; /* the median step's process CPU time, all threads */
     double batch;
@@ -59,62 +56,36 @@ static int n_rows;
 /* On a GPU the rows carry the mean over the timed steps (there is no per-step median). */
 static bool on_gpu;
 
+/* A row from a child's JSON line (mt_bench_run_child's add); ctx is the implementation. */
+static bool add_row(const char *line, void *impl) {
+    if (n_rows == MAX_ROWS) return false;
+    row *r = &rows[n_rows];
+    *r = (row){0};
+    if (!mt_bench_row_parse(line, impl, &r->h)) return false;
+    /* the median step resists other processes on a shared machine */
+    r->ms = mt_bench_json_num(line, on_gpu ? "ms_per_step" : "ms_median");
+    r->images_per_s = mt_bench_json_num(line, on_gpu ? "images_per_s" : "images_per_s_median");
+    r->cpu_ms = mt_bench_json_num(line, "cpu_ms_median");
+    r->batch = mt_bench_json_num(line, "batch");
+    r->loss_first = mt_bench_json_num(line, "loss_first");
+    r->loss = mt_bench_json_num(line, "loss");
+    if (r->h.supported && !(r->images_per_s > 0)) {
+        r->h.supported = false;
+        snprintf(r->h.reason, sizeof r->h.reason, "failed: no images/s in its output");
+    }
+    n_rows++;
+    return true;
+}
+
 /* Runs cmd and adds a row per JSON line; a failed command without any adds one unsupported
    row for `mode` (when given) carrying its last message. */
 static void run_json(const char *cmd, const char *impl, const char *mode) {
-    char full[2300];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *f = popen(full, "r");
-    if (!f) {
-        fprintf(stderr, "resnet bench: cannot run: %s\n", cmd);
-        return;
+    mt_bench_child ch;
+    if (!mt_bench_run_child("resnet bench", cmd, impl, mode, add_row, (void *)impl, &ch)) return;
+    if (ch.status != 0 && ch.added == 0 && mode && n_rows < MAX_ROWS) {
+        rows[n_rows] = (row){0};
+        mt_bench_row_failed(&rows[n_rows++].h, impl, mode, ch.last_msg);
     }
-    char line[MAX_LINE], last_msg[256] = "no output";
-    int added = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] != '{') {
-            line[strcspn(line, "\r\n")] = 0;
-            if (line[0]) snprintf(last_msg, sizeof last_msg, "%.250s", line);
-            continue;
-        }
-        if (n_rows == MAX_ROWS) continue;
-        row *r = &rows[n_rows];
-        *r = (row){.supported = true};
-        snprintf(r->impl, sizeof r->impl, "%s", impl);
-        if (!mt_bench_json_get(line, "mode", r->mode, sizeof r->mode)) continue;
-        char buf[64];
-        if (mt_bench_json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
-            r->supported = false;
-            mt_bench_json_get(line, "reason", r->reason, sizeof r->reason);
-        }
-        if (mt_bench_json_get(line, "version", buf, sizeof buf))
-            snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
-        r->threads = (int)mt_bench_json_num(line, "threads");
-        /* the median step resists other processes on a shared machine */
-        r->ms = mt_bench_json_num(line, on_gpu ? "ms_per_step" : "ms_median");
-        r->images_per_s = mt_bench_json_num(line, on_gpu ? "images_per_s" : "images_per_s_median");
-        r->cpu_ms = mt_bench_json_num(line, "cpu_ms_median");
-        r->batch = mt_bench_json_num(line, "batch");
-        r->loss_first = mt_bench_json_num(line, "loss_first");
-        r->loss = mt_bench_json_num(line, "loss");
-        if (r->supported && !(r->images_per_s > 0)) {
-            r->supported = false;
-            snprintf(r->reason, sizeof r->reason, "failed: no images/s in its output");
-        }
-        n_rows++;
-        added++;
-    }
-    int status = pclose(f);
-    if (status != 0 && added == 0 && mode && n_rows < MAX_ROWS) {
-        row *r = &rows[n_rows++];
-        *r = (row){.supported = false};
-        snprintf(r->impl, sizeof r->impl, "%s", impl);
-        snprintf(r->mode, sizeof r->mode, "%s", mode);
-        snprintf(r->reason, sizeof r->reason, "failed: %s", last_msg);
-    }
-    if (status != 0)
-        fprintf(stderr, "resnet bench: %s %s: exit status %d: %s\n", impl, mode ? mode : "",
-                WIFEXITED(status) ? WEXITSTATUS(status) : -1, last_msg);
 }
 
 /* The fastest supported row of impl/mode, else an unsupported one that says why, or NULL. */
@@ -122,8 +93,8 @@ static const row *best(const char *impl, const char *mode) {
     const row *b = NULL, *why = NULL;
     for (int i = 0; i < n_rows; i++) {
         const row *r = &rows[i];
-        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0) continue;
-        if (!r->supported)
+        if (!mt_bench_row_is(&r->h, impl, mode)) continue;
+        if (!r->h.supported)
             why = r;
         else if (!b || r->images_per_s > b->images_per_s)
             b = r;
@@ -136,8 +107,8 @@ static const row *best_cpu(const char *impl, const char *mode) {
     const row *b = NULL;
     for (int i = 0; i < n_rows; i++) {
         const row *r = &rows[i];
-        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0 ||
-            !r->supported || r->threads != 1 || !(r->cpu_ms > 0))
+        if (!mt_bench_row_is(&r->h, impl, mode) || !r->h.supported || r->h.threads != 1 ||
+            !(r->cpu_ms > 0))
             continue;
         if (!b || r->cpu_ms < b->cpu_ms) b = r;
     }
@@ -153,7 +124,7 @@ static void print_cpu_table(void) {
         for (int m = 0; m < N_MODES; m++) {
             const row *r = best_cpu(impls[k], MODES[m]);
             if (r)
-                printf("| %s | %s | %.1f | %.2f |\n", r->impl, LABELS[m], r->cpu_ms,
+                printf("| %s | %s | %.1f | %.2f |\n", r->h.impl, LABELS[m], r->cpu_ms,
                        1e3 * r->batch / r->cpu_ms);
         }
 }
@@ -171,7 +142,7 @@ static double print_cpu_ratio(const char *what, const row *mixtape, const row *t
 }
 
 static bool measured(const row *r) {
-    return r && r->supported;
+    return r && r->h.supported;
 }
 
 /* num / den images/s; returns NAN when either is missing. */
@@ -195,13 +166,13 @@ static void print_table(void) {
         for (int m = 0; m < N_MODES; m++) {
             const row *r = best(impls[k], MODES[m]);
             if (!r) continue;
-            if (!r->supported) {
-                printf("| %s | %s | - | %s | | | |\n", r->impl, MODES[m], r->reason);
+            if (!r->h.supported) {
+                printf("| %s | %s | - | %s | | | |\n", r->h.impl, MODES[m], r->h.reason);
                 continue;
             }
             char threads[16] = "-";
-            if (!on_gpu) snprintf(threads, sizeof threads, "%d", r->threads);
-            printf("| %s | %s | %s | %.2f | %.1f | %.4f | %.4f |\n", r->impl, LABELS[m], threads,
+            if (!on_gpu) snprintf(threads, sizeof threads, "%d", r->h.threads);
+            printf("| %s | %s | %s | %.2f | %.1f | %.4f | %.4f |\n", r->h.impl, LABELS[m], threads,
                    r->images_per_s, r->ms, r->loss_first, r->loss);
         }
     }
@@ -214,10 +185,6 @@ static void usage(void) {
             "[--python PATH] [--no-torch]\n"
             "  defaults: cpu resnet18, batch 16, image 64, 6 steps, warmup 1, 3 rounds; cuda "
             "resnet50, batch 128, image 224, 30 steps, warmup 5, 1 round\n");
-}
-
-static bool safe_for_shell(const char *s) {
-    return !strchr(s, '\'');
 }
 
 typedef struct {
@@ -247,40 +214,16 @@ static int parse_args(int argc, char **argv, options *o) {
                    .device = "cpu",
                    .warmup = -1,
                    .torch = true};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--no-torch") == 0) {
-            o->torch = false;
-            continue;
-        }
-        if (!v) {
-            usage();
-            return 2;
-        }
-        i++;
-        if (strcmp(a, "--arch") == 0)
-            o->arch = v;
-        else if (strcmp(a, "--device") == 0)
-            o->device = v;
-        else if (strcmp(a, "--warmup") == 0)
-            o->warmup = strtol(v, NULL, 10);
-        else if (strcmp(a, "--batch") == 0)
-            o->batch = strtol(v, NULL, 10);
-        else if (strcmp(a, "--image-size") == 0)
-            o->image = strtol(v, NULL, 10);
-        else if (strcmp(a, "--steps") == 0)
-            o->steps = strtol(v, NULL, 10);
-        else if (strcmp(a, "--threads") == 0)
-            o->threads = v;
-        else if (strcmp(a, "--repeat") == 0)
-            o->repeat = strtol(v, NULL, 10);
-        else if (strcmp(a, "--python") == 0)
-            o->python = v;
-        else {
-            fprintf(stderr, "resnet bench: unknown option %s\n", a);
-            usage();
-            return 2;
-        }
+    const mt_bench_opt opts[] = {
+        {"--arch", NULL, &o->arch, NULL},        {"--device", NULL, &o->device, NULL},
+        {"--warmup", &o->warmup, NULL, NULL},    {"--batch", &o->batch, NULL, NULL},
+        {"--image-size", &o->image, NULL, NULL}, {"--steps", &o->steps, NULL, NULL},
+        {"--threads", NULL, &o->threads, NULL},  {"--repeat", &o->repeat, NULL, NULL},
+        {"--python", NULL, &o->python, NULL},    {"--no-torch", NULL, NULL, &o->torch},
+    };
+    if (mt_bench_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), "resnet bench")) {
+        usage();
+        return 2;
     }
     if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "cuda") != 0) {
         fprintf(stderr, "resnet bench: --device: expected cpu or cuda, got \"%s\"\n", o->device);
@@ -296,7 +239,7 @@ static int parse_args(int argc, char **argv, options *o) {
                         "comma list\n");
         return 2;
     }
-    if (!safe_for_shell(o->python) || !safe_for_shell(o->sample)) {
+    if (!mt_bench_safe_for_shell(o->python) || !mt_bench_safe_for_shell(o->sample)) {
         fprintf(stderr, "resnet bench: paths with quotes are not supported\n");
         return 2;
     }
@@ -365,14 +308,23 @@ static void run_rounds(const options *o) {
 /* Says so when no torch row was measured: why, from the first torch row. */
 static void print_torch_unavailable(void) {
     for (int i = 0; i < n_rows; i++)
-        if (strncmp(rows[i].impl, "torch", 5) == 0 && rows[i].supported) return;
+        if (strncmp(rows[i].h.impl, "torch", 5) == 0 && rows[i].h.supported) return;
     const char *why = "no output";
     for (int i = 0; i < n_rows; i++)
-        if (strncmp(rows[i].impl, "torch", 5) == 0) {
-            why = rows[i].reason;
+        if (strncmp(rows[i].h.impl, "torch", 5) == 0) {
+            why = rows[i].h.reason;
             break;
         }
     printf("\nThe PyTorch side is unavailable here (%s): mixtape's rows only.\n", why);
+}
+
+/* mixtape's AMP modes over its FP32 (mf). */
+static void print_amp_ratios(const row *mf) {
+    for (int m = 1; m < N_MODES; m++) {
+        char what[96];
+        snprintf(what, sizeof what, "mixtape %s / mixtape FP32", LABELS[m]);
+        print_ratio(what, best("mixtape", MODES[m]), mf, "> 1: faster than FP32");
+    }
 }
 
 /* GPU: mixtape / torch per mode; the goal is mixtape's O2 against torch's AMP FP16. */
@@ -391,17 +343,11 @@ static void print_gpu_report(const options *o) {
                             best("mixtape", "o2-fp16"), t16, ">= 1: the goal");
     print_ratio("mixtape AMP-O1 BF16 / torch BF16 autocast", best("mixtape", "o1-bf16"), tb,
                 ">= 1: mixtape as fast or faster");
-    for (int m = 1; m < N_MODES; m++) {
-        char what[96];
-        snprintf(what, sizeof what, "mixtape %s / mixtape FP32", LABELS[m]);
-        print_ratio(what, best("mixtape", MODES[m]), mf, "> 1: faster than FP32");
-    }
+    print_amp_ratios(mf);
     print_ratio("torch AMP FP16 / torch FP32 (reference)", t16, tf, "> 1: faster than FP32");
     if (o->torch)
         printf("\nGoal (mixtape AMP-O2 FP16 images/s >= torch's channels_last AMP FP16): %s.\n",
-               !isfinite(r2) ? "not measured"
-               : r2 >= 1     ? "met"
-                             : "not met");
+               mt_bench_goal(r2, r2));
 }
 
 int main(int argc, char **argv) {
@@ -437,17 +383,10 @@ int main(int argc, char **argv) {
         print_ratio("mixtape FP32 / torch FP32", mf, tf, ">= 1: mixtape as fast or faster");
     double r16 = print_ratio("mixtape AMP-O1 BF16 / torch BF16 autocast", mb, tb,
                              ">= 1: mixtape as fast or faster");
-    for (int m = 1; m < N_MODES; m++) {
-        char what[96];
-        snprintf(what, sizeof what, "mixtape %s / mixtape FP32", LABELS[m]);
-        print_ratio(what, best("mixtape", MODES[m]), mf, "> 1: faster than FP32");
-    }
+    print_amp_ratios(mf);
     print_ratio("torch BF16 autocast / torch FP32 (reference)", tb, tf, "> 1: faster than FP32");
     if (o.torch)
-        printf("\nGoal (FP32 and BF16 images/s >= torch's): %s.\n",
-               !isfinite(r32) || !isfinite(r16) ? "not measured"
-               : r32 >= 1 && r16 >= 1           ? "met"
-                                                : "not met");
+        printf("\nGoal (FP32 and BF16 images/s >= torch's): %s.\n", mt_bench_goal(r32, r16));
     print_cpu_table();
     printf("\n| ratio of CPU time per step, 1 thread | value | meaning |\n|---|---|---|\n");
     double c32 = print_cpu_ratio("torch FP32 / mixtape FP32", best_cpu("mixtape", "fp32"),
@@ -457,9 +396,7 @@ int main(int argc, char **argv) {
     if (o.torch)
         printf("\nThe same goal in CPU time (1 thread; not skewed by other processes on a shared "
                "machine): %s.\n",
-               !isfinite(c32) || !isfinite(c16) ? "not measured"
-               : c32 >= 1 && c16 >= 1           ? "met"
-                                                : "not met");
+               mt_bench_goal(c32, c16));
     /* exit status 1 when mixtape could not run FP32 or BF16 */
     return measured(mf) && measured(mb) ? 0 : 1;
 }

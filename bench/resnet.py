@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 
-from bench_child import run_child
+from bench_child import cpu_fp16_refusal, cpu_train_step, run_sweep
 
 
 def make_resnet(torch, arch, classes):
@@ -141,15 +141,10 @@ def run_one(args):
     if args.device == 'cuda':
         return run_one_cuda(args, torch, F)
     torch.set_num_threads(args.threads)
-    if mode == 'o1-fp16':
-        try:
-            with torch.autocast('cpu', dtype=torch.float16):
-                pass
-        except RuntimeError as e:
-            return {'mode': mode, 'threads': args.threads, 'supported': False,
-                    'reason': 'not supported by torch %s: %s' % (torch.__version__,
-                                                                str(e).splitlines()[0])}
-    elif mode not in ('fp32', 'o1-bf16'):
+    why = cpu_fp16_refusal(torch) if mode == 'o1-fp16' else None
+    if why:
+        return {'mode': mode, 'threads': args.threads, 'supported': False, 'reason': why}
+    if mode not in ('fp32', 'o1-bf16', 'o1-fp16'):
         return {'mode': mode, 'supported': False, 'reason': 'no such mode in torch on the CPU'}
     amp_dtype = {'o1-bf16': torch.bfloat16, 'o1-fp16': torch.float16}.get(mode)
 
@@ -169,12 +164,7 @@ def run_one(args):
         ts, tc = time.perf_counter(), time.process_time()
         if step == warmup:
             t0 = ts
-        with torch.autocast('cpu', dtype=amp_dtype or torch.bfloat16,
-                            enabled=amp_dtype is not None):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = cpu_train_step(torch, amp_dtype, opt, lambda: F.cross_entropy(model(x), y))
         losses.append(loss.detach())
         step_ms.append(1e3 * (time.perf_counter() - ts))
         step_cpu_ms.append(1e3 * (time.process_time() - tc))
@@ -211,23 +201,13 @@ def main():
         args.threads = int(args.threads)
         print(json.dumps(run_one(args)), flush=True)
         return 0
-    failed = False
     # on CUDA the thread count does not apply: one child per mode
     thread_counts = ['0'] if args.device == 'cuda' else args.threads.split(',')
-    for mode in args.modes.split(','):
-        for threads in thread_counts:
-            cmd = [sys.executable, __file__, '--one', mode, '--threads', threads,
-                   '--arch', args.arch, '--batch', str(args.batch),
-                   '--image-size', str(args.image_size), '--steps', str(args.steps),
-                   '--warmup', str(args.warmup), '--classes', str(args.classes),
-                   '--lr', str(args.lr), '--seed', str(args.seed), '--device', args.device]
-            result = run_child(cmd, mode, threads)
-            if result is None:
-                failed = True
-                continue
-            if not result.get('supported', True):
-                break  # the same answer for every thread count
-    return 1 if failed else 0
+    return run_sweep(__file__, args.modes.split(','), thread_counts,
+                     ['--arch', args.arch, '--batch', str(args.batch),
+                      '--image-size', str(args.image_size), '--steps', str(args.steps),
+                      '--warmup', str(args.warmup), '--classes', str(args.classes),
+                      '--lr', str(args.lr), '--seed', str(args.seed), '--device', args.device])
 
 
 if __name__ == '__main__':

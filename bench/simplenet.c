@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "bench_util.h"
 #include "mixtape.h"
@@ -40,12 +39,10 @@
 #define MT_SIMPLENET_AMP "samples/simplenet_amp"
 #endif
 
-enum { MAX_ROWS = 128, MAX_LINE = 4096 };
+enum { MAX_ROWS = 128 };
 
 typedef struct {
-    char impl[112], mode[32], reason[256];
-    bool supported;
-    int threads;
+    mt_bench_row h;
     double ms, loss;
     double lib_peak, rss; /* bytes; NAN when not measured */
     double syncs;         /* host syncs per timed step (mixtape); NAN when not reported */
@@ -57,64 +54,47 @@ typedef struct {
     char gpu[128]; /* the GPU's name, as torch reported it */
 } table;
 
+/* A row from a child's JSON line (mt_bench_run_child's add). */
+typedef struct {
+    table *t;
+    const char *impl;
+} adding;
+
+static bool add_row(const char *line, void *ctx) {
+    adding *a = ctx;
+    table *t = a->t;
+    if (t->n == MAX_ROWS) return false;
+    row *r = &t->rows[t->n];
+    *r = (row){.lib_peak = NAN, .rss = NAN, .syncs = NAN};
+    if (!mt_bench_row_parse(line, a->impl, &r->h)) return false;
+    /* The median step resists other processes on a shared machine; the mean is the
+       fallback (GPU runs, which time whole runs only). */
+    r->ms = mt_bench_json_num(line, "ms_median");
+    if (!isfinite(r->ms)) r->ms = mt_bench_json_num(line, "ms_per_step");
+    r->loss = mt_bench_json_num(line, "loss");
+    r->rss = mt_bench_json_num(line, "rss_delta_bytes");
+    double peak = mt_bench_json_num(line, "peak_bytes"),
+           data = mt_bench_json_num(line, "data_bytes");
+    if (isfinite(peak) && isfinite(data)) r->lib_peak = peak - data;
+    r->syncs = mt_bench_json_num(line, "host_syncs_per_step");
+    if (!t->gpu[0]) mt_bench_json_get(line, "gpu", t->gpu, sizeof t->gpu);
+    t->n++;
+    return true;
+}
+
 /* Runs cmd (stderr joined to stdout) and adds a row per JSON line; when the command fails
    without any, adds one row for `mode` that carries its last message. Returns rows added. */
 static int run_json(const char *cmd, const char *impl, const char *mode, table *t) {
-    char full[2200];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *f = popen(full, "r");
-    if (!f) {
-        fprintf(stderr, "simplenet bench: cannot run: %s\n", cmd);
-        return 0;
-    }
-    char line[MAX_LINE], last_msg[256] = "no output";
-    int added = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] != '{') {
-            line[strcspn(line, "\r\n")] = 0;
-            if (line[0]) snprintf(last_msg, sizeof last_msg, "%.250s", line);
-            continue;
-        }
-        if (t->n == MAX_ROWS) continue;
-        row *r = &t->rows[t->n];
-        *r = (row){.supported = true, .lib_peak = NAN, .rss = NAN, .syncs = NAN};
-        snprintf(r->impl, sizeof r->impl, "%s", impl);
-        char buf[64];
-        if (!mt_bench_json_get(line, "mode", r->mode, sizeof r->mode)) continue;
-        if (mt_bench_json_get(line, "supported", buf, sizeof buf) && strcmp(buf, "false") == 0) {
-            r->supported = false;
-            mt_bench_json_get(line, "reason", r->reason, sizeof r->reason);
-        }
-        if (mt_bench_json_get(line, "version", buf, sizeof buf))
-            snprintf(r->impl, sizeof r->impl, "%s %s", impl, buf);
-        r->threads = (int)mt_bench_json_num(line, "threads");
-        /* The median step resists other processes on a shared machine; the mean is the
-           fallback (GPU runs, which time whole runs only). */
-        r->ms = mt_bench_json_num(line, "ms_median");
-        if (!isfinite(r->ms)) r->ms = mt_bench_json_num(line, "ms_per_step");
-        r->loss = mt_bench_json_num(line, "loss");
-        r->rss = mt_bench_json_num(line, "rss_delta_bytes");
-        double peak = mt_bench_json_num(line, "peak_bytes"),
-               data = mt_bench_json_num(line, "data_bytes");
-        if (isfinite(peak) && isfinite(data)) r->lib_peak = peak - data;
-        r->syncs = mt_bench_json_num(line, "host_syncs_per_step");
-        if (!t->gpu[0]) mt_bench_json_get(line, "gpu", t->gpu, sizeof t->gpu);
-        t->n++;
-        added++;
-    }
-    int status = pclose(f);
-    if (status != 0 && added == 0 && mode && t->n < MAX_ROWS) {
+    mt_bench_child ch;
+    adding a = {t, impl};
+    if (!mt_bench_run_child("simplenet bench", cmd, impl, mode, add_row, &a, &ch)) return 0;
+    if (ch.status != 0 && ch.added == 0 && mode && t->n < MAX_ROWS) {
         row *r = &t->rows[t->n++];
-        *r = (row){.supported = false, .lib_peak = NAN, .rss = NAN, .syncs = NAN};
-        snprintf(r->impl, sizeof r->impl, "%s", impl);
-        snprintf(r->mode, sizeof r->mode, "%s", mode);
-        snprintf(r->reason, sizeof r->reason, "failed: %s", last_msg);
-        added++;
+        *r = (row){.lib_peak = NAN, .rss = NAN, .syncs = NAN};
+        mt_bench_row_failed(&r->h, impl, mode, ch.last_msg);
+        ch.added++;
     }
-    if (status != 0)
-        fprintf(stderr, "simplenet bench: %s %s: exit status %d: %s\n", impl, mode ? mode : "",
-                WIFEXITED(status) ? WEXITSTATUS(status) : -1, last_msg);
-    return added;
+    return ch.added;
 }
 
 /* The fastest supported row of impl/mode, or an unsupported one to explain why, or NULL. */
@@ -122,8 +102,8 @@ static const row *best(const table *t, const char *impl, const char *mode) {
     const row *b = NULL, *why = NULL;
     for (int i = 0; i < t->n; i++) {
         const row *r = &t->rows[i];
-        if (strncmp(r->impl, impl, strlen(impl)) != 0 || strcmp(r->mode, mode) != 0) continue;
-        if (!r->supported) {
+        if (!mt_bench_row_is(&r->h, impl, mode)) continue;
+        if (!r->h.supported) {
             why = r;
         } else if (isfinite(r->ms) && (!b || r->ms < b->ms)) {
             b = r;
@@ -141,7 +121,7 @@ static void print_mib(double bytes) {
 
 static void print_ratio(const char *what, const row *num, const row *den, const char *meaning) {
     printf("| %s |", what);
-    if (num && den && num->supported && den->supported && den->ms > 0)
+    if (num && den && num->h.supported && den->h.supported && den->ms > 0)
         printf(" %.2f | %s |\n", num->ms / den->ms, meaning);
     else
         printf(" - | not measured |\n");
@@ -150,15 +130,11 @@ static void print_ratio(const char *what, const row *num, const row *den, const 
 /* Ratio of the two rows' peak memory (lib peak: data set excluded). */
 static void print_mem_ratio(const char *what, const row *num, const row *den) {
     printf("| %s |", what);
-    if (num && den && num->supported && den->supported && isfinite(num->lib_peak) &&
+    if (num && den && num->h.supported && den->h.supported && isfinite(num->lib_peak) &&
         isfinite(den->lib_peak) && den->lib_peak > 0)
         printf(" %.2f | < 1: mixtape uses less |\n", num->lib_peak / den->lib_peak);
     else
         printf(" - | not measured |\n");
-}
-
-static bool safe_for_shell(const char *s) {
-    return !strchr(s, '\'');
 }
 
 /* --device cuda: mixtape and torch on the same GPU, same sizes, same warm-up. */
@@ -204,11 +180,11 @@ static int run_cuda(const char *device, long hidden, long batch, long steps, lon
         for (int m = 0; m < NM; m++) {
             const row *r = best(&t, impls[k], modes[m]);
             if (!r) continue;
-            if (!r->supported) {
-                printf("| %s | %s | %s | | | |\n", r->impl, modes[m], r->reason);
+            if (!r->h.supported) {
+                printf("| %s | %s | %s | | | |\n", r->h.impl, modes[m], r->h.reason);
                 continue;
             }
-            printf("| %s | %s | %.3f | %.6g |", r->impl, labels[m], r->ms, r->loss);
+            printf("| %s | %s | %.3f | %.6g |", r->h.impl, labels[m], r->ms, r->loss);
             print_mib(r->lib_peak);
             if (isfinite(r->syncs))
                 printf(" %.2f |\n", r->syncs);
@@ -242,7 +218,7 @@ static int run_cuda(const char *device, long hidden, long batch, long steps, lon
     for (int k = 0; k < (torch ? 2 : 1); k++)
         for (int m = 0; m < NM; m++) {
             const row *r = best(&t, impls[k], modes[m]);
-            if (!r || !r->supported) missing++;
+            if (!r || !r->h.supported) missing++;
         }
     if (missing) printf("\n%d (implementation, mode) pair(s) did not run.\n", missing);
     return missing ? 1 : 0;
@@ -254,42 +230,20 @@ int main(int argc, char **argv) {
     const char *threads = "1,2", *python = MT_TORCH_PYTHON, *sample = MT_SIMPLENET_AMP;
     const char *device = "cpu";
     bool torch = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--no-torch") == 0) {
-            torch = false;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "usage: simplenet [--device cpu|cuda[:N]] [--hidden N] [--batch N] "
-                            "[--steps N] [--epochs N] [--threads 1,2] [--warmup N] [--repeat N] "
-                            "[--python PATH] [--no-torch]\n");
-            return 2;
-        }
-        i++;
-        if (strcmp(a, "--hidden") == 0)
-            hidden = strtol(v, NULL, 10);
-        else if (strcmp(a, "--batch") == 0)
-            batch = strtol(v, NULL, 10);
-        else if (strcmp(a, "--steps") == 0)
-            steps = strtol(v, NULL, 10);
-        else if (strcmp(a, "--epochs") == 0)
-            epochs = strtol(v, NULL, 10);
-        else if (strcmp(a, "--threads") == 0)
-            threads = v;
-        else if (strcmp(a, "--repeat") == 0)
-            repeat = strtol(v, NULL, 10);
-        else if (strcmp(a, "--warmup") == 0)
-            warmup = strtol(v, NULL, 10);
-        else if (strcmp(a, "--device") == 0)
-            device = v;
-        else if (strcmp(a, "--python") == 0)
-            python = v;
-        else {
-            fprintf(stderr, "simplenet bench: unknown option %s\n", a);
-            return 2;
-        }
-    }
+    const mt_bench_opt opts[] = {
+        {"--hidden", &hidden, NULL, NULL},   {"--batch", &batch, NULL, NULL},
+        {"--steps", &steps, NULL, NULL},     {"--epochs", &epochs, NULL, NULL},
+        {"--threads", NULL, &threads, NULL}, {"--repeat", &repeat, NULL, NULL},
+        {"--warmup", &warmup, NULL, NULL},   {"--device", NULL, &device, NULL},
+        {"--python", NULL, &python, NULL},   {"--no-torch", NULL, NULL, &torch},
+    };
+    int rc =
+        mt_bench_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), "simplenet bench");
+    if (rc == MT_BENCH_OPTS_MISSING)
+        fprintf(stderr, "usage: simplenet [--device cpu|cuda[:N]] [--hidden N] [--batch N] "
+                        "[--steps N] [--epochs N] [--threads 1,2] [--warmup N] [--repeat N] "
+                        "[--python PATH] [--no-torch]\n");
+    if (rc) return 2;
     bool cuda = strncmp(device, "cuda", 4) == 0 &&
                 (device[4] == 0 || (device[4] == ':' && device[5] &&
                                     strspn(device + 5, "0123456789") == strlen(device + 5)));
@@ -310,7 +264,7 @@ int main(int argc, char **argv) {
                         "--repeat 1..8, --threads a comma list\n");
         return 2;
     }
-    if (!safe_for_shell(python) || !safe_for_shell(sample)) {
+    if (!mt_bench_safe_for_shell(python) || !mt_bench_safe_for_shell(sample)) {
         fprintf(stderr, "simplenet bench: paths with quotes are not supported\n");
         return 2;
     }
@@ -376,11 +330,12 @@ int main(int argc, char **argv) {
         for (int m = 0; m < nm; m++) {
             const row *r = best(&t, impls[k], ms[m]);
             if (!r) continue;
-            if (!r->supported) {
-                printf("| %s | %s | - | %s | | | |\n", r->impl, r->mode, r->reason);
+            if (!r->h.supported) {
+                printf("| %s | %s | - | %s | | | |\n", r->h.impl, r->h.mode, r->h.reason);
                 continue;
             }
-            printf("| %s | %s | %d | %.2f | %.6g |", r->impl, r->mode, r->threads, r->ms, r->loss);
+            printf("| %s | %s | %d | %.2f | %.6g |", r->h.impl, r->h.mode, r->h.threads, r->ms,
+                   r->loss);
             print_mib(r->lib_peak);
             print_mib(r->rss);
             printf("\n");

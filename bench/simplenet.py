@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 
-from bench_child import run_child
+from bench_child import cpu_fp16_refusal, cpu_train_step, run_sweep
 
 
 def run_one(args):
@@ -69,13 +69,9 @@ def run_one(args):
         amp_dtype = torch.bfloat16
     elif args.one == 'o1-fp16':
         amp_dtype = torch.float16
-        try:
-            with torch.autocast('cpu', dtype=torch.float16):
-                pass
-        except RuntimeError as e:
-            return {'mode': args.one, 'supported': False,
-                    'reason': 'not supported by torch %s: %s' % (torch.__version__,
-                                                                str(e).splitlines()[0])}
+        why = cpu_fp16_refusal(torch)
+        if why:
+            return {'mode': args.one, 'supported': False, 'reason': why}
     elif args.one != 'fp32':
         return {'mode': args.one, 'supported': False, 'reason': 'failed: unknown mode'}
 
@@ -96,12 +92,7 @@ def run_one(args):
         if s == warmup:
             t0 = ts  # the first steps warm up
         x, y = xs[s % args.steps], ys[s % args.steps]
-        with torch.autocast('cpu', dtype=amp_dtype or torch.bfloat16,
-                            enabled=amp_dtype is not None):
-            loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = cpu_train_step(torch, amp_dtype, opt, lambda: F.mse_loss(model(x), y))
         if s == total - 1:
             loss_value = loss.item()
         step_ms.append(1e3 * (time.perf_counter() - ts))
@@ -312,20 +303,10 @@ def main():
         print(json.dumps(run_one(args)), flush=True)
         return 0
 
-    failed = False
-    for mode in args.modes.split(','):
-        for threads in args.threads.split(','):
-            cmd = [sys.executable, __file__, '--one', mode, '--threads', threads,
-                   '--hidden', str(args.hidden), '--batch', str(args.batch),
-                   '--steps', str(args.steps), '--epochs', str(args.epochs),
-                   '--seed', str(args.seed), '--warmup', str(args.warmup)]
-            result = run_child(cmd, mode, threads)
-            if result is None:
-                failed = True
-                continue
-            if not result.get('supported', True):
-                break  # the same answer for every thread count
-    return 1 if failed else 0
+    return run_sweep(__file__, args.modes.split(','), args.threads.split(','),
+                     ['--hidden', str(args.hidden), '--batch', str(args.batch),
+                      '--steps', str(args.steps), '--epochs', str(args.epochs),
+                      '--seed', str(args.seed), '--warmup', str(args.warmup)])
 
 
 if __name__ == '__main__':

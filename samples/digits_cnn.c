@@ -18,7 +18,6 @@
  * Adam FP32 master weights). --json prints one object per epoch and a last one holding
  * "test_accuracy". Run with --help for the options. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -29,6 +28,7 @@
 #include <time.h>
 #define MT_SAMPLE_NAME "digits_cnn"
 #include "sample_util.h"
+#include "sample_opts.h"
 
 #ifndef MT_DIGITS_DATA
 #define MT_DIGITS_DATA "digits.txt"
@@ -74,40 +74,34 @@ static void usage(FILE *f) {
             MT_DIGITS_DATA);
 }
 
-static double parse_double(const char *opt, const char *s, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "digits_cnn: %s: expected a number in [%g, %g], got \"%s\"\n", opt, lo, hi,
-                s);
+static void parse_amp(const char *s, void *dst) {
+    amp_mode *amp = dst;
+    if (strcmp(s, "off") == 0)
+        *amp = AMP_OFF;
+    else if (strcmp(s, "o1") == 0)
+        *amp = AMP_O1;
+    else if (strcmp(s, "o2") == 0)
+        *amp = AMP_O2;
+    else {
+        fprintf(stderr, "digits_cnn: --amp: expected off, o1 or o2, got \"%s\"\n", s);
         exit(2);
     }
-    return v;
-}
-
-static amp_mode parse_amp(const char *s) {
-    if (strcmp(s, "off") == 0) return AMP_OFF;
-    if (strcmp(s, "o1") == 0) return AMP_O1;
-    if (strcmp(s, "o2") == 0) return AMP_O2;
-    fprintf(stderr, "digits_cnn: --amp: expected off, o1 or o2, got \"%s\"\n", s);
-    exit(2);
 }
 
 static void parse_args(int argc, char **argv, config *c) {
-    enum { O_DATA = 256, O_EPOCHS, O_BATCH, O_LR, O_DROPOUT, O_SEED, O_DEVICE, O_AMP, O_THREADS };
-    static const struct option opts[] = {{"data", required_argument, 0, O_DATA},
-                                         {"epochs", required_argument, 0, O_EPOCHS},
-                                         {"batch", required_argument, 0, O_BATCH},
-                                         {"lr", required_argument, 0, O_LR},
-                                         {"dropout", required_argument, 0, O_DROPOUT},
-                                         {"seed", required_argument, 0, O_SEED},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"amp", required_argument, 0, O_AMP},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"json", no_argument, 0, 'j'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    const sample_opt opts[] = {
+        SAMPLE_OPT("data", SO_STRING, &c->data),
+        SAMPLE_OPT_RANGE("epochs", SO_INT, &c->epochs, 1, 10000),
+        SAMPLE_OPT_RANGE("batch", SO_I64, &c->batch, 2, 1437),
+        SAMPLE_OPT_DOUBLE("lr", &c->lr, 0, 10),
+        SAMPLE_OPT_DOUBLE("dropout", &c->dropout, 0, 0.99),
+        SAMPLE_OPT_SEED(&c->seed),
+        SAMPLE_OPT("device", SO_DEVICE, &c->dev),
+        SAMPLE_OPT_CALL("amp", &c->amp, parse_amp),
+        SAMPLE_OPT_THREADS(&c->threads),
+        {.name = "json", .kind = SO_FLAG, .dst = &c->json, .short_name = 'j'},
+        SAMPLE_OPT_HELP,
+    };
     *c = (config){.data = MT_DIGITS_DATA,
                   .epochs = 12,
                   .batch = 32,
@@ -115,56 +109,8 @@ static void parse_args(int argc, char **argv, config *c) {
                   .dropout = 0.25,
                   .seed = 1,
                   .dev = MT_CPU};
-    int o;
-    while ((o = getopt_long(argc, argv, "hj", opts, NULL)) != -1) {
-        switch (o) {
-        case O_DATA:
-            c->data = optarg;
-            break;
-        case O_EPOCHS:
-            c->epochs = (int)parse_long("--epochs", optarg, 1, 10000);
-            break;
-        case O_BATCH:
-            c->batch = parse_long("--batch", optarg, 2, 1437);
-            break;
-        case O_LR:
-            c->lr = parse_double("--lr", optarg, 0, 10);
-            break;
-        case O_DROPOUT:
-            c->dropout = parse_double("--dropout", optarg, 0, 0.99);
-            break;
-        case O_SEED:
-            c->seed = (uint64_t)parse_long("--seed", optarg, 0, LONG_MAX);
-            break;
-        case O_THREADS:
-            c->threads = (int)parse_long("--threads", optarg, 1, 4096);
-            break;
-        case O_DEVICE:
-            c->dev = parse_device(optarg);
-            break;
-        case O_AMP:
-            c->amp = parse_amp(optarg);
-            break;
-        case 'j':
-            c->json = true;
-            break;
-        case 'h':
-            usage(stdout);
-            exit(0);
-        default:
-            usage(stderr);
-            exit(2);
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "digits_cnn: unexpected argument \"%s\"\n", argv[optind]);
-        exit(2);
-    }
-    if (c->dev.type == MT_DEVICE_CUDA && c->dev.index >= mt_cuda_device_count()) {
-        fprintf(stderr, "digits_cnn: --device cuda:%d: %d CUDA device(s) available\n", c->dev.index,
-                mt_cuda_device_count());
-        exit(1);
-    }
+    sample_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), usage, false);
+    c->dev = resolve_device(true, c->dev);
 }
 
 /* Reads the file of tools/dump_digits.py: "digits N 64", then N lines "label p0 .. p63".

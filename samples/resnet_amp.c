@@ -33,7 +33,6 @@
  * "param_checksum" (the sum of every parameter after training: equal on every rank; batch
  * norm's running statistics are per rank, as torch's DDP with broadcast_buffers off). */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -44,6 +43,7 @@
 #include <time.h>
 #define MT_SAMPLE_NAME "resnet_amp"
 #include "sample_util.h"
+#include "sample_opts.h"
 
 typedef struct {
     bool resnet50;
@@ -195,102 +195,49 @@ static void usage(FILE *f) {
 
 /* Sizes given on the command line; 0 (-1 for warmup): the device's default. */
 typedef struct {
-    long batch, image, steps, warmup;
+    int64_t batch, image, steps, warmup;
     bool dev_given;
 } given;
 
-enum { O_ARCH = 256, O_MODES, O_DEVICE, O_BATCH, O_IMAGE, O_STEPS, O_WARMUP, O_CLASSES, O_LR };
-enum { O_THREADS = 300, O_SEED, O_JSON, O_HELP };
-
-static double parse_lr(const char *s) {
+static void parse_lr(const char *s, void *dst) {
     char *end;
     double lr = strtod(s, &end);
     if (end == s || *end || !(lr >= 0 && lr < 100)) {
         fprintf(stderr, "resnet_amp: --lr: expected a number in [0, 100), got \"%s\"\n", s);
         exit(2);
     }
-    return lr;
+    *(double *)dst = lr;
 }
 
-static void parse_option(int o, const char *arg, config *c, given *g) {
-    if (parse_ddp_option(o, arg, &c->ddp, &c->ddp_opts)) return;
-    switch (o) {
-    case O_ARCH:
-        if (strcmp(arg, "resnet18") != 0 && strcmp(arg, "resnet50") != 0) {
-            fprintf(stderr, "resnet_amp: --arch: expected resnet18 or resnet50, got \"%s\"\n", arg);
-            exit(2);
-        }
-        c->resnet50 = strcmp(arg, "resnet50") == 0;
-        break;
-    case O_MODES:
-        parse_modes(arg, c->run);
-        break;
-    case O_DEVICE:
-        g->dev_given = true;
-        c->dev = parse_device(arg);
-        break;
-    case O_BATCH:
-        g->batch = parse_long("--batch", arg, 2, 1 << 16); /* batch norm needs 2 */
-        break;
-    case O_IMAGE:
-        g->image = parse_long("--image-size", arg, 32, 1 << 12); /* 32 halves 5 times */
-        break;
-    case O_STEPS:
-        g->steps = parse_long("--steps", arg, 1, 1 << 20);
-        break;
-    case O_WARMUP:
-        g->warmup = parse_long("--warmup", arg, 0, 1 << 20);
-        break;
-    case O_CLASSES:
-        c->classes = parse_long("--classes", arg, 2, 1 << 20);
-        break;
-    case O_LR:
-        c->lr = parse_lr(arg);
-        break;
-    case O_THREADS:
-        c->threads = (int)parse_long("--threads", arg, 1, 4096);
-        break;
-    case O_SEED:
-        c->seed = (uint64_t)parse_long("--seed", arg, 0, LONG_MAX);
-        break;
-    case O_JSON:
-        c->json = true;
-        break;
-    case 'h':
-    case O_HELP:
-        usage(stdout);
-        exit(0);
-    default:
-        usage(stderr);
+static void parse_arch(const char *arg, void *resnet50) {
+    if (strcmp(arg, "resnet18") != 0 && strcmp(arg, "resnet50") != 0) {
+        fprintf(stderr, "resnet_amp: --arch: expected resnet18 or resnet50, got \"%s\"\n", arg);
         exit(2);
     }
+    *(bool *)resnet50 = strcmp(arg, "resnet50") == 0;
 }
 
 static void parse_args(int argc, char **argv, config *c) {
-    static const struct option opts[] = {{"arch", required_argument, 0, O_ARCH},
-                                         {"modes", required_argument, 0, O_MODES},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"batch", required_argument, 0, O_BATCH},
-                                         {"image-size", required_argument, 0, O_IMAGE},
-                                         {"steps", required_argument, 0, O_STEPS},
-                                         {"warmup", required_argument, 0, O_WARMUP},
-                                         {"classes", required_argument, 0, O_CLASSES},
-                                         {"lr", required_argument, 0, O_LR},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"seed", required_argument, 0, O_SEED},
-                                         {"json", no_argument, 0, O_JSON},
-                                         {"help", no_argument, 0, O_HELP},
-                                         SAMPLE_DDP_OPTIONS,
-                                         {0, 0, 0, 0}};
     given g = {.warmup = -1};
+    const sample_opt opts[] = {
+        SAMPLE_OPT_CALL("arch", &c->resnet50, parse_arch),
+        SAMPLE_OPT("modes", SO_MODES, c->run),
+        {.name = "device", .kind = SO_DEVICE, .dst = &c->dev, .seen = &g.dev_given},
+        SAMPLE_OPT_RANGE("batch", SO_I64, &g.batch, 2, 1 << 16),       /* batch norm needs 2 */
+        SAMPLE_OPT_RANGE("image-size", SO_I64, &g.image, 32, 1 << 12), /* 32 halves 5 times */
+        SAMPLE_OPT_RANGE("steps", SO_I64, &g.steps, 1, 1 << 20),
+        SAMPLE_OPT_RANGE("warmup", SO_I64, &g.warmup, 0, 1 << 20),
+        SAMPLE_OPT_RANGE("classes", SO_I64, &c->classes, 2, 1 << 20),
+        SAMPLE_OPT_CALL("lr", &c->lr, parse_lr),
+        SAMPLE_OPT_THREADS(&c->threads),
+        SAMPLE_OPT_SEED(&c->seed),
+        SAMPLE_OPT("json", SO_FLAG, &c->json),
+        SAMPLE_OPT_HELP,
+        SAMPLE_OPTS_DDP(&c->ddp, &c->ddp_opts),
+    };
     *c = (config){.classes = 1000, .lr = 0.01, .seed = 2023, .dev = MT_CPU};
     for (int k = 0; k < N_MODES; k++) c->run[k] = true;
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) parse_option(o, optarg, c, &g);
-    if (optind < argc) {
-        fprintf(stderr, "resnet_amp: unexpected argument \"%s\"\n", argv[optind]);
-        exit(2);
-    }
+    sample_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), usage, false);
     c->dev = resolve_device(g.dev_given, c->dev);
     /* The guide's sizes on a GPU; on a CPU a scaled-down run of seconds. */
     bool gpu = c->dev.type == MT_DEVICE_CUDA;
@@ -326,16 +273,7 @@ static mt_tensor *train_step(const mode_spec *m, resnet *r, mt_optimizer *opt,
     if (m->low != MT_F32) mt_autocast_begin(m->low, m->level);
     mt_tensor *loss = mt_cross_entropy(resnet_forward(r, x), y);
     if (m->low != MT_F32) mt_autocast_end();
-    double bw0 = now_s();
-    mt_backward(scaler ? mt_grad_scaler_scale(scaler, loss) : loss, NULL);
-    double bw1 = now_s();
-    if (ddp) mt_ddp_wait(ddp); /* averaged gradients before the (scaler's) step */
-    if (ddp && tr) ddp_trace_add(tr, ddp, bw0, bw1);
-    if (scaler)
-        mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
-    else
-        mt_optimizer_step(opt);
-    mt_optimizer_zero_grad(opt);
+    sample_backward_step(loss, opt, scaler, ddp, tr);
     return loss;
 }
 
@@ -360,14 +298,9 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     mt_grad_scaler *scaler = NULL;
     if (m->scaler) scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
     check("making the optimizer");
-    mt_ddp *ddp = NULL;
-    if (c->ddp) {
-        /* rank 0's initial weights to every rank; the scaler's skip decision is shared */
-        ddp = mt_ddp_new(r->params, r->n_params, &c->ddp_opts);
-        ddp_trace_init(&res->trace, c->steps);
-        if (scaler) mt_grad_scaler_set_dist(scaler, true);
-        check("mt_ddp_new");
-    }
+    mt_ddp *ddp =
+        c->ddp ? sample_ddp_new(r->params, r->n_params, &c->ddp_opts, scaler, &res->trace, c->steps)
+               : NULL;
 
     double *step_ms = calloc(2 * (size_t)c->steps, sizeof *step_ms); /* wall, then CPU */
     mt_tensor *first = NULL, *last = NULL;
@@ -418,11 +351,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     mt_memory_stats_get(c->dev, &ms);
     res->peak_bytes = ms.peak_bytes;
     if (ddp) mt_ddp_stats_get(ddp, &res->ddp);
-    res->checksum = 0;
-    mt_scope_begin();
-    for (int i = 0; i < r->n_params; i++)
-        res->checksum += mt_item(mt_sum_all(mt_cast(r->params[i], MT_F64)));
-    mt_scope_end();
+    res->checksum = param_checksum(r->params, r->n_params);
     check("reading the results");
 
     mt_ddp_free(ddp);
@@ -430,9 +359,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
     mt_optimizer_free(opt);
     resnet_free(r);
     free(r);
-    if (mt_live_tensors() != tensors_before)
-        fprintf(stderr, "resnet_amp: warning: %s left %lld tensor(s) alive\n", m->name,
-                (long long)(mt_live_tensors() - tensors_before));
+    warn_live_tensors(m->name, tensors_before);
 }
 
 static void print_json(const config *c, const mode_spec *m, result *r) {
@@ -443,35 +370,22 @@ static void print_json(const config *c, const mode_spec *m, result *r) {
            c->dev.type == MT_DEVICE_CUDA ? "cuda" : "cpu", (long long)c->batch, (long long)c->image,
            (long long)c->classes, c->steps, c->warmup, r->timed_steps, mt_get_num_threads());
     print_json_number(r->images_per_s);
-    printf(", \"images_per_s_median\": ");
-    print_json_number(r->images_per_s_median);
-    printf(", \"ms_per_step\": ");
-    print_json_number(r->ms_mean);
-    printf(", \"ms_median\": ");
-    print_json_number(r->ms_median);
-    printf(", \"cpu_ms_median\": ");
-    print_json_number(r->cpu_ms_median);
-    printf(", \"loss_first\": ");
-    print_json_number(r->loss_first);
-    printf(", \"loss\": ");
-    print_json_number(r->loss_last);
+    print_json_field("images_per_s_median", r->images_per_s_median);
+    print_json_field("ms_per_step", r->ms_mean);
+    print_json_field("ms_median", r->ms_median);
+    print_json_field("cpu_ms_median", r->cpu_ms_median);
+    print_json_field("loss_first", r->loss_first);
+    print_json_field("loss", r->loss_last);
     printf(", \"skipped\": %lld, \"peak_bytes\": %lld", (long long)r->skipped,
            (long long)r->peak_bytes);
     if (c->ddp) print_ddp_json(&r->ddp, &c->ddp_opts, &r->trace);
-    printf(", \"param_checksum\": ");
-    print_json_number(r->checksum);
-    printf("}\n");
-    fflush(stdout);
+    print_json_checksum_end(r->checksum);
 }
 
 int main(int argc, char **argv) {
     config c;
     parse_args(argc, argv, &c);
-    if (c.threads > 0) mt_set_num_threads(c.threads);
-    if (c.ddp) {
-        mt_dist_init();
-        check("mt_dist_init");
-    }
+    sample_init(c.threads, c.ddp);
     /* --ddp: only rank 0 prints the table (with --json every rank prints its lines) */
     bool quiet = !c.json && mt_dist_rank() > 0;
 
@@ -489,11 +403,7 @@ int main(int argc, char **argv) {
     check("making the data");
 
     if (!c.json && !quiet) {
-        if (c.ddp)
-            printf("data parallel: %d ranks, each batch %lld per rank, %s\n", mt_dist_world_size(),
-                   (long long)c.batch,
-                   c.ddp_opts.per_parameter ? "one all-reduce per parameter"
-                                            : "gradient buckets (mt_ddp)");
+        if (c.ddp) print_ddp_header(c.batch, &c.ddp_opts);
         printf("%s, channels-last, fused BN+add+ReLU; synthetic %lldx3x%lldx%lld images, %lld "
                "classes; batch %lld, %d steps (%d untimed) per mode on %s (%d threads)\n",
                c.resnet50 ? "ResNet-50" : "ResNet-18", (long long)c.batch, (long long)c.image,
@@ -516,16 +426,11 @@ int main(int argc, char **argv) {
             printf("%-28s %10.1f %12.2f %12.2f %10.4f %10.4f %8lld\n", MODES[k].label,
                    r.images_per_s, r.ms_mean, r.ms_median, r.loss_first, r.loss_last,
                    (long long)r.skipped);
-        if (!quiet && c.ddp && r.trace.n)
-            printf("  %d buckets, progress %s; median step, ms from the start of backward: "
-                   "backward ends %.2f, bucket 0 starts %.2f, done %.2f, last done %.2f; %.0f "
-                   "done before backward's end\n",
-                   r.ddp.buckets, progress_name(c.ddp_opts.progress),
-                   ddp_trace_median(&r.trace, DDP_TRACE_BACKWARD),
-                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_START),
-                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_DONE),
-                   ddp_trace_median(&r.trace, DDP_TRACE_LAST_DONE),
-                   ddp_trace_median(&r.trace, DDP_TRACE_DONE_IN_BACKWARD));
+        if (!quiet && c.ddp && r.trace.n) {
+            printf("  %d buckets, progress %s; median step, ms from the start of backward: ",
+                   r.ddp.buckets, progress_name(c.ddp_opts.progress));
+            print_ddp_trace_text(&r.trace);
+        }
         ddp_trace_free(&r.trace);
         fflush(stdout);
     }

@@ -1,10 +1,10 @@
 /* What the samples share: clocks, the "print and exit" check of the library's status, option
-   parsing helpers, and the four AMP modes of simplenet_amp and resnet_amp. Each sample defines
-   MT_SAMPLE_NAME (its program name, for messages) before including this header. */
+   value parsers (the option tables: sample_opts.h), and the four AMP modes of simplenet_amp and
+   resnet_amp. Each sample defines MT_SAMPLE_NAME (its program name, for messages) before including
+   this header. */
 #ifndef MT_SAMPLE_UTIL_H
 #define MT_SAMPLE_UTIL_H
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -51,6 +51,12 @@ static inline void print_json_number(double v) {
         printf("null"); /* JSON has no inf/nan */
 }
 
+/* `, "key": value` for a JSON line. */
+static inline void print_json_field(const char *key, double v) {
+    printf(", \"%s\": ", key);
+    print_json_number(v);
+}
+
 /* The library never prints or exits; a sample does both when something went wrong. */
 static inline void check(const char *what) {
     if (mt_last_status() == MT_OK) return;
@@ -67,6 +73,18 @@ static inline long parse_long(const char *opt, const char *s, long lo, long hi) 
     if (errno || end == s || *end || v < lo || v > hi) {
         fprintf(stderr, "%s: %s: expected an integer in [%ld, %ld], got \"%s\"\n", MT_SAMPLE_NAME,
                 opt, lo, hi, s);
+        exit(2);
+    }
+    return v;
+}
+
+static inline double parse_double(const char *opt, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "%s: %s: expected a number in [%g, %g], got \"%s\"\n", MT_SAMPLE_NAME, opt,
+                lo, hi, s);
         exit(2);
     }
     return v;
@@ -176,10 +194,7 @@ static inline void ddp_trace_print_json(ddp_trace *t) {
     static const char *const names[DDP_TRACE_N] = {
         "backward_ms", "first_allreduce_start_ms", "first_allreduce_done_ms",
         "last_allreduce_done_ms", "allreduce_done_before_backward_end"};
-    for (int k = 0; k < DDP_TRACE_N; k++) {
-        printf(", \"%s\": ", names[k]);
-        print_json_number(ddp_trace_median(t, k));
-    }
+    for (int k = 0; k < DDP_TRACE_N; k++) print_json_field(names[k], ddp_trace_median(t, k));
 }
 
 /* --progress hooks|thread */
@@ -194,18 +209,7 @@ static inline const char *progress_name(mt_ddp_progress p) {
     return p == MT_DDP_PROGRESS_THREAD ? "thread" : "hooks";
 }
 
-/* ---- the --ddp options of simplenet_amp and resnet_amp */
-
-/* getopt_long ids, above each sample's own */
-enum { O_DDP = 400, O_BUCKET_MB, O_PER_PARAM, O_NO_OVERLAP, O_PROGRESS };
-
-/* The struct option rows, for a sample's table. */
-#define SAMPLE_DDP_OPTIONS                                                                         \
-    {"ddp", no_argument, 0, O_DDP}, {"bucket-mb", required_argument, 0, O_BUCKET_MB},              \
-        {"per-param", no_argument, 0, O_PER_PARAM}, {"no-overlap", no_argument, 0, O_NO_OVERLAP},  \
-    {                                                                                              \
-        "progress", required_argument, 0, O_PROGRESS                                               \
-    }
+/* ---- the --ddp options of simplenet_amp and resnet_amp (the rows: sample_opts.h) */
 
 #define SAMPLE_DDP_USAGE                                                                           \
     "  --ddp            data parallel over the ranks of mpirun -np N\n"                            \
@@ -214,35 +218,6 @@ enum { O_DDP = 400, O_BUCKET_MB, O_PER_PARAM, O_NO_OVERLAP, O_PROGRESS };
     "  --no-overlap     --ddp: start the all-reduces after backward, not during it\n"              \
     "  --progress P     --ddp on the CPU: hooks (MPI tests from each gradient hook,\n"             \
     "                   default) or thread (a communication thread tests between naps)\n"
-
-/* Handles option o when it is a --ddp one (true), else leaves it to the sample (false). */
-static inline bool parse_ddp_option(int o, const char *arg, bool *ddp, mt_ddp_opts *opts) {
-    char *end;
-    switch (o) {
-    case O_DDP:
-        *ddp = true;
-        return true;
-    case O_BUCKET_MB:
-        opts->bucket_mb = strtod(arg, &end);
-        if (end == arg || *end || !(opts->bucket_mb > 0)) {
-            fprintf(stderr, "%s: --bucket-mb: expected a number > 0, got \"%s\"\n", MT_SAMPLE_NAME,
-                    arg);
-            exit(2);
-        }
-        return true;
-    case O_PER_PARAM:
-        opts->per_parameter = true;
-        return true;
-    case O_NO_OVERLAP:
-        opts->no_overlap = true;
-        return true;
-    case O_PROGRESS:
-        opts->progress = parse_progress(arg);
-        return true;
-    default:
-        return false;
-    }
-}
 
 /* `, "rank": ..., "allreduce_calls_per_step": ...` and the trace, for a JSON line. */
 static inline void print_ddp_json(const mt_ddp_stats *st, const mt_ddp_opts *opts,
@@ -254,6 +229,85 @@ static inline void print_ddp_json(const mt_ddp_stats *st, const mt_ddp_opts *opt
            (long long)st->started_in_backward, 1e3 * st->wait_seconds,
            progress_name(opts->progress), opts->no_overlap ? "false" : "true");
     if (trace) ddp_trace_print_json(trace);
+}
+
+/* ---- the training loop pieces of simplenet_amp and resnet_amp */
+
+/* --threads and --ddp, at the start of main. */
+static inline void sample_init(int threads, bool ddp) {
+    if (threads > 0) mt_set_num_threads(threads);
+    if (ddp) {
+        mt_dist_init();
+        check("mt_dist_init");
+    }
+}
+
+/* The line that opens the table of a --ddp run. */
+static inline void print_ddp_header(int64_t batch, const mt_ddp_opts *opts) {
+    printf("data parallel: %d ranks, each batch %lld per rank, %s\n", mt_dist_world_size(),
+           (long long)batch,
+           opts->per_parameter ? "one all-reduce per parameter" : "gradient buckets (mt_ddp)");
+}
+
+/* The trace's medians, the end of a table's --ddp line. */
+static inline void print_ddp_trace_text(ddp_trace *t) {
+    printf("backward ends %.2f, bucket 0 starts %.2f, done %.2f, last done %.2f; %.0f done before "
+           "backward's end\n",
+           ddp_trace_median(t, DDP_TRACE_BACKWARD), ddp_trace_median(t, DDP_TRACE_FIRST_START),
+           ddp_trace_median(t, DDP_TRACE_FIRST_DONE), ddp_trace_median(t, DDP_TRACE_LAST_DONE),
+           ddp_trace_median(t, DDP_TRACE_DONE_IN_BACKWARD));
+}
+
+/* --ddp: rank 0's initial weights to every rank (mt_ddp_new) and the scaler's skip decision
+   shared; trace holds up to steps traced steps. */
+static inline mt_ddp *sample_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts,
+                                     mt_grad_scaler *scaler, ddp_trace *trace, int steps) {
+    ddp_trace_init(trace, steps);
+    mt_ddp *ddp = mt_ddp_new(params, n, opts);
+    check("mt_ddp_new");
+    if (scaler) mt_grad_scaler_set_dist(scaler, true);
+    check("mt_grad_scaler_set_dist");
+    return ddp;
+}
+
+/* The step after the forward pass: the (scaled) backward, --ddp's averaged gradients (and the
+   trace of a traced step, tr not NULL), the (scaler's) optimizer step. */
+static inline void sample_backward_step(mt_tensor *loss, mt_optimizer *opt, mt_grad_scaler *scaler,
+                                        mt_ddp *ddp, ddp_trace *tr) {
+    double bw0 = now_s();
+    mt_backward(scaler ? mt_grad_scaler_scale(scaler, loss) : loss, NULL);
+    double bw1 = now_s();
+    if (ddp) mt_ddp_wait(ddp); /* averaged gradients before the (scaler's) step */
+    if (ddp && tr) ddp_trace_add(tr, ddp, bw0, bw1);
+    if (scaler)
+        mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
+    else
+        mt_optimizer_step(opt);
+    mt_optimizer_zero_grad(opt);
+}
+
+/* The sum of every parameter in FP64: equal on every rank while the replicas stay in sync. */
+static inline double param_checksum(mt_tensor *const *params, int n) {
+    double sum = 0;
+    mt_scope_begin();
+    for (int i = 0; i < n; i++) sum += mt_item(mt_sum_all(mt_cast(params[i], MT_F64)));
+    mt_scope_end();
+    return sum;
+}
+
+/* The end of a JSON line: `, "param_checksum": ...}`. */
+static inline void print_json_checksum_end(double checksum) {
+    print_json_field("param_checksum", checksum);
+    printf("}\n");
+    fflush(stdout);
+}
+
+/* After a mode: the tensors it made and did not release (tensors_before: mt_live_tensors()
+   when it began). */
+static inline void warn_live_tensors(const char *mode, int64_t tensors_before) {
+    if (mt_live_tensors() != tensors_before)
+        fprintf(stderr, "%s: warning: %s left %lld tensor(s) alive\n", MT_SAMPLE_NAME, mode,
+                (long long)(mt_live_tensors() - tensors_before));
 }
 
 /* --device given, or cuda:0 when there is one, else the CPU; exits on a missing device. */

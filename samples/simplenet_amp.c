@@ -24,7 +24,6 @@
  * every rank when the replicas stayed in sync).
  * Run with --help for the options. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -37,6 +36,7 @@
 #include <unistd.h>
 #define MT_SAMPLE_NAME "simplenet_amp"
 #include "sample_util.h"
+#include "sample_opts.h"
 
 enum { N_LAYERS = 3 };
 
@@ -95,102 +95,31 @@ static void usage(FILE *f) {
 
 /* Sizes given on the command line; 0: the device's default. */
 typedef struct {
-    long hidden, batch, steps, epochs, warmup;
+    int64_t hidden, batch, steps, epochs, warmup;
     bool dev_given;
 } given;
 
-enum {
-    O_HIDDEN = 256,
-    O_BATCH,
-    O_STEPS,
-    O_EPOCHS,
-    O_WARMUP,
-    O_MODES,
-    O_DEVICE,
-    O_THREADS,
-    O_SEED,
-    O_JSON,
-    O_SAVE,
-    O_RESUME,
-    O_HELP
-};
-
-static void parse_option(int o, const char *arg, config *c, given *g) {
-    if (parse_ddp_option(o, arg, &c->ddp, &c->ddp_opts)) return;
-    switch (o) {
-    case O_HIDDEN:
-        g->hidden = parse_long("--hidden", arg, 1, 1 << 16);
-        break;
-    case O_BATCH:
-        g->batch = parse_long("--batch", arg, 1, 1 << 20);
-        break;
-    case O_STEPS:
-        g->steps = parse_long("--steps", arg, 1, 1 << 20);
-        break;
-    case O_EPOCHS:
-        g->epochs = parse_long("--epochs", arg, 1, 1 << 20);
-        break;
-    case O_WARMUP:
-        g->warmup = parse_long("--warmup", arg, 0, 1 << 20);
-        break;
-    case O_MODES:
-        parse_modes(arg, c->run);
-        break;
-    case O_THREADS:
-        c->threads = (int)parse_long("--threads", arg, 1, 4096);
-        break;
-    case O_SEED:
-        c->seed = (uint64_t)parse_long("--seed", arg, 0, LONG_MAX);
-        break;
-    case O_JSON:
-        c->json = true;
-        break;
-    case O_SAVE:
-        c->save_path = arg;
-        break;
-    case O_RESUME:
-        c->resume_path = arg;
-        break;
-    case O_DEVICE:
-        g->dev_given = true;
-        c->dev = parse_device(arg);
-        break;
-    case 'h':
-    case O_HELP:
-        usage(stdout);
-        exit(0);
-    default:
-        usage(stderr);
-        exit(2);
-    }
-}
-
 static void parse_args(int argc, char **argv, config *c) {
-    static const struct option opts[] = {{"hidden", required_argument, 0, O_HIDDEN},
-                                         {"batch", required_argument, 0, O_BATCH},
-                                         {"steps", required_argument, 0, O_STEPS},
-                                         {"epochs", required_argument, 0, O_EPOCHS},
-                                         {"warmup", required_argument, 0, O_WARMUP},
-                                         {"modes", required_argument, 0, O_MODES},
-                                         {"device", required_argument, 0, O_DEVICE},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"seed", required_argument, 0, O_SEED},
-                                         {"json", no_argument, 0, O_JSON},
-                                         {"save", required_argument, 0, O_SAVE},
-                                         {"resume", required_argument, 0, O_RESUME},
-                                         SAMPLE_DDP_OPTIONS,
-                                         {"help", no_argument, 0, O_HELP},
-                                         {0, 0, 0, 0}};
     given g = {.warmup = 1};
+    const sample_opt opts[] = {
+        SAMPLE_OPT_RANGE("hidden", SO_I64, &g.hidden, 1, 1 << 16),
+        SAMPLE_OPT_RANGE("batch", SO_I64, &g.batch, 1, 1 << 20),
+        SAMPLE_OPT_RANGE("steps", SO_I64, &g.steps, 1, 1 << 20),
+        SAMPLE_OPT_RANGE("epochs", SO_I64, &g.epochs, 1, 1 << 20),
+        SAMPLE_OPT_RANGE("warmup", SO_I64, &g.warmup, 0, 1 << 20),
+        SAMPLE_OPT("modes", SO_MODES, c->run),
+        {.name = "device", .kind = SO_DEVICE, .dst = &c->dev, .seen = &g.dev_given},
+        SAMPLE_OPT_THREADS(&c->threads),
+        SAMPLE_OPT_SEED(&c->seed),
+        SAMPLE_OPT("json", SO_FLAG, &c->json),
+        SAMPLE_OPT("save", SO_STRING, &c->save_path),
+        SAMPLE_OPT("resume", SO_STRING, &c->resume_path),
+        SAMPLE_OPTS_DDP(&c->ddp, &c->ddp_opts),
+        SAMPLE_OPT_HELP,
+    };
     *c = (config){.seed = 2023, .dev = MT_CPU};
     for (int k = 0; k < N_MODES; k++) c->run[k] = true;
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) parse_option(o, optarg, c, &g);
-    if (optind < argc) {
-        fprintf(stderr, "simplenet_amp: unexpected argument \"%s\"\n", argv[optind]);
-        usage(stderr);
-        exit(2);
-    }
+    sample_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), usage, true);
     int n_modes = 0;
     for (int k = 0; k < N_MODES; k++) n_modes += c->run[k];
     if ((c->save_path || c->resume_path) && n_modes != 1) {
@@ -291,16 +220,7 @@ static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_opt
     mt_tensor *pred = mt_linear_layer_forward(&layers[2], h);
     mt_tensor *loss = mt_mse_loss(pred, y);
     if (m->low != MT_F32) mt_autocast_end();
-    double bw0 = now_s();
-    mt_backward(scaler ? mt_grad_scaler_scale(scaler, loss) : loss, NULL);
-    double bw1 = now_s();
-    if (ddp) mt_ddp_wait(ddp); /* averaged gradients before the (scaler's) step */
-    if (ddp && tr) ddp_trace_add(tr, ddp, bw0, bw1);
-    if (scaler)
-        mt_grad_scaler_minimize(scaler, opt); /* unscale, skip on inf/nan, step, update scale */
-    else
-        mt_optimizer_step(opt);
-    mt_optimizer_zero_grad(opt);
+    sample_backward_step(loss, opt, scaler, ddp, tr);
     return loss;
 }
 
@@ -336,15 +256,9 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
         check("mt_grad_scaler_new");
     }
-    mt_ddp *ddp = NULL;
-    if (c->ddp) {
-        ddp_trace_init(&r->trace, c->steps * c->epochs);
-        /* rank 0's initial weights to every rank; the scaler's skip decision is shared */
-        ddp = mt_ddp_new(params, 2 * N_LAYERS, &c->ddp_opts);
-        check("mt_ddp_new");
-        if (scaler) mt_grad_scaler_set_dist(scaler, true);
-        check("mt_grad_scaler_set_dist");
-    }
+    mt_ddp *ddp = c->ddp ? sample_ddp_new(params, 2 * N_LAYERS, &c->ddp_opts, scaler, &r->trace,
+                                          c->steps * c->epochs)
+                         : NULL;
 
     long start = c->resume_path ? checkpoint_load(c->resume_path, c, m, layers, opt, scaler) : 0;
     int total = c->steps * c->epochs;
@@ -415,20 +329,14 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
 
     if (c->save_path) checkpoint_save(c->save_path, m, layers, opt, scaler, start + total);
     if (ddp) mt_ddp_stats_get(ddp, &r->ddp);
-    r->checksum = 0;
-    mt_scope_begin();
-    for (int i = 0; i < 2 * N_LAYERS; i++)
-        r->checksum += mt_item(mt_sum_all(mt_cast(params[i], MT_F64)));
-    mt_scope_end();
+    r->checksum = param_checksum(params, 2 * N_LAYERS);
     check("the parameter checksum");
 
     mt_ddp_free(ddp);
     mt_grad_scaler_free(scaler);
     mt_optimizer_free(opt);
     for (int i = 0; i < N_LAYERS; i++) mt_linear_layer_free(&layers[i]);
-    if (mt_live_tensors() != tensors_before)
-        fprintf(stderr, "simplenet_amp: warning: %s left %lld tensor(s) alive\n", m->name,
-                (long long)(mt_live_tensors() - tensors_before));
+    warn_live_tensors(m->name, tensors_before);
 }
 
 static void print_json(const config *c, const mode_spec *m, result *r) {
@@ -437,10 +345,8 @@ static void print_json(const config *c, const mode_spec *m, result *r) {
            m->name, device_name(c->dev), (long long)c->hidden, (long long)c->batch,
            c->steps * c->epochs, c->steps, c->epochs, mt_get_num_threads());
     print_json_number(r->ms_per_step);
-    printf(", \"ms_median\": ");
-    print_json_number(r->ms_median);
-    printf(", \"loss\": ");
-    print_json_number(r->loss);
+    print_json_field("ms_median", r->ms_median);
+    print_json_field("loss", r->loss);
     printf(", \"peak_bytes\": %lld, \"data_bytes\": %lld, \"rss_delta_bytes\": %lld, "
            "\"skipped\": %lld, \"warmup\": %d, \"timed_steps\": %d, \"cached_bytes\": %lld, "
            "\"peak_bytes_all\": %lld, \"host_syncs\": %lld, \"host_syncs_per_step\": ",
@@ -449,20 +355,13 @@ static void print_json(const config *c, const mode_spec *m, result *r) {
            (long long)r->peak_bytes_all, (long long)r->host_syncs);
     print_json_number((double)r->host_syncs / r->timed_steps);
     print_ddp_json(&r->ddp, &c->ddp_opts, c->ddp ? &r->trace : NULL);
-    printf(", \"param_checksum\": ");
-    print_json_number(r->checksum);
-    printf("}\n");
-    fflush(stdout);
+    print_json_checksum_end(r->checksum);
 }
 
 int main(int argc, char **argv) {
     config c;
     parse_args(argc, argv, &c);
-    if (c.threads > 0) mt_set_num_threads(c.threads);
-    if (c.ddp) {
-        mt_dist_init();
-        check("mt_dist_init");
-    }
+    sample_init(c.threads, c.ddp);
     /* --ddp: only rank 0 prints the table (with --json every rank prints its lines) */
     bool quiet = !c.json && mt_dist_rank() != 0;
 
@@ -486,11 +385,7 @@ int main(int argc, char **argv) {
     }
 
     if (!c.json && !quiet) {
-        if (c.ddp)
-            printf("data parallel: %d ranks, each batch %lld per rank, %s\n", mt_dist_world_size(),
-                   (long long)c.batch,
-                   c.ddp_opts.per_parameter ? "one all-reduce per parameter"
-                                            : "gradient buckets (mt_ddp)");
+        if (c.ddp) print_ddp_header(c.batch, &c.ddp_opts);
         printf("SimpleNet: 3 x Linear(%lld, %lld), ReLU, MSE loss; SGD lr 1e-4; batch %lld; "
                "%d batches x %d epochs on %s (%d threads)\n",
                (long long)c.hidden, (long long)c.hidden, (long long)c.batch, c.steps, c.epochs,
@@ -521,20 +416,15 @@ int main(int argc, char **argv) {
         printf("%-28s %10.2f %12.7g %9s %10.1f %8lld %10.2f\n", MODES[k].label, r.ms_per_step,
                r.loss, speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped,
                (double)r.host_syncs / r.timed_steps);
-        if (c.ddp)
+        if (c.ddp) {
             printf("  %d buckets: %lld all-reduce calls per step (%lld started during backward), "
                    "param checksum %.9g\n"
-                   "  median step (ms from the start of backward, progress %s): backward ends "
-                   "%.2f, bucket 0 starts %.2f, done %.2f, last done %.2f; %.0f done before "
-                   "backward's end\n",
+                   "  median step (ms from the start of backward, progress %s): ",
                    r.ddp.buckets, (long long)r.ddp.allreduce_calls,
                    (long long)r.ddp.started_in_backward, r.checksum,
-                   progress_name(c.ddp_opts.progress),
-                   ddp_trace_median(&r.trace, DDP_TRACE_BACKWARD),
-                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_START),
-                   ddp_trace_median(&r.trace, DDP_TRACE_FIRST_DONE),
-                   ddp_trace_median(&r.trace, DDP_TRACE_LAST_DONE),
-                   ddp_trace_median(&r.trace, DDP_TRACE_DONE_IN_BACKWARD));
+                   progress_name(c.ddp_opts.progress));
+            print_ddp_trace_text(&r.trace);
+        }
         ddp_trace_free(&r.trace);
         fflush(stdout);
     }
