@@ -35,6 +35,7 @@
 // (forward and backward), NCHW_VECT_C, INT8.
 #include "fake_cudnn_internal.h"
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 
@@ -71,11 +72,7 @@ const char *status_name(cudnnStatus_t s) {
 }
 
 cudnnStatus_t fail(cudnnStatus_t s, const char *fmt, ...) {
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
+    MTEMU_FORMAT(what, fmt);
     std::fprintf(stderr, "mtemu: %s: %s\n", what, status_name(s));
     return s;
 }
@@ -170,11 +167,38 @@ cudnnStatus_t check_memory(const char *api, const char *name, const void *p, siz
                 bytes);
 }
 
-cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t) {
-    if (!is_live(t))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor %p is not live", api, name,
-                    (void *)t);
-    if (!t->set) return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor was never set", api, name);
+cudnnStatus_t check_handle(const char *api, cudnnHandle_t h) {
+    if (is_live(h)) return CUDNN_STATUS_SUCCESS;
+    return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)h);
+}
+
+cudnnStatus_t check_live(const char *api, const void *d) {
+    if (is_live(d)) return CUDNN_STATUS_SUCCESS;
+    return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, d);
+}
+
+// Only the first nd dims and strides count: a descriptor set again with fewer dims keeps stale
+// values past them.
+bool same_desc(const cudnnTensorStruct *a, const cudnnTensorStruct *b) {
+    size_t n = sizeof(int) * static_cast<size_t>(a->nd);
+    return a->dt == b->dt && a->nd == b->nd && std::memcmp(a->dims, b->dims, n) == 0 &&
+           std::memcmp(a->strides, b->strides, n) == 0;
+}
+
+bool packed(const cudnnTensorStruct *t, bool nhwc) {
+    const int *d = t->dims, *s = t->strides;
+    if (t->nd != 4) return false;
+    if (nhwc) return s[1] == 1 && s[3] == d[1] && s[2] == d[3] * d[1] && s[0] == d[2] * d[3] * d[1];
+    return s[3] == 1 && s[2] == d[3] && s[1] == d[2] * d[3] && s[0] == d[1] * d[2] * d[3];
+}
+
+cudnnStatus_t check_host_scalars(const char *api, std::initializer_list<const void *> ps,
+                                 cudnnStatus_t null_status) {
+    for (const void *p : ps) // every NULL first: its status may differ
+        if (!p) return fail(null_status, "%s: a blend factor (alpha, beta, ...) is NULL", api);
+    for (const void *p : ps)
+        if (mtemu::device_range(p, 1))
+            return fail(CUDNN_STATUS_BAD_PARAM, "%s: the blend factors must be host pointers", api);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -200,15 +224,13 @@ cudnnStatus_t cudnnCreate(cudnnHandle_t *handle) {
 
 // Queued work holds no reference to the handle, so destroying it with work pending is safe.
 cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
-    if (!is_live(handle))
-        return fail(CUDNN_STATUS_BAD_PARAM, "cudnnDestroy: handle %p is not live", (void *)handle);
-    return destroy("cudnnDestroy", handle);
+    cudnnStatus_t st = check_handle("cudnnDestroy", handle);
+    return st != CUDNN_STATUS_SUCCESS ? st : destroy("cudnnDestroy", handle);
 }
 
 cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t streamId) {
-    if (!is_live(handle))
-        return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetStream: handle %p is not live",
-                    (void *)handle);
+    cudnnStatus_t st = check_handle("cudnnSetStream", handle);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     handle->stream = streamId;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -242,8 +264,8 @@ cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) 
 cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataType_t dataType,
                                          int nbDims, const int dimA[], const int strideA[]) {
     const char *api = "cudnnSetTensorNdDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (!dimA || !strideA)
         return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL dims or strides", api);
     if (dtype_size(dataType) == 0)
@@ -261,10 +283,8 @@ cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataTyp
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: more than 2^31 elements", api);
     d->dt = dataType;
     d->nd = nbDims;
-    for (int i = 0; i < nbDims; i++) {
-        d->dims[i] = dimA[i];
-        d->strides[i] = strideA[i];
-    }
+    std::copy(dimA, dimA + nbDims, d->dims);
+    std::copy(strideA, strideA + nbDims, d->strides);
     d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -272,8 +292,8 @@ cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataTyp
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t dataType,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
     const char *api = "cudnnSetFilter4dDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (dtype_size(dataType) == 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: data type %d is not emulated", api, dataType);
     if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC)
@@ -295,8 +315,8 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
                                               cudnnConvolutionMode_t mode,
                                               cudnnDataType_t computeType) {
     const char *api = "cudnnSetConvolution2dDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (pad_h < 0 || pad_w < 0 || u <= 0 || v <= 0 || dilation_h <= 0 || dilation_w <= 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: pad %d,%d stride %d,%d dilation %d,%d", api, pad_h,
                     pad_w, u, v, dilation_h, dilation_w);
@@ -304,12 +324,9 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: mode %d", api, mode);
     if (dtype_size(computeType) == 0 || computeType == CUDNN_DATA_BFLOAT16)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: compute type %d", api, computeType);
-    d->pad[0] = pad_h;
-    d->pad[1] = pad_w;
-    d->stride[0] = u;
-    d->stride[1] = v;
-    d->dilation[0] = dilation_h;
-    d->dilation[1] = dilation_w;
+    d->pad = {pad_h, pad_w};
+    d->stride = {u, v};
+    d->dilation = {dilation_h, dilation_w};
     d->mode = mode;
     d->compute = computeType;
     d->set = true;

@@ -1,11 +1,13 @@
-// The fake cuDNN's activation descriptors, the fused batch norm in training (the Ex entry
-// points with their workspace and reserve-space size queries) and the batch norm inference
-// (see fake_cudnn.cpp for the rules). The Ex calls enforce what cuDNN documents for bnOps
-// with an activation: persistent spatial mode, NHWC fully packed HALF x, z and y, C a
-// multiple of 4, a RELU descriptor, z given exactly for BN_ADD_ACTIVATION; a workspace and a
-// reserve space at least the sizes the queries return. The forward keeps the ReLU mask in the
-// reserve space, one bit per element, and the backward reads it from there (as cuDNN's
-// does), so a reserve space not carried from the forward to the backward gives wrong results.
+// The fake cuDNN's batch norm entry points (see fake_cudnn.cpp for the rules) and activation
+// descriptors: the training forward and backward, plain and fused (Ex, with their workspace
+// and reserve-space size queries), and the inference. A plain call is checked and computed as
+// the Ex call with bnOps BN and no z, activation, workspace or reserve space. The Ex calls
+// enforce what cuDNN documents for bnOps with an activation: persistent spatial mode, NHWC
+// fully packed HALF x, z and y, C a multiple of 4, a RELU descriptor, z given exactly for
+// BN_ADD_ACTIVATION; a workspace and a reserve space at least the sizes the queries return.
+// The forward keeps the ReLU mask in the reserve space, one bit per element, and the backward
+// reads it from there (as cuDNN's does), so a reserve space not carried from the forward to
+// the backward gives wrong results.
 #include "fake_cudnn_internal.h"
 
 using namespace fakednn;
@@ -16,17 +18,6 @@ const char *ops_name(cudnnBatchNormOps_t ops) {
     return ops == CUDNN_BATCHNORM_OPS_BN              ? "BN"
            : ops == CUDNN_BATCHNORM_OPS_BN_ACTIVATION ? "BN_ACTIVATION"
                                                       : "BN_ADD_ACTIVATION";
-}
-
-bool nhwc_packed(const cudnnTensorStruct *t) {
-    const int *d = t->dims, *s = t->strides;
-    return t->nd == 4 && s[1] == 1 && s[3] == d[1] && s[2] == d[3] * d[1] &&
-           s[0] == d[2] * d[3] * d[1];
-}
-
-bool same_desc(const cudnnTensorStruct *a, const cudnnTensorStruct *b) {
-    return a->dt == b->dt && a->nd == b->nd && std::memcmp(a->dims, b->dims, sizeof a->dims) == 0 &&
-           std::memcmp(a->strides, b->strides, sizeof a->strides) == 0;
 }
 
 // The Ex rules on top of bn_check's: the ops, the activation, z against the ops.
@@ -46,19 +37,16 @@ cudnnStatus_t ex_check(const char *api, cudnnBatchNormMode_t mode, cudnnBatchNor
     if (mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: bnOps %s needs SPATIAL_PERSISTENT mode", api,
                     ops_name(ops));
-    if (x->dt != CUDNN_DATA_HALF || !nhwc_packed(x) || x->dims[1] % 4 != 0)
+    if (x->dt != CUDNN_DATA_HALF || !packed(x, true) || x->dims[1] % 4 != 0)
         return fail(CUDNN_STATUS_NOT_SUPPORTED,
                     "%s: bnOps %s needs NHWC fully packed HALF x with C a multiple of 4 (C %d)",
                     api, ops_name(ops), x->dims[1]);
     if (add) {
-        cudnnStatus_t st = check_tensor(api, "z", z);
-        if (st != CUDNN_STATUS_SUCCESS) return st;
+        if (cudnnStatus_t st = check_tensor(api, "z", z)) return st;
         if (!same_desc(z, x))
             return fail(CUDNN_STATUS_BAD_PARAM, "%s: z and x descriptors differ", api);
     }
-    if (!is_live(act) || !act->set)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: bnOps %s needs a live, set activation descriptor",
-                    api, ops_name(ops));
+    if (cudnnStatus_t st = check_set(api, "activation", act)) return st;
     if (act->mode != CUDNN_ACTIVATION_RELU)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: activation mode %d is not RELU", api,
                     act->mode);
@@ -98,116 +86,56 @@ int64_t logical(const bn_shape &b, int n, int c, int h, int w) {
     return ((static_cast<int64_t>(n) * b.c + c) * b.h + h) * b.w + w;
 }
 
-} // namespace
-
-extern "C" {
-
-cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *d) {
-    return make("cudnnCreateActivationDescriptor", d);
-}
-cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) {
-    return destroy("cudnnDestroyActivationDescriptor", d);
-}
-
-cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d,
-                                           cudnnActivationMode_t mode,
-                                           cudnnNanPropagation_t reluNanOpt, double coef) {
-    const char *api = "cudnnSetActivationDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
-    if (mode < CUDNN_ACTIVATION_SIGMOID || mode > CUDNN_ACTIVATION_SWISH)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: mode %d", api, mode);
-    if (reluNanOpt != CUDNN_PROPAGATE_NAN && reluNanOpt != CUDNN_NOT_PROPAGATE_NAN)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: NaN option %d", api, reluNanOpt);
-    d->mode = mode;
-    d->nan = reluNanOpt;
-    d->coef = coef;
-    d->set = true;
-    return CUDNN_STATUS_SUCCESS;
-}
-
-cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
-    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t zDesc,
-    const cudnnTensorDescriptor_t yDesc, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc,
-    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes) {
-    const char *api = "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize";
-    bn_shape b;
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, 0.0, nullptr, 0, &b);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = ex_check(api, mode, bnOps, xDesc, zDesc, zDesc != nullptr, activationDesc);
+// A backward's descriptors besides bn_check's: dx as x, and y as x with an activation.
+cudnnStatus_t bwd_descs(const char *api, bool act, cudnnTensorDescriptor_t x,
+                        cudnnTensorDescriptor_t y, cudnnTensorDescriptor_t dx) {
+    cudnnStatus_t st = check_tensor(api, "dx", dx);
+    if (st == CUDNN_STATUS_SUCCESS && act) st = check_tensor(api, "y", y);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!sizeInBytes) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
-    *sizeInBytes = fwd_workspace(xDesc);
-    return CUDNN_STATUS_SUCCESS;
-}
-
-cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
-    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t yDesc,
-    const cudnnTensorDescriptor_t dyDesc, const cudnnTensorDescriptor_t dzDesc,
-    const cudnnTensorDescriptor_t dxDesc, const cudnnTensorDescriptor_t dBnScaleBiasDesc,
-    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes) {
-    const char *api = "cudnnGetBatchNormalizationBackwardExWorkspaceSize";
-    bn_shape b;
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, 0.0, nullptr, 0, &b);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = ex_check(api, mode, bnOps, xDesc, dzDesc, dzDesc != nullptr, activationDesc);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "dx", dxDesc);
-    if (st == CUDNN_STATUS_SUCCESS && bnOps != CUDNN_BATCHNORM_OPS_BN)
-        st = check_tensor(api, "y", yDesc);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!same_desc(dxDesc, xDesc) || (bnOps != CUDNN_BATCHNORM_OPS_BN && !same_desc(yDesc, xDesc)))
+    if (!same_desc(dx, x) || (act && !same_desc(y, x)))
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: dx (or y) and x descriptors differ", api);
-    if (!sizeInBytes) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
-    *sizeInBytes = bwd_workspace(xDesc);
     return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
-    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t xDesc,
-    size_t *sizeInBytes) {
-    const char *api = "cudnnGetBatchNormalizationTrainingExReserveSpaceSize";
-    if (!is_live(handle))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)handle);
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "x", xDesc);
-    if (st == CUDNN_STATUS_SUCCESS && bnOps != CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION)
-        st = ex_check(api, mode, bnOps, xDesc, nullptr, false, activationDesc);
-    else if (st == CUDNN_STATUS_SUCCESS) // z is not part of this query
-        st = ex_check(api, mode, bnOps, xDesc, xDesc, true, activationDesc);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!sizeInBytes) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
-    *sizeInBytes = reserve_size(bnOps, xDesc);
+// A size query's answer.
+cudnnStatus_t answer(const char *api, size_t *out, size_t size) {
+    if (!out) return fail(CUDNN_STATUS_BAD_PARAM, "%s: null size pointer", api);
+    *out = size;
     return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const void *alpha,
-    const void *beta, const cudnnTensorDescriptor_t xDesc, const void *xData,
-    const cudnnTensorDescriptor_t zDesc, const void *zData, const cudnnTensorDescriptor_t yDesc,
-    void *yData, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
-    const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
-    void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance,
+// A pair of parameter pointers (running, saved statistics) is given whole or not at all.
+cudnnStatus_t both_or_none(const char *api, const void *a, const void *b, const char *what) {
+    if (!a == !b) return CUDNN_STATUS_SUCCESS;
+    return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s must both be given or both NULL", api, what);
+}
+
+// The training forward: the Ex call, or the plain one (ex false: bnOps BN and no z, activation,
+// workspace or reserve space).
+cudnnStatus_t forward_training(
+    const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mode,
+    cudnnBatchNormOps_t bnOps, const void *alpha, const void *beta,
+    const cudnnTensorDescriptor_t xDesc, const void *xData, const cudnnTensorDescriptor_t zDesc,
+    const void *zData, const cudnnTensorDescriptor_t yDesc, void *yData,
+    const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale, const void *bnBias,
+    double exponentialAverageFactor, void *resultRunningMean, void *resultRunningVariance,
+    double epsilon, void *resultSaveMean, void *resultSaveInvVariance,
     cudnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes,
     void *reserveSpace, size_t reserveSpaceSizeInBytes) {
-    const char *api = "cudnnBatchNormalizationForwardTrainingEx";
     bn_shape b;
-    const void *sc[2] = {alpha, beta};
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon, sc, 2, &b);
+    cudnnStatus_t st = bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon,
+                                {alpha, beta}, &b);
     if (st == CUDNN_STATUS_SUCCESS)
         st = ex_check(api, mode, bnOps, xDesc, zDesc, zData != nullptr, activationDesc);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!resultRunningMean != !resultRunningVariance || !resultSaveMean != !resultSaveInvVariance)
-        return fail(CUDNN_STATUS_BAD_PARAM,
-                    "%s: running (or saved) mean and variance must both be given or both NULL",
-                    api);
-    st =
-        bn_memory(api, b, {{"x", xData}, {"y", yData}}, {{"bnScale", bnScale}, {"bnBias", bnBias}});
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = both_or_none(api, resultRunningMean, resultRunningVariance,
+                          "running mean and variance");
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = both_or_none(api, resultSaveMean, resultSaveInvVariance,
+                          "saved mean and inverse variance");
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = bn_memory(api, b, {{"x", xData}, {"y", yData}},
+                       {{"bnScale", bnScale}, {"bnBias", bnBias}});
     if (st == CUDNN_STATUS_SUCCESS && zData) st = bn_memory(api, b, {{"z", zData}}, {});
     if (st == CUDNN_STATUS_SUCCESS && resultRunningMean)
         st = bn_memory(api, b, {},
@@ -218,7 +146,8 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
             api, b, {},
             {{"resultSaveMean", resultSaveMean}, {"resultSaveInvVariance", resultSaveInvVariance}});
     if (st == CUDNN_STATUS_SUCCESS)
-        st = sized(api, "workspace", workspace, workSpaceSizeInBytes, fwd_workspace(xDesc));
+        st =
+            sized(api, "workspace", workspace, workSpaceSizeInBytes, ex ? fwd_workspace(xDesc) : 0);
     if (st == CUDNN_STATUS_SUCCESS)
         st = sized(api, "reserveSpace", reserveSpace, reserveSpaceSizeInBytes,
                    reserve_size(bnOps, xDesc));
@@ -263,37 +192,34 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
     return CUDNN_STATUS_SUCCESS;
 }
 
-cudnnStatus_t cudnnBatchNormalizationBackwardEx(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
-    const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff,
-    const void *betaParamDiff, const cudnnTensorDescriptor_t xDesc, const void *xData,
-    const cudnnTensorDescriptor_t yDesc, const void *yData, const cudnnTensorDescriptor_t dyDesc,
-    const void *dyData, const cudnnTensorDescriptor_t dzDesc, void *dzData,
-    const cudnnTensorDescriptor_t dxDesc, void *dxData,
-    const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData,
-    void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean,
-    const void *savedInvVariance, cudnnActivationDescriptor_t activationDesc, void *workSpace,
-    size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes) {
-    const char *api = "cudnnBatchNormalizationBackwardEx";
+// The training backward: the Ex call, or the plain one (ex false: bnOps BN and no y, dz,
+// activation, workspace or reserve space).
+cudnnStatus_t
+backward(const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mode,
+         cudnnBatchNormOps_t bnOps, const void *alphaDataDiff, const void *betaDataDiff,
+         const void *alphaParamDiff, const void *betaParamDiff, const cudnnTensorDescriptor_t xDesc,
+         const void *xData, const cudnnTensorDescriptor_t yDesc, const void *yData,
+         const cudnnTensorDescriptor_t dyDesc, const void *dyData,
+         const cudnnTensorDescriptor_t dzDesc, void *dzData, const cudnnTensorDescriptor_t dxDesc,
+         void *dxData, const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData,
+         const void *bnBiasData, void *dBnScaleData, void *dBnBiasData, double epsilon,
+         const void *savedMean, const void *savedInvVariance,
+         cudnnActivationDescriptor_t activationDesc, void *workSpace, size_t workSpaceSizeInBytes,
+         void *reserveSpace, size_t reserveSpaceSizeInBytes) {
     bn_shape b;
-    const void *sc[4] = {alphaDataDiff, betaDataDiff, alphaParamDiff, betaParamDiff};
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, epsilon, sc, 4, &b);
+    bool act = bnOps != CUDNN_BATCHNORM_OPS_BN;
+    cudnnStatus_t st = bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, epsilon,
+                                {alphaDataDiff, betaDataDiff, alphaParamDiff, betaParamDiff}, &b);
     if (st == CUDNN_STATUS_SUCCESS)
         st = ex_check(api, mode, bnOps, xDesc, dzDesc, dzData != nullptr, activationDesc);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "dx", dxDesc);
-    bool act = bnOps != CUDNN_BATCHNORM_OPS_BN;
-    if (st == CUDNN_STATUS_SUCCESS && act) st = check_tensor(api, "y", yDesc);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!same_desc(dxDesc, xDesc) || (act && !same_desc(yDesc, xDesc)))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: dx (or y) and x descriptors differ", api);
-    if (!savedMean != !savedInvVariance)
-        return fail(CUDNN_STATUS_BAD_PARAM,
-                    "%s: saved mean and inverse variance must both be given or both NULL", api);
-    st = bn_memory(api, b, {{"x", xData}, {"dy", dyData}, {"dx", dxData}},
-                   {{"bnScale", bnScaleData},
-                    {"dBnScaleResult", dBnScaleData},
-                    {"dBnBiasResult", dBnBiasData}});
+    if (st == CUDNN_STATUS_SUCCESS) st = bwd_descs(api, act, xDesc, yDesc, dxDesc);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = both_or_none(api, savedMean, savedInvVariance, "saved mean and inverse variance");
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = bn_memory(api, b, {{"x", xData}, {"dy", dyData}, {"dx", dxData}},
+                       {{"bnScale", bnScaleData},
+                        {"dBnScaleResult", dBnScaleData},
+                        {"dBnBiasResult", dBnBiasData}});
     if (st == CUDNN_STATUS_SUCCESS && act) // y and the bias: needed with an activation
         st = bn_memory(api, b, {{"y", yData}}, {{"bnBias", bnBiasData}});
     if (st == CUDNN_STATUS_SUCCESS && dzData) st = bn_memory(api, b, {{"dz", dzData}}, {});
@@ -301,7 +227,8 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
         st = bn_memory(api, b, {},
                        {{"savedMean", savedMean}, {"savedInvVariance", savedInvVariance}});
     if (st == CUDNN_STATUS_SUCCESS)
-        st = sized(api, "workSpace", workSpace, workSpaceSizeInBytes, bwd_workspace(xDesc));
+        st =
+            sized(api, "workSpace", workSpace, workSpaceSizeInBytes, ex ? bwd_workspace(xDesc) : 0);
     if (st == CUDNN_STATUS_SUCCESS)
         st = sized(api, "reserveSpace", reserveSpace, reserveSpaceSizeInBytes,
                    reserve_size(bnOps, xDesc));
@@ -366,6 +293,146 @@ cudnnStatus_t cudnnBatchNormalizationBackwardEx(
     return CUDNN_STATUS_SUCCESS;
 }
 
+} // namespace
+
+extern "C" {
+
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t *d) {
+    return make("cudnnCreateActivationDescriptor", d);
+}
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) {
+    return destroy("cudnnDestroyActivationDescriptor", d);
+}
+
+cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t d,
+                                           cudnnActivationMode_t mode,
+                                           cudnnNanPropagation_t reluNanOpt, double coef) {
+    const char *api = "cudnnSetActivationDescriptor";
+    if (!is_live(d))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    if (mode < CUDNN_ACTIVATION_SIGMOID || mode > CUDNN_ACTIVATION_SWISH)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: mode %d", api, mode);
+    if (reluNanOpt != CUDNN_PROPAGATE_NAN && reluNanOpt != CUDNN_NOT_PROPAGATE_NAN)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: NaN option %d", api, reluNanOpt);
+    d->mode = mode;
+    d->nan = reluNanOpt;
+    d->coef = coef;
+    d->set = true;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+// ---- the training forward and backward
+
+cudnnStatus_t cudnnBatchNormalizationForwardTraining(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
+    const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t yDesc,
+    void *y, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    void *resultRunningVariance, double epsilon, void *resultSaveMean,
+    void *resultSaveInvVariance) {
+    return forward_training("cudnnBatchNormalizationForwardTraining", false, handle, mode,
+                            CUDNN_BATCHNORM_OPS_BN, alpha, beta, xDesc, x, nullptr, nullptr, yDesc,
+                            y, bnScaleBiasMeanVarDesc, bnScale, bnBias, exponentialAverageFactor,
+                            resultRunningMean, resultRunningVariance, epsilon, resultSaveMean,
+                            resultSaveInvVariance, nullptr, nullptr, 0, nullptr, 0);
+}
+
+cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps, const void *alpha,
+    const void *beta, const cudnnTensorDescriptor_t xDesc, const void *xData,
+    const cudnnTensorDescriptor_t zDesc, const void *zData, const cudnnTensorDescriptor_t yDesc,
+    void *yData, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
+    const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
+    void *resultRunningVariance, double epsilon, void *resultSaveMean, void *resultSaveInvVariance,
+    cudnnActivationDescriptor_t activationDesc, void *workspace, size_t workSpaceSizeInBytes,
+    void *reserveSpace, size_t reserveSpaceSizeInBytes) {
+    return forward_training("cudnnBatchNormalizationForwardTrainingEx", true, handle, mode, bnOps,
+                            alpha, beta, xDesc, xData, zDesc, zData, yDesc, yData,
+                            bnScaleBiasMeanVarDesc, bnScale, bnBias, exponentialAverageFactor,
+                            resultRunningMean, resultRunningVariance, epsilon, resultSaveMean,
+                            resultSaveInvVariance, activationDesc, workspace, workSpaceSizeInBytes,
+                            reserveSpace, reserveSpaceSizeInBytes);
+}
+
+cudnnStatus_t cudnnBatchNormalizationBackward(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alphaDataDiff,
+    const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff,
+    const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc,
+    const void *dy, const cudnnTensorDescriptor_t dxDesc, void *dx,
+    const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScale, void *dBnScaleResult,
+    void *dBnBiasResult, double epsilon, const void *savedMean, const void *savedInvVariance) {
+    return backward("cudnnBatchNormalizationBackward", false, handle, mode, CUDNN_BATCHNORM_OPS_BN,
+                    alphaDataDiff, betaDataDiff, alphaParamDiff, betaParamDiff, xDesc, x, nullptr,
+                    nullptr, dyDesc, dy, nullptr, nullptr, dxDesc, dx, dBnScaleBiasDesc, bnScale,
+                    nullptr, dBnScaleResult, dBnBiasResult, epsilon, savedMean, savedInvVariance,
+                    nullptr, nullptr, 0, nullptr, 0);
+}
+
+cudnnStatus_t cudnnBatchNormalizationBackwardEx(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const void *alphaDataDiff, const void *betaDataDiff, const void *alphaParamDiff,
+    const void *betaParamDiff, const cudnnTensorDescriptor_t xDesc, const void *xData,
+    const cudnnTensorDescriptor_t yDesc, const void *yData, const cudnnTensorDescriptor_t dyDesc,
+    const void *dyData, const cudnnTensorDescriptor_t dzDesc, void *dzData,
+    const cudnnTensorDescriptor_t dxDesc, void *dxData,
+    const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScaleData, const void *bnBiasData,
+    void *dBnScaleData, void *dBnBiasData, double epsilon, const void *savedMean,
+    const void *savedInvVariance, cudnnActivationDescriptor_t activationDesc, void *workSpace,
+    size_t workSpaceSizeInBytes, void *reserveSpace, size_t reserveSpaceSizeInBytes) {
+    return backward("cudnnBatchNormalizationBackwardEx", true, handle, mode, bnOps, alphaDataDiff,
+                    betaDataDiff, alphaParamDiff, betaParamDiff, xDesc, xData, yDesc, yData, dyDesc,
+                    dyData, dzDesc, dzData, dxDesc, dxData, dBnScaleBiasDesc, bnScaleData,
+                    bnBiasData, dBnScaleData, dBnBiasData, epsilon, savedMean, savedInvVariance,
+                    activationDesc, workSpace, workSpaceSizeInBytes, reserveSpace,
+                    reserveSpaceSizeInBytes);
+}
+
+// ---- the Ex size queries
+
+cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t zDesc,
+    const cudnnTensorDescriptor_t yDesc, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc,
+    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes) {
+    const char *api = "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize";
+    bn_shape b;
+    cudnnStatus_t st =
+        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, 0.0, {}, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, zDesc, zDesc != nullptr, activationDesc);
+    return st != CUDNN_STATUS_SUCCESS ? st : answer(api, sizeInBytes, fwd_workspace(xDesc));
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t yDesc,
+    const cudnnTensorDescriptor_t dyDesc, const cudnnTensorDescriptor_t dzDesc,
+    const cudnnTensorDescriptor_t dxDesc, const cudnnTensorDescriptor_t dBnScaleBiasDesc,
+    const cudnnActivationDescriptor_t activationDesc, size_t *sizeInBytes) {
+    const char *api = "cudnnGetBatchNormalizationBackwardExWorkspaceSize";
+    bn_shape b;
+    cudnnStatus_t st = bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, 0.0, {}, &b);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, dzDesc, dzDesc != nullptr, activationDesc);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = bwd_descs(api, bnOps != CUDNN_BATCHNORM_OPS_BN, xDesc, yDesc, dxDesc);
+    return st != CUDNN_STATUS_SUCCESS ? st : answer(api, sizeInBytes, bwd_workspace(xDesc));
+}
+
+cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+    cudnnHandle_t handle, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t bnOps,
+    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t xDesc,
+    size_t *sizeInBytes) {
+    const char *api = "cudnnGetBatchNormalizationTrainingExReserveSpaceSize";
+    cudnnStatus_t st = check_handle(api, handle);
+    if (st == CUDNN_STATUS_SUCCESS) st = injected(api);
+    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "x", xDesc);
+    bool add = bnOps == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION; // z is not part of this query
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = ex_check(api, mode, bnOps, xDesc, add ? xDesc : nullptr, add, activationDesc);
+    return st != CUDNN_STATUS_SUCCESS ? st : answer(api, sizeInBytes, reserve_size(bnOps, xDesc));
+}
+
 // y = scale (x - mean) / sqrt(var + eps) + bias with the given (running) statistics
 cudnnStatus_t cudnnBatchNormalizationForwardInference(
     cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
@@ -374,9 +441,8 @@ cudnnStatus_t cudnnBatchNormalizationForwardInference(
     const void *bnBias, const void *estimatedMean, const void *estimatedVariance, double epsilon) {
     const char *api = "cudnnBatchNormalizationForwardInference";
     bn_shape b;
-    const void *sc[2] = {alpha, beta};
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon, sc, 2, &b);
+    cudnnStatus_t st = bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon,
+                                {alpha, beta}, &b);
     if (st == CUDNN_STATUS_SUCCESS)
         st = bn_memory(api, b, {{"x", x}, {"y", y}},
                        {{"bnScale", bnScale},

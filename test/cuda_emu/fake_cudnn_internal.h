@@ -1,10 +1,12 @@
 // The fake cuDNN's shared parts (fake_cudnn.cpp): the descriptor structs, the registry of live
 // handles and descriptors, element access and the common checks, used by the convolution
-// (fake_cudnn_conv.cpp) and the pooling and batch norm (fake_cudnn_norm_pool.cpp) files.
+// (fake_cudnn_conv.cpp), pooling and batch norm (fake_cudnn_norm_pool.cpp, fake_cudnn_bn_ex.cpp)
+// files.
 #ifndef FAKE_CUDNN_INTERNAL_H
 #define FAKE_CUDNN_INTERNAL_H
 #include "mtemu_internal.h"
 
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -40,7 +42,7 @@ struct cudnnFilterStruct {
 
 struct cudnnConvolutionStruct {
     bool set = false;
-    int pad[2] = {0, 0}, stride[2] = {1, 1}, dilation[2] = {1, 1};
+    std::array<int, 2> pad = {0, 0}, stride = {1, 1}, dilation = {1, 1};
     cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
     cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     int groups = 1;
@@ -51,7 +53,7 @@ struct cudnnPoolingStruct {
     bool set = false;
     cudnnPoolingMode_t mode = CUDNN_POOLING_MAX;
     cudnnNanPropagation_t nan = CUDNN_NOT_PROPAGATE_NAN;
-    int window[2] = {1, 1}, pad[2] = {0, 0}, stride[2] = {1, 1};
+    std::array<int, 2> window = {1, 1}, pad = {0, 0}, stride = {1, 1};
 };
 
 struct cudnnActivationStruct {
@@ -96,12 +98,32 @@ void store(char *p, cudnnDataType_t dt, int64_t i, double v);
 size_t span_bytes(const int *dims, const int *strides, int nd, cudnnDataType_t dt);
 // p non-NULL and [p, p + bytes) inside one live device allocation.
 cudnnStatus_t check_memory(const char *api, const char *name, const void *p, size_t bytes);
-// A live tensor descriptor that was set.
-cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t);
+// A live handle.
+cudnnStatus_t check_handle(const char *api, cudnnHandle_t h);
+// A live descriptor of any kind, about to be set.
+cudnnStatus_t check_live(const char *api, const void *d);
+// A live descriptor of any kind that was set.
+template <class D> cudnnStatus_t check_set(const char *api, const char *name, const D *d) {
+    if (!is_live(d))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor %p is not live", api, name,
+                    (const void *)d);
+    if (!d->set) return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor was never set", api, name);
+    return CUDNN_STATUS_SUCCESS;
+}
+inline cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t) {
+    return check_set(api, name, t);
+}
+// The same data type, dims and strides.
+bool same_desc(const cudnnTensorStruct *a, const cudnnTensorStruct *b);
+// 4-d and fully packed in NHWC (nhwc) or NCHW order.
+bool packed(const cudnnTensorStruct *t, bool nhwc);
+// The blend factors (alpha, beta, ...): each a host pointer; null_status for a NULL one.
+cudnnStatus_t check_host_scalars(const char *api, std::initializer_list<const void *> ps,
+                                 cudnnStatus_t null_status);
 // A host scalar of the compute type: double for DOUBLE data, float otherwise.
 double scalar(const void *p, bool f64);
 
-// ---- batch norm (fake_cudnn_norm_pool.cpp), shared with the Ex calls (fake_cudnn_bn_ex.cpp)
+// ---- batch norm (fake_cudnn_norm_pool.cpp), for its entry points (fake_cudnn_bn_ex.cpp)
 struct bn_shape {
     cudnnDataType_t dt, pdt;
     int n, c, h, w;
@@ -113,8 +135,8 @@ int64_t bn_at(const bn_shape &b, int n, int c, int h, int w);
 // the fault injection of api.
 cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mode,
                        cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
-                       cudnnTensorDescriptor_t p, double eps, const void *const *scalars,
-                       int nscalars, bn_shape *b);
+                       cudnnTensorDescriptor_t p, double eps,
+                       std::initializer_list<const void *> scalars, bn_shape *b);
 // Each activation-shaped pointer spans x's bytes, each parameter pointer C values.
 cudnnStatus_t bn_memory(const char *api, const bn_shape &b,
                         std::initializer_list<std::pair<const char *, const void *>> xs,

@@ -1,5 +1,6 @@
-// The fake cuDNN's pooling forward and batch norm in training (see fake_cudnn.cpp for the
-// rules); the fused Ex batch norm and the inference are in fake_cudnn_bn_ex.cpp.
+// The fake cuDNN's pooling forward and batch norm's shared parts: the descriptor and memory
+// checks, the statistics (see fake_cudnn.cpp for the rules); the batch norm entry points are in
+// fake_cudnn_bn_ex.cpp.
 #include "fake_cudnn_internal.h"
 
 #include <initializer_list>
@@ -7,7 +8,7 @@
 
 using namespace fakednn;
 
-// ---- batch norm in training, spatial mode: per channel over N, H and W, in double
+// ---- batch norm, spatial mode: per channel over N, H and W, in double
 
 namespace fakednn {
 
@@ -20,21 +21,17 @@ int64_t bn_at(const bn_shape &b, int n, int c, int h, int w) {
 // float (double for DOUBLE x), the mode, epsilon and the blend factors' pointers.
 cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mode,
                        cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
-                       cudnnTensorDescriptor_t p, double eps, const void *const *scalars,
-                       int nscalars, bn_shape *b) {
-    if (!is_live(h))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)h);
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "x", x);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "y", y);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "bnScaleBiasMeanVar", p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
+                       cudnnTensorDescriptor_t p, double eps,
+                       std::initializer_list<const void *> scalars, bn_shape *b) {
+    cudnnStatus_t st;
+    if ((st = check_handle(api, h)) || (st = injected(api)) || (st = check_tensor(api, "x", x)) ||
+        (st = check_tensor(api, "y", y)) || (st = check_tensor(api, "bnScaleBiasMeanVar", p)))
+        return st;
     if (mode != CUDNN_BATCHNORM_SPATIAL && mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: mode %d is not emulated", api, mode);
     if (x->nd != 4 || y->nd != 4 || p->nd != 4)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: only 4-d batch norm is emulated", api);
-    if (x->dt != y->dt || std::memcmp(x->dims, y->dims, sizeof x->dims) != 0 ||
-        std::memcmp(x->strides, y->strides, sizeof x->strides) != 0)
+    if (!same_desc(x, y))
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: x and y (dx, dy) descriptors differ", api);
     if (x->dt == CUDNN_DATA_BFLOAT16)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: BFLOAT16 batch norm is not emulated", api);
@@ -46,9 +43,7 @@ cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mo
                     want == CUDNN_DATA_DOUBLE ? "DOUBLE" : "FLOAT");
     if (!(eps >= CUDNN_BN_MIN_EPSILON))
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: epsilon %g", api, eps);
-    for (int i = 0; i < nscalars; i++)
-        if (!scalars[i] || mtemu::device_range(scalars[i], 1))
-            return fail(CUDNN_STATUS_BAD_PARAM, "%s: the blend factors must be host pointers", api);
+    if ((st = check_host_scalars(api, scalars, CUDNN_STATUS_BAD_PARAM))) return st;
     b->dt = x->dt;
     b->pdt = want;
     b->n = x->dims[0];
@@ -110,142 +105,6 @@ void bn_store_channel_stats(const bn_shape &b, int c, double mean, double var, d
 
 extern "C" {
 
-cudnnStatus_t cudnnBatchNormalizationForwardTraining(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alpha, const void *beta,
-    const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t yDesc,
-    void *y, const cudnnTensorDescriptor_t bnScaleBiasMeanVarDesc, const void *bnScale,
-    const void *bnBias, double exponentialAverageFactor, void *resultRunningMean,
-    void *resultRunningVariance, double epsilon, void *resultSaveMean,
-    void *resultSaveInvVariance) {
-    const char *api = "cudnnBatchNormalizationForwardTraining";
-    bn_shape b;
-    const void *sc[2] = {alpha, beta};
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, yDesc, bnScaleBiasMeanVarDesc, epsilon, sc, 2, &b);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!resultRunningMean != !resultRunningVariance || !resultSaveMean != !resultSaveInvVariance)
-        return fail(CUDNN_STATUS_BAD_PARAM,
-                    "%s: running (or saved) mean and variance must both be given or both NULL",
-                    api);
-    st = bn_memory(api, b, {{"x", x}, {"y", y}}, {{"bnScale", bnScale}, {"bnBias", bnBias}});
-    if (st == CUDNN_STATUS_SUCCESS && resultRunningMean)
-        st = bn_memory(api, b, {},
-                       {{"resultRunningMean", resultRunningMean},
-                        {"resultRunningVariance", resultRunningVariance}});
-    if (st == CUDNN_STATUS_SUCCESS && resultSaveMean)
-        st = bn_memory(
-            api, b, {},
-            {{"resultSaveMean", resultSaveMean}, {"resultSaveInvVariance", resultSaveInvVariance}});
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    bool f64 = b.dt == CUDNN_DATA_DOUBLE;
-    double al = scalar(alpha, f64), be = scalar(beta, f64), f = exponentialAverageFactor,
-           eps = epsilon;
-    const char *xp = static_cast<const char *>(x), *wp = static_cast<const char *>(bnScale),
-               *bp = static_cast<const char *>(bnBias);
-    char *yp = static_cast<char *>(y), *rm = static_cast<char *>(resultRunningMean),
-         *rv = static_cast<char *>(resultRunningVariance),
-         *sm = static_cast<char *>(resultSaveMean),
-         *si = static_cast<char *>(resultSaveInvVariance);
-    mtemu::enqueue(handle->stream, [=] {
-        for (int c = 0; c < b.c; c++) {
-            double mean, var;
-            bn_stats(b, xp, c, eps, &mean, &var);
-            double inv = 1.0 / std::sqrt(var + eps), g = load(wp, b.pdt, c),
-                   sh = load(bp, b.pdt, c);
-            for (int n = 0; n < b.n; n++)
-                for (int h = 0; h < b.h; h++)
-                    for (int w = 0; w < b.w; w++) {
-                        int64_t i = bn_at(b, n, c, h, w);
-                        double v = al * ((load(xp, b.dt, i) - mean) * inv * g + sh);
-                        if (be != 0) v += be * load(yp, b.dt, i);
-                        store(yp, b.dt, i, v);
-                    }
-            bn_store_channel_stats(b, c, mean, var, inv, f, rm, rv, sm, si);
-        }
-    });
-    return CUDNN_STATUS_SUCCESS;
-}
-
-cudnnStatus_t cudnnBatchNormalizationBackward(
-    cudnnHandle_t handle, cudnnBatchNormMode_t mode, const void *alphaDataDiff,
-    const void *betaDataDiff, const void *alphaParamDiff, const void *betaParamDiff,
-    const cudnnTensorDescriptor_t xDesc, const void *x, const cudnnTensorDescriptor_t dyDesc,
-    const void *dy, const cudnnTensorDescriptor_t dxDesc, void *dx,
-    const cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScale, void *dBnScaleResult,
-    void *dBnBiasResult, double epsilon, const void *savedMean, const void *savedInvVariance) {
-    const char *api = "cudnnBatchNormalizationBackward";
-    bn_shape b;
-    const void *sc[4] = {alphaDataDiff, betaDataDiff, alphaParamDiff, betaParamDiff};
-    cudnnStatus_t st =
-        bn_check(api, handle, mode, xDesc, dyDesc, dBnScaleBiasDesc, epsilon, sc, 4, &b);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "dx", dxDesc);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (dxDesc->dt != b.dt || std::memcmp(dxDesc->dims, xDesc->dims, sizeof xDesc->dims) != 0 ||
-        std::memcmp(dxDesc->strides, xDesc->strides, sizeof xDesc->strides) != 0)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: dx and x descriptors differ", api);
-    if (!savedMean != !savedInvVariance)
-        return fail(CUDNN_STATUS_BAD_PARAM,
-                    "%s: saved mean and inverse variance must both be given or both NULL", api);
-    st = bn_memory(api, b, {{"x", x}, {"dy", dy}, {"dx", dx}},
-                   {{"bnScale", bnScale},
-                    {"dBnScaleResult", dBnScaleResult},
-                    {"dBnBiasResult", dBnBiasResult}});
-    if (st == CUDNN_STATUS_SUCCESS && savedMean)
-        st = bn_memory(api, b, {},
-                       {{"savedMean", savedMean}, {"savedInvVariance", savedInvVariance}});
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    bool f64 = b.dt == CUDNN_DATA_DOUBLE;
-    double ad = scalar(alphaDataDiff, f64), bd = scalar(betaDataDiff, f64),
-           ap = scalar(alphaParamDiff, f64), bpd = scalar(betaParamDiff, f64), eps = epsilon;
-    const char *xp = static_cast<const char *>(x), *gyp = static_cast<const char *>(dy),
-               *wp = static_cast<const char *>(bnScale),
-               *smp = static_cast<const char *>(savedMean),
-               *sip = static_cast<const char *>(savedInvVariance);
-    char *gxp = static_cast<char *>(dx), *gwp = static_cast<char *>(dBnScaleResult),
-         *gbp = static_cast<char *>(dBnBiasResult);
-    mtemu::enqueue(handle->stream, [=] {
-        int64_t m = (int64_t)b.n * b.h * b.w;
-        for (int c = 0; c < b.c; c++) {
-            double mean, inv;
-            if (smp) {
-                mean = load(smp, b.pdt, c);
-                inv = load(sip, b.pdt, c);
-            } else {
-                double var;
-                bn_stats(b, xp, c, eps, &mean, &var);
-                inv = 1.0 / std::sqrt(var + eps);
-            }
-            double sg = 0, sgx = 0; // sum(dy), sum(dy * xhat)
-            for (int n = 0; n < b.n; n++)
-                for (int h = 0; h < b.h; h++)
-                    for (int w = 0; w < b.w; w++) {
-                        int64_t i = bn_at(b, n, c, h, w);
-                        double g = load(gyp, b.dt, i);
-                        sg += g;
-                        sgx += g * (load(xp, b.dt, i) - mean) * inv;
-                    }
-            double gamma = load(wp, b.pdt, c);
-            for (int n = 0; n < b.n; n++)
-                for (int h = 0; h < b.h; h++)
-                    for (int w = 0; w < b.w; w++) {
-                        int64_t i = bn_at(b, n, c, h, w);
-                        double xh = (load(xp, b.dt, i) - mean) * inv;
-                        double v = ad * gamma * inv * (load(gyp, b.dt, i) - sg / m - xh * sgx / m);
-                        if (bd != 0) v += bd * load(gxp, b.dt, i);
-                        store(gxp, b.dt, i, v);
-                    }
-            double gw = ap * sgx, gb = ap * sg;
-            if (bpd != 0) {
-                gw += bpd * load(gwp, b.pdt, c);
-                gb += bpd * load(gbp, b.pdt, c);
-            }
-            store(gwp, b.pdt, c, gw);
-            store(gbp, b.pdt, c, gb);
-        }
-    });
-    return CUDNN_STATUS_SUCCESS;
-}
-
 // ---- pooling (forward only: mixtape's backward is its own kernel)
 
 cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d) {
@@ -261,8 +120,8 @@ cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, cudnnPooli
                                           int horizontalPadding, int verticalStride,
                                           int horizontalStride) {
     const char *api = "cudnnSetPooling2dDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (mode != CUDNN_POOLING_MAX && mode != CUDNN_POOLING_MAX_DETERMINISTIC &&
         mode != CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING &&
         mode != CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING)
@@ -276,12 +135,9 @@ cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, cudnnPooli
                     horizontalStride);
     d->mode = mode;
     d->nan = maxpoolingNanOpt;
-    d->window[0] = windowHeight;
-    d->window[1] = windowWidth;
-    d->pad[0] = verticalPadding;
-    d->pad[1] = horizontalPadding;
-    d->stride[0] = verticalStride;
-    d->stride[1] = horizontalStride;
+    d->window = {windowHeight, windowWidth};
+    d->pad = {verticalPadding, horizontalPadding};
+    d->stride = {verticalStride, horizontalStride};
     d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -294,14 +150,11 @@ cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle, const cudnnPoolingDescri
                                   const void *x, const void *beta,
                                   const cudnnTensorDescriptor_t yDesc, void *y) {
     const char *api = "cudnnPoolingForward";
-    if (!is_live(handle))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)handle);
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "x", xDesc);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "y", yDesc);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!is_live(poolingDesc) || !poolingDesc->set)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: pooling descriptor not live or not set", api);
+    cudnnStatus_t st;
+    if ((st = check_handle(api, handle)) || (st = injected(api)) ||
+        (st = check_tensor(api, "x", xDesc)) || (st = check_tensor(api, "y", yDesc)) ||
+        (st = check_set(api, "pooling", poolingDesc)))
+        return st;
     cudnnTensorStruct xt = *xDesc, yt = *yDesc;
     cudnnPoolingStruct pd = *poolingDesc;
     if (xt.nd != 4 || yt.nd != 4)
@@ -321,8 +174,8 @@ cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle, const cudnnPoolingDescri
     if (st == CUDNN_STATUS_SUCCESS)
         st = check_memory(api, "y", y, span_bytes(yt.dims, yt.strides, 4, yt.dt));
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!alpha || !beta || mtemu::device_range(alpha, 1) || mtemu::device_range(beta, 1))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: alpha and beta must be host pointers", api);
+    st = check_host_scalars(api, {alpha, beta}, CUDNN_STATUS_BAD_PARAM);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     bool f64 = xt.dt == CUDNN_DATA_DOUBLE;
     double al = scalar(alpha, f64), be = scalar(beta, f64);
     const char *xp = static_cast<const char *>(x);
