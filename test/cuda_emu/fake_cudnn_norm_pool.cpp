@@ -29,15 +29,20 @@ cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mo
         return st;
     if (mode != CUDNN_BATCHNORM_SPATIAL && mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: mode %d is not emulated", api, mode);
-    if (x->nd != 4 || y->nd != 4 || p->nd != 4)
-        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: only 4-d batch norm is emulated", api);
+    // cuDNN documents BAD_PARAM for x or y not 4-d or 5-d, for x and y that differ and for a
+    // parameter descriptor not 1 x C x 1 x 1 (x 1); this fake does not emulate 5-d.
+    if (x->nd < 4 || x->nd > 5 || y->nd < 4 || y->nd > 5)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: x and y have %d and %d dims, not 4 or 5", api,
+                    x->nd, y->nd);
     if (!same_desc(x, y))
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: x and y (dx, dy) descriptors differ", api);
+    if (x->nd != 4)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: only 4-d batch norm is emulated", api);
     if (x->dt == CUDNN_DATA_BFLOAT16)
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: BFLOAT16 batch norm is not emulated", api);
     cudnnDataType_t want = x->dt == CUDNN_DATA_DOUBLE ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-    if (p->dt != want || p->dims[0] != 1 || p->dims[1] != x->dims[1] || p->dims[2] != 1 ||
-        p->dims[3] != 1)
+    if (p->nd != 4 || p->dt != want || p->dims[0] != 1 || p->dims[1] != x->dims[1] ||
+        p->dims[2] != 1 || p->dims[3] != 1)
         return fail(CUDNN_STATUS_BAD_PARAM,
                     "%s: the parameter descriptor must be 1 x %d x 1 x 1 of %s", api, x->dims[1],
                     want == CUDNN_DATA_DOUBLE ? "DOUBLE" : "FLOAT");

@@ -321,7 +321,8 @@ void test_pooling(void **) {
 }
 
 // Batch norm: HALF data with FLOAT parameters computes; a parameter descriptor of the wrong
-// type or shape, half-given running buffers and device-memory blend factors are refused.
+// type, shape or rank, x not 4-d, half-given running buffers and device-memory blend factors
+// are refused; descriptors equal in their nd dims are the same.
 void test_batch_norm(void **) {
     cudnnHandle_t h;
     CHECK(cudnnCreate(&h));
@@ -377,6 +378,24 @@ void test_batch_norm(void **) {
                                                             x, dx, x, dy, p, dw, db, 0.5, drm, drv,
                                                             1e-5, dsm, dsi),
                      CUDNN_STATUS_BAD_PARAM);
+    // as cuDNN documents: BAD_PARAM for a 3-d x and for a 3-d parameter descriptor
+    int dims3[3] = {2, 1, 2}, strides3[3] = {2, 2, 1}, pdims3[3] = {1, 1, 1};
+    CHECK(cudnnSetTensorNdDescriptor(bad, CUDNN_DATA_HALF, 3, dims3, strides3));
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            bad, dx, bad, dy, p, dw, db, 0.5, drm,
+                                                            drv, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    CHECK(cudnnSetTensorNdDescriptor(bad, CUDNN_DATA_FLOAT, 3, pdims3, pdims3));
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            x, dx, x, dy, bad, dw, db, 0.5, drm,
+                                                            drv, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    // a descriptor set 5-d, then as x: the same as x (its stale fifth dim does not count)
+    int dims5[5] = {2, 1, 2, 1, 3}, strides5[5] = {6, 6, 3, 3, 1};
+    CHECK(cudnnSetTensorNdDescriptor(bad, CUDNN_DATA_HALF, 5, dims5, strides5));
+    set_packed(bad, CUDNN_DATA_HALF, 2, 1, 2, 1);
+    CHECK(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bad, dx,
+                                                 x, dy, p, dw, db, 0.5, drm, drv, 1e-5, dsm, dsi));
     // the backward: dx of a HALF x described as FLOAT is refused
     set_packed(bad, CUDNN_DATA_FLOAT, 2, 1, 2, 1);
     assert_int_equal(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one,
