@@ -77,6 +77,16 @@ cudnnStatus_t sized(const char *api, const char *name, const void *p, size_t giv
     return need ? check_memory(api, name, p, given) : CUDNN_STATUS_SUCCESS;
 }
 
+// An Ex call's workspace (at least need bytes; a plain call needs none) and reserve space (at
+// least what the query answers for bnOps).
+cudnnStatus_t spaces(const char *api, void *ws, size_t ws_bytes, size_t need,
+                     cudnnBatchNormOps_t ops, const cudnnTensorStruct *x, void *rs,
+                     size_t rs_bytes) {
+    cudnnStatus_t st = sized(api, "workspace", ws, ws_bytes, need);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    return sized(api, "reserveSpace", rs, rs_bytes, reserve_size(ops, x));
+}
+
 bool mask_bit(const char *r, int64_t i) {
     return (r[i / 8] >> (i % 8)) & 1;
 }
@@ -146,11 +156,8 @@ cudnnStatus_t forward_training(
             api, b, {},
             {{"resultSaveMean", resultSaveMean}, {"resultSaveInvVariance", resultSaveInvVariance}});
     if (st == CUDNN_STATUS_SUCCESS)
-        st =
-            sized(api, "workspace", workspace, workSpaceSizeInBytes, ex ? fwd_workspace(xDesc) : 0);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = sized(api, "reserveSpace", reserveSpace, reserveSpaceSizeInBytes,
-                   reserve_size(bnOps, xDesc));
+        st = spaces(api, workspace, workSpaceSizeInBytes, ex ? fwd_workspace(xDesc) : 0, bnOps,
+                    xDesc, reserveSpace, reserveSpaceSizeInBytes);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     bool f64 = b.dt == CUDNN_DATA_DOUBLE;
     double al = scalar(alpha, f64), be = scalar(beta, f64), f = exponentialAverageFactor,
@@ -227,11 +234,8 @@ backward(const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mo
         st = bn_memory(api, b, {},
                        {{"savedMean", savedMean}, {"savedInvVariance", savedInvVariance}});
     if (st == CUDNN_STATUS_SUCCESS)
-        st =
-            sized(api, "workSpace", workSpace, workSpaceSizeInBytes, ex ? bwd_workspace(xDesc) : 0);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = sized(api, "reserveSpace", reserveSpace, reserveSpaceSizeInBytes,
-                   reserve_size(bnOps, xDesc));
+        st = spaces(api, workSpace, workSpaceSizeInBytes, ex ? bwd_workspace(xDesc) : 0, bnOps,
+                    xDesc, reserveSpace, reserveSpaceSizeInBytes);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     bool f64 = b.dt == CUDNN_DATA_DOUBLE;
     double ad = scalar(alphaDataDiff, f64), bd = scalar(betaDataDiff, f64),
