@@ -1,6 +1,7 @@
 // The cuDNN functions mixtape calls, for the emulated device. This file: handles, tensor,
 // filter and convolution descriptors and the shared helpers; fake_cudnn_conv.cpp: the
-// convolutions; fake_cudnn_norm_pool.cpp: pooling forward and batch norm in training. Compiled
+// convolutions; fake_cudnn_norm_pool.cpp: pooling forward and batch norm's checks and
+// statistics; fake_cudnn_bn_ex.cpp: the batch norm entry points, plain and Ex. Compiled
 // against the toolkit's cudnn.h, so the compiler checks every signature against the real
 // library's.
 //
@@ -14,7 +15,8 @@
 // Every descriptor and argument is checked; a violation is a CUDNN_STATUS_BAD_PARAM (or
 // NOT_SUPPORTED for what this fake does not model) after one stderr line:
 // - descriptors: made by cudnnCreate*, set before use, positive sizes and strides, dtypes
-//   FLOAT, DOUBLE, HALF or BFLOAT16; 4-d only for convolutions;
+//   FLOAT, DOUBLE, HALF or BFLOAT16; 4-d only for convolutions and batch norm (whose x and y
+//   must be 4-d or 5-d, as cuDNN documents, and the same, dims and strides);
 // - a convolution's x, filter and y share one data type; compute type FLOAT for FLOAT, HALF
 //   and BFLOAT16 data (HALF also with HALF), DOUBLE for DOUBLE; x's channels = filter's
 //   channels * groups, filter count divisible by groups, y's dims = cuDNN's output formula;
@@ -31,8 +33,8 @@
 // makes the entry point `name` return `status` (a number) without doing anything.
 // Not modelled: cuDNN's algorithms and numerics (every algorithm computes the same loops; the
 // workspace sizes are made up, and non-zero for the heuristics' first choices so that the
-// workspace path is exercised), pooling backward, batch norm other than spatial training
-// (forward and backward), NCHW_VECT_C, INT8.
+// workspace path is exercised), pooling backward, batch norm other than spatial (training
+// forward and backward, inference), NCHW_VECT_C, INT8.
 #include "fake_cudnn_internal.h"
 
 #include <algorithm>

@@ -98,6 +98,8 @@ void store(char *p, cudnnDataType_t dt, int64_t i, double v);
 size_t span_bytes(const int *dims, const int *strides, int nd, cudnnDataType_t dt);
 // p non-NULL and [p, p + bytes) inside one live device allocation.
 cudnnStatus_t check_memory(const char *api, const char *name, const void *p, size_t bytes);
+// The checks return SUCCESS (0) or the failure's status, so `(st = check()) || ...` chains stop
+// at the first failure.
 // A live handle.
 cudnnStatus_t check_handle(const char *api, cudnnHandle_t h);
 // A live descriptor of any kind, about to be set.
