@@ -1,7 +1,7 @@
 // The cuDNN functions mixtape calls, for the emulated device. This file: handles, tensor,
 // filter and convolution descriptors and the shared helpers; fake_cudnn_conv.cpp: the
-// convolutions; fake_cudnn_norm_pool.cpp: pooling forward and batch norm's checks and
-// statistics; fake_cudnn_bn_ex.cpp: the batch norm entry points, plain and Ex. Compiled
+// convolutions; fake_cudnn_pool.cpp: pooling forward; fake_cudnn_bn.cpp: batch norm, plain
+// and fused (Ex), in training and inference. Compiled
 // against the toolkit's cudnn.h, so the compiler checks every signature against the real
 // library's.
 //

@@ -1,6 +1,6 @@
 // The fake cuDNN's shared parts (fake_cudnn.cpp): the descriptor structs, the registry of live
 // handles and descriptors, element access and the common checks, used by the convolution
-// (fake_cudnn_conv.cpp), pooling and batch norm (fake_cudnn_norm_pool.cpp, fake_cudnn_bn_ex.cpp)
+// (fake_cudnn_conv.cpp), pooling (fake_cudnn_pool.cpp) and batch norm (fake_cudnn_bn.cpp)
 // files.
 #ifndef FAKE_CUDNN_INTERNAL_H
 #define FAKE_CUDNN_INTERNAL_H
@@ -124,31 +124,6 @@ cudnnStatus_t check_host_scalars(const char *api, std::initializer_list<const vo
                                  cudnnStatus_t null_status);
 // A host scalar of the compute type: double for DOUBLE data, float otherwise.
 double scalar(const void *p, bool f64);
-
-// ---- batch norm (fake_cudnn_norm_pool.cpp), for its entry points (fake_cudnn_bn_ex.cpp)
-struct bn_shape {
-    cudnnDataType_t dt, pdt;
-    int n, c, h, w;
-    int xs[4];
-};
-int64_t bn_at(const bn_shape &b, int n, int c, int h, int w);
-// x (and y, dy, dx: the same descriptor contents), the parameter descriptor 1 x C x 1 x 1 of
-// float (double for DOUBLE x), the mode, epsilon, the blend factors as host pointers; runs
-// the fault injection of api.
-cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mode,
-                       cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
-                       cudnnTensorDescriptor_t p, double eps,
-                       std::initializer_list<const void *> scalars, bn_shape *b);
-// Each activation-shaped pointer spans x's bytes, each parameter pointer C values.
-cudnnStatus_t bn_memory(const char *api, const bn_shape &b,
-                        std::initializer_list<std::pair<const char *, const void *>> xs,
-                        std::initializer_list<std::pair<const char *, const void *>> ps);
-// The batch mean and biased variance of channel c.
-void bn_stats(const bn_shape &b, const char *x, int c, double eps, double *mean, double *var);
-// What a training forward writes for channel c besides y: the running estimates (factor f,
-// the unbiased variance, as cuDNN) when rm is given, the saved mean and 1/std when sm is.
-void bn_store_channel_stats(const bn_shape &b, int c, double mean, double var, double inv, double f,
-                            char *rm, char *rv, char *sm, char *si);
 
 } // namespace fakednn
 #endif

@@ -1,8 +1,8 @@
-// The fake cuDNN's batch norm entry points (see fake_cudnn.cpp for the rules) and activation
-// descriptors: the training forward and backward, plain and fused (Ex, with their workspace
-// and reserve-space size queries), and the inference. A plain call is checked and computed as
-// the Ex call with bnOps BN and no z, activation, workspace or reserve space. The Ex calls
-// enforce what cuDNN documents for bnOps with an activation: persistent spatial mode, NHWC
+// The fake cuDNN's batch norm (see fake_cudnn.cpp for the rules) and activation descriptors:
+// the checks and statistics, the training forward and backward, plain and fused (Ex, with
+// their workspace and reserve-space size queries), and the inference. A plain call is checked and
+// computed as the Ex call with bnOps BN and no z, activation, workspace or reserve space. The Ex
+// calls enforce what cuDNN documents for bnOps with an activation: persistent spatial mode, NHWC
 // fully packed HALF x, z and y, C a multiple of 4, a RELU descriptor, z given exactly for
 // BN_ADD_ACTIVATION; a workspace and a reserve space at least the sizes the queries return.
 // The forward keeps the ReLU mask in the reserve space, one bit per element, and the backward
@@ -13,6 +13,100 @@
 using namespace fakednn;
 
 namespace {
+
+// ---- batch norm, spatial mode: per channel over N, H and W, in double
+
+// The validated shape of a call, by value (the descriptors may be destroyed while it is
+// queued).
+struct bn_shape {
+    cudnnDataType_t dt, pdt;
+    int n, c, h, w;
+    int xs[4];
+};
+
+int64_t bn_at(const bn_shape &b, int n, int c, int h, int w) {
+    return (int64_t)n * b.xs[0] + (int64_t)c * b.xs[1] + (int64_t)h * b.xs[2] +
+           (int64_t)w * b.xs[3];
+}
+
+// x (and y, dy, dx: the same descriptor contents), the parameter descriptor 1 x C x 1 x 1 of
+// float (double for DOUBLE x), the mode, epsilon, the blend factors as host pointers; runs
+// the fault injection of api.
+cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mode,
+                       cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
+                       cudnnTensorDescriptor_t p, double eps,
+                       std::initializer_list<const void *> scalars, bn_shape *b) {
+    cudnnStatus_t st;
+    if ((st = check_handle(api, h)) || (st = injected(api)) || (st = check_tensor(api, "x", x)) ||
+        (st = check_tensor(api, "y", y)) || (st = check_tensor(api, "bnScaleBiasMeanVar", p)))
+        return st;
+    if (mode != CUDNN_BATCHNORM_SPATIAL && mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: mode %d is not emulated", api, mode);
+    // cuDNN documents BAD_PARAM for x or y not 4-d or 5-d, for x and y that differ and for a
+    // parameter descriptor not 1 x C x 1 x 1 (x 1); this fake does not emulate 5-d.
+    if (x->nd < 4 || x->nd > 5 || y->nd < 4 || y->nd > 5)
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: x and y have %d and %d dims, not 4 or 5", api,
+                    x->nd, y->nd);
+    if (!same_desc(x, y))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: x and y (dx, dy) descriptors differ", api);
+    if (x->nd != 4)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: only 4-d batch norm is emulated", api);
+    if (x->dt == CUDNN_DATA_BFLOAT16)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: BFLOAT16 batch norm is not emulated", api);
+    cudnnDataType_t want = x->dt == CUDNN_DATA_DOUBLE ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    if (p->nd != 4 || p->dt != want || p->dims[0] != 1 || p->dims[1] != x->dims[1] ||
+        p->dims[2] != 1 || p->dims[3] != 1)
+        return fail(CUDNN_STATUS_BAD_PARAM,
+                    "%s: the parameter descriptor must be 1 x %d x 1 x 1 of %s", api, x->dims[1],
+                    want == CUDNN_DATA_DOUBLE ? "DOUBLE" : "FLOAT");
+    if (!(eps >= CUDNN_BN_MIN_EPSILON))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: epsilon %g", api, eps);
+    if ((st = check_host_scalars(api, scalars, CUDNN_STATUS_BAD_PARAM))) return st;
+    b->dt = x->dt;
+    b->pdt = want;
+    b->n = x->dims[0];
+    b->c = x->dims[1];
+    b->h = x->dims[2];
+    b->w = x->dims[3];
+    for (int i = 0; i < 4; i++) b->xs[i] = x->strides[i];
+    return CUDNN_STATUS_SUCCESS;
+}
+
+// Each activation-shaped pointer spans x's bytes, each parameter pointer C values.
+cudnnStatus_t bn_memory(const char *api, const bn_shape &b,
+                        std::initializer_list<std::pair<const char *, const void *>> xs,
+                        std::initializer_list<std::pair<const char *, const void *>> ps) {
+    const int d[4] = {b.n, b.c, b.h, b.w};
+    size_t xb = span_bytes(d, b.xs, 4, b.dt), pb = static_cast<size_t>(b.c) * dtype_size(b.pdt);
+    for (auto &e : xs) {
+        cudnnStatus_t st = check_memory(api, e.first, e.second, xb);
+        if (st != CUDNN_STATUS_SUCCESS) return st;
+    }
+    for (auto &e : ps) {
+        cudnnStatus_t st = check_memory(api, e.first, e.second, pb);
+        if (st != CUDNN_STATUS_SUCCESS) return st;
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+// The batch mean and biased variance of channel c.
+void bn_stats(const bn_shape &b, const char *x, int c, double *mean, double *var) {
+    double s = 0, q = 0;
+    int64_t m = (int64_t)b.n * b.h * b.w;
+    for (int n = 0; n < b.n; n++)
+        for (int h = 0; h < b.h; h++)
+            for (int w = 0; w < b.w; w++) s += load(x, b.dt, bn_at(b, n, c, h, w));
+    *mean = s / m;
+    for (int n = 0; n < b.n; n++)
+        for (int h = 0; h < b.h; h++)
+            for (int w = 0; w < b.w; w++) {
+                double d = load(x, b.dt, bn_at(b, n, c, h, w)) - *mean;
+                q += d * d;
+            }
+    *var = q / m;
+}
+
+// ---- the fused (Ex) calls' rules and sizes
 
 const char *ops_name(cudnnBatchNormOps_t ops) {
     return ops == CUDNN_BATCHNORM_OPS_BN              ? "BN"
@@ -173,7 +267,7 @@ cudnnStatus_t forward_training(
     mtemu::enqueue(handle->stream, [=] {
         for (int c = 0; c < b.c; c++) {
             double mean, var;
-            bn_stats(b, xp, c, eps, &mean, &var);
+            bn_stats(b, xp, c, &mean, &var);
             double inv = 1.0 / std::sqrt(var + eps), g = load(wp, b.pdt, c),
                    sh = load(bp, b.pdt, c);
             for (int n = 0; n < b.n; n++)
@@ -193,7 +287,15 @@ cudnnStatus_t forward_training(
                         if (be != 0) v += be * load(yp, b.dt, i);
                         store(yp, b.dt, i, v);
                     }
-            bn_store_channel_stats(b, c, mean, var, inv, f, rm, rv, sm, si);
+            int64_t m = (int64_t)b.n * b.h * b.w;
+            if (rm) { // the unbiased variance into the running estimate
+                store(rm, b.pdt, c, (1 - f) * load(rm, b.pdt, c) + f * mean);
+                store(rv, b.pdt, c, (1 - f) * load(rv, b.pdt, c) + f * var * m / (double)(m - 1));
+            }
+            if (sm) {
+                store(sm, b.pdt, c, mean);
+                store(si, b.pdt, c, inv);
+            }
         }
     });
     return CUDNN_STATUS_SUCCESS;
@@ -261,7 +363,7 @@ backward(const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mo
                 inv = load(sip, b.pdt, c);
             } else {
                 double var;
-                bn_stats(b, xp, c, eps, &mean, &var);
+                bn_stats(b, xp, c, &mean, &var);
                 inv = 1.0 / std::sqrt(var + eps);
             }
             double sg = 0, sgx = 0;
