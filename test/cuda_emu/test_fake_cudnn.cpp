@@ -264,6 +264,19 @@ void test_bad_arguments(void **) {
                                              (cudnnConvolutionFwdAlgo_t)99, ws, need, &zero, p.y,
                                              p.dy),
                      CUDNN_STATUS_BAD_PARAM);
+    // fault injection reaches every convolution entry point, the Find calls and size queries too
+    cudnnConvolutionFwdAlgoPerf_t perf[4];
+    int found = 0;
+    size_t size = 0;
+    setenv("MTEMU_CUDNN_FAIL", "cudnnFindConvolutionForwardAlgorithmEx=3000", 1);
+    assert_int_equal(cudnnFindConvolutionForwardAlgorithmEx(p.h, p.x, p.dx, p.w, p.dw, p.conv, p.y,
+                                                            p.dy, 4, &found, perf, ws, need),
+                     CUDNN_STATUS_NOT_SUPPORTED);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnGetConvolutionBackwardFilterWorkspaceSize=4000", 1);
+    assert_int_equal(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                         p.h, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, &size),
+                     CUDNN_STATUS_INTERNAL_ERROR);
+    unsetenv("MTEMU_CUDNN_FAIL");
     // a destroyed descriptor
     CHECK(cudnnDestroyTensorDescriptor(hx));
     assert_int_equal(fwd(hx, p.dx, ws, need), CUDNN_STATUS_BAD_PARAM);
