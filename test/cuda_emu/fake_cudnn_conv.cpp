@@ -210,6 +210,13 @@ int64_t f_at(const conv_problem &p, int k, int c, int r, int s) {
     return k * p.fs[0] + c * p.fs[1] + r * p.fs[2] + s * p.fs[3];
 }
 
+// The input element that output (oh, ow) reads through filter tap (r, s); false in the padding.
+bool tap(const conv_problem &p, int oh, int ow, int r, int s, int *ih, int *iw) {
+    *ih = oh * p.stride[0] - p.pad[0] + r * p.dil[0];
+    *iw = ow * p.stride[1] - p.pad[1] + s * p.dil[1];
+    return *ih >= 0 && *ih < p.h && *iw >= 0 && *iw < p.w;
+}
+
 // out = alpha * v + beta * out (beta == 0: out is not read)
 template <class A> void put(const conv_job &j, int64_t i, A v) {
     double r = j.alpha * static_cast<double>(v);
@@ -228,9 +235,8 @@ template <class A> void run_fwd(const conv_job &j) {
                     for (int c = 0; c < cg; c++)
                         for (int r = 0; r < p.r; r++)
                             for (int s = 0; s < p.s; s++) {
-                                int ih = oh * p.stride[0] - p.pad[0] + r * p.dil[0];
-                                int iw = ow * p.stride[1] - p.pad[1] + s * p.dil[1];
-                                if (ih < 0 || ih >= p.h || iw < 0 || iw >= p.w) continue;
+                                int ih, iw;
+                                if (!tap(p, oh, ow, r, s, &ih, &iw)) continue;
                                 acc += in<A>(p, j.x, x_at(p, n, k / kg * cg + c, ih, iw)) *
                                        in<A>(p, j.w, f_at(p, k, c, r, s));
                             }
@@ -274,9 +280,8 @@ template <class A> void run_bwd_filter(const conv_job &j) {
                     for (int n = 0; n < p.n; n++)
                         for (int oh = 0; oh < p.oh; oh++)
                             for (int ow = 0; ow < p.ow; ow++) {
-                                int ih = oh * p.stride[0] - p.pad[0] + r * p.dil[0];
-                                int iw = ow * p.stride[1] - p.pad[1] + s * p.dil[1];
-                                if (ih < 0 || ih >= p.h || iw < 0 || iw >= p.w) continue;
+                                int ih, iw;
+                                if (!tap(p, oh, ow, r, s, &ih, &iw)) continue;
                                 acc += in<A>(p, j.y, y_at(p, n, k, oh, ow)) *
                                        in<A>(p, j.x, x_at(p, n, k / kg * cg + c, ih, iw));
                             }
