@@ -302,13 +302,7 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: format %d is not emulated", api, format);
     if (k <= 0 || c <= 0 || h <= 0 || w <= 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: dims %d x %d x %d x %d", api, k, c, h, w);
-    d->dt = dataType;
-    d->format = format;
-    d->k = k;
-    d->c = c;
-    d->h = h;
-    d->w = w;
-    d->set = true;
+    *d = cudnnFilterStruct{true, dataType, format, k, c, h, w};
     return CUDNN_STATUS_SUCCESS;
 }
 
