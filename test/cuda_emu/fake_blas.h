@@ -46,11 +46,7 @@ inline const char *status_name(cublasStatus_t s) {
 inline cublasStatus_t fail(cublasStatus_t s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 inline cublasStatus_t fail(cublasStatus_t s, const char *fmt, ...) {
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
+    MTEMU_FORMAT(what, fmt);
     std::fprintf(stderr, "mtemu: %s: %s\n", what, status_name(s));
     return s;
 }

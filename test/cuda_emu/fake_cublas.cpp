@@ -54,6 +54,16 @@ cublasStatus_t bad_handle(const char *api, cublasHandle_t h) {
                 static_cast<void *>(h));
 }
 
+// cublasGetStream, cublasGetMathMode: one field of a live handle.
+template <class T>
+cublasStatus_t get(const char *api, cublasHandle_t h, T cublasContext::*field, T *out) {
+    std::lock_guard<std::mutex> g(handles_lock);
+    if (!h || !handles.count(h)) return bad_handle(api, h);
+    if (!out) return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: null result", api);
+    *out = h->*field;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 // ---------------------------------------------------------------- GEMM arguments
 
 // How the inputs are rounded before the products (what tensor cores would read).
@@ -325,11 +335,7 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId) 
 }
 
 cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t *streamId) {
-    std::lock_guard<std::mutex> g(handles_lock);
-    if (!handle || !handles.count(handle)) return bad_handle("cublasGetStream", handle);
-    if (!streamId) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasGetStream: null result");
-    *streamId = handle->stream;
-    return CUBLAS_STATUS_SUCCESS;
+    return get("cublasGetStream", handle, &cublasContext::stream, streamId);
 }
 
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
@@ -346,11 +352,7 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 }
 
 cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t *mode) {
-    std::lock_guard<std::mutex> g(handles_lock);
-    if (!handle || !handles.count(handle)) return bad_handle("cublasGetMathMode", handle);
-    if (!mode) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasGetMathMode: null result");
-    *mode = handle->math;
-    return CUBLAS_STATUS_SUCCESS;
+    return get("cublasGetMathMode", handle, &cublasContext::math, mode);
 }
 
 // Accepted and checked (device memory, 256-byte aligned as cuBLAS requires), never used.

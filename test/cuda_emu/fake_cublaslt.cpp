@@ -178,6 +178,16 @@ template <typename T> cublasStatus_t set_value(T *dst, const void *buf, size_t s
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// cublasLtMatmulDescDestroy, cublasLtMatrixLayoutDestroy: d must be live in `live`.
+template <typename T, typename V>
+cublasStatus_t destroy(const char *api, T *d, std::map<void *, V> &live) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    if (!live.erase(d))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %p is not live", api, static_cast<void *>(d));
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 } // namespace
 
 extern "C" {
@@ -214,12 +224,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc,
 }
 
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
-    std::lock_guard<std::mutex> g(lt_lock);
-    if (!lt_descs.erase(matmulDesc))
-        return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescDestroy: %p is not live",
-                    static_cast<void *>(matmulDesc));
-    delete matmulDesc;
-    return CUBLAS_STATUS_SUCCESS;
+    return destroy("cublasLtMatmulDescDestroy", matmulDesc, lt_descs);
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
@@ -280,12 +285,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cud
 }
 
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout) {
-    std::lock_guard<std::mutex> g(lt_lock);
-    if (!lt_layouts.erase(matLayout))
-        return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutDestroy: %p is not live",
-                    static_cast<void *>(matLayout));
-    delete matLayout;
-    return CUBLAS_STATUS_SUCCESS;
+    return destroy("cublasLtMatrixLayoutDestroy", matLayout, lt_layouts);
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,

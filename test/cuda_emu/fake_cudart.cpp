@@ -30,7 +30,6 @@
 #include <set>
 #include <vector>
 
-
 struct CUstream_st {
     unsigned flags;
     int device; // the current device when it was created
@@ -53,11 +52,7 @@ constexpr int runtime_version = 13000;
 
 cudaError_t reportf(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 cudaError_t reportf(cudaError_t e, const char *fmt, ...) {
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
+    MTEMU_FORMAT(what, fmt);
     return mtemu::report(e, what);
 }
 
@@ -250,6 +245,34 @@ cudaError_t report(cudaError_t e, const char *what) {
 } // namespace mtemu
 
 using mtemu::report;
+
+namespace {
+
+// cudaStreamCreateWithFlags, cudaEventCreateWithFlags: the result pointer and the flags
+// (within `allowed`) checked, then a copy of obj made and registered in `live`.
+template <class T>
+cudaError_t create(const char *api, T **out, unsigned flags, unsigned allowed, std::set<T *> &live,
+                   T obj) {
+    if (!out) return reportf(cudaErrorInvalidValue, "%s: null result pointer", api);
+    if (flags & ~allowed) return reportf(cudaErrorInvalidValue, "%s: flags 0x%x", api, flags);
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    *out = new T(std::move(obj));
+    live.insert(*out);
+    return cudaSuccess;
+}
+
+// cudaStreamDestroy, cudaEventDestroy: p must be in `live`. Queued work keeps running (it does
+// not refer to the stream or event).
+template <class T> cudaError_t destroy(const char *api, T *p, std::set<T *> &live) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    if (!live.erase(p))
+        return reportf(cudaErrorInvalidResourceHandle, "%s(%p): not live", api,
+                       static_cast<void *>(p));
+    delete p;
+    return cudaSuccess;
+}
+
+} // namespace
 
 // ---- the runtime API
 extern "C" {
@@ -579,26 +602,15 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
 
 // -- streams
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
-    if (!pStream) return report(cudaErrorInvalidValue, "cudaStreamCreate: null result pointer");
-    if (flags & ~unsigned{cudaStreamNonBlocking})
-        return reportf(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: flags 0x%x", flags);
-    std::lock_guard<std::recursive_mutex> g(state_lock);
-    *pStream = new CUstream_st{flags, current_device};
-    streams.insert(*pStream);
-    return cudaSuccess;
+    return create("cudaStreamCreateWithFlags", pStream, flags, cudaStreamNonBlocking, streams,
+                  CUstream_st{flags, current_device});
 }
 cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
     return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
 }
 
-// Queued work keeps running (it does not refer to the stream).
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    std::lock_guard<std::recursive_mutex> g(state_lock);
-    if (!streams.erase(stream))
-        return reportf(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a stream",
-                       static_cast<void *>(stream));
-    delete stream;
-    return cudaSuccess;
+    return destroy("cudaStreamDestroy", stream, streams);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
@@ -631,13 +643,9 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 // -- events
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
-    if (!event) return report(cudaErrorInvalidValue, "cudaEventCreate: null result pointer");
-    if (flags & ~unsigned{cudaEventBlockingSync | cudaEventDisableTiming})
-        return reportf(cudaErrorInvalidValue, "cudaEventCreateWithFlags: flags 0x%x", flags);
-    std::lock_guard<std::recursive_mutex> g(state_lock);
-    *event = new CUevent_st{flags, std::make_shared<event_state>()};
-    events.insert(*event);
-    return cudaSuccess;
+    return create("cudaEventCreateWithFlags", event, flags,
+                  cudaEventBlockingSync | cudaEventDisableTiming, events,
+                  CUevent_st{flags, std::make_shared<event_state>()});
 }
 cudaError_t cudaEventCreate(cudaEvent_t *event) {
     return cudaEventCreateWithFlags(event, cudaEventDefault);
@@ -703,11 +711,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    std::lock_guard<std::recursive_mutex> g(state_lock);
-    if (!events.erase(event))
-        return report(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not an event");
-    delete event;
-    return cudaSuccess;
+    return destroy("cudaEventDestroy", event, events);
 }
 
 } // extern "C"

@@ -1,6 +1,7 @@
 // The cuDNN functions mixtape calls, for the emulated device. This file: handles, tensor,
 // filter and convolution descriptors and the shared helpers; fake_cudnn_conv.cpp: the
-// convolutions; fake_cudnn_norm_pool.cpp: pooling forward and batch norm in training. Compiled
+// convolutions; fake_cudnn_pool.cpp: pooling forward; fake_cudnn_bn.cpp: batch norm, plain
+// and fused (Ex), in training and inference. Compiled
 // against the toolkit's cudnn.h, so the compiler checks every signature against the real
 // library's.
 //
@@ -14,7 +15,8 @@
 // Every descriptor and argument is checked; a violation is a CUDNN_STATUS_BAD_PARAM (or
 // NOT_SUPPORTED for what this fake does not model) after one stderr line:
 // - descriptors: made by cudnnCreate*, set before use, positive sizes and strides, dtypes
-//   FLOAT, DOUBLE, HALF or BFLOAT16; 4-d only for convolutions;
+//   FLOAT, DOUBLE, HALF or BFLOAT16; 4-d only for convolutions and batch norm (whose x and y
+//   must be 4-d or 5-d, as cuDNN documents, and the same, dims and strides);
 // - a convolution's x, filter and y share one data type; compute type FLOAT for FLOAT, HALF
 //   and BFLOAT16 data (HALF also with HALF), DOUBLE for DOUBLE; x's channels = filter's
 //   channels * groups, filter count divisible by groups, y's dims = cuDNN's output formula;
@@ -31,10 +33,11 @@
 // makes the entry point `name` return `status` (a number) without doing anything.
 // Not modelled: cuDNN's algorithms and numerics (every algorithm computes the same loops; the
 // workspace sizes are made up, and non-zero for the heuristics' first choices so that the
-// workspace path is exercised), pooling backward, batch norm other than spatial training
-// (forward and backward), NCHW_VECT_C, INT8.
+// workspace path is exercised), pooling backward, batch norm other than spatial (training
+// forward and backward, inference), NCHW_VECT_C, INT8.
 #include "fake_cudnn_internal.h"
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 
@@ -71,11 +74,7 @@ const char *status_name(cudnnStatus_t s) {
 }
 
 cudnnStatus_t fail(cudnnStatus_t s, const char *fmt, ...) {
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
+    MTEMU_FORMAT(what, fmt);
     std::fprintf(stderr, "mtemu: %s: %s\n", what, status_name(s));
     return s;
 }
@@ -170,11 +169,38 @@ cudnnStatus_t check_memory(const char *api, const char *name, const void *p, siz
                 bytes);
 }
 
-cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t) {
-    if (!is_live(t))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor %p is not live", api, name,
-                    (void *)t);
-    if (!t->set) return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor was never set", api, name);
+cudnnStatus_t check_handle(const char *api, cudnnHandle_t h) {
+    if (is_live(h)) return CUDNN_STATUS_SUCCESS;
+    return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)h);
+}
+
+cudnnStatus_t check_live(const char *api, const void *d) {
+    if (is_live(d)) return CUDNN_STATUS_SUCCESS;
+    return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, d);
+}
+
+// Only the first nd dims and strides count: a descriptor set again with fewer dims keeps stale
+// values past them.
+bool same_desc(const cudnnTensorStruct *a, const cudnnTensorStruct *b) {
+    size_t n = sizeof(int) * static_cast<size_t>(a->nd);
+    return a->dt == b->dt && a->nd == b->nd && std::memcmp(a->dims, b->dims, n) == 0 &&
+           std::memcmp(a->strides, b->strides, n) == 0;
+}
+
+bool packed(const cudnnTensorStruct *t, bool nhwc) {
+    const int *d = t->dims, *s = t->strides;
+    if (t->nd != 4) return false;
+    if (nhwc) return s[1] == 1 && s[3] == d[1] && s[2] == d[3] * d[1] && s[0] == d[2] * d[3] * d[1];
+    return s[3] == 1 && s[2] == d[3] && s[1] == d[2] * d[3] && s[0] == d[1] * d[2] * d[3];
+}
+
+cudnnStatus_t check_host_scalars(const char *api, std::initializer_list<const void *> ps,
+                                 cudnnStatus_t null_status) {
+    for (const void *p : ps) // every NULL first: its status may differ
+        if (!p) return fail(null_status, "%s: a blend factor (alpha, beta, ...) is NULL", api);
+    for (const void *p : ps)
+        if (mtemu::device_range(p, 1))
+            return fail(CUDNN_STATUS_BAD_PARAM, "%s: the blend factors must be host pointers", api);
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -200,15 +226,13 @@ cudnnStatus_t cudnnCreate(cudnnHandle_t *handle) {
 
 // Queued work holds no reference to the handle, so destroying it with work pending is safe.
 cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
-    if (!is_live(handle))
-        return fail(CUDNN_STATUS_BAD_PARAM, "cudnnDestroy: handle %p is not live", (void *)handle);
-    return destroy("cudnnDestroy", handle);
+    cudnnStatus_t st = check_handle("cudnnDestroy", handle);
+    return st != CUDNN_STATUS_SUCCESS ? st : destroy("cudnnDestroy", handle);
 }
 
 cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t streamId) {
-    if (!is_live(handle))
-        return fail(CUDNN_STATUS_BAD_PARAM, "cudnnSetStream: handle %p is not live",
-                    (void *)handle);
+    cudnnStatus_t st = check_handle("cudnnSetStream", handle);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     handle->stream = streamId;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -242,8 +266,8 @@ cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) 
 cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataType_t dataType,
                                          int nbDims, const int dimA[], const int strideA[]) {
     const char *api = "cudnnSetTensorNdDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (!dimA || !strideA)
         return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL dims or strides", api);
     if (dtype_size(dataType) == 0)
@@ -261,10 +285,8 @@ cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataTyp
         return fail(CUDNN_STATUS_NOT_SUPPORTED, "%s: more than 2^31 elements", api);
     d->dt = dataType;
     d->nd = nbDims;
-    for (int i = 0; i < nbDims; i++) {
-        d->dims[i] = dimA[i];
-        d->strides[i] = strideA[i];
-    }
+    std::copy(dimA, dimA + nbDims, d->dims);
+    std::copy(strideA, strideA + nbDims, d->strides);
     d->set = true;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -272,21 +294,15 @@ cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataTyp
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t dataType,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
     const char *api = "cudnnSetFilter4dDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (dtype_size(dataType) == 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: data type %d is not emulated", api, dataType);
     if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: format %d is not emulated", api, format);
     if (k <= 0 || c <= 0 || h <= 0 || w <= 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: dims %d x %d x %d x %d", api, k, c, h, w);
-    d->dt = dataType;
-    d->format = format;
-    d->k = k;
-    d->c = c;
-    d->h = h;
-    d->w = w;
-    d->set = true;
+    *d = cudnnFilterStruct{true, dataType, format, k, c, h, w};
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -295,8 +311,8 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
                                               cudnnConvolutionMode_t mode,
                                               cudnnDataType_t computeType) {
     const char *api = "cudnnSetConvolution2dDescriptor";
-    if (!is_live(d))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: descriptor %p is not live", api, (void *)d);
+    cudnnStatus_t st = check_live(api, d);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     if (pad_h < 0 || pad_w < 0 || u <= 0 || v <= 0 || dilation_h <= 0 || dilation_w <= 0)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: pad %d,%d stride %d,%d dilation %d,%d", api, pad_h,
                     pad_w, u, v, dilation_h, dilation_w);
@@ -304,12 +320,9 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: mode %d", api, mode);
     if (dtype_size(computeType) == 0 || computeType == CUDNN_DATA_BFLOAT16)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: compute type %d", api, computeType);
-    d->pad[0] = pad_h;
-    d->pad[1] = pad_w;
-    d->stride[0] = u;
-    d->stride[1] = v;
-    d->dilation[0] = dilation_h;
-    d->dilation[1] = dilation_w;
+    d->pad = {pad_h, pad_w};
+    d->stride = {u, v};
+    d->dilation = {dilation_h, dilation_w};
     d->mode = mode;
     d->compute = computeType;
     d->set = true;

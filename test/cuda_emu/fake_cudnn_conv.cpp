@@ -24,31 +24,34 @@ struct conv_problem {
     cudnnMathType_t math;
 };
 
-bool packed(const cudnnTensorStruct *t, bool nhwc) {
-    const int *d = t->dims, *s = t->strides;
-    if (nhwc) return s[1] == 1 && s[3] == d[1] && s[2] == d[3] * d[1] && s[0] == d[2] * d[3] * d[1];
-    return s[3] == 1 && s[2] == d[3] && s[1] == d[2] * d[3] && s[0] == d[1] * d[2] * d[3];
-}
+enum class conv_kind { fwd, bwd_data, bwd_filter };
 
-cudnnStatus_t conv_geometry(const char *api, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
-                            cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t y,
-                            conv_problem *p);
+// One call: its name, what it computes, and its descriptors in the forward's roles (x, w, y),
+// whatever order the entry point takes them in.
+struct conv_call {
+    const char *api;
+    conv_kind kind;
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t x;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t cd;
+    cudnnTensorDescriptor_t y;
+};
 
-// The problem of (x, w, conv, y) with x and y in the roles of the forward; SUCCESS or a status.
-// The descriptors: live and set, 4-d, the data and compute types, the layouts; then the
-// geometry (conv_geometry).
-cudnnStatus_t conv_check(const char *api, cudnnHandle_t h, cudnnTensorDescriptor_t x,
-                         cudnnFilterDescriptor_t w, cudnnConvolutionDescriptor_t cd,
-                         cudnnTensorDescriptor_t y, conv_problem *p) {
-    if (!is_live(h))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: handle %p is not live", api, (void *)h);
-    cudnnStatus_t st = check_tensor(api, "x", x);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_tensor(api, "y", y);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!is_live(w) || !w->set)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: filter descriptor not live or not set", api);
-    if (!is_live(cd) || !cd->set)
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: convolution descriptor not live or not set", api);
+cudnnStatus_t conv_geometry(const conv_call &c, conv_problem *p);
+
+// The problem of a call; SUCCESS or a status. The handle and descriptors: live and set, 4-d,
+// the data and compute types, the layouts; then the geometry (conv_geometry).
+cudnnStatus_t conv_check(const conv_call &c, conv_problem *p) {
+    const char *api = c.api;
+    cudnnTensorDescriptor_t x = c.x, y = c.y;
+    cudnnFilterDescriptor_t w = c.w;
+    cudnnConvolutionDescriptor_t cd = c.cd;
+    cudnnStatus_t st;
+    if ((st = check_handle(api, c.h)) || (st = check_tensor(api, "x", x)) ||
+        (st = check_tensor(api, "y", y)) || (st = check_set(api, "filter", w)) ||
+        (st = check_set(api, "convolution", cd)))
+        return st;
     if (x->nd != 4 || y->nd != 4)
         return fail(CUDNN_STATUS_NOT_SUPPORTED,
                     "%s: only 4-d convolutions are emulated (x %d-d, y %d-d)", api, x->nd, y->nd);
@@ -76,13 +79,15 @@ cudnnStatus_t conv_check(const char *api, cudnnHandle_t h, cudnnTensorDescriptor
     p->tf32_inputs = dt == CUDNN_DATA_FLOAT && cd->math != CUDNN_FMA_MATH;
     p->flip = cd->mode == CUDNN_CONVOLUTION;
     p->math = cd->math;
-    return conv_geometry(api, x, w, cd, y, p);
+    return conv_geometry(c, p);
 }
 
 // Sizes and strides: x's channels = filter's channels * groups, y's dims = the output formula.
-cudnnStatus_t conv_geometry(const char *api, cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
-                            cudnnConvolutionDescriptor_t cd, cudnnTensorDescriptor_t y,
-                            conv_problem *p) {
+cudnnStatus_t conv_geometry(const conv_call &c, conv_problem *p) {
+    const char *api = c.api;
+    cudnnTensorDescriptor_t x = c.x, y = c.y;
+    cudnnFilterDescriptor_t w = c.w;
+    cudnnConvolutionDescriptor_t cd = c.cd;
     int g = cd->groups;
     p->n = x->dims[0];
     p->c = x->dims[1];
@@ -130,8 +135,6 @@ cudnnStatus_t conv_geometry(const char *api, cudnnTensorDescriptor_t x, cudnnFil
     }
     return CUDNN_STATUS_SUCCESS;
 }
-
-enum class conv_kind { fwd, bwd_data, bwd_filter };
 
 // Made-up workspace sizes per algorithm: zero for the plain ones, non-zero for the ones the
 // heuristics list first (so the library's workspace path always runs).
@@ -207,6 +210,13 @@ int64_t f_at(const conv_problem &p, int k, int c, int r, int s) {
     return k * p.fs[0] + c * p.fs[1] + r * p.fs[2] + s * p.fs[3];
 }
 
+// The input element that output (oh, ow) reads through filter tap (r, s); false in the padding.
+bool tap(const conv_problem &p, int oh, int ow, int r, int s, int *ih, int *iw) {
+    *ih = oh * p.stride[0] - p.pad[0] + r * p.dil[0];
+    *iw = ow * p.stride[1] - p.pad[1] + s * p.dil[1];
+    return *ih >= 0 && *ih < p.h && *iw >= 0 && *iw < p.w;
+}
+
 // out = alpha * v + beta * out (beta == 0: out is not read)
 template <class A> void put(const conv_job &j, int64_t i, A v) {
     double r = j.alpha * static_cast<double>(v);
@@ -225,9 +235,8 @@ template <class A> void run_fwd(const conv_job &j) {
                     for (int c = 0; c < cg; c++)
                         for (int r = 0; r < p.r; r++)
                             for (int s = 0; s < p.s; s++) {
-                                int ih = oh * p.stride[0] - p.pad[0] + r * p.dil[0];
-                                int iw = ow * p.stride[1] - p.pad[1] + s * p.dil[1];
-                                if (ih < 0 || ih >= p.h || iw < 0 || iw >= p.w) continue;
+                                int ih, iw;
+                                if (!tap(p, oh, ow, r, s, &ih, &iw)) continue;
                                 acc += in<A>(p, j.x, x_at(p, n, k / kg * cg + c, ih, iw)) *
                                        in<A>(p, j.w, f_at(p, k, c, r, s));
                             }
@@ -271,9 +280,8 @@ template <class A> void run_bwd_filter(const conv_job &j) {
                     for (int n = 0; n < p.n; n++)
                         for (int oh = 0; oh < p.oh; oh++)
                             for (int ow = 0; ow < p.ow; ow++) {
-                                int ih = oh * p.stride[0] - p.pad[0] + r * p.dil[0];
-                                int iw = ow * p.stride[1] - p.pad[1] + s * p.dil[1];
-                                if (ih < 0 || ih >= p.h || iw < 0 || iw >= p.w) continue;
+                                int ih, iw;
+                                if (!tap(p, oh, ow, r, s, &ih, &iw)) continue;
                                 acc += in<A>(p, j.y, y_at(p, n, k, oh, ow)) *
                                        in<A>(p, j.x, x_at(p, n, k / kg * cg + c, ih, iw));
                             }
@@ -317,10 +325,8 @@ cudnnStatus_t conv_queue(const char *api, cudnnHandle_t h, conv_kind kind, const
     if (st == CUDNN_STATUS_SUCCESS) st = check_memory(api, "w", w, w_bytes(p));
     if (st == CUDNN_STATUS_SUCCESS) st = check_memory(api, "y", y, y_bytes(p));
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!alpha || !beta)
-        return fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: alpha or beta is NULL", api);
-    if (mtemu::device_range(alpha, 1) || mtemu::device_range(beta, 1))
-        return fail(CUDNN_STATUS_BAD_PARAM, "%s: alpha and beta must be host pointers", api);
+    st = check_host_scalars(api, {alpha, beta}, CUDNN_STATUS_BAD_PARAM_NULL_POINTER);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
     size_t need = workspace_of(kind, algo, p);
     if (ws_bytes < need)
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: workspace of %zu bytes, algorithm %d needs %zu",
@@ -368,8 +374,63 @@ cudnnStatus_t perf_list(const char *api, conv_kind kind, const conv_problem &p, 
     return CUDNN_STATUS_SUCCESS;
 }
 
+// What every entry point does first: the fault injection, then the problem (conv_check).
+cudnnStatus_t conv_start(const conv_call &c, conv_problem *p) {
+    cudnnStatus_t st = injected(c.api);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    return conv_check(c, p);
+}
+
+// cudnnGetConvolution*Algorithm_v7: the ranking, whatever the workspace.
+template <class Perf>
+cudnnStatus_t conv_get_algorithms(const conv_call &c, int requested, int *returned, Perf *out) {
+    conv_problem p;
+    cudnnStatus_t st = conv_start(c, &p);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    return perf_list(c.api, c.kind, p, requested, returned, out, SIZE_MAX);
+}
+
+// cudnnFindConvolution*AlgorithmEx: runs the best-ranked algorithm that fits the workspace on
+// the operands (so the output is written, as cuDNN's timing runs write it) and lists those
+// that fit.
+template <class Perf>
+cudnnStatus_t conv_find(const conv_call &c, const void *x, const void *w, const void *y,
+                        int requested, int *returned, Perf *out, void *ws, size_t ws_bytes) {
+    conv_problem p;
+    cudnnStatus_t st = conv_start(c, &p);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = perf_list(c.api, c.kind, p, requested, returned, out, ws_bytes);
+    if (st != CUDNN_STATUS_SUCCESS || *returned == 0) return st;
+    const float one = 1, zero = 0;
+    const double one64 = 1, zero64 = 0;
+    return conv_queue(c.api, c.h, c.kind, p, out[0].algo, x, w, y, ws, ws_bytes,
+                      p.f64 ? (const void *)&one64 : &one, p.f64 ? (const void *)&zero64 : &zero);
+}
+
+// cudnnGetConvolution*WorkspaceSize.
+cudnnStatus_t conv_workspace(const conv_call &c, int algo, size_t *size) {
+    conv_problem p;
+    cudnnStatus_t st = conv_start(c, &p);
+    if (st == CUDNN_STATUS_SUCCESS) st = check_algo(c.api, c.kind, algo);
+    if (st == CUDNN_STATUS_SUCCESS && !size)
+        st = fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL result", c.api);
+    if (st == CUDNN_STATUS_SUCCESS) *size = workspace_of(c.kind, algo, p);
+    return st;
+}
+
+// cudnnConvolutionForward, BackwardData, BackwardFilter.
+cudnnStatus_t conv_run(const conv_call &c, const void *alpha, const void *x, const void *w,
+                       const void *y, int algo, void *ws, size_t ws_bytes, const void *beta) {
+    conv_problem p;
+    cudnnStatus_t st = conv_start(c, &p);
+    if (st != CUDNN_STATUS_SUCCESS) return st;
+    return conv_queue(c.api, c.h, c.kind, p, algo, x, w, y, ws, ws_bytes, alpha, beta);
+}
+
 } // namespace
 
+// Every entry point answers MTEMU_CUDNN_FAIL and checks its descriptors and arguments
+// through the helpers above, with its operands put in the forward's roles.
 extern "C" {
 
 // ---- algorithm choice
@@ -379,14 +440,9 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(
     const cudnnFilterDescriptor_t filterDesc, const cudnnConvolutionDescriptor_t convDesc,
     const cudnnTensorDescriptor_t destDesc, const int requestedAlgoCount, int *returnedAlgoCount,
     cudnnConvolutionFwdAlgoPerf_t *perfResults) {
-    const char *api = "cudnnGetConvolutionForwardAlgorithm_v7";
-    conv_problem p;
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = conv_check(api, handle, srcDesc, filterDesc, convDesc, destDesc, &p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    return perf_list(api, conv_kind::fwd, p, requestedAlgoCount, returnedAlgoCount, perfResults,
-                     SIZE_MAX);
+    return conv_get_algorithms({"cudnnGetConvolutionForwardAlgorithm_v7", conv_kind::fwd, handle,
+                                srcDesc, filterDesc, convDesc, destDesc},
+                               requestedAlgoCount, returnedAlgoCount, perfResults);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -394,14 +450,9 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     const cudnnTensorDescriptor_t diffDesc, const cudnnConvolutionDescriptor_t convDesc,
     const cudnnTensorDescriptor_t gradDesc, const int requestedAlgoCount, int *returnedAlgoCount,
     cudnnConvolutionBwdDataAlgoPerf_t *perfResults) {
-    const char *api = "cudnnGetConvolutionBackwardDataAlgorithm_v7";
-    conv_problem p;
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = conv_check(api, handle, gradDesc, filterDesc, convDesc, diffDesc, &p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    return perf_list(api, conv_kind::bwd_data, p, requestedAlgoCount, returnedAlgoCount,
-                     perfResults, SIZE_MAX);
+    return conv_get_algorithms({"cudnnGetConvolutionBackwardDataAlgorithm_v7", conv_kind::bwd_data,
+                                handle, gradDesc, filterDesc, convDesc, diffDesc},
+                               requestedAlgoCount, returnedAlgoCount, perfResults);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -409,37 +460,22 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnTensorDescriptor_t diffDesc, const cudnnConvolutionDescriptor_t convDesc,
     const cudnnFilterDescriptor_t gradDesc, const int requestedAlgoCount, int *returnedAlgoCount,
     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults) {
-    const char *api = "cudnnGetConvolutionBackwardFilterAlgorithm_v7";
-    conv_problem p;
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = conv_check(api, handle, srcDesc, gradDesc, convDesc, diffDesc, &p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    return perf_list(api, conv_kind::bwd_filter, p, requestedAlgoCount, returnedAlgoCount,
-                     perfResults, SIZE_MAX);
+    return conv_get_algorithms({"cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                                conv_kind::bwd_filter, handle, srcDesc, gradDesc, convDesc,
+                                diffDesc},
+                               requestedAlgoCount, returnedAlgoCount, perfResults);
 }
 
-// The Find functions run the best-ranked algorithm that fits the workspace on the operands
-// (so the output is written, as cuDNN's timing runs write it) and list those that fit.
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const void *x,
     const cudnnFilterDescriptor_t wDesc, const void *w, const cudnnConvolutionDescriptor_t convDesc,
     const cudnnTensorDescriptor_t yDesc, void *y, const int requestedAlgoCount,
     int *returnedAlgoCount, cudnnConvolutionFwdAlgoPerf_t *perfResults, void *workSpace,
     size_t workSpaceSizeInBytes) {
-    const char *api = "cudnnFindConvolutionForwardAlgorithmEx";
-    conv_problem p;
-    cudnnStatus_t st = conv_check(api, handle, xDesc, wDesc, convDesc, yDesc, &p);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = perf_list(api, conv_kind::fwd, p, requestedAlgoCount, returnedAlgoCount, perfResults,
-                       workSpaceSizeInBytes);
-    const float one = 1, zero = 0;
-    const double one64 = 1, zero64 = 0;
-    if (st == CUDNN_STATUS_SUCCESS && *returnedAlgoCount > 0)
-        st = conv_queue(api, handle, conv_kind::fwd, p, perfResults[0].algo, x, w, y, workSpace,
-                        workSpaceSizeInBytes, p.f64 ? (const void *)&one64 : &one,
-                        p.f64 ? (const void *)&zero64 : &zero);
-    return st;
+    return conv_find({"cudnnFindConvolutionForwardAlgorithmEx", conv_kind::fwd, handle, xDesc,
+                      wDesc, convDesc, yDesc},
+                     x, w, y, requestedAlgoCount, returnedAlgoCount, perfResults, workSpace,
+                     workSpaceSizeInBytes);
 }
 
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
@@ -448,19 +484,10 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc, void *dx,
     const int requestedAlgoCount, int *returnedAlgoCount,
     cudnnConvolutionBwdDataAlgoPerf_t *perfResults, void *workSpace, size_t workSpaceSizeInBytes) {
-    const char *api = "cudnnFindConvolutionBackwardDataAlgorithmEx";
-    conv_problem p;
-    cudnnStatus_t st = conv_check(api, handle, dxDesc, wDesc, convDesc, dyDesc, &p);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = perf_list(api, conv_kind::bwd_data, p, requestedAlgoCount, returnedAlgoCount,
-                       perfResults, workSpaceSizeInBytes);
-    const float one = 1, zero = 0;
-    const double one64 = 1, zero64 = 0;
-    if (st == CUDNN_STATUS_SUCCESS && *returnedAlgoCount > 0)
-        st = conv_queue(api, handle, conv_kind::bwd_data, p, perfResults[0].algo, dx, w, dy,
-                        workSpace, workSpaceSizeInBytes, p.f64 ? (const void *)&one64 : &one,
-                        p.f64 ? (const void *)&zero64 : &zero);
-    return st;
+    return conv_find({"cudnnFindConvolutionBackwardDataAlgorithmEx", conv_kind::bwd_data, handle,
+                      dxDesc, wDesc, convDesc, dyDesc},
+                     dx, w, dy, requestedAlgoCount, returnedAlgoCount, perfResults, workSpace,
+                     workSpaceSizeInBytes);
 }
 
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
@@ -470,19 +497,10 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     const int requestedAlgoCount, int *returnedAlgoCount,
     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults, void *workSpace,
     size_t workSpaceSizeInBytes) {
-    const char *api = "cudnnFindConvolutionBackwardFilterAlgorithmEx";
-    conv_problem p;
-    cudnnStatus_t st = conv_check(api, handle, xDesc, dwDesc, convDesc, dyDesc, &p);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = perf_list(api, conv_kind::bwd_filter, p, requestedAlgoCount, returnedAlgoCount,
-                       perfResults, workSpaceSizeInBytes);
-    const float one = 1, zero = 0;
-    const double one64 = 1, zero64 = 0;
-    if (st == CUDNN_STATUS_SUCCESS && *returnedAlgoCount > 0)
-        st = conv_queue(api, handle, conv_kind::bwd_filter, p, perfResults[0].algo, x, dw, y,
-                        workSpace, workSpaceSizeInBytes, p.f64 ? (const void *)&one64 : &one,
-                        p.f64 ? (const void *)&zero64 : &zero);
-    return st;
+    return conv_find({"cudnnFindConvolutionBackwardFilterAlgorithmEx", conv_kind::bwd_filter,
+                      handle, xDesc, dwDesc, convDesc, dyDesc},
+                     x, dw, y, requestedAlgoCount, returnedAlgoCount, perfResults, workSpace,
+                     workSpaceSizeInBytes);
 }
 
 // ---- workspace sizes
@@ -491,42 +509,27 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(
     cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnFilterDescriptor_t wDesc,
     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t yDesc,
     cudnnConvolutionFwdAlgo_t algo, size_t *sizeInBytes) {
-    const char *api = "cudnnGetConvolutionForwardWorkspaceSize";
-    conv_problem p;
-    cudnnStatus_t st = conv_check(api, handle, xDesc, wDesc, convDesc, yDesc, &p);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_algo(api, conv_kind::fwd, algo);
-    if (st == CUDNN_STATUS_SUCCESS && !sizeInBytes)
-        st = fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL result", api);
-    if (st == CUDNN_STATUS_SUCCESS) *sizeInBytes = workspace_of(conv_kind::fwd, algo, p);
-    return st;
+    return conv_workspace({"cudnnGetConvolutionForwardWorkspaceSize", conv_kind::fwd, handle, xDesc,
+                           wDesc, convDesc, yDesc},
+                          algo, sizeInBytes);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
     cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
     cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes) {
-    const char *api = "cudnnGetConvolutionBackwardDataWorkspaceSize";
-    conv_problem p;
-    cudnnStatus_t st = conv_check(api, handle, dxDesc, wDesc, convDesc, dyDesc, &p);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_algo(api, conv_kind::bwd_data, algo);
-    if (st == CUDNN_STATUS_SUCCESS && !sizeInBytes)
-        st = fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL result", api);
-    if (st == CUDNN_STATUS_SUCCESS) *sizeInBytes = workspace_of(conv_kind::bwd_data, algo, p);
-    return st;
+    return conv_workspace({"cudnnGetConvolutionBackwardDataWorkspaceSize", conv_kind::bwd_data,
+                           handle, dxDesc, wDesc, convDesc, dyDesc},
+                          algo, sizeInBytes);
 }
 
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
     cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes) {
-    const char *api = "cudnnGetConvolutionBackwardFilterWorkspaceSize";
-    conv_problem p;
-    cudnnStatus_t st = conv_check(api, handle, xDesc, gradDesc, convDesc, dyDesc, &p);
-    if (st == CUDNN_STATUS_SUCCESS) st = check_algo(api, conv_kind::bwd_filter, algo);
-    if (st == CUDNN_STATUS_SUCCESS && !sizeInBytes)
-        st = fail(CUDNN_STATUS_BAD_PARAM_NULL_POINTER, "%s: NULL result", api);
-    if (st == CUDNN_STATUS_SUCCESS) *sizeInBytes = workspace_of(conv_kind::bwd_filter, algo, p);
-    return st;
+    return conv_workspace({"cudnnGetConvolutionBackwardFilterWorkspaceSize", conv_kind::bwd_filter,
+                           handle, xDesc, gradDesc, convDesc, dyDesc},
+                          algo, sizeInBytes);
 }
 
 // ---- the convolutions
@@ -538,13 +541,9 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void *alpha,
                                       cudnnConvolutionFwdAlgo_t algo, void *workSpace,
                                       size_t workSpaceSizeInBytes, const void *beta,
                                       const cudnnTensorDescriptor_t yDesc, void *y) {
-    const char *api = "cudnnConvolutionForward";
-    conv_problem p;
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS) st = conv_check(api, handle, xDesc, wDesc, convDesc, yDesc, &p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    return conv_queue(api, handle, conv_kind::fwd, p, algo, x, w, y, workSpace,
-                      workSpaceSizeInBytes, alpha, beta);
+    return conv_run(
+        {"cudnnConvolutionForward", conv_kind::fwd, handle, xDesc, wDesc, convDesc, yDesc}, alpha,
+        x, w, y, algo, workSpace, workSpaceSizeInBytes, beta);
 }
 
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
@@ -554,14 +553,9 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alp
                                            cudnnConvolutionBwdDataAlgo_t algo, void *workSpace,
                                            size_t workSpaceSizeInBytes, const void *beta,
                                            const cudnnTensorDescriptor_t dxDesc, void *dx) {
-    const char *api = "cudnnConvolutionBackwardData";
-    conv_problem p;
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = conv_check(api, handle, dxDesc, wDesc, convDesc, dyDesc, &p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    return conv_queue(api, handle, conv_kind::bwd_data, p, algo, dx, w, dy, workSpace,
-                      workSpaceSizeInBytes, alpha, beta);
+    return conv_run({"cudnnConvolutionBackwardData", conv_kind::bwd_data, handle, dxDesc, wDesc,
+                     convDesc, dyDesc},
+                    alpha, dx, w, dy, algo, workSpace, workSpaceSizeInBytes, beta);
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
@@ -571,14 +565,9 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void *workSpace,
                                              size_t workSpaceSizeInBytes, const void *beta,
                                              const cudnnFilterDescriptor_t dwDesc, void *dw) {
-    const char *api = "cudnnConvolutionBackwardFilter";
-    conv_problem p;
-    cudnnStatus_t st = injected(api);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = conv_check(api, handle, xDesc, dwDesc, convDesc, dyDesc, &p);
-    if (st != CUDNN_STATUS_SUCCESS) return st;
-    return conv_queue(api, handle, conv_kind::bwd_filter, p, algo, x, dw, dy, workSpace,
-                      workSpaceSizeInBytes, alpha, beta);
+    return conv_run({"cudnnConvolutionBackwardFilter", conv_kind::bwd_filter, handle, xDesc, dwDesc,
+                     convDesc, dyDesc},
+                    alpha, x, dw, dy, algo, workSpace, workSpaceSizeInBytes, beta);
 }
 
 } // extern "C"

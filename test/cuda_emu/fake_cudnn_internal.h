@@ -1,10 +1,12 @@
 // The fake cuDNN's shared parts (fake_cudnn.cpp): the descriptor structs, the registry of live
 // handles and descriptors, element access and the common checks, used by the convolution
-// (fake_cudnn_conv.cpp) and the pooling and batch norm (fake_cudnn_norm_pool.cpp) files.
+// (fake_cudnn_conv.cpp), pooling (fake_cudnn_pool.cpp) and batch norm (fake_cudnn_bn.cpp)
+// files.
 #ifndef FAKE_CUDNN_INTERNAL_H
 #define FAKE_CUDNN_INTERNAL_H
 #include "mtemu_internal.h"
 
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -40,7 +42,7 @@ struct cudnnFilterStruct {
 
 struct cudnnConvolutionStruct {
     bool set = false;
-    int pad[2] = {0, 0}, stride[2] = {1, 1}, dilation[2] = {1, 1};
+    std::array<int, 2> pad = {0, 0}, stride = {1, 1}, dilation = {1, 1};
     cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
     cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     int groups = 1;
@@ -51,7 +53,7 @@ struct cudnnPoolingStruct {
     bool set = false;
     cudnnPoolingMode_t mode = CUDNN_POOLING_MAX;
     cudnnNanPropagation_t nan = CUDNN_NOT_PROPAGATE_NAN;
-    int window[2] = {1, 1}, pad[2] = {0, 0}, stride[2] = {1, 1};
+    std::array<int, 2> window = {1, 1}, pad = {0, 0}, stride = {1, 1};
 };
 
 struct cudnnActivationStruct {
@@ -96,35 +98,32 @@ void store(char *p, cudnnDataType_t dt, int64_t i, double v);
 size_t span_bytes(const int *dims, const int *strides, int nd, cudnnDataType_t dt);
 // p non-NULL and [p, p + bytes) inside one live device allocation.
 cudnnStatus_t check_memory(const char *api, const char *name, const void *p, size_t bytes);
-// A live tensor descriptor that was set.
-cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t);
+// The checks return SUCCESS (0) or the failure's status, so `(st = check()) || ...` chains stop
+// at the first failure.
+// A live handle.
+cudnnStatus_t check_handle(const char *api, cudnnHandle_t h);
+// A live descriptor of any kind, about to be set.
+cudnnStatus_t check_live(const char *api, const void *d);
+// A live descriptor of any kind that was set.
+template <class D> cudnnStatus_t check_set(const char *api, const char *name, const D *d) {
+    if (!is_live(d))
+        return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor %p is not live", api, name,
+                    (const void *)d);
+    if (!d->set) return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s descriptor was never set", api, name);
+    return CUDNN_STATUS_SUCCESS;
+}
+inline cudnnStatus_t check_tensor(const char *api, const char *name, cudnnTensorDescriptor_t t) {
+    return check_set(api, name, t);
+}
+// The same data type, dims and strides.
+bool same_desc(const cudnnTensorStruct *a, const cudnnTensorStruct *b);
+// 4-d and fully packed in NHWC (nhwc) or NCHW order.
+bool packed(const cudnnTensorStruct *t, bool nhwc);
+// The blend factors (alpha, beta, ...): each a host pointer; null_status for a NULL one.
+cudnnStatus_t check_host_scalars(const char *api, std::initializer_list<const void *> ps,
+                                 cudnnStatus_t null_status);
 // A host scalar of the compute type: double for DOUBLE data, float otherwise.
 double scalar(const void *p, bool f64);
-
-// ---- batch norm (fake_cudnn_norm_pool.cpp), shared with the Ex calls (fake_cudnn_bn_ex.cpp)
-struct bn_shape {
-    cudnnDataType_t dt, pdt;
-    int n, c, h, w;
-    int xs[4];
-};
-int64_t bn_at(const bn_shape &b, int n, int c, int h, int w);
-// x (and y, dy, dx: the same descriptor contents), the parameter descriptor 1 x C x 1 x 1 of
-// float (double for DOUBLE x), the mode, epsilon, the blend factors as host pointers; runs
-// the fault injection of api.
-cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mode,
-                       cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
-                       cudnnTensorDescriptor_t p, double eps, const void *const *scalars,
-                       int nscalars, bn_shape *b);
-// Each activation-shaped pointer spans x's bytes, each parameter pointer C values.
-cudnnStatus_t bn_memory(const char *api, const bn_shape &b,
-                        std::initializer_list<std::pair<const char *, const void *>> xs,
-                        std::initializer_list<std::pair<const char *, const void *>> ps);
-// The batch mean and biased variance of channel c.
-void bn_stats(const bn_shape &b, const char *x, int c, double eps, double *mean, double *var);
-// What a training forward writes for channel c besides y: the running estimates (factor f,
-// the unbiased variance, as cuDNN) when rm is given, the saved mean and 1/std when sm is.
-void bn_store_channel_stats(const bn_shape &b, int c, double mean, double var, double inv, double f,
-                            char *rm, char *rv, char *sm, char *si);
 
 } // namespace fakednn
 #endif

@@ -88,11 +88,7 @@ double timeout_s() {
 
 ncclResult_t fail(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 ncclResult_t fail(ncclResult_t r, const char *fmt, ...) {
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    std::vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
+    MTEMU_FORMAT(what, fmt);
     last_error = what;
     std::fprintf(stderr, "mtemu-nccl: %s\n", what);
     return r;

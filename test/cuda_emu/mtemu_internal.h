@@ -3,7 +3,9 @@
 // (fake_cublas.cpp). Not for kernel code (that sees mtemu.h) nor for the library.
 #ifndef MTEMU_INTERNAL_H
 #define MTEMU_INTERNAL_H
+#include <cstdarg>
 #include <cstddef>
+#include <cstdio>
 #include <functional>
 #include <cuda_runtime_api.h>
 
@@ -26,4 +28,15 @@ bool device_accessible(const void *p, size_t n);
 cudaError_t report(cudaError_t e, const char *what);
 
 } // namespace mtemu
+
+// In a function `(..., const char *fmt, ...)`: declares char what[512] holding fmt's text with
+// the variadic arguments, printf-style; the fakes' failure helpers report it.
+#define MTEMU_FORMAT(what, fmt)                                                                    \
+    char what[512];                                                                                \
+    do {                                                                                           \
+        va_list mtemu_ap_;                                                                         \
+        va_start(mtemu_ap_, fmt);                                                                  \
+        std::vsnprintf(what, sizeof what, fmt, mtemu_ap_);                                         \
+        va_end(mtemu_ap_);                                                                         \
+    } while (0)
 #endif

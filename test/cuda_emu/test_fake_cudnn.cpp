@@ -264,6 +264,19 @@ void test_bad_arguments(void **) {
                                              (cudnnConvolutionFwdAlgo_t)99, ws, need, &zero, p.y,
                                              p.dy),
                      CUDNN_STATUS_BAD_PARAM);
+    // fault injection reaches every convolution entry point, the Find calls and size queries too
+    cudnnConvolutionFwdAlgoPerf_t perf[4];
+    int found = 0;
+    size_t size = 0;
+    setenv("MTEMU_CUDNN_FAIL", "cudnnFindConvolutionForwardAlgorithmEx=3000", 1);
+    assert_int_equal(cudnnFindConvolutionForwardAlgorithmEx(p.h, p.x, p.dx, p.w, p.dw, p.conv, p.y,
+                                                            p.dy, 4, &found, perf, ws, need),
+                     CUDNN_STATUS_NOT_SUPPORTED);
+    setenv("MTEMU_CUDNN_FAIL", "cudnnGetConvolutionBackwardFilterWorkspaceSize=4000", 1);
+    assert_int_equal(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                         p.h, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, &size),
+                     CUDNN_STATUS_INTERNAL_ERROR);
+    unsetenv("MTEMU_CUDNN_FAIL");
     // a destroyed descriptor
     CHECK(cudnnDestroyTensorDescriptor(hx));
     assert_int_equal(fwd(hx, p.dx, ws, need), CUDNN_STATUS_BAD_PARAM);
@@ -321,7 +334,8 @@ void test_pooling(void **) {
 }
 
 // Batch norm: HALF data with FLOAT parameters computes; a parameter descriptor of the wrong
-// type or shape, half-given running buffers and device-memory blend factors are refused.
+// type, shape or rank, x not 4-d, half-given running buffers and device-memory blend factors
+// are refused; descriptors equal in their nd dims are the same.
 void test_batch_norm(void **) {
     cudnnHandle_t h;
     CHECK(cudnnCreate(&h));
@@ -377,6 +391,24 @@ void test_batch_norm(void **) {
                                                             x, dx, x, dy, p, dw, db, 0.5, drm, drv,
                                                             1e-5, dsm, dsi),
                      CUDNN_STATUS_BAD_PARAM);
+    // as cuDNN documents: BAD_PARAM for a 3-d x and for a 3-d parameter descriptor
+    int dims3[3] = {2, 1, 2}, strides3[3] = {2, 2, 1}, pdims3[3] = {1, 1, 1};
+    CHECK(cudnnSetTensorNdDescriptor(bad, CUDNN_DATA_HALF, 3, dims3, strides3));
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            bad, dx, bad, dy, p, dw, db, 0.5, drm,
+                                                            drv, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    CHECK(cudnnSetTensorNdDescriptor(bad, CUDNN_DATA_FLOAT, 3, pdims3, pdims3));
+    assert_int_equal(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                            x, dx, x, dy, bad, dw, db, 0.5, drm,
+                                                            drv, 1e-5, dsm, dsi),
+                     CUDNN_STATUS_BAD_PARAM);
+    // a descriptor set 5-d, then as x: the same as x (its stale fifth dim does not count)
+    int dims5[5] = {2, 1, 2, 1, 3}, strides5[5] = {6, 6, 3, 3, 1};
+    CHECK(cudnnSetTensorNdDescriptor(bad, CUDNN_DATA_HALF, 5, dims5, strides5));
+    set_packed(bad, CUDNN_DATA_HALF, 2, 1, 2, 1);
+    CHECK(cudnnBatchNormalizationForwardTraining(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bad, dx,
+                                                 x, dy, p, dw, db, 0.5, drm, drv, 1e-5, dsm, dsi));
     // the backward: dx of a HALF x described as FLOAT is refused
     set_packed(bad, CUDNN_DATA_FLOAT, 2, 1, 2, 1);
     assert_int_equal(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one,

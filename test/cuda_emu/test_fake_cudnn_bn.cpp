@@ -1,4 +1,4 @@
-// Self-test of the fake cuDNN's fused batch norm (fake_cudnn_bn_ex.cpp), called directly:
+// Self-test of the fake cuDNN's fused batch norm (fake_cudnn_bn.cpp), called directly:
 // relu(bn(x) + z) forward and its backward on NHWC HALF against loops written here (the ReLU
 // mask travelling in the reserve space), the inference, and the argument checks that make a
 // wrong call fail as cuDNN would: a workspace or reserve space smaller than the queries said
