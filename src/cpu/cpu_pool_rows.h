@@ -21,6 +21,38 @@ static inline const char *mt_cpu_pool_op_name(const mt_pool2d_params *p) {
                                     : "mt_adaptive_avg_pool2d";
 }
 
+/* Runs the statements after the arguments for every task (n, m) of [0, N) x [0, M) (an
+   (n, c) plane, an (n, oh) output row, ...), over the threads when work (elements touched)
+   is worth it, with scratch the thread's own block of nbytes bytes (NULL for 0 bytes). ok
+   becomes false when a thread could not have its block: its tasks are skipped and the caller
+   reports out of memory. A macro, not a function taking a callback, so that the task's body
+   stays inlined in the loop. (clang-format would run the two loops together.) */
+/* clang-format off */
+#define MT_CPU_POOL_TASKS(ok, work, nbytes, N, M, n, m, scratch, ...)                              \
+    do {                                                                                           \
+        int64_t mt_tn_ = (N), mt_tm_ = (M);                                                        \
+        size_t mt_tbytes_ = (nbytes);                                                              \
+        bool mt_tpar_ = (work) > MT_CPU_PARALLEL_MIN;                                              \
+        int mt_tfailed_ = 0;                                                                       \
+        _Pragma("omp parallel if (mt_tpar_) num_threads(mt_cpu_num_threads())")                    \
+        {                                                                                          \
+            void *scratch = mt_tbytes_ ? mt_host_alloc(mt_tbytes_) : NULL;                         \
+            bool mt_tok_ = scratch || !mt_tbytes_;                                                 \
+            if (!mt_tok_) {                                                                        \
+                _Pragma("omp atomic write") mt_tfailed_ = 1;                                       \
+            }                                                                                      \
+            _Pragma("omp for collapse(2)")                                                         \
+            for (int64_t n = 0; n < mt_tn_; n++)                                                   \
+                for (int64_t m = 0; m < mt_tm_; m++) {                                             \
+                    if (!mt_tok_) continue;                                                        \
+                    __VA_ARGS__                                                                    \
+                }                                                                                  \
+            if (scratch) mt_host_free(scratch, mt_tbytes_);                                        \
+        }                                                                                          \
+        (ok) = !mt_tfailed_;                                                                       \
+    } while (0)
+/* clang-format on */
+
 /* ---- one (n, c) plane */
 typedef struct {
     const mt_tensor *t;
