@@ -221,17 +221,13 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
     int rc = mt_cpu_pool2d_backward_dnnl(gx, gy, p, &done);
     if (rc || done) return rc;
     if (mt_cpu_pool_nhwc(gx) && gy->dtype == gx->dtype) {
-        /* a gradient in another layout (the broadcast one of a sum) is laid out like gx
-           first: one copy instead of the plane-by-plane loops */
-        mt_tensor *dense = nhwc(gx, gy) ? NULL
-                                        : mt_tensor_new_format(mt_cpu_pool_op_name(p), gy->shape,
-                                                               gy->dtype, gy->device, true);
-        if (!nhwc(gx, gy) && !dense) return mt_last_status();
-        rc = dense ? mt_cpu_copy(dense, gy) : 0;
-        if (rc == 0 && !avg_pool_backward_nhwc(gx, dense ? dense : gy, p))
+        const mt_tensor *rows;
+        mt_tensor *copy;
+        rc = mt_cpu_pool_rows_like(mt_cpu_pool_op_name(p), gy, &rows, &copy);
+        if (rc == 0 && !avg_pool_backward_nhwc(gx, rows, p))
             rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld channels",
                               mt_cpu_pool_op_name(p), (long long)gy->shape[1]);
-        mt_tensor_unref(dense);
+        mt_tensor_unref(copy);
         return rc;
     }
     size_t nbytes = (size_t)(gx->shape[2] * gx->shape[3]) * sizeof(double);

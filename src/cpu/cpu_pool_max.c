@@ -410,16 +410,12 @@ int mt_cpu_max_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tens
     if (gx->numel == 0) return 0;
     if (!nhwc_rows(gx, gx, idx) || gy->dtype != gx->dtype)
         return max_pool_backward_planes(gx, gy, idx);
-    /* a gradient in another layout (the broadcast one of a sum) is laid out like gx first:
-       one copy instead of the plane-by-plane loops */
-    bool rows = mt_cpu_pool_nhwc(gy);
-    mt_tensor *dense =
-        rows ? NULL : mt_tensor_new_format("mt_max_pool2d", gy->shape, gy->dtype, gy->device, true);
-    if (!rows && !dense) return mt_last_status();
-    int rc = dense ? mt_cpu_copy(dense, gy) : 0;
-    if (rc == 0 && !max_pool_backward_nhwc(gx, dense ? dense : gy, idx))
+    const mt_tensor *rows;
+    mt_tensor *copy;
+    int rc = mt_cpu_pool_rows_like("mt_max_pool2d", gy, &rows, &copy);
+    if (rc == 0 && !max_pool_backward_nhwc(gx, rows, idx))
         rc = mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for %lld channels",
                           (long long)gx->shape[1]);
-    mt_tensor_unref(dense);
+    mt_tensor_unref(copy);
     return rc;
 }

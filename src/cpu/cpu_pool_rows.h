@@ -125,6 +125,20 @@ static inline void mt_cpu_row_store(mt_tensor *t, int64_t n, int64_t h, int64_t 
         mt_cpu_f32_to_f16(v, (uint16_t *)r, C);
 }
 
+/* The gradient gy as NHWC rows for a backward into NHWC rows: gy itself, or (a gradient in
+   another layout, such as the broadcast one of a sum) a dense channels-last copy in *copy, for
+   the caller to release: one copy instead of the plane-by-plane loops. */
+static inline int mt_cpu_pool_rows_like(const char *op, const mt_tensor *gy, const mt_tensor **rows,
+                                        mt_tensor **copy) {
+    *rows = gy;
+    *copy = NULL;
+    if (mt_cpu_pool_nhwc(gy)) return 0;
+    *copy = mt_tensor_new_format(op, gy->shape, gy->dtype, gy->device, true);
+    if (!*copy) return mt_last_status();
+    *rows = *copy;
+    return mt_cpu_copy(*copy, gy);
+}
+
 /* max pooling with argmax indices (cpu_pool_max.c); cpu_pool.c's entry points route to them */
 int mt_cpu_max_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p);
 int mt_cpu_max_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx,
