@@ -244,14 +244,9 @@ static const float *input_rows(const mt_tensor *x, int64_t n, int64_t h0, int64_
     if (x->dtype == MT_F32) return NULL;
     bool dense = x->strides[3] == C && x->strides[2] == W * C;
     for (int64_t h = h0; h < h1; h++)
-        for (int64_t v = 0; v < W; v += dense ? W : 1) {
-            const uint16_t *r = (const uint16_t *)mt_cpu_row_at(x, n, h, v);
-            float *d = buf + ((h - h0) * W + v) * C;
-            if (x->dtype == MT_BF16)
-                mt_cpu_bf16_to_f32(r, d, dense ? W * C : C);
-            else
-                mt_cpu_f16_to_f32(r, d, dense ? W * C : C);
-        }
+        for (int64_t v = 0; v < W; v += dense ? W : 1)
+            mt_cpu_row_widen(mt_cpu_row_at(x, n, h, v), x->dtype, dense ? W * C : C,
+                             buf + ((h - h0) * W + v) * C);
     return buf;
 }
 
@@ -301,27 +296,6 @@ MT_CPU_CLONES static void row_scatter(float *restrict g0, int64_t rs, const int3
     for (int64_t c = 0; c < C; c++) g0[arg[c] * rs + c] += gr[c];
 }
 
-/* Channels [c0, c0 + cn) of the row (n, h, w) as floats: F32 in place, F16/BF16 widened. */
-static const float *row_part(const mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0,
-                             int64_t cn, float *buf) {
-    char *r = mt_cpu_row_at(t, n, h, w);
-    if (t->dtype == MT_F32) return (const float *)r + c0;
-    if (t->dtype == MT_BF16)
-        mt_cpu_bf16_to_f32((const uint16_t *)r + c0, buf, cn);
-    else
-        mt_cpu_f16_to_f32((const uint16_t *)r + c0, buf, cn);
-    return buf;
-}
-
-static void row_part_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0, int64_t cn,
-                           const float *v) {
-    uint16_t *r = (uint16_t *)mt_cpu_row_at(t, n, h, w) + c0;
-    if (t->dtype == MT_BF16)
-        mt_cpu_f32_to_bf16(v, r, cn);
-    else
-        mt_cpu_f32_to_f16(v, r, cn);
-}
-
 /* One task of the backward: channels [c0, c0 + cn) of gx[n] = the scatter of gy[n] through
    idx[n] (an index moves a gradient within its channel, so blocks of channels never touch
    each other's elements). gacc: the block's gradient in F32 for a low gx (rows cn apart),
@@ -343,7 +317,7 @@ static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tens
     int64_t rs = gacc ? cn : gx->strides[3];
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow++) {
-            const float *gr = row_part(gy, n, oh, ow, c0, cn, gbuf);
+            const float *gr = mt_cpu_row_part_load(gy, n, oh, ow, c0, cn, gbuf);
             const int32_t *ar = (const int32_t *)mt_cpu_row_at(idx, n, oh, ow) + c0;
             if (dense) {
                 row_scatter(g0, rs, ar, gr, cn);
@@ -353,11 +327,11 @@ static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tens
                 ((float *)mt_cpu_row_at(gx, n, ar[c] / W, ar[c] % W))[c0 + c] += gr[c];
         }
     if (gacc && whole)
-        row_part_store(gx, n, 0, 0, 0, H * W * cn, gacc);
+        mt_cpu_row_part_store(gx, n, 0, 0, 0, H * W * cn, gacc);
     else if (gacc)
         for (int64_t h = 0; h < H; h++)
             for (int64_t v = 0; v < W; v++)
-                row_part_store(gx, n, h, v, c0, cn, gacc + (h * W + v) * cn);
+                mt_cpu_row_part_store(gx, n, h, v, c0, cn, gacc + (h * W + v) * cn);
 }
 
 /* Returns false when the per-thread scratch cannot be had. Tasks are (sample, channel block):

@@ -97,17 +97,35 @@ static inline char *mt_cpu_row_at(const mt_tensor *t, int64_t n, int64_t h, int6
                                            (int64_t)mt_dtype_size(t->dtype);
 }
 
-/* The C channels at (n, h, w) as floats: an F32 row in place, a low one widened into buf. */
+/* n F16/BF16 values at r widened to floats in d, and back (rounded) */
+static inline void mt_cpu_row_widen(const char *r, mt_dtype dt, int64_t n, float *d) {
+    if (dt == MT_BF16)
+        mt_cpu_bf16_to_f32((const uint16_t *)r, d, n);
+    else
+        mt_cpu_f16_to_f32((const uint16_t *)r, d, n);
+}
+
+static inline void mt_cpu_row_narrow(char *r, mt_dtype dt, int64_t n, const float *v) {
+    if (dt == MT_BF16)
+        mt_cpu_f32_to_bf16(v, (uint16_t *)r, n);
+    else
+        mt_cpu_f32_to_f16(v, (uint16_t *)r, n);
+}
+
+/* Channels [c0, c0 + cn) of the row (n, h, w) as floats: an F32 row in place, a low one
+   widened into buf. */
+static inline const float *mt_cpu_row_part_load(const mt_tensor *t, int64_t n, int64_t h, int64_t w,
+                                                int64_t c0, int64_t cn, float *buf) {
+    char *r = mt_cpu_row_at(t, n, h, w);
+    if (t->dtype == MT_F32) return (const float *)r + c0;
+    mt_cpu_row_widen(r + c0 * 2, t->dtype, cn, buf);
+    return buf;
+}
+
+/* The C channels at (n, h, w) as floats (mt_cpu_row_part_load) */
 static inline const float *mt_cpu_row_load(const mt_tensor *t, int64_t n, int64_t h, int64_t w,
                                            float *buf) {
-    const char *r = mt_cpu_row_at(t, n, h, w);
-    int64_t C = t->shape[1];
-    if (t->dtype == MT_F32) return (const float *)r;
-    if (t->dtype == MT_BF16)
-        mt_cpu_bf16_to_f32((const uint16_t *)r, buf, C);
-    else
-        mt_cpu_f16_to_f32((const uint16_t *)r, buf, C);
-    return buf;
+    return mt_cpu_row_part_load(t, n, h, w, 0, t->shape[1], buf);
 }
 
 /* Where a row's F32 results go: the F32 row itself, or buf (then mt_cpu_row_store rounds). */
@@ -116,13 +134,15 @@ static inline float *mt_cpu_row_out(const mt_tensor *t, int64_t n, int64_t h, in
     return t->dtype == MT_F32 ? (float *)mt_cpu_row_at(t, n, h, w) : buf;
 }
 
+/* v rounded into channels [c0, c0 + cn) of the row (n, h, w) of an F16/BF16 t */
+static inline void mt_cpu_row_part_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0,
+                                         int64_t cn, const float *v) {
+    mt_cpu_row_narrow(mt_cpu_row_at(t, n, h, w) + c0 * 2, t->dtype, cn, v);
+}
+
+/* ... into all C of them */
 static inline void mt_cpu_row_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, const float *v) {
-    char *r = mt_cpu_row_at(t, n, h, w);
-    int64_t C = t->shape[1];
-    if (t->dtype == MT_BF16)
-        mt_cpu_f32_to_bf16(v, (uint16_t *)r, C);
-    else if (t->dtype == MT_F16)
-        mt_cpu_f32_to_f16(v, (uint16_t *)r, C);
+    mt_cpu_row_part_store(t, n, h, w, 0, t->shape[1], v);
 }
 
 /* The gradient gy as NHWC rows for a backward into NHWC rows: gy itself, or (a gradient in
