@@ -14,8 +14,7 @@ typedef struct {
     T k, md, scale, shift;
 } SFX(bn_consts);
 
-static SFX(bn_consts)
-    SFX(bn_channel_consts)(const bn_ctx *c, int64_t ch, double s1, double s2, T k) {
+static SFX(bn_consts) SFX(bn_consts_of)(const bn_ctx *c, int64_t ch, double s1, double s2, T k) {
     const mt_bn_args *a = c->a;
     const T *w = c->w, *b = c->b;
     T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
@@ -70,7 +69,7 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
             LOAD(bn_at(c->x, c, 0, ch, 0), c->es, c->dt, 1, &k0);
             SFX(bn_shifted_sums)(c, ch, k0, &s1, &s2);
         }
-        SFX(bn_consts) q = SFX(bn_channel_consts)(c, ch, s1, s2, k0);
+        SFX(bn_consts) q = SFX(bn_consts_of)(c, ch, s1, s2, k0);
         T k = q.k, md = q.md, scale = q.scale, shift = q.shift;
         T buf[CHUNK], res[CHUNK];
         for (int64_t n = 0; n < c->N; n++)

@@ -1,5 +1,5 @@
 /* Channels-last batch-norm kernels for one accumulation type, included by
-   cpu_batch_norm_impl.h (T, SFX, LOAD, STORE, SQRT; SFX(bn_channel_consts)). x is M rows
+   cpu_batch_norm_impl.h (T, SFX, LOAD, STORE, SQRT; SFX(bn_consts_of)). x is M rows
    of C channels; every loop runs over a row's channels, so it vectorises over C with the
    per-channel constants in arrays, and rows are read rows_per at a time (one contiguous run,
    one conversion call). Per-channel sums are accumulated per row range (one part per thread)
@@ -166,8 +166,8 @@ static int SFX(nhwc_forward)(bn_ctx *c, int nparts, double *s1, double *s2) {
     }
     for (int64_t ch = 0; ch < C; ch++) {
         bool tr = c->a->training; /* eval: no sums (nor k: the running mean) */
-        SFX(bn_consts)
-        q = SFX(bn_channel_consts)(c, ch, tr ? s1[ch] : 0, tr ? s2[ch] : 0, tr ? k[ch] : 0);
+        double a1 = tr ? s1[ch] : 0, a2 = tr ? s2[ch] : 0;
+        SFX(bn_consts) q = SFX(bn_consts_of)(c, ch, a1, a2, tr ? k[ch] : 0);
         k[ch] = q.k;
         md[ch] = q.md;
         scale[ch] = q.scale;
