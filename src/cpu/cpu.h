@@ -151,9 +151,6 @@ int mt_cpu_layer_norm_backward(mt_tensor *gx, mt_tensor *gw, mt_tensor *gb, cons
                                const mt_tensor *weight);
 int mt_cpu_batch_norm(const mt_bn_args *a);
 int mt_cpu_batch_norm_backward(const mt_bn_backward_args *a);
-/* the same on channels-last (dense NHWC) tensors, no NCHW copy (cpu_batch_norm_nhwc.c) */
-int mt_cpu_batch_norm_nhwc(const mt_bn_args *a);
-int mt_cpu_batch_norm_backward_nhwc(const mt_bn_backward_args *a);
 int mt_cpu_dropout(mt_tensor *out, const mt_tensor *x, double p, uint64_t seed, uint64_t offset);
 int mt_cpu_index_select(mt_tensor *out, const mt_tensor *x, int dim, const mt_tensor *index,
                         mt_op_id op);

@@ -1,8 +1,42 @@
-/* Batch-norm channel kernels for one accumulation type, included by cpu_batch_norm.c with
+/* Batch-norm kernels for one accumulation type, included by cpu_batch_norm.c with
    T = float (F32, F16 and BF16 activations) and T = double (F64). The includer defines T,
-   SFX(name), LOAD, STORE and SQRT. A channel's elements are N runs of S contiguous values;
-   they are read in chunks of CHUNK into stack buffers. */
+   SFX(name), LOAD, STORE and SQRT. Here the per-channel constants both layouts share and the
+   NCHW channel kernels, where a channel's elements are N runs of S contiguous values, read in
+   chunks of CHUNK into stack buffers; the NHWC kernels follow (cpu_batch_norm_nhwc_impl.h). */
 #include "cpu_norm_sums_impl.h"
+
+/* Channel ch's constants of y = ((x - k) - md) * scale + shift. Training: k is one of the
+   channel's values and s1, s2 the sums of (x - k) and (x - k)^2 over its M values (x - k is
+   exact nearby and md the small mean of x - k, so x - mean does not cancel when
+   |mean| >> std); the running buffers are updated. Eval: k is the running mean, md 0.
+   Stores the saved mean and 1/std. */
+typedef struct {
+    T k, md, scale, shift;
+} SFX(bn_consts);
+
+static SFX(bn_consts) SFX(bn_consts_of)(const bn_ctx *c, int64_t ch, double s1, double s2, T k) {
+    const mt_bn_args *a = c->a;
+    const T *w = c->w, *b = c->b;
+    T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
+    T mean, var, md = 0;
+    if (a->training) {
+        mt_bn_moments m = mt_bn_moments_from_sums(s1, s2, (double)k, c->M);
+        md = (T)m.shifted_mean;
+        mean = (T)m.mean;
+        var = (T)m.var;
+        if (rm) {
+            rm[ch] = (T)mt_bn_running_mean((double)rm[ch], (double)mean, a->momentum);
+            rv[ch] = (T)mt_bn_running_var((double)rv[ch], (double)var, c->M, a->momentum);
+        }
+    } else {
+        mean = k = rm[ch];
+        var = rv[ch];
+    }
+    T rs = (T)1 / SQRT(var + (T)a->eps);
+    sm[ch] = mean;
+    sr[ch] = rs;
+    return (SFX(bn_consts)){k, md, w ? w[ch] * rs : rs, b ? b[ch] : (T)0};
+}
 
 /* sum and sum of squares of (x - k) over channel ch: the shift by one of the channel's own
    values keeps the one-pass variance free of cancellation when |mean| >> std */
@@ -12,7 +46,7 @@ static void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, d
     for (int64_t n = 0; n < c->N; n++)
         for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
             int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
-            LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, buf);
+            LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, buf);
             T p1, p2;
             SFX(sums2)(buf, k, buf, k, m, &p1, &p2);
             a1 += (double)p1;
@@ -28,48 +62,29 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
     (void)part;
     const bn_ctx *c = vctx;
     const mt_bn_args *a = c->a;
-    const T *w = c->w, *b = c->b;
-    T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
-    int64_t M = c->N * c->S;
     for (int64_t ch = cb; ch < ce; ch++) {
-        /* y = ((x - k) - md) * scale + bias: k is one of the channel's values in training
-           (x - k exact nearby, md the small mean of x - k) and the running mean in eval, so
-           x - mean does not cancel when |mean| >> std */
-        T mean, var, k, md = 0;
+        T k0 = 0;
+        double s1 = 0, s2 = 0;
         if (a->training) {
-            LOAD(bn_at(c->x, c, 0, ch, 0), c->es, c->xdt, 1, &k);
-            double s1, s2;
-            SFX(bn_shifted_sums)(c, ch, k, &s1, &s2);
-            mt_bn_moments m = mt_bn_moments_from_sums(s1, s2, (double)k, M);
-            md = (T)m.shifted_mean;
-            mean = (T)m.mean;
-            var = (T)m.var;
-            if (rm) {
-                rm[ch] = (T)mt_bn_running_mean((double)rm[ch], (double)mean, a->momentum);
-                rv[ch] = (T)mt_bn_running_var((double)rv[ch], (double)var, M, a->momentum);
-            }
-        } else {
-            mean = k = rm[ch];
-            var = rv[ch];
+            LOAD(bn_at(c->x, c, 0, ch, 0), c->es, c->dt, 1, &k0);
+            SFX(bn_shifted_sums)(c, ch, k0, &s1, &s2);
         }
-        T rs = (T)1 / SQRT(var + (T)a->eps);
-        sm[ch] = mean;
-        sr[ch] = rs;
-        T scale = w ? w[ch] * rs : rs, shift = b ? b[ch] : (T)0;
+        SFX(bn_consts) q = SFX(bn_consts_of)(c, ch, s1, s2, k0);
+        T k = q.k, md = q.md, scale = q.scale, shift = q.shift;
         T buf[CHUNK], res[CHUNK];
         for (int64_t n = 0; n < c->N; n++)
             for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                 int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
-                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, buf);
+                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, buf);
                 for (int64_t j = 0; j < m; j++) buf[j] = ((buf[j] - k) - md) * scale + shift;
                 if (c->res) {
-                    LOAD(bn_at(c->res, c, n, ch, s0), c->es, c->xdt, m, res);
+                    LOAD(bn_at(c->res, c, n, ch, s0), c->es, c->dt, m, res);
                     for (int64_t j = 0; j < m; j++) buf[j] += res[j];
                 }
                 if (a->relu)
                     for (int64_t j = 0; j < m; j++)
                         buf[j] = buf[j] < 0 ? (T)0 : buf[j]; /* NaN stays */
-                STORE(bn_at(c->out, c, n, ch, s0), c->es, c->xdt, m, buf);
+                STORE(bn_at(c->out, c, n, ch, s0), c->es, c->dt, m, buf);
             }
     }
     return 0;
@@ -78,9 +93,9 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
 /* gz = gy, masked by y > 0 under relu, for one chunk */
 static void SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0, int64_t m, T *gz,
                             T *tmp) {
-    LOAD(bn_at(c->gy, c, n, ch, s0), c->es, c->gydt, m, gz);
+    LOAD(bn_at(c->gy, c, n, ch, s0), c->es, c->dt, m, gz);
     if (!c->y) return;
-    LOAD(bn_at(c->y, c, n, ch, s0), c->es, c->xdt, m, tmp);
+    LOAD(bn_at(c->y, c, n, ch, s0), c->es, c->dt, m, tmp);
     for (int64_t j = 0; j < m; j++) gz[j] = tmp[j] > 0 ? gz[j] : (T)0;
 }
 
@@ -102,7 +117,7 @@ static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64_t ce, int par
                 for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                     int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
                     SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
-                    LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, tmp);
+                    LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, tmp);
                     T p, px;
                     SFX(sums2)(gz, 0, tmp, mean, m, &p, &px);
                     sg += (double)p;
@@ -119,13 +134,15 @@ static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64_t ce, int par
             for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                 int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
                 SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
-                if (a->gres) STORE(bn_at(c->gres, c, n, ch, s0), c->es, c->gresdt, m, gz);
+                if (a->gres) STORE(bn_at(c->gres, c, n, ch, s0), c->es, c->dt, m, gz);
                 if (!a->gx) continue;
-                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->xdt, m, tmp);
+                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, tmp);
                 for (int64_t j = 0; j < m; j++)
                     gz[j] = k * (gz[j] - mg - (tmp[j] - mean) * rs * mgx);
-                STORE(bn_at(c->gx, c, n, ch, s0), c->es, c->gxdt, m, gz);
+                STORE(bn_at(c->gx, c, n, ch, s0), c->es, c->dt, m, gz);
             }
     }
     return 0;
 }
+
+#include "cpu_batch_norm_nhwc_impl.h"

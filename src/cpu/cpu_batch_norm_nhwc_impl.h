@@ -1,5 +1,5 @@
 /* Channels-last batch-norm kernels for one accumulation type, included by
-   cpu_batch_norm_nhwc.c through cpu_accum_types.h (T, SFX, LOAD, STORE, SQRT). x is M rows
+   cpu_batch_norm_impl.h (T, SFX, LOAD, STORE, SQRT; SFX(bn_consts_of)). x is M rows
    of C channels; every loop runs over a row's channels, so it vectorises over C with the
    per-channel constants in arrays, and rows are read rows_per at a time (one contiguous run,
    one conversion call). Per-channel sums are accumulated per row range (one part per thread)
@@ -7,17 +7,17 @@
    part order (deterministic for a thread count). */
 
 /* A part's scratch: three buffers of rows_per rows and the two block sums. */
-static T *SFX(nhwc_scratch)(const nhwc_ctx *c, int part) {
+static T *SFX(nhwc_scratch)(const bn_ctx *c, int part) {
     return (T *)c->scratch + (size_t)part * (size_t)c->per_part;
 }
 
 /* rows [r, r + n) of the tensor at base (dtype c->dt) into buf: one contiguous run */
-static void SFX(nhwc_load)(const nhwc_ctx *c, const char *base, int64_t r, int64_t n, T *buf) {
+static void SFX(nhwc_load)(const bn_ctx *c, const char *base, int64_t r, int64_t n, T *buf) {
     LOAD(base + r * c->C * c->es, c->es, c->dt, n * c->C, buf);
 }
 
 /* gz (gy masked by y > 0 under relu) of rows [r, r + n); tmp is clobbered */
-static void SFX(nhwc_gz)(const nhwc_ctx *c, int64_t r, int64_t n, T *restrict gz, T *restrict tmp) {
+static void SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz, T *restrict tmp) {
     SFX(nhwc_load)(c, c->gy, r, n, gz);
     if (!c->y) return;
     SFX(nhwc_load)(c, c->y, r, n, tmp);
@@ -26,9 +26,9 @@ static void SFX(nhwc_gz)(const nhwc_ctx *c, int64_t r, int64_t n, T *restrict gz
 
 /* Rows [rb, re) into s1, s2 (double[C]): per channel sum(a - ka) and sum((a - ka) (b - kb)),
    with a = b = x (the statistics) or a = gz, b = x (grads: the backward's sums). */
-static void SFX(nhwc_sums)(const nhwc_ctx *c, bool grads, const T *restrict ka,
-                           const T *restrict kb, int64_t rb, int64_t re, double *restrict s1,
-                           double *restrict s2, int part) {
+static void SFX(nhwc_sums)(const bn_ctx *c, bool grads, const T *restrict ka, const T *restrict kb,
+                           int64_t rb, int64_t re, double *restrict s1, double *restrict s2,
+                           int part) {
     int64_t C = c->C, R = c->rows_per;
     T *a = SFX(nhwc_scratch)(c, part), *b = a + R * C, *tmp = b + R * C;
     T *restrict t1 = tmp + R * C, *restrict t2 = t1 + C;
@@ -73,71 +73,77 @@ static void SFX(nhwc_sums)(const nhwc_ctx *c, bool grads, const T *restrict ka,
 }
 
 static int SFX(nhwc_stats_part)(void *vctx, int64_t rb, int64_t re, int part) {
-    const nhwc_ctx *c = vctx;
+    const bn_ctx *c = vctx;
     double *s = c->parts + (size_t)part * 2 * (size_t)c->C;
     SFX(nhwc_sums)(c, false, c->k, c->k, rb, re, s, s + c->C, part);
     return 0;
 }
 
 static int SFX(nhwc_grad_sums_part)(void *vctx, int64_t rb, int64_t re, int part) {
-    const nhwc_ctx *c = vctx;
+    const bn_ctx *c = vctx;
     double *s = c->parts + (size_t)part * 2 * (size_t)c->C;
     SFX(nhwc_sums)(c, true, c->zero, c->mean, rb, re, s, s + c->C, part);
     return 0;
 }
 
-/* y = act(((x - k) - md) * scale + shift + residual), rows [rb, re) */
-static int SFX(nhwc_forward_part)(void *vctx, int64_t rb, int64_t re, int part) {
-    const nhwc_ctx *c = vctx;
-    int64_t C = c->C, R = c->rows_per;
+/* y = act(((x - k) - md) * scale + shift + residual), rows [q, q + n); res is clobbered */
+static void SFX(nhwc_forward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict buf,
+                                   T *restrict res) {
+    int64_t C = c->C;
     const T *restrict k = c->k, *restrict md = c->md, *restrict scale = c->scale,
                       *restrict shift = c->shift;
-    T *restrict buf = SFX(nhwc_scratch)(c, part), *restrict res = buf + R * C;
-    for (int64_t q = rb; q < re; q += R) {
-        int64_t n = re - q < R ? re - q : R;
-        SFX(nhwc_load)(c, c->x, q, n, buf);
-        for (int64_t i = 0; i < n; i++) {
-            T *restrict row = buf + i * C;
-            for (int64_t ch = 0; ch < C; ch++)
-                row[ch] = ((row[ch] - k[ch]) - md[ch]) * scale[ch] + shift[ch];
-        }
-        if (c->res) {
-            SFX(nhwc_load)(c, c->res, q, n, res);
-            for (int64_t i = 0; i < n * C; i++) buf[i] += res[i];
-        }
-        if (c->a->relu)
-            for (int64_t i = 0; i < n * C; i++) buf[i] = buf[i] < 0 ? (T)0 : buf[i]; /* NaN stays */
-        STORE(c->out + q * C * c->es, c->es, c->dt, n * C, buf);
+    SFX(nhwc_load)(c, c->x, q, n, buf);
+    for (int64_t i = 0; i < n; i++) {
+        T *restrict row = buf + i * C;
+        for (int64_t ch = 0; ch < C; ch++)
+            row[ch] = ((row[ch] - k[ch]) - md[ch]) * scale[ch] + shift[ch];
     }
-    return 0;
+    if (c->res) {
+        SFX(nhwc_load)(c, c->res, q, n, res);
+        for (int64_t i = 0; i < n * C; i++) buf[i] += res[i];
+    }
+    if (c->a->relu)
+        for (int64_t i = 0; i < n * C; i++) buf[i] = buf[i] < 0 ? (T)0 : buf[i]; /* NaN stays */
+    STORE(c->out + q * C * c->es, c->es, c->dt, n * C, buf);
 }
 
-/* gres = gz; gx = k (gz - mg - (x - mean) rs mgx), rows [rb, re) */
-static int SFX(nhwc_backward_part)(void *vctx, int64_t rb, int64_t re, int part) {
-    const nhwc_ctx *c = vctx;
-    int64_t C = c->C, R = c->rows_per;
+/* gres = gz; gx = k (gz - mg - (x - mean) rs mgx), rows [q, q + n); x is clobbered */
+static void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict gz,
+                                    T *restrict x) {
+    int64_t C = c->C;
     const T *restrict kk = c->scale, *restrict mg = c->k, *restrict mgx = c->md,
                       *restrict mean = c->mean, *restrict rs = c->shift;
-    T *restrict gz = SFX(nhwc_scratch)(c, part), *restrict x = gz + R * C;
+    SFX(nhwc_gz)(c, q, n, gz, x);
+    if (c->gres) STORE(c->gres + q * C * c->es, c->es, c->dt, n * C, gz);
+    if (!c->gx) return;
+    SFX(nhwc_load)(c, c->x, q, n, x);
+    for (int64_t i = 0; i < n; i++) {
+        T *restrict g = gz + i * C;
+        const T *restrict xr = x + i * C;
+        for (int64_t ch = 0; ch < C; ch++)
+            g[ch] = kk[ch] * (g[ch] - mg[ch] - (xr[ch] - mean[ch]) * rs[ch] * mgx[ch]);
+    }
+    STORE(c->gx + q * C * c->es, c->es, c->dt, n * C, gz);
+}
+
+/* The pass over rows [rb, re) that writes the forward's output or the backward's gradients,
+   rows_per rows at a time in the part's first two row buffers */
+static int SFX(nhwc_rows_part)(void *vctx, int64_t rb, int64_t re, int part) {
+    const bn_ctx *c = vctx;
+    int64_t R = c->rows_per;
+    T *buf = SFX(nhwc_scratch)(c, part), *tmp = buf + R * c->C;
     for (int64_t q = rb; q < re; q += R) {
         int64_t n = re - q < R ? re - q : R;
-        SFX(nhwc_gz)(c, q, n, gz, x);
-        if (c->gres) STORE(c->gres + q * C * c->es, c->es, c->dt, n * C, gz);
-        if (!c->gx) continue;
-        SFX(nhwc_load)(c, c->x, q, n, x);
-        for (int64_t i = 0; i < n; i++) {
-            T *restrict g = gz + i * C;
-            const T *restrict xr = x + i * C;
-            for (int64_t ch = 0; ch < C; ch++)
-                g[ch] = kk[ch] * (g[ch] - mg[ch] - (xr[ch] - mean[ch]) * rs[ch] * mgx[ch]);
-        }
-        STORE(c->gx + q * C * c->es, c->es, c->dt, n * C, gz);
+        if (c->a)
+            SFX(nhwc_forward_rows)(c, q, n, buf, tmp);
+        else
+            SFX(nhwc_backward_rows)(c, q, n, buf, tmp);
     }
     return 0;
 }
 
 /* The combined sums of every part: s1, s2 (double[C]) */
-static void SFX(nhwc_combine)(const nhwc_ctx *c, int nparts, double *s1, double *s2) {
+static void SFX(nhwc_combine)(const bn_ctx *c, int nparts, double *s1, double *s2) {
     for (int64_t ch = 0; ch < c->C; ch++) s1[ch] = s2[ch] = 0;
     for (int p = 0; p < nparts; p++) {
         const double *s = c->parts + (size_t)p * 2 * (size_t)c->C;
@@ -148,13 +154,10 @@ static void SFX(nhwc_combine)(const nhwc_ctx *c, int nparts, double *s1, double 
     }
 }
 
-static int SFX(nhwc_forward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
-    const mt_bn_args *a = c->a;
+static int SFX(nhwc_forward)(bn_ctx *c, int nparts, double *s1, double *s2) {
     int64_t C = c->C, M = c->M;
-    const T *w = c->w, *b = c->b;
-    T *rm = c->rm, *rv = c->rv, *sm = c->sm, *sr = c->sr;
     T *k = c->k, *md = c->md, *scale = c->scale, *shift = c->shift;
-    if (a->training) { /* shift by the first row's values: no cancellation in the variance */
+    if (c->a->training) { /* shift by the first row's values: no cancellation in the variance */
         LOAD(c->x, c->es, c->dt, C, k);
         memset(c->parts, 0, (size_t)nparts * 2 * (size_t)C * sizeof(double)); /* unused: 0 */
         int rc = mt_cpu_for_parts(SFX(nhwc_stats_part), c, M, M * C * 2);
@@ -162,31 +165,18 @@ static int SFX(nhwc_forward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
         SFX(nhwc_combine)(c, nparts, s1, s2);
     }
     for (int64_t ch = 0; ch < C; ch++) {
-        T mean, var;
-        if (a->training) {
-            mt_bn_moments m = mt_bn_moments_from_sums(s1[ch], s2[ch], (double)k[ch], M);
-            md[ch] = (T)m.shifted_mean;
-            mean = (T)m.mean;
-            var = (T)m.var;
-            if (rm) {
-                rm[ch] = (T)mt_bn_running_mean((double)rm[ch], (double)mean, a->momentum);
-                rv[ch] = (T)mt_bn_running_var((double)rv[ch], (double)var, M, a->momentum);
-            }
-        } else {
-            mean = k[ch] = rm[ch];
-            var = rv[ch];
-            md[ch] = 0;
-        }
-        T rs = (T)1 / SQRT(var + (T)a->eps);
-        sm[ch] = mean;
-        sr[ch] = rs;
-        scale[ch] = w ? w[ch] * rs : rs;
-        shift[ch] = b ? b[ch] : (T)0;
+        bool tr = c->a->training; /* eval: no sums (nor k: the running mean) */
+        double a1 = tr ? s1[ch] : 0, a2 = tr ? s2[ch] : 0;
+        SFX(bn_consts) q = SFX(bn_consts_of)(c, ch, a1, a2, tr ? k[ch] : 0);
+        k[ch] = q.k;
+        md[ch] = q.md;
+        scale[ch] = q.scale;
+        shift[ch] = q.shift;
     }
-    return mt_cpu_for_parts(SFX(nhwc_forward_part), c, M, M * C * 3);
+    return mt_cpu_for_parts(SFX(nhwc_rows_part), c, M, M * C * 3);
 }
 
-static int SFX(nhwc_backward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
+static int SFX(nhwc_backward)(bn_ctx *c, int nparts, double *s1, double *s2) {
     const mt_bn_backward_args *a = c->ba;
     int64_t C = c->C, M = c->M;
     const T *w = c->w, *sm = c->sm, *sr = c->sr;
@@ -213,5 +203,5 @@ static int SFX(nhwc_backward)(nhwc_ctx *c, int nparts, double *s1, double *s2) {
         mgx[ch] = a->training ? (T)(sgx / (double)M) : (T)0;
     }
     if (!a->gx && !a->gres) return 0;
-    return mt_cpu_for_parts(SFX(nhwc_backward_part), c, M, M * C * 3);
+    return mt_cpu_for_parts(SFX(nhwc_rows_part), c, M, M * C * 3);
 }

@@ -9,12 +9,27 @@ static inline double *at(const mt_tensor *t, int64_t n, int64_t c, int64_t h, in
     return (double *)mt_tensor_data(t) + n * s[0] + c * s[1] + h * s[2] + w * s[3];
 }
 
-/* The input row/column read by output position o at kernel tap k, or -1 when it is padding. */
-static inline int64_t in_pos(int64_t o, int64_t k, int64_t stride, int64_t pad, int64_t dil,
-                             int64_t size) {
-    int64_t i = o * stride - pad + k * dil;
+/* The input row (d 0) or column (d 1) read by output position o at kernel tap k, or -1 when
+   it is padding. */
+static inline int64_t in_pos(const mt_conv2d_params *p, int d, int64_t o, int64_t k, int64_t size) {
+    int64_t i = o * p->stride[d] - p->padding[d] + k * p->dilation[d];
     return i >= 0 && i < size ? i : -1;
 }
+
+/* The statements after the arguments for every tap (ic, kh, kw) of output (oh, ow) that reads
+   the input at (ih, iw), not the padding, in the order the sums are taken. */
+#define FOR_TAPS(p, ICg, KH, KW, H, W, oh, ow, ...)                                                \
+    for (int64_t ic = 0; ic < (ICg); ic++)                                                         \
+        for (int64_t kh = 0; kh < (KH); kh++) {                                                    \
+            int64_t ih = in_pos((p), 0, oh, kh, (H));                                              \
+            if (ih < 0) continue;                                                                  \
+            for (int64_t kw = 0; kw < (KW); kw++) {                                                \
+                int64_t iw = in_pos((p), 1, ow, kw, (W));                                          \
+                if (iw >= 0) {                                                                     \
+                    __VA_ARGS__                                                                    \
+                }                                                                                  \
+            }                                                                                      \
+        }
 
 int mt_cpu_conv2d_ref(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const mt_tensor *b,
                       const mt_conv2d_params *p) {
@@ -30,18 +45,8 @@ int mt_cpu_conv2d_ref(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, cons
                     double s = b ? *(const double *)((const char *)mt_tensor_data(b) +
                                                      oc * b->strides[0] * 8)
                                  : 0.0;
-                    for (int64_t ic = 0; ic < ICg; ic++)
-                        for (int64_t kh = 0; kh < KH; kh++) {
-                            int64_t ih =
-                                in_pos(oh, kh, p->stride[0], p->padding[0], p->dilation[0], H);
-                            if (ih < 0) continue;
-                            for (int64_t kw = 0; kw < KW; kw++) {
-                                int64_t iw =
-                                    in_pos(ow, kw, p->stride[1], p->padding[1], p->dilation[1], W);
-                                if (iw >= 0)
-                                    s += *at(x, n, c0 + ic, ih, iw) * *at(w, oc, ic, kh, kw);
-                            }
-                        }
+                    FOR_TAPS(p, ICg, KH, KW, H, W, oh, ow,
+                             s += *at(x, n, c0 + ic, ih, iw) * *at(w, oc, ic, kh, kw);)
                     *at(y, n, oc, oh, ow) = s;
                 }
         }
@@ -64,18 +69,8 @@ int mt_cpu_conv2d_backward_data_ref(mt_tensor *gx, const mt_tensor *gy, const mt
             for (int64_t oh = 0; oh < OH; oh++)
                 for (int64_t ow = 0; ow < OW; ow++) {
                     double g = *at(gy, n, oc, oh, ow);
-                    for (int64_t ic = 0; ic < ICg; ic++)
-                        for (int64_t kh = 0; kh < KH; kh++) {
-                            int64_t ih =
-                                in_pos(oh, kh, p->stride[0], p->padding[0], p->dilation[0], H);
-                            if (ih < 0) continue;
-                            for (int64_t kw = 0; kw < KW; kw++) {
-                                int64_t iw =
-                                    in_pos(ow, kw, p->stride[1], p->padding[1], p->dilation[1], W);
-                                if (iw >= 0)
-                                    *at(gx, n, c0 + ic, ih, iw) += g * *at(w, oc, ic, kh, kw);
-                            }
-                        }
+                    FOR_TAPS(p, ICg, KH, KW, H, W, oh, ow,
+                             *at(gx, n, c0 + ic, ih, iw) += g * *at(w, oc, ic, kh, kw);)
                 }
         }
     }
@@ -93,15 +88,15 @@ int mt_cpu_conv2d_backward_weight_ref(mt_tensor *gw, const mt_tensor *gy, const 
         for (int64_t ic = 0; ic < ICg; ic++)
             for (int64_t kh = 0; kh < KH; kh++)
                 for (int64_t kw = 0; kw < KW; kw++) {
+                    /* one sum per tap over the outputs that read it (n, oh, ow): FOR_TAPS inside
+                     * out */
                     double s = 0.0;
                     for (int64_t n = 0; n < N; n++)
                         for (int64_t oh = 0; oh < OH; oh++) {
-                            int64_t ih =
-                                in_pos(oh, kh, p->stride[0], p->padding[0], p->dilation[0], H);
+                            int64_t ih = in_pos(p, 0, oh, kh, H);
                             if (ih < 0) continue;
                             for (int64_t ow = 0; ow < OW; ow++) {
-                                int64_t iw =
-                                    in_pos(ow, kw, p->stride[1], p->padding[1], p->dilation[1], W);
+                                int64_t iw = in_pos(p, 1, ow, kw, W);
                                 if (iw >= 0)
                                     s += *at(gy, n, oc, oh, ow) * *at(x, n, c0 + ic, ih, iw);
                             }

@@ -70,50 +70,41 @@ static void avg_row(const mt_tensor *x, int64_t n, const mt_cpu_window *w, float
     for (int64_t c = 0; c < C; c++) yr[c] /= (float)w->divisor;
 }
 
-/* Returns false when the per-thread rows cannot be had. */
-static bool avg_pool_nhwc(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
-    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
+/* The output row (n, oh); acc: 2 C floats of scratch. */
+static void avg_out_row(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p, int64_t n,
+                        int64_t oh, float *acc) {
+    int64_t C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
     int64_t H = x->shape[2], W = x->shape[3];
-    size_t nbytes = (size_t)C * 2 * sizeof(float);
-    int failed = 0;
-#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        float *acc = mt_host_alloc(nbytes), *buf = acc ? acc + C : NULL;
-        if (!acc) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t oh = 0; oh < OH; oh++) {
-                if (!acc) continue;
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    mt_cpu_window w;
-                    mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
-                    float *yr = mt_cpu_row_out(y, n, oh, ow, acc);
-                    avg_row(x, n, &w, yr, buf);
-                    if (yr == acc) mt_cpu_row_store(y, n, oh, ow, acc);
-                }
-            }
-        if (acc) mt_host_free(acc, nbytes);
+    for (int64_t ow = 0; ow < OW; ow++) {
+        mt_cpu_window w;
+        mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
+        float *yr = mt_cpu_row_out(y, n, oh, ow, acc);
+        avg_row(x, n, &w, yr, acc + C);
+        if (yr == acc) mt_cpu_row_store(y, n, oh, ow, acc);
     }
-    return !failed;
 }
 
-/* Per-thread scratch of the NHWC backward: the sample's gradient in F32 (for a low gx) and
-   a row of gy widened. */
+/* Returns false when the per-thread rows cannot be had. */
+static bool avg_pool_nhwc(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p) {
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, y->numel * 4, (size_t)y->shape[1] * 2 * sizeof(float), y->shape[0],
+                      y->shape[2], n, oh, acc, avg_out_row(y, x, p, n, oh, acc););
+    return ok;
+}
+
+/* Per-thread scratch of the NHWC backward: a row of gy widened (gbuf, C floats) and, for a
+   low gx, the sample's gradient in F32 (gacc, H W C floats, after gbuf in one block). */
 typedef struct {
-    size_t nbytes;
     float *gbuf, *gacc;
 } bw_scratch;
 
-static bool bw_scratch_get(bw_scratch *s, const mt_tensor *gx) {
+static size_t bw_scratch_bytes(const mt_tensor *gx) {
     int64_t C = gx->shape[1], plane = gx->shape[2] * gx->shape[3] * C;
-    s->nbytes = (size_t)(C + (gx->dtype == MT_F32 ? 0 : plane)) * sizeof(float);
-    s->gbuf = mt_host_alloc(s->nbytes);
-    if (!s->gbuf) return false;
-    s->gacc = gx->dtype == MT_F32 ? NULL : s->gbuf + C;
-    return true;
+    return (size_t)(C + (gx->dtype == MT_F32 ? 0 : plane)) * sizeof(float);
+}
+
+static bw_scratch bw_scratch_at(const mt_tensor *gx, float *block) {
+    return (bw_scratch){block, gx->dtype == MT_F32 ? NULL : block + gx->shape[1]};
 }
 
 /* The gradient row (n, h, v) of the sample being summed: in gx (F32) or in the scratch. */
@@ -151,22 +142,54 @@ static void avg_backward_sample(mt_tensor *gx, const mt_tensor *gy, const mt_poo
 
 /* Returns false when the per-thread scratch cannot be had. */
 static bool avg_pool_backward_nhwc(mt_tensor *gx, const mt_tensor *gy, const mt_pool2d_params *p) {
-    int failed = 0;
-#pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        bw_scratch s = {0};
-        bool ok = bw_scratch_get(&s, gx);
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
+    /* one sample per task: the spread of one sample never touches another's gradient */
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, gx->numel * 4, bw_scratch_bytes(gx), gy->shape[0], 1, n, m, block,
+                      bw_scratch s = bw_scratch_at(gx, block);
+                      avg_backward_sample(gx, gy, p, n, &s););
+    return ok;
+}
+
+/* One (n, c) plane of y; buf: H W floats for a low or strided x (NULL for F64). */
+static void avg_plane(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p, int64_t n,
+                      int64_t c, float *buf) {
+    int64_t OH = y->shape[2], OW = y->shape[3], H = x->shape[2], W = x->shape[3];
+    mt_dtype dt = x->dtype;
+    mt_cpu_plane xp = mt_cpu_plane_of(x, n, c), yp = mt_cpu_plane_of(y, n, c);
+    const float *xf = buf ? mt_cpu_plane_f32(&xp, H, W, buf) : NULL;
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            mt_cpu_window w;
+            mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
+            double r = 0.0;
+            if (xf) {
+                r = avg_one_f(xf, W, &w);
+            } else {
+                for (int64_t h = w.h0; h < w.h1; h++)
+                    for (int64_t v = w.w0; v < w.w1; v++) r += ld(mt_cpu_pix(&xp, h, v), dt);
+                r /= w.divisor;
+            }
+            st(mt_cpu_pix(&yp, oh, ow), dt, r);
         }
-        /* one sample per task: the spread of one sample never touches another's gradient */
-#pragma omp for
-        for (int64_t n = 0; n < gy->shape[0]; n++)
-            if (ok) avg_backward_sample(gx, gy, p, n, &s);
-        if (ok) mt_host_free(s.gbuf, s.nbytes);
-    }
-    return !failed;
+}
+
+/* One (n, c) plane of gx: the plane's gradient summed in F64 in acc (H W doubles) and
+   rounded once. */
+static void avg_backward_plane(mt_tensor *gx, const mt_tensor *gy, const mt_pool2d_params *p,
+                               int64_t n, int64_t c, double *acc) {
+    int64_t OH = gy->shape[2], OW = gy->shape[3], H = gx->shape[2], W = gx->shape[3];
+    mt_cpu_plane gp = mt_cpu_plane_of(gy, n, c), gxp = mt_cpu_plane_of(gx, n, c);
+    for (int64_t i = 0; i < H * W; i++) acc[i] = 0.0;
+    for (int64_t oh = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++) {
+            mt_cpu_window w;
+            mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
+            double g = ld(mt_cpu_pix(&gp, oh, ow), gy->dtype) / w.divisor;
+            for (int64_t h = w.h0; h < w.h1; h++)
+                for (int64_t v = w.w0; v < w.w1; v++) acc[h * W + v] += g;
+        }
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t v = 0; v < W; v++) st(mt_cpu_pix(&gxp, h, v), gx->dtype, acc[h * W + v]);
 }
 
 int mt_cpu_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p) {
@@ -179,47 +202,15 @@ int mt_cpu_pool2d(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_poo
                    ? 0
                    : mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld channels",
                                   mt_cpu_pool_op_name(p), (long long)y->shape[1]);
-    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], OW = y->shape[3];
-    int64_t H = x->shape[2], W = x->shape[3];
-    mt_dtype dt = x->dtype;
-    bool wide = dt != MT_F64; /* F32/F16/BF16 planes are read as dense floats */
-    size_t nbytes = wide ? (size_t)(H * W) * sizeof(float) : 0;
-    int failed = 0;
-#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        float *buf = wide ? mt_host_alloc(nbytes ? nbytes : 1) : NULL;
-        if (wide && !buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < C; c++) {
-                if (wide && !buf) continue;
-                mt_cpu_plane xp = mt_cpu_plane_of(x, n, c), yp = mt_cpu_plane_of(y, n, c);
-                const float *xf = wide ? mt_cpu_plane_f32(&xp, H, W, buf) : NULL;
-                for (int64_t oh = 0; oh < OH; oh++)
-                    for (int64_t ow = 0; ow < OW; ow++) {
-                        mt_cpu_window w;
-                        mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
-                        double r = 0.0;
-                        if (xf) {
-                            r = avg_one_f(xf, W, &w);
-                        } else {
-                            for (int64_t h = w.h0; h < w.h1; h++)
-                                for (int64_t v = w.w0; v < w.w1; v++)
-                                    r += ld(mt_cpu_pix(&xp, h, v), dt);
-                            r /= w.divisor;
-                        }
-                        st(mt_cpu_pix(&yp, oh, ow), dt, r);
-                    }
-            }
-        if (buf) mt_host_free(buf, nbytes ? nbytes : 1);
-    }
-    if (failed)
-        return mt_error_set(MT_ERR_OOM, "%s: out of memory for an input plane",
-                            mt_cpu_pool_op_name(p));
-    return 0;
+    /* F32/F16/BF16 planes are read as dense floats (a block of at least one byte: not NULL) */
+    size_t plane = (size_t)(x->shape[2] * x->shape[3]) * sizeof(float);
+    size_t wide = x->dtype == MT_F64 ? 0 : plane ? plane : 1;
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, y->numel * 4, wide, y->shape[0], y->shape[1], n, c, buf,
+                      avg_plane(y, x, p, n, c, buf););
+    return ok ? 0
+              : mt_error_set(MT_ERR_OOM, "%s: out of memory for an input plane",
+                             mt_cpu_pool_op_name(p));
 }
 
 int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *x,
@@ -230,53 +221,20 @@ int mt_cpu_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *
     int rc = mt_cpu_pool2d_backward_dnnl(gx, gy, p, &done);
     if (rc || done) return rc;
     if (mt_cpu_pool_nhwc(gx) && gy->dtype == gx->dtype) {
-        /* a gradient in another layout (the broadcast one of a sum) is laid out like gx
-           first: one copy instead of the plane-by-plane loops */
-        mt_tensor *dense = nhwc(gx, gy) ? NULL
-                                        : mt_tensor_new_format(mt_cpu_pool_op_name(p), gy->shape,
-                                                               gy->dtype, gy->device, true);
-        if (!nhwc(gx, gy) && !dense) return mt_last_status();
-        rc = dense ? mt_cpu_copy(dense, gy) : 0;
-        if (rc == 0 && !avg_pool_backward_nhwc(gx, dense ? dense : gy, p))
+        const mt_tensor *rows;
+        mt_tensor *copy;
+        rc = mt_cpu_pool_rows_like(mt_cpu_pool_op_name(p), gy, &rows, &copy);
+        if (rc == 0 && !avg_pool_backward_nhwc(gx, rows, p))
             rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld channels",
                               mt_cpu_pool_op_name(p), (long long)gy->shape[1]);
-        mt_tensor_unref(dense);
+        mt_tensor_unref(copy);
         return rc;
     }
-    int64_t N = gy->shape[0], C = gy->shape[1], OH = gy->shape[2], OW = gy->shape[3];
-    int64_t H = gx->shape[2], W = gx->shape[3];
-    size_t nbytes = (size_t)(H * W) * sizeof(double);
-    int failed = 0;
-#pragma omp parallel num_threads(mt_cpu_num_threads()) if (gx->numel * 4 > MT_CPU_PARALLEL_MIN)
-    {
-        /* the plane's gradient summed in F64 and rounded once */
-        double *acc = mt_host_alloc(nbytes ? nbytes : 1);
-        if (!acc) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < C; c++) {
-                if (!acc) continue;
-                mt_cpu_plane gp = mt_cpu_plane_of(gy, n, c), gxp = mt_cpu_plane_of(gx, n, c);
-                for (int64_t i = 0; i < H * W; i++) acc[i] = 0.0;
-                for (int64_t oh = 0; oh < OH; oh++)
-                    for (int64_t ow = 0; ow < OW; ow++) {
-                        mt_cpu_window w;
-                        mt_cpu_window_of(p, oh, ow, H, W, OH, OW, &w);
-                        double g = ld(mt_cpu_pix(&gp, oh, ow), gy->dtype) / w.divisor;
-                        for (int64_t h = w.h0; h < w.h1; h++)
-                            for (int64_t v = w.w0; v < w.w1; v++) acc[h * W + v] += g;
-                    }
-                for (int64_t h = 0; h < H; h++)
-                    for (int64_t v = 0; v < W; v++)
-                        st(mt_cpu_pix(&gxp, h, v), gx->dtype, acc[h * W + v]);
-            }
-        if (acc) mt_host_free(acc, nbytes ? nbytes : 1);
-    }
-    if (failed)
-        return mt_error_set(MT_ERR_OOM, "%s: out of memory for a gradient plane",
-                            mt_cpu_pool_op_name(p));
-    return 0;
+    size_t nbytes = (size_t)(gx->shape[2] * gx->shape[3]) * sizeof(double);
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, gx->numel * 4, nbytes ? nbytes : 1, gy->shape[0], gy->shape[1], n, c, acc,
+                      avg_backward_plane(gx, gy, p, n, c, acc););
+    return ok ? 0
+              : mt_error_set(MT_ERR_OOM, "%s: out of memory for a gradient plane",
+                             mt_cpu_pool_op_name(p));
 }

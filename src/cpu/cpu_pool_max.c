@@ -77,23 +77,22 @@ MT_CPU_CLONES static void max_row(const float *restrict x, int64_t Wp, int64_t W
         max_row_s(x, Wp, W, h0, h1, KW, S, pw, OW, best, arg);
 }
 
-/* Per-thread scratch of the plane loops: the plane widened to floats (or the gradient plane
-   summed), and one output row of maxima (or gradients) and argmax. */
+/* Per-thread scratch of the plane loops, one block: the plane widened to floats (or the
+   gradient plane summed), and one output row of maxima (or gradients) and argmax. */
 typedef struct {
-    size_t nbytes;
     void *plane; /* H * W floats, or doubles for F64 */
     void *row;   /* OW floats or doubles */
     int32_t *arg;
 } plane_scratch;
 
 /* plane: n elements of es bytes; row and arg: OW each */
-static bool plane_scratch_get(plane_scratch *s, int64_t n, int64_t OW, size_t es) {
-    s->nbytes = (size_t)(n + OW) * es + (size_t)OW * sizeof(int32_t);
-    s->plane = mt_host_alloc(s->nbytes);
-    if (!s->plane) return false;
-    s->row = (char *)s->plane + (size_t)n * es;
-    s->arg = (int32_t *)((char *)s->row + (size_t)OW * es);
-    return true;
+static size_t plane_scratch_bytes(int64_t n, int64_t OW, size_t es) {
+    return (size_t)(n + OW) * es + (size_t)OW * sizeof(int32_t);
+}
+
+static plane_scratch plane_scratch_at(void *block, int64_t n, int64_t OW, size_t es) {
+    char *row = (char *)block + (size_t)n * es;
+    return (plane_scratch){block, row, (int32_t *)(row + (size_t)OW * es)};
 }
 
 static inline int32_t *idx_at(const mt_cpu_plane *ip, int64_t h, int64_t w) {
@@ -137,34 +136,29 @@ static void max_plane_f64(mt_cpu_plane *yp, const mt_cpu_plane *ip, const mt_cpu
         }
 }
 
+/* One (n, c) plane; block: the F32 plane loops' scratch (NULL for F64). */
+static void max_plane(mt_tensor *y, mt_tensor *idx, const mt_tensor *x, const mt_pool2d_params *p,
+                      int64_t n, int64_t c, int64_t Wp, void *block) {
+    int64_t H = x->shape[2], W = x->shape[3];
+    mt_cpu_plane xp = mt_cpu_plane_of(x, n, c), yp = mt_cpu_plane_of(y, n, c), ip;
+    if (idx) ip = mt_cpu_plane_of(idx, n, c);
+    if (!block) {
+        max_plane_f64(&yp, idx ? &ip : NULL, &xp, p, H, W);
+        return;
+    }
+    plane_scratch s = plane_scratch_at(block, H * Wp, y->shape[3], sizeof(float));
+    max_plane_f32(&yp, idx ? &ip : NULL, &xp, p, H, W, Wp, &s);
+}
+
 static int max_pool_planes(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
                            const mt_pool2d_params *p) {
-    int64_t N = y->shape[0], C = y->shape[1], H = x->shape[2], W = x->shape[3], OW = y->shape[3];
-    bool f64 = x->dtype == MT_F64;
-    int64_t Wp = padded_width(p, W, OW);
-    int failed = 0;
-#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        plane_scratch s = {0};
-        bool ok = f64 || plane_scratch_get(&s, H * Wp, OW, sizeof(float));
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < C; c++) {
-                if (!ok) continue;
-                mt_cpu_plane xp = mt_cpu_plane_of(x, n, c), yp = mt_cpu_plane_of(y, n, c), ip;
-                if (idx) ip = mt_cpu_plane_of(idx, n, c);
-                if (f64)
-                    max_plane_f64(&yp, idx ? &ip : NULL, &xp, p, H, W);
-                else
-                    max_plane_f32(&yp, idx ? &ip : NULL, &xp, p, H, W, Wp, &s);
-            }
-        if (s.plane) mt_host_free(s.plane, s.nbytes);
-    }
-    return failed ? mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for an input plane") : 0;
+    int64_t Wp = padded_width(p, x->shape[3], y->shape[3]);
+    size_t nbytes =
+        x->dtype == MT_F64 ? 0 : plane_scratch_bytes(x->shape[2] * Wp, y->shape[3], sizeof(float));
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, y->numel * 4, nbytes, y->shape[0], y->shape[1], n, c, block,
+                      max_plane(y, idx, x, p, n, c, Wp, block););
+    return ok ? 0 : mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for an input plane");
 }
 
 /* gx's plane = the scatter of gy's plane through idx. F32/F16/BF16: summed in F32, in gx's
@@ -197,35 +191,28 @@ static void max_plane_backward_f64(mt_cpu_plane *gp, const mt_cpu_plane *gyp,
         mt_cpu_store_f64(mt_cpu_pix(gp, h, 0), gp->sw, gp->t->dtype, W, acc + h * W);
 }
 
+static void max_backward_plane(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx, int64_t n,
+                               int64_t c, void *block) {
+    int64_t H = gx->shape[2], W = gx->shape[3];
+    bool f64 = gx->dtype == MT_F64;
+    plane_scratch s =
+        plane_scratch_at(block, H * W, gy->shape[3], f64 ? sizeof(double) : sizeof(float));
+    mt_cpu_plane gp = mt_cpu_plane_of(gx, n, c), gyp = mt_cpu_plane_of(gy, n, c);
+    mt_cpu_plane ip = mt_cpu_plane_of(idx, n, c);
+    if (f64)
+        max_plane_backward_f64(&gp, &gyp, &ip, H, W, &s);
+    else
+        max_plane_backward_f32(&gp, &gyp, &ip, H, W, &s);
+}
+
 /* one (n, c) plane per task: the planes' scatters are disjoint, so no races */
 static int max_pool_backward_planes(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *idx) {
-    int64_t N = gx->shape[0], C = gx->shape[1], H = gx->shape[2], W = gx->shape[3];
-    bool f64 = gx->dtype == MT_F64;
-    size_t es = f64 ? sizeof(double) : sizeof(float);
-    int failed = 0;
-#pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        plane_scratch s = {0};
-        bool ok = plane_scratch_get(&s, H * W, gy->shape[3], es);
-        if (!ok) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < C; c++) {
-                if (!ok) continue;
-                mt_cpu_plane gp = mt_cpu_plane_of(gx, n, c), gyp = mt_cpu_plane_of(gy, n, c);
-                mt_cpu_plane ip = mt_cpu_plane_of(idx, n, c);
-                if (f64)
-                    max_plane_backward_f64(&gp, &gyp, &ip, H, W, &s);
-                else
-                    max_plane_backward_f32(&gp, &gyp, &ip, H, W, &s);
-            }
-        if (ok) mt_host_free(s.plane, s.nbytes);
-    }
-    return failed ? mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for a gradient plane")
-                  : 0;
+    size_t es = gx->dtype == MT_F64 ? sizeof(double) : sizeof(float);
+    size_t nbytes = plane_scratch_bytes(gx->shape[2] * gx->shape[3], gy->shape[3], es);
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, gx->numel * 4, nbytes, gx->shape[0], gx->shape[1], n, c, block,
+                      max_backward_plane(gx, gy, idx, n, c, block););
+    return ok ? 0 : mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for a gradient plane");
 }
 
 /* ---- NHWC rows */
@@ -257,14 +244,9 @@ static const float *input_rows(const mt_tensor *x, int64_t n, int64_t h0, int64_
     if (x->dtype == MT_F32) return NULL;
     bool dense = x->strides[3] == C && x->strides[2] == W * C;
     for (int64_t h = h0; h < h1; h++)
-        for (int64_t v = 0; v < W; v += dense ? W : 1) {
-            const uint16_t *r = (const uint16_t *)mt_cpu_row_at(x, n, h, v);
-            float *d = buf + ((h - h0) * W + v) * C;
-            if (x->dtype == MT_BF16)
-                mt_cpu_bf16_to_f32(r, d, dense ? W * C : C);
-            else
-                mt_cpu_f16_to_f32(r, d, dense ? W * C : C);
-        }
+        for (int64_t v = 0; v < W; v += dense ? W : 1)
+            mt_cpu_row_widen(mt_cpu_row_at(x, n, h, v), x->dtype, dense ? W * C : C,
+                             buf + ((h - h0) * W + v) * C);
     return buf;
 }
 
@@ -299,51 +281,19 @@ static void max_out_row_nhwc(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
 /* Returns false when the per-thread rows cannot be had. */
 static bool max_pool_nhwc(mt_tensor *y, mt_tensor *idx, const mt_tensor *x,
                           const mt_pool2d_params *p) {
-    int64_t N = y->shape[0], C = y->shape[1], OH = y->shape[2], KH = p->kernel[0];
-    int64_t rows = x->dtype == MT_F32 ? 0 : KH * x->shape[3] * C;
-    size_t nbytes = (size_t)(C + rows) * sizeof(float);
-    int failed = 0;
-#pragma omp parallel if (y->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        float *acc = mt_host_alloc(nbytes);
-        if (!acc) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t oh = 0; oh < OH; oh++)
-                if (acc) max_out_row_nhwc(y, idx, x, p, n, oh, acc, acc + C);
-        if (acc) mt_host_free(acc, nbytes);
-    }
-    return !failed;
+    int64_t C = y->shape[1];
+    int64_t rows = x->dtype == MT_F32 ? 0 : p->kernel[0] * x->shape[3] * C;
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, y->numel * 4, (size_t)(C + rows) * sizeof(float), y->shape[0],
+                      y->shape[2], n, oh, acc,
+                      max_out_row_nhwc(y, idx, x, p, n, oh, acc, (float *)acc + C););
+    return ok;
 }
 
 /* g0[arg[c] * rs + c] += gr[c]: the rows of a sample's gradient lie dense, rs apart. */
 MT_CPU_CLONES static void row_scatter(float *restrict g0, int64_t rs, const int32_t *restrict arg,
                                       const float *restrict gr, int64_t C) {
     for (int64_t c = 0; c < C; c++) g0[arg[c] * rs + c] += gr[c];
-}
-
-/* Channels [c0, c0 + cn) of the row (n, h, w) as floats: F32 in place, F16/BF16 widened. */
-static const float *row_part(const mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0,
-                             int64_t cn, float *buf) {
-    char *r = mt_cpu_row_at(t, n, h, w);
-    if (t->dtype == MT_F32) return (const float *)r + c0;
-    if (t->dtype == MT_BF16)
-        mt_cpu_bf16_to_f32((const uint16_t *)r + c0, buf, cn);
-    else
-        mt_cpu_f16_to_f32((const uint16_t *)r + c0, buf, cn);
-    return buf;
-}
-
-static void row_part_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0, int64_t cn,
-                           const float *v) {
-    uint16_t *r = (uint16_t *)mt_cpu_row_at(t, n, h, w) + c0;
-    if (t->dtype == MT_BF16)
-        mt_cpu_f32_to_bf16(v, r, cn);
-    else
-        mt_cpu_f32_to_f16(v, r, cn);
 }
 
 /* One task of the backward: channels [c0, c0 + cn) of gx[n] = the scatter of gy[n] through
@@ -367,7 +317,7 @@ static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tens
     int64_t rs = gacc ? cn : gx->strides[3];
     for (int64_t oh = 0; oh < OH; oh++)
         for (int64_t ow = 0; ow < OW; ow++) {
-            const float *gr = row_part(gy, n, oh, ow, c0, cn, gbuf);
+            const float *gr = mt_cpu_row_part_load(gy, n, oh, ow, c0, cn, gbuf);
             const int32_t *ar = (const int32_t *)mt_cpu_row_at(idx, n, oh, ow) + c0;
             if (dense) {
                 row_scatter(g0, rs, ar, gr, cn);
@@ -377,11 +327,11 @@ static void max_backward_block(mt_tensor *gx, const mt_tensor *gy, const mt_tens
                 ((float *)mt_cpu_row_at(gx, n, ar[c] / W, ar[c] % W))[c0 + c] += gr[c];
         }
     if (gacc && whole)
-        row_part_store(gx, n, 0, 0, 0, H * W * cn, gacc);
+        mt_cpu_row_part_store(gx, n, 0, 0, 0, H * W * cn, gacc);
     else if (gacc)
         for (int64_t h = 0; h < H; h++)
             for (int64_t v = 0; v < W; v++)
-                row_part_store(gx, n, h, v, c0, cn, gacc + (h * W + v) * cn);
+                mt_cpu_row_part_store(gx, n, h, v, c0, cn, gacc + (h * W + v) * cn);
 }
 
 /* Returns false when the per-thread scratch cannot be had. Tasks are (sample, channel block):
@@ -394,24 +344,12 @@ static bool max_pool_backward_nhwc(mt_tensor *gx, const mt_tensor *gy, const mt_
     cb = cb < C ? cb : C;
     int64_t nb = (C + cb - 1) / cb;
     size_t nbytes = (size_t)(cb + (gx->dtype == MT_F32 ? 0 : HW * cb)) * sizeof(float);
-    int failed = 0;
-#pragma omp parallel if (gx->numel * 4 > MT_CPU_PARALLEL_MIN) num_threads(mt_cpu_num_threads())
-    {
-        float *gbuf = mt_host_alloc(nbytes);
-        if (!gbuf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        float *gacc = gbuf && gx->dtype != MT_F32 ? gbuf + cb : NULL;
-#pragma omp for collapse(2)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t b = 0; b < nb; b++) {
-                int64_t c0 = b * cb, cn = C - c0 < cb ? C - c0 : cb;
-                if (gbuf) max_backward_block(gx, gy, idx, n, c0, cn, gbuf, gacc);
-            }
-        if (gbuf) mt_host_free(gbuf, nbytes);
-    }
-    return !failed;
+    bool ok;
+    MT_CPU_POOL_TASKS(ok, gx->numel * 4, nbytes, N, nb, n, b, gbuf, int64_t c0 = b * cb,
+                      cn = C - c0 < cb ? C - c0 : cb;
+                      max_backward_block(gx, gy, idx, n, c0, cn, gbuf,
+                                         gx->dtype != MT_F32 ? (float *)gbuf + cb : NULL););
+    return ok;
 }
 
 /* ---- entry points (through cpu_pool.c's families) */
@@ -446,16 +384,12 @@ int mt_cpu_max_pool2d_backward(mt_tensor *gx, const mt_tensor *gy, const mt_tens
     if (gx->numel == 0) return 0;
     if (!nhwc_rows(gx, gx, idx) || gy->dtype != gx->dtype)
         return max_pool_backward_planes(gx, gy, idx);
-    /* a gradient in another layout (the broadcast one of a sum) is laid out like gx first:
-       one copy instead of the plane-by-plane loops */
-    bool rows = mt_cpu_pool_nhwc(gy);
-    mt_tensor *dense =
-        rows ? NULL : mt_tensor_new_format("mt_max_pool2d", gy->shape, gy->dtype, gy->device, true);
-    if (!rows && !dense) return mt_last_status();
-    int rc = dense ? mt_cpu_copy(dense, gy) : 0;
-    if (rc == 0 && !max_pool_backward_nhwc(gx, dense ? dense : gy, idx))
+    const mt_tensor *rows;
+    mt_tensor *copy;
+    int rc = mt_cpu_pool_rows_like("mt_max_pool2d", gy, &rows, &copy);
+    if (rc == 0 && !max_pool_backward_nhwc(gx, rows, idx))
         rc = mt_error_set(MT_ERR_OOM, "mt_max_pool2d: out of memory for %lld channels",
                           (long long)gx->shape[1]);
-    mt_tensor_unref(dense);
+    mt_tensor_unref(copy);
     return rc;
 }

@@ -21,6 +21,38 @@ static inline const char *mt_cpu_pool_op_name(const mt_pool2d_params *p) {
                                     : "mt_adaptive_avg_pool2d";
 }
 
+/* Runs the statements after the arguments for every task (n, m) of [0, N) x [0, M) (an
+   (n, c) plane, an (n, oh) output row, ...), over the threads when work (elements touched)
+   is worth it, with scratch the thread's own block of nbytes bytes (NULL for 0 bytes). ok
+   becomes false when a thread could not have its block: its tasks are skipped and the caller
+   reports out of memory. A macro, not a function taking a callback, so that the task's body
+   stays inlined in the loop. (clang-format would run the two loops together.) */
+/* clang-format off */
+#define MT_CPU_POOL_TASKS(ok, work, nbytes, N, M, n, m, scratch, ...)                              \
+    do {                                                                                           \
+        int64_t mt_tn_ = (N), mt_tm_ = (M);                                                        \
+        size_t mt_tbytes_ = (nbytes);                                                              \
+        bool mt_tpar_ = (work) > MT_CPU_PARALLEL_MIN;                                              \
+        int mt_tfailed_ = 0;                                                                       \
+        _Pragma("omp parallel if (mt_tpar_) num_threads(mt_cpu_num_threads())")                    \
+        {                                                                                          \
+            void *scratch = mt_tbytes_ ? mt_host_alloc(mt_tbytes_) : NULL;                         \
+            bool mt_tok_ = scratch || !mt_tbytes_;                                                 \
+            if (!mt_tok_) {                                                                        \
+                _Pragma("omp atomic write") mt_tfailed_ = 1;                                       \
+            }                                                                                      \
+            _Pragma("omp for collapse(2)")                                                         \
+            for (int64_t n = 0; n < mt_tn_; n++)                                                   \
+                for (int64_t m = 0; m < mt_tm_; m++) {                                             \
+                    if (!mt_tok_) continue;                                                        \
+                    __VA_ARGS__                                                                    \
+                }                                                                                  \
+            if (scratch) mt_host_free(scratch, mt_tbytes_);                                        \
+        }                                                                                          \
+        (ok) = !mt_tfailed_;                                                                       \
+    } while (0)
+/* clang-format on */
+
 /* ---- one (n, c) plane */
 typedef struct {
     const mt_tensor *t;
@@ -65,17 +97,35 @@ static inline char *mt_cpu_row_at(const mt_tensor *t, int64_t n, int64_t h, int6
                                            (int64_t)mt_dtype_size(t->dtype);
 }
 
-/* The C channels at (n, h, w) as floats: an F32 row in place, a low one widened into buf. */
+/* n F16/BF16 values at r widened to floats in d, and back (rounded) */
+static inline void mt_cpu_row_widen(const char *r, mt_dtype dt, int64_t n, float *d) {
+    if (dt == MT_BF16)
+        mt_cpu_bf16_to_f32((const uint16_t *)r, d, n);
+    else
+        mt_cpu_f16_to_f32((const uint16_t *)r, d, n);
+}
+
+static inline void mt_cpu_row_narrow(char *r, mt_dtype dt, int64_t n, const float *v) {
+    if (dt == MT_BF16)
+        mt_cpu_f32_to_bf16(v, (uint16_t *)r, n);
+    else
+        mt_cpu_f32_to_f16(v, (uint16_t *)r, n);
+}
+
+/* Channels [c0, c0 + cn) of the row (n, h, w) as floats: an F32 row in place, a low one
+   widened into buf. */
+static inline const float *mt_cpu_row_part_load(const mt_tensor *t, int64_t n, int64_t h, int64_t w,
+                                                int64_t c0, int64_t cn, float *buf) {
+    char *r = mt_cpu_row_at(t, n, h, w);
+    if (t->dtype == MT_F32) return (const float *)r + c0;
+    mt_cpu_row_widen(r + c0 * 2, t->dtype, cn, buf);
+    return buf;
+}
+
+/* The C channels at (n, h, w) as floats (mt_cpu_row_part_load) */
 static inline const float *mt_cpu_row_load(const mt_tensor *t, int64_t n, int64_t h, int64_t w,
                                            float *buf) {
-    const char *r = mt_cpu_row_at(t, n, h, w);
-    int64_t C = t->shape[1];
-    if (t->dtype == MT_F32) return (const float *)r;
-    if (t->dtype == MT_BF16)
-        mt_cpu_bf16_to_f32((const uint16_t *)r, buf, C);
-    else
-        mt_cpu_f16_to_f32((const uint16_t *)r, buf, C);
-    return buf;
+    return mt_cpu_row_part_load(t, n, h, w, 0, t->shape[1], buf);
 }
 
 /* Where a row's F32 results go: the F32 row itself, or buf (then mt_cpu_row_store rounds). */
@@ -84,13 +134,29 @@ static inline float *mt_cpu_row_out(const mt_tensor *t, int64_t n, int64_t h, in
     return t->dtype == MT_F32 ? (float *)mt_cpu_row_at(t, n, h, w) : buf;
 }
 
+/* v rounded into channels [c0, c0 + cn) of the row (n, h, w) of an F16/BF16 t */
+static inline void mt_cpu_row_part_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, int64_t c0,
+                                         int64_t cn, const float *v) {
+    mt_cpu_row_narrow(mt_cpu_row_at(t, n, h, w) + c0 * 2, t->dtype, cn, v);
+}
+
+/* ... into all C of them */
 static inline void mt_cpu_row_store(mt_tensor *t, int64_t n, int64_t h, int64_t w, const float *v) {
-    char *r = mt_cpu_row_at(t, n, h, w);
-    int64_t C = t->shape[1];
-    if (t->dtype == MT_BF16)
-        mt_cpu_f32_to_bf16(v, (uint16_t *)r, C);
-    else if (t->dtype == MT_F16)
-        mt_cpu_f32_to_f16(v, (uint16_t *)r, C);
+    mt_cpu_row_part_store(t, n, h, w, 0, t->shape[1], v);
+}
+
+/* The gradient gy as NHWC rows for a backward into NHWC rows: gy itself, or (a gradient in
+   another layout, such as the broadcast one of a sum) a dense channels-last copy in *copy, for
+   the caller to release: one copy instead of the plane-by-plane loops. */
+static inline int mt_cpu_pool_rows_like(const char *op, const mt_tensor *gy, const mt_tensor **rows,
+                                        mt_tensor **copy) {
+    *rows = gy;
+    *copy = NULL;
+    if (mt_cpu_pool_nhwc(gy)) return 0;
+    *copy = mt_tensor_new_format(op, gy->shape, gy->dtype, gy->device, true);
+    if (!*copy) return mt_last_status();
+    *rows = *copy;
+    return mt_cpu_copy(*copy, gy);
 }
 
 /* max pooling with argmax indices (cpu_pool_max.c); cpu_pool.c's entry points route to them */
