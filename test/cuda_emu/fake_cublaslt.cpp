@@ -74,7 +74,10 @@ struct lt_pref {
 constexpr uint32_t default_alignment = 256;
 constexpr uintptr_t epilogue_alignment = 16; // bias and aux pointers
 // An algorithm from the heuristic: data[0] this tag, data[1..4] the alignments of A, B, C, D
-// it was chosen for.
+// it was chosen for, data[5] the workspace it needs: algo_workspace bytes when the preference
+// allows that much (so that callers' workspace path runs), else none.
+constexpr size_t algo_workspace = 4096;
+constexpr uintptr_t workspace_alignment = 256; // as cublasSetWorkspace requires
 constexpr uint64_t algo_tag = 0x6d74656d756c7401ull;
 
 std::mutex lt_lock;
@@ -210,7 +213,8 @@ template <typename T> cublasStatus_t set_value(T *dst, const void *buf, size_t s
 }
 
 // The alignments an algorithm assumes of A, B, C and D (algo NULL: the default preference's).
-cublasStatus_t check_alignment(const cublasLtMatmulAlgo_t *algo, const void *const (&p)[4]) {
+cublasStatus_t check_alignment(const cublasLtMatmulAlgo_t *algo, const void *const (&p)[4],
+                               const void *ws, size_t ws_size) {
     const char *api = "cublasLtMatmul";
     uint64_t need[4] = {default_alignment, default_alignment, default_alignment, default_alignment};
     if (algo) {
@@ -220,6 +224,14 @@ cublasStatus_t check_alignment(const cublasLtMatmulAlgo_t *algo, const void *con
                         static_cast<const void *>(algo));
         for (int i = 0; i < 4; i++) need[i] = algo->data[1 + i];
     }
+    size_t ws_need = algo ? static_cast<size_t>(algo->data[5]) : 0;
+    if (ws_need > ws_size ||
+        (ws_need > 0 && (!mtemu::device_range(ws, ws_need) ||
+                         reinterpret_cast<uintptr_t>(ws) % workspace_alignment)))
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "%s: its algorithm needs a workspace of %zu bytes in device memory, %zu-byte "
+                    "aligned; got %p of %zu bytes",
+                    api, ws_need, (size_t)workspace_alignment, ws, ws_size);
     static const char *const names[4] = {"A", "B", "C", "D"};
     for (int i = 0; i < 4; i++)
         if (reinterpret_cast<uintptr_t>(p[i]) % need[i] != 0)
@@ -404,7 +416,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     if (reads && (overlap(oa, od, 1) || overlap(ob, od, 1)))
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: D (%p) overlaps A (%p) or B (%p)", api, D, A,
                     B);
-    st = check_alignment(algo, {A, B, C, D});
+    st = check_alignment(algo, {A, B, C, D}, workspace, workspaceSizeInBytes);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     st = check_epilogue(d, ld, m, n, D);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
@@ -478,8 +490,8 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// One algorithm, needing no workspace, that assumes the preference's alignments; the types
-// are checked as cublasLtMatmul checks them.
+// One algorithm that assumes the preference's alignments (and needs a small workspace when
+// allowed one); the types are checked as cublasLtMatmul checks them.
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
     cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
@@ -518,7 +530,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     std::memset(&r, 0, sizeof r);
     r.algo.data[0] = algo_tag;
     for (int i = 0; i < 4; i++) r.algo.data[1 + i] = p.align[i];
-    r.workspaceSize = 0;
+    r.workspaceSize = p.max_workspace >= algo_workspace ? algo_workspace : 0;
+    r.algo.data[5] = r.workspaceSize;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.0f;
     heuristicResultsArray[0] = r;

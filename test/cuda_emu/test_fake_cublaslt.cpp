@@ -229,6 +229,25 @@ void test_alignment(void **state) {
     assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, f.a, f.la, a4 + 1, f.lb, &zero, f.d, f.ld,
                                     f.d, f.ld, &r.algo, nullptr, 0, f.s),
                      CUBLAS_STATUS_NOT_SUPPORTED);
+    // an algorithm allowed a workspace may need one: then it must be given
+    uint64_t ws_max = 1 << 20;
+    assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                         p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(
+        cublasLtMatmulAlgoGetHeuristic(f.h, f.desc, f.la, f.lb, f.ld, f.ld, p, 1, &r, &n),
+        CUBLAS_STATUS_SUCCESS);
+    assert_true(r.workspaceSize > 0 && r.workspaceSize <= ws_max);
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, a4 + 1, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, &r.algo, nullptr, 0, f.s),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    void *ws = nullptr;
+    assert_int_equal(cudaMalloc(&ws, r.workspaceSize), cudaSuccess);
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, a4 + 1, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, &r.algo, ws, r.workspaceSize, f.s),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cudaStreamSynchronize(f.s), cudaSuccess);
+    cudaFree(ws);
     // a bias 4 bytes in
     assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS), 0);
     assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(bias4 + 1)),
