@@ -47,13 +47,20 @@ static void tol_for(mt_dtype dt, double *atol, double *rtol) {
 }
 
 /* x is made [xs] (or, with permuted, [xs1, xs0, ..] transposed back to [xs], so its rows do
-   not flatten); w [out, in] or its transpose's view. */
+   not flatten); w [out, in] or its transpose's view. offset (2-D x only): x, w and the bias
+   are views from row (element) 1 of a tensor one longer, so their data are only as aligned
+   as one row (element): a GPU library may not assume 16 or 256 bytes. */
 typedef struct {
     int nx;
     int64_t xs[4];
     int64_t out;
-    bool bias, transposed_w, permuted_x;
+    bool bias, transposed_w, permuted_x, offset;
 } lin_case;
+
+/* t's view from index 1 along dim 0 (an extra first row or element), or t itself. */
+static mt_tensor *from_second(mt_tensor *t, bool offset) {
+    return offset ? mt_narrow(t, 0, 1, mt_shape(t)[0] - 1) : mt_retain(t);
+}
 
 static void check_case(mt_dtype dt, mt_activation act, const lin_case *lc) {
     int64_t in = lc->xs[lc->nx - 1];
@@ -61,14 +68,19 @@ static void check_case(mt_dtype dt, mt_activation act, const lin_case *lc) {
     if (lc->permuted_x) { /* [a, b, in] made as [b, a, in] and transposed: rows do not merge */
         xraw = make(dt, MT_SHAPE(lc->xs[1], lc->xs[0], in));
         x = mt_transpose(xraw, 0, 1);
+    } else if (lc->offset) {
+        xraw = make(dt, MT_SHAPE(lc->xs[0] + 1, in));
+        x = from_second(xraw, true);
     } else {
         xraw = make(dt, lc->nx, lc->xs);
         x = mt_retain(xraw);
     }
-    mt_tensor *wraw =
-        lc->transposed_w ? make(dt, MT_SHAPE(in, lc->out)) : make(dt, MT_SHAPE(lc->out, in));
-    mt_tensor *w = lc->transposed_w ? mt_transpose(wraw, 0, 1) : mt_retain(wraw);
-    mt_tensor *b = lc->bias ? make(dt, MT_SHAPE(lc->out)) : NULL;
+    int64_t extra = lc->offset ? 1 : 0;
+    mt_tensor *wraw = lc->transposed_w ? make(dt, MT_SHAPE(in, lc->out))
+                                       : make(dt, MT_SHAPE(lc->out + extra, in));
+    mt_tensor *w = lc->transposed_w ? mt_transpose(wraw, 0, 1) : from_second(wraw, lc->offset);
+    mt_tensor *braw = lc->bias ? make(dt, MT_SHAPE(lc->out + extra)) : NULL;
+    mt_tensor *b = braw ? from_second(braw, lc->offset) : NULL;
     double *xv = mt_test_values(x), *wv = mt_test_values(w), *bv = b ? mt_test_values(b) : NULL;
     int64_t rows = numel_of(lc->nx, lc->xs) / (in ? in : 1), out = lc->out;
     if (in == 0) rows = numel_of(lc->nx - 1, lc->xs);
@@ -102,6 +114,7 @@ static void check_case(mt_dtype dt, mt_activation act, const lin_case *lc) {
     mt_release(wraw);
     mt_release(w);
     mt_release(b);
+    mt_release(braw);
     free(xv);
     free(wv);
     free(bv);
@@ -109,13 +122,13 @@ static void check_case(mt_dtype dt, mt_activation act, const lin_case *lc) {
 }
 
 static const lin_case cases[] = {
-    {2, {4, 6}, 5, true, false, false},      {2, {4, 6}, 5, false, false, false},
-    {3, {2, 3, 6}, 5, true, false, false},   {1, {6}, 5, true, false, false},
-    {2, {3, 6}, 5, true, true, false},       /* W itself transposed */
-    {3, {3, 4, 6}, 5, true, false, true},    /* rows that do not flatten: copied */
-    {2, {70, 300}, 200, true, false, false}, /* several GEMM panels and tiles */
-    {2, {3, 0}, 4, true, false, false},      /* K == 0: act(bias) */
-    {2, {0, 5}, 4, true, false, false},      /* no rows */
+    {2, {4, 6}, 5, true, false, false, false},      {2, {4, 6}, 5, false, false, false, false},
+    {3, {2, 3, 6}, 5, true, false, false, false},   {1, {6}, 5, true, false, false, false},
+    {2, {3, 6}, 5, true, true, false, false},       /* W itself transposed */
+    {3, {3, 4, 6}, 5, true, false, true, false},    /* rows that do not flatten: copied */
+    {2, {70, 300}, 200, true, false, false, false}, /* several GEMM panels and tiles */
+    {2, {3, 0}, 4, true, false, false, false},      /* K == 0: act(bias) */
+    {2, {0, 5}, 4, true, false, false, false},      /* no rows */
 };
 
 static void test_reference(void **state) {
@@ -125,6 +138,43 @@ static void test_reference(void **state) {
         for (int a = 0; a < N_ACTS; a++)
             for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
                 check_case(dts[d], acts[a], &cases[c]);
+}
+
+/* Operands at offsets that break the 16- and 256-byte alignment GPU libraries assume by
+   default: views from row 1 (F16 x at 12 bytes, the bias at 2). On cuda:0 the fused GEMM must
+   ask cuBLASLt for an algorithm that fits the real alignment, and a bias under 16 bytes takes
+   the unfused path (the emulated cuBLASLt refuses a pointer its algorithm cannot take). */
+static const lin_case offset_cases[] = {
+    {2, {5, 6}, 7, true, false, false, true},
+    {2, {4, 8}, 8, true, false, false, true}, /* rows of 8: the GELU aux ld is fusable */
+    {2, {3, 6}, 5, false, false, false, true},
+};
+
+static void test_offset_operands(void **state) {
+    (void)state;
+    const mt_dtype dts[] = {MT_F64, MT_F32, MT_F16, MT_BF16};
+    for (int d = 0; d < 4; d++)
+        for (int a = 0; a < N_ACTS; a++)
+            for (size_t c = 0; c < sizeof offset_cases / sizeof offset_cases[0]; c++)
+                check_case(dts[d], acts[a], &offset_cases[c]);
+}
+
+static bool emulated_device(void) {
+    const char *e = getenv("MT_TEST_EMULATED");
+    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
+}
+
+/* cuBLASLt may find no algorithm for a shape or an alignment (its heuristic answers
+   NOT_SUPPORTED): the fused op then takes cuBLAS and kernels, with the same results.
+   MTEMU_CUBLASLT_NO_ALGO=1 makes the emulated heuristic find none. */
+static void test_no_cublaslt_algo(void **state) {
+    (void)state;
+    assert_int_equal(setenv("MTEMU_CUBLASLT_NO_ALGO", "1", 1), 0);
+    const mt_dtype dts[] = {MT_F32, MT_F16, MT_BF16};
+    for (int d = 0; d < 3; d++)
+        for (int a = 0; a < N_ACTS; a++)
+            for (size_t c = 0; c < 5; c++) check_case(dts[d], acts[a], &cases[c]);
+    assert_int_equal(unsetenv("MTEMU_CUBLASLT_NO_ALGO"), 0);
 }
 
 /* ---- gradients */
@@ -318,6 +368,11 @@ static void test_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_reference),
+        MT_TEST(test_offset_operands),
+        emulated_device() ? (struct CMUnitTest)MT_TEST(test_no_cublaslt_algo)
+                          : MT_TEST_SKIPPED(test_no_cublaslt_algo,
+                                            "cuBLASLt's heuristic is emptied only on the emulated "
+                                            "CUDA device"),
         MT_TEST(test_gradcheck),
         MT_TEST(test_grads_match_unfused),
         MT_TEST(test_autocast),

@@ -225,6 +225,33 @@ static void test_batch_norm_offset(void **state) {
     mt_scope_end();
 }
 
+/* Batches beyond what cuDNN's spatial batch norm takes (880,801 in training, 65,535 in eval:
+   its kernels put the batch in a grid dimension) run on the own kernels, with the same
+   results; on the emulated device the fake cuDNN refuses them. */
+static void check_bn_batch(int64_t N, int64_t C, bool training) {
+    mt_scope_begin();
+    bn_shape s = {N, C, 1};
+    mt_tensor *x = random_tensor(MT_F32, 61, MT_SHAPE(N, C));
+    double rm0[2] = {0.25, -0.5}, rv0[2] = {1.5, 0.75};
+    mt_tensor *rm = mt_test_tensor(rm0, MT_F32, 1, &C), *rv = mt_test_tensor(rv0, MT_F32, 1, &C);
+    mt_tensor *y = mt_batch_norm(x, rm, rv, NULL, NULL, training, 0.1, 1e-5);
+    assert_no_error();
+    double *xv = mt_test_values(x), *ref = malloc((size_t)(N * C) * sizeof *ref);
+    batch_norm_ref(s, xv, rm0, rv0, NULL, NULL, NULL, training, 0.1, 1e-5, false, ref);
+    assert_tensor_close(y, ref, N * C, 1e-4, 1e-4);
+    assert_tensor_close(rm, rm0, C, 1e-5, 1e-5);
+    assert_tensor_close(rv, rv0, C, 1e-5, 1e-5);
+    free(xv);
+    free(ref);
+    mt_scope_end();
+}
+
+static void test_batch_norm_large_batch(void **state) {
+    (void)state;
+    check_bn_batch(65536, 2, false);
+    check_bn_batch(880802, 1, true);
+}
+
 typedef struct {
     bool training, relu, plain; /* plain: no weight, bias or residual */
 } bn_gc;
@@ -583,6 +610,7 @@ int main(void) {
         MT_TEST(test_layer_norm_empty),
         MT_TEST(test_batch_norm_reference),
         MT_TEST(test_batch_norm_offset),
+        MT_TEST(test_batch_norm_large_batch),
         MT_TEST(test_batch_norm_gradcheck),
         MT_TEST(test_batch_norm_act_residual_grad),
         MT_TEST(test_batch_norm_act_nan),

@@ -28,6 +28,10 @@ static void load(void) {
     api.lt_layout_create = cublasLtMatrixLayoutCreate;
     api.lt_layout_destroy = cublasLtMatrixLayoutDestroy;
     api.lt_matmul = cublasLtMatmul;
+    api.lt_pref_create = cublasLtMatmulPreferenceCreate;
+    api.lt_pref_destroy = cublasLtMatmulPreferenceDestroy;
+    api.lt_pref_set = cublasLtMatmulPreferenceSetAttribute;
+    api.lt_heuristic = cublasLtMatmulAlgoGetHeuristic;
 }
 #else
 static char load_error_buf[256];
@@ -64,6 +68,14 @@ static void load(void) {
         MT_DL_LOAD(lib, "libcublasLt", api.lt_layout_destroy, "cublasLtMatrixLayoutDestroy",
                    load_error_buf);
         MT_DL_LOAD(lib, "libcublasLt", api.lt_matmul, "cublasLtMatmul", load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_pref_create, "cublasLtMatmulPreferenceCreate",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_pref_destroy, "cublasLtMatmulPreferenceDestroy",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_pref_set, "cublasLtMatmulPreferenceSetAttribute",
+                   load_error_buf);
+        MT_DL_LOAD(lib, "libcublasLt", api.lt_heuristic, "cublasLtMatmulAlgoGetHeuristic",
+                   load_error_buf);
     }
     if (load_error_buf[0]) load_error = load_error_buf;
 }

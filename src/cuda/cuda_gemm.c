@@ -236,13 +236,24 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
    cuBLAS plus kernels instead (cuBLASLt's epilogues are for the tensor-core types). */
 #define EPI_OP "mt_linear"
 
+/* The most workspace an algorithm may ask for: NVIDIA's recommendation for Hopper (4 MiB
+   before it), taken from the caching allocator per call, only as much as the chosen
+   algorithm needs. */
+#define LT_MAX_WORKSPACE ((uint64_t)32 << 20)
+/* What a bias or aux pointer needs for the fused epilogue: the preference describes only A,
+   B, C and D, and kernels assume 16 bytes for the others ("misaligned address" faults seen
+   with sliced biases; PyTorch falls back to the unfused path there too). */
+#define LT_EPILOGUE_ALIGN 16u
+
 typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
 } lt_objs;
 
 static void lt_objs_free(lt_objs *o) {
     const mt_cublas_api *api = mt_cublas();
+    if (o->pref) api->lt_pref_destroy(o->pref);
     if (o->desc) api->lt_desc_destroy(o->desc);
     if (o->la) api->lt_layout_destroy(o->la);
     if (o->lb) api->lt_layout_destroy(o->lb);
@@ -254,11 +265,50 @@ static int lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, c
     return mt_cublas_check(EPI_OP, mt_cublas()->lt_desc_set(d, attr, v, n));
 }
 
+/* The largest power of two, up to cuBLASLt's default assumption of 256, dividing p's
+   address: what the heuristic may assume of the operand. Sliced or offset tensors have less. */
+static uint32_t lt_alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 1;
+    while (al < 256 && a % (2u * al) == 0) al *= 2;
+    return al;
+}
+
+/* An algorithm for the described matmul that assumes no more alignment than the operands
+   have and needs at most LT_MAX_WORKSPACE (cublasLtMatmul with algo NULL would assume 256
+   bytes for every matrix). *found false: cuBLASLt has none, the caller falls back. */
+static int lt_pick(mt_cuda_device_ctx *ctx, lt_objs *o, const void *a, const void *b, const void *d,
+                   cublasLtMatmulHeuristicResult_t *r, bool *found) {
+    const mt_cublas_api *api = mt_cublas();
+    uint64_t ws = LT_MAX_WORKSPACE;
+    /* cuBLASLt's A and B are our b and a (column-major, see lt_matmul); C is D */
+    uint32_t al[4] = {lt_alignment(b), lt_alignment(a), lt_alignment(d), lt_alignment(d)};
+    static const cublasLtMatmulPreferenceAttributes_t attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    int rc = mt_cublas_check(EPI_OP, api->lt_pref_create(&o->pref));
+    if (!rc)
+        rc = mt_cublas_check(
+            EPI_OP,
+            api->lt_pref_set(o->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    for (int i = 0; i < 4 && !rc; i++)
+        rc = mt_cublas_check(EPI_OP, api->lt_pref_set(o->pref, attr[i], &al[i], sizeof al[i]));
+    if (rc) return rc;
+    int n = 0;
+    memset(r, 0, sizeof *r);
+    cublasStatus_t s =
+        api->lt_heuristic(ctx->blas_lt, o->desc, o->la, o->lb, o->ld, o->ld, o->pref, 1, r, &n);
+    *found = s == CUBLAS_STATUS_SUCCESS && n > 0 && r->state == CUBLAS_STATUS_SUCCESS;
+    /* NOT_SUPPORTED is "no algorithm": a fallback, not an error */
+    return s == CUBLAS_STATUS_NOT_SUPPORTED ? 0 : mt_cublas_check(EPI_OP, s);
+}
+
 /* d[M, N] (row-major, dense) = epilogue(a @ b) as column-major d^T = b^T a^T (cuBLASLt's A is
    our b, m = N, n = M, as gemm_run), bias per row of d^T, aux (ld N) the pre-activation. d,
-   bias and aux have the operands' dtype, or FP32 when d32. */
+   bias and aux have the operands' dtype, or FP32 when d32. *no_algo: cuBLASLt found no
+   algorithm and nothing was queued (the caller takes the cuBLAS path). */
 static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bool d32,
-                     const void *bias, void *aux, cublasLtEpilogue_t ep) {
+                     const void *bias, void *aux, cublasLtEpilogue_t ep, bool *no_algo) {
     const mt_cublas_api *api = mt_cublas();
     int64_t lda = 0, ldb = 0;
     int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
@@ -290,11 +340,21 @@ static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bo
         rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
     if (!rc && aux)
         rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &ty, sizeof ty);
+    cublasLtMatmulHeuristicResult_t r;
+    bool found = false;
+    if (!rc) rc = lt_pick(ctx, &o, g->a.p, g->b.p, d, &r, &found);
+    *no_algo = !rc && !found;
+    void *ws = NULL;
+    if (!rc && found && r.workspaceSize > 0 && !(ws = mt_cuda_alloc(ctx->device, r.workspaceSize)))
+        rc = mt_error_set(MT_ERR_OOM,
+                          "%s: out of device memory for a cuBLASLt workspace of %zu bytes", EPI_OP,
+                          r.workspaceSize);
     float one = 1.0f, zero = 0.0f;
-    if (!rc) /* beta 0: C (given as d) is not read */
-        rc = mt_cublas_check(EPI_OP,
-                             api->lt_matmul(ctx->blas_lt, o.desc, &one, g->b.p, o.la, g->a.p, o.lb,
-                                            &zero, d, o.ld, d, o.ld, NULL, NULL, 0, ctx->stream));
+    if (!rc && found) /* beta 0: C (given as d) is not read */
+        rc = mt_cublas_check(EPI_OP, api->lt_matmul(ctx->blas_lt, o.desc, &one, g->b.p, o.la,
+                                                    g->a.p, o.lb, &zero, d, o.ld, d, o.ld, &r.algo,
+                                                    ws, r.workspaceSize, ctx->stream));
+    if (ws) mt_cuda_free(ctx->device, ws, r.workspaceSize); /* stream order keeps it for the call */
     lt_objs_free(&o);
     return rc;
 }
@@ -331,7 +391,7 @@ static int gemm_bias_blas(mt_cuda_device_ctx *ctx, mt_tensor *dst, const mt_tens
    then pre and c each rounded once from it (as the fused epilogue would), the activation in
    FP32 between. */
 static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e,
-                            const mt_gemm_geom *g) {
+                            const mt_gemm_geom *g, bool *no_algo) {
     mt_tensor *z = mt_tensor_new(EPI_OP, 2, e->c->shape, MT_F32, e->c->device), *b32 = NULL;
     int rc = z ? 0 : MT_ERR_OOM;
     if (!rc && e->bias) { /* cuBLASLt's bias has D's type: FP32 here */
@@ -343,15 +403,16 @@ static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args
     }
     if (!rc)
         rc = lt_matmul(ctx, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL, NULL,
-                       b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+                       b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
     const mt_tensor *to_pre[2] = {e->pre, z}, *to_c[2] = {e->c, z};
     mt_cuda_iter it;
-    if (!rc && e->pre) {
+    if (*no_algo) {
+    } else if (!rc && e->pre) {
         mt_cuda_iter_init(&it, 2, to_pre);
         rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
     }
-    if (!rc) rc = act_kernel(ctx, e->act, z, z);
-    if (!rc) {
+    if (!rc && !*no_algo) rc = act_kernel(ctx, e->act, z, z);
+    if (!rc && !*no_algo) {
         mt_cuda_iter_init(&it, 2, to_c);
         rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
     }
@@ -360,33 +421,36 @@ static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args
     return rc;
 }
 
-static int epilogue_lt(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e, mt_gemm_geom *g) {
+/* The epilogue on cuBLASLt; *no_algo: it had no algorithm and left c and pre unwritten. */
+static int epilogue_lt(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e, mt_gemm_geom *g,
+                       bool *no_algo) {
     mt_tensor *ta = NULL, *tb = NULL;
     int rc = operand_prepare(ctx, g, e->a, true, &ta);
     if (!rc) rc = operand_prepare(ctx, g, e->b, false, &tb);
     const void *bias = e->bias ? mt_tensor_data(e->bias) : NULL;
     bool b = bias != NULL;
     char *c = mt_tensor_data(e->c), *pre = e->pre ? mt_tensor_data(e->pre) : NULL;
-    /* the aux ld (N) must be a multiple of 8 */
-    bool tanh_fused = e->act == MT_ACT_GELU_TANH && (!pre || g->N % 8 == 0);
+    /* the aux ld (N) must be a multiple of 8, the aux pointer as aligned as a bias */
+    bool tanh_fused = e->act == MT_ACT_GELU_TANH &&
+                      (!pre || (g->N % 8 == 0 && lt_alignment(pre) >= LT_EPILOGUE_ALIGN));
     if (rc) {
     } else if (e->act == MT_ACT_NONE) {
         rc = lt_matmul(ctx, g, c, false, bias, NULL,
-                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
     } else if (e->act == MT_ACT_RELU && !pre) {
         rc = lt_matmul(ctx, g, c, false, bias, NULL,
-                       b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU);
+                       b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, no_algo);
     } else if (tanh_fused) {
         cublasLtEpilogue_t ep =
             pre ? (b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                 : (b ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
-        rc = lt_matmul(ctx, g, c, false, bias, pre, ep);
+        rc = lt_matmul(ctx, g, c, false, bias, pre, ep, no_algo);
     } else if (g->dt == MT_F32) { /* the bias epilogue, then the activation kernel */
         rc = lt_matmul(ctx, g, pre ? pre : c, false, bias, NULL,
-                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-        if (!rc) rc = act_kernel(ctx, e->act, e->c, pre ? e->pre : e->c);
+                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
+        if (!rc && !*no_algo) rc = act_kernel(ctx, e->act, e->c, pre ? e->pre : e->c);
     } else {
-        rc = epilogue_via_f32(ctx, e, g);
+        rc = epilogue_via_f32(ctx, e, g, no_algo);
     }
     mt_tensor_unref(ta); /* stream order keeps them alive for the queued GEMM */
     mt_tensor_unref(tb);
@@ -405,9 +469,15 @@ int mt_cuda_gemm_epilogue(const mt_gemm_epilogue_args *e) {
     if (g.M == 0 || g.N == 0) return 0;
     mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(EPI_OP, c->device.index);
     if (!ctx) return MT_ERR_DEVICE;
+    /* a bias less aligned than the epilogue needs (a slice): cuBLAS and kernels */
     bool lt = dt != MT_F64 && !(dt == MT_F32 && mt_cuda_allow_tf32()) && g.K > 0 &&
-              g.M <= INT_MAX && g.N <= INT_MAX && g.K <= INT_MAX;
-    if (lt) return epilogue_lt(ctx, e, &g);
+              g.M <= INT_MAX && g.N <= INT_MAX && g.K <= INT_MAX &&
+              (!e->bias || lt_alignment(mt_tensor_data(e->bias)) >= LT_EPILOGUE_ALIGN);
+    bool no_algo = false;
+    if (lt) {
+        int rc = epilogue_lt(ctx, e, &g, &no_algo);
+        if (rc || !no_algo) return rc;
+    }
     mt_tensor *dst = e->pre ? e->pre : c;
     int rc = gemm_bias_blas(ctx, dst, e->a, e->b, e->bias);
     if (!rc && e->act != MT_ACT_NONE) rc = act_kernel(ctx, e->act, c, dst);

@@ -65,6 +65,10 @@ typedef struct {
     __typeof__(&cublasLtMatrixLayoutCreate) lt_layout_create;
     __typeof__(&cublasLtMatrixLayoutDestroy) lt_layout_destroy;
     __typeof__(&cublasLtMatmul) lt_matmul;
+    __typeof__(&cublasLtMatmulPreferenceCreate) lt_pref_create;
+    __typeof__(&cublasLtMatmulPreferenceDestroy) lt_pref_destroy;
+    __typeof__(&cublasLtMatmulPreferenceSetAttribute) lt_pref_set;
+    __typeof__(&cublasLtMatmulAlgoGetHeuristic) lt_heuristic;
 } mt_cublas_api;
 /* Loads cuBLAS once; NULL with an MT_ERR_DEVICE error naming op when it cannot be loaded. */
 const mt_cublas_api *mt_cublas_load(const char *op);

@@ -22,7 +22,19 @@
 //   device memory and apart from D; a bias or aux pointer set without an epilogue that uses
 //   it is refused (stricter than cuBLASLt, which ignores it: a mixtape bug either way);
 // - alpha and beta host pointers; a workspace, when given, inside device memory.
+// - alignment, as a GPU kernel needs it: cublasLtMatmulAlgoGetHeuristic hands out an algorithm
+//   that assumes the preference's CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES (default
+//   256, cuBLASLt's documented default), and cublasLtMatmul refuses pointers that break what
+//   its algorithm assumes; algo NULL (the implicit heuristic with the default preference)
+//   assumes 256 bytes. Bias and aux pointers need 16 bytes (the epilogue's vector loads; not
+//   covered by the preference). On a GPU such a call picks a kernel that faults with
+//   "misaligned address" or answers NOT_SUPPORTED; here it is CUBLAS_STATUS_NOT_SUPPORTED.
+//   MTEMU_CUBLASLT_NO_ALGO=1 in the environment makes the heuristic find no algorithm
+//   (NOT_SUPPORTED, count 0), as the real one may for a shape or alignment, so that the
+//   caller's fallback is tested.
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -54,7 +66,22 @@ struct lt_layout {
     int64_t ld;
 };
 
+// What the caller promises the heuristic (cuBLASLt's defaults: no workspace, 256 bytes).
+struct lt_pref {
+    uint64_t max_workspace = 0;
+    uint32_t align[4] = {256, 256, 256, 256}; // A, B, C, D
+};
+constexpr uint32_t default_alignment = 256;
+constexpr uintptr_t epilogue_alignment = 16; // bias and aux pointers
+// An algorithm from the heuristic: data[0] this tag, data[1..4] the alignments of A, B, C, D
+// it was chosen for, data[5] the workspace it needs: algo_workspace bytes when the preference
+// allows that much (so that callers' workspace path runs), else none.
+constexpr size_t algo_workspace = 4096;
+constexpr uintptr_t workspace_alignment = 256; // as cublasSetWorkspace requires
+constexpr uint64_t algo_tag = 0x6d74656d756c7401ull;
+
 std::mutex lt_lock;
+std::map<void *, lt_pref> lt_prefs;
 std::set<void *> lt_handles;
 std::map<void *, lt_desc> lt_descs;
 std::map<void *, lt_layout> lt_layouts;
@@ -143,6 +170,13 @@ cublasStatus_t check_epilogue(const lt_desc &d, const lt_layout &dl, long long m
     if (aux != (d.aux != nullptr))
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u with aux pointer %p", api,
                     d.epilogue, d.aux);
+    for (const void *p :
+         {bias ? d.bias : nullptr, aux ? static_cast<const void *>(d.aux) : nullptr})
+        if (reinterpret_cast<uintptr_t>(p) % epilogue_alignment != 0)
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                        "%s: epilogue %s pointer %p is not %zu-byte aligned (a GPU kernel faults "
+                        "with a misaligned address)",
+                        api, p == d.bias ? "bias" : "aux", p, (size_t)epilogue_alignment);
     if (bias) {
         cudaDataType bt = d.bias_type < 0 ? dl.type : static_cast<cudaDataType>(d.bias_type);
         if (bt != dl.type)
@@ -185,6 +219,37 @@ cublasStatus_t destroy(const char *api, T *d, std::map<void *, V> &live) {
     if (!live.erase(d))
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %p is not live", api, static_cast<void *>(d));
     delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The alignments an algorithm assumes of A, B, C and D (algo NULL: the default preference's).
+cublasStatus_t check_alignment(const cublasLtMatmulAlgo_t *algo, const void *const (&p)[4],
+                               const void *ws, size_t ws_size) {
+    const char *api = "cublasLtMatmul";
+    uint64_t need[4] = {default_alignment, default_alignment, default_alignment, default_alignment};
+    if (algo) {
+        if (algo->data[0] != algo_tag)
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "%s: algo %p did not come from cublasLtMatmulAlgoGetHeuristic", api,
+                        static_cast<const void *>(algo));
+        for (int i = 0; i < 4; i++) need[i] = algo->data[1 + i];
+    }
+    size_t ws_need = algo ? static_cast<size_t>(algo->data[5]) : 0;
+    if (ws_need > ws_size ||
+        (ws_need > 0 && (!mtemu::device_range(ws, ws_need) ||
+                         reinterpret_cast<uintptr_t>(ws) % workspace_alignment)))
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    "%s: its algorithm needs a workspace of %zu bytes in device memory, %zu-byte "
+                    "aligned; got %p of %zu bytes",
+                    api, ws_need, (size_t)workspace_alignment, ws, ws_size);
+    static const char *const names[4] = {"A", "B", "C", "D"};
+    for (int i = 0; i < 4; i++)
+        if (reinterpret_cast<uintptr_t>(p[i]) % need[i] != 0)
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                        "%s: %s (%p) is not %llu-byte aligned, which its algorithm assumes (%s): "
+                        "a GPU kernel faults with a misaligned address",
+                        api, names[i], p[i], static_cast<unsigned long long>(need[i]),
+                        algo ? "the heuristic's preference" : "algo NULL: the default preference");
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -311,7 +376,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
         d = di->second;
         la = ai->second, lb = bi->second, lc = ci->second, ld = dd->second;
     }
-    (void)algo; // NULL: the implicit heuristic; a given algorithm is not modelled either
     cublasStatus_t st = check_types(d, la, lb, lc, ld);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     for (int32_t op : {d.transa, d.transb})
@@ -352,7 +416,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     if (reads && (overlap(oa, od, 1) || overlap(ob, od, 1)))
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: D (%p) overlaps A (%p) or B (%p)", api, D, A,
                     B);
-    (void)C;
+    st = check_alignment(algo, {A, B, C, D}, workspace, workspaceSizeInBytes);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
     st = check_epilogue(d, ld, m, n, D);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
@@ -375,6 +440,102 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
              a32,
              d.epilogue};
     mtemu::enqueue(stream, [j] { lt_run(j); });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
+    if (!pref) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceCreate: null");
+    auto *p = new cublasLtMatmulPreferenceOpaque_t();
+    std::lock_guard<std::mutex> g(lt_lock);
+    lt_prefs[p] = lt_pref();
+    *pref = p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    if (!lt_prefs.erase(pref))
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceDestroy: %p is not live",
+                    static_cast<void *>(pref));
+    delete pref;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The workspace limit and the four minimum alignments (a power of two each); nothing else.
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void *buf, size_t sizeInBytes) {
+    const char *api = "cublasLtMatmulPreferenceSetAttribute";
+    std::lock_guard<std::mutex> g(lt_lock);
+    auto it = lt_prefs.find(pref);
+    if (it == lt_prefs.end())
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %p is not live", api,
+                    static_cast<void *>(pref));
+    int a = static_cast<int>(attr);
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return set_value(&it->second.max_workspace, buf, sizeInBytes, a);
+    int slot = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
+               : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
+               : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? 2
+               : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES ? 3
+                                                                    : -1;
+    if (slot < 0)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: attribute %d is not emulated", api, a);
+    uint32_t v = 0;
+    cublasStatus_t st = set_value(&v, buf, sizeInBytes, a);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (v == 0 || (v & (v - 1)) != 0)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: alignment %u is not a power of two", api, v);
+    it->second.align[slot] = v;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// One algorithm that assumes the preference's alignments (and needs a small workspace when
+// allowed one); the types are checked as cublasLtMatmul checks them.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t preference, int requestedAlgoCount,
+    cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int *returnAlgoCount) {
+    const char *api = "cublasLtMatmulAlgoGetHeuristic";
+    lt_desc d;
+    lt_layout la, lb, lc, ld;
+    lt_pref p;
+    {
+        std::lock_guard<std::mutex> g(lt_lock);
+        auto di = lt_descs.find(operationDesc);
+        auto ai = lt_layouts.find(Adesc), bi = lt_layouts.find(Bdesc);
+        auto ci = lt_layouts.find(Cdesc), dd = lt_layouts.find(Ddesc);
+        auto pi = lt_prefs.find(preference);
+        if (!lt_handles.count(lightHandle) || di == lt_descs.end() || ai == lt_layouts.end() ||
+            bi == lt_layouts.end() || ci == lt_layouts.end() || dd == lt_layouts.end() ||
+            pi == lt_prefs.end())
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "%s: a handle, descriptor, layout or preference is not live", api);
+        d = di->second;
+        la = ai->second, lb = bi->second, lc = ci->second, ld = dd->second;
+        p = pi->second;
+    }
+    if (!returnAlgoCount || !heuristicResultsArray || requestedAlgoCount < 1)
+        return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %d results asked into %p, count into %p", api,
+                    requestedAlgoCount, static_cast<void *>(heuristicResultsArray),
+                    static_cast<void *>(returnAlgoCount));
+    *returnAlgoCount = 0;
+    cublasStatus_t st = check_types(d, la, lb, lc, ld);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    const char *none = std::getenv("MTEMU_CUBLASLT_NO_ALGO");
+    if (none && none[0] && std::strcmp(none, "0") != 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED; // what the real one answers when it finds none
+    cublasLtMatmulHeuristicResult_t r;
+    std::memset(&r, 0, sizeof r);
+    r.algo.data[0] = algo_tag;
+    for (int i = 0; i < 4; i++) r.algo.data[1 + i] = p.align[i];
+    r.workspaceSize = p.max_workspace >= algo_workspace ? algo_workspace : 0;
+    r.algo.data[5] = r.workspaceSize;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+    heuristicResultsArray[0] = r;
+    *returnAlgoCount = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
 

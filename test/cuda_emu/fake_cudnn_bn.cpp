@@ -59,6 +59,12 @@ cudnnStatus_t bn_check(const char *api, cudnnHandle_t h, cudnnBatchNormMode_t mo
         return fail(CUDNN_STATUS_BAD_PARAM,
                     "%s: the parameter descriptor must be 1 x %d x 1 x 1 of %s", api, x->dims[1],
                     want == CUDNN_DATA_DOUBLE ? "DOUBLE" : "FLOAT");
+    // PyTorch's bounds for cuDNN's spatial kernels, which put the batch in a grid dimension
+    // (stricter than cuDNN 9 may be: a caller within them is safe either way)
+    int nmax = std::strstr(api, "Inference") ? 65535 : 880801;
+    if (x->dims[0] > nmax)
+        return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                    "%s: batch %d is over %d, the most its kernels take", api, x->dims[0], nmax);
     if (!(eps >= CUDNN_BN_MIN_EPSILON))
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: epsilon %g", api, eps);
     if ((st = check_host_scalars(api, scalars, CUDNN_STATUS_BAD_PARAM))) return st;

@@ -19,7 +19,9 @@
 //   not in the mask; a width that is not a power of two;
 // - deadlock: nothing can run (e.g. lanes wait at a warp collective for a lane that waits at
 //   a __syncthreads);
-// - more than 48 KiB of static + dynamic shared memory.
+// - more than 48 KiB of static + dynamic shared memory;
+// - a misaligned access in kernel code (built with -fsanitize=alignment, cuda_emu/meson.build):
+//   UBSan's report, made fatal below also where ASan's runtime would let it go on.
 // Lanes of a warp need not be converged (independent thread scheduling): a collective is the
 // rendezvous of exactly the lanes of its mask, others may be elsewhere. Exited lanes are
 // excused from a mask (as the programming guide says); only reading their value is an error.
@@ -725,3 +727,11 @@ void launch(const launch_config &cfg, std::function<void()> thread_body) {
 
 } // namespace detail
 } // namespace mtemu
+
+// UBSan's options when UBSAN_OPTIONS does not say: a report stops the program, as a fault
+// stops a GPU kernel. (Under ASan, GCC's runtime goes on after a report even for checks built
+// with -fno-sanitize-recover unless halt_on_error is set.)
+extern "C" const char *__ubsan_default_options();
+extern "C" const char *__ubsan_default_options() {
+    return "halt_on_error=1:print_stacktrace=1";
+}

@@ -2,12 +2,14 @@
 // of the column-major D, RELU, GELU in its tanh form, the pre-activation in the aux matrix),
 // and the argument checks refuse what the real library refuses (a BIAS epilogue without a
 // bias pointer, a bias of the wrong type, an aux ld that is not a multiple of 8, a host
-// pointer, layouts that do not fit, dead descriptors) without queueing anything.
+// pointer, layouts that do not fit, dead descriptors, pointers less aligned than the chosen
+// algorithm assumes) without queueing anything.
 #include <cmath>
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 extern "C" {
@@ -186,6 +188,84 @@ void test_refusals(void **state) {
     }
 }
 
+// Alignment, as a GPU kernel needs it: algo NULL (the default preference) assumes 256 bytes
+// for every matrix, an algorithm from the heuristic what its preference promised, and the
+// bias at least 16 bytes; an emptied heuristic answers NOT_SUPPORTED with no result.
+void test_alignment(void **state) {
+    (void)state;
+    fixture f;
+    float *a4 = nullptr, *bias4 = nullptr; // one float in: 4-byte aligned
+    assert_int_equal(cudaMalloc(reinterpret_cast<void **>(&a4), (M * K + 1) * 4), cudaSuccess);
+    assert_int_equal(cudaMalloc(reinterpret_cast<void **>(&bias4), (M + 1) * 4), cudaSuccess);
+    assert_int_equal(cudaMemcpy(a4 + 1, f.ha.data(), M * K * 4, cudaMemcpyHostToDevice),
+                     cudaSuccess);
+    float one = 1.0f, zero = 0.0f;
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, a4 + 1, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, nullptr, nullptr, 0, f.s),
+                     CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasLtMatmulPreference_t p = nullptr;
+    assert_int_equal(cublasLtMatmulPreferenceCreate(&p), CUBLAS_STATUS_SUCCESS);
+    uint32_t four = 4, three = 3;
+    assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                         p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &three, sizeof three),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                         p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &four, sizeof four),
+                     CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t r;
+    int n = 0;
+    assert_int_equal(
+        cublasLtMatmulAlgoGetHeuristic(f.h, f.desc, f.la, f.lb, f.ld, f.ld, p, 1, &r, &n),
+        CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(n, 1);
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, a4 + 1, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, &r.algo, nullptr, 0, f.s),
+                     CUBLAS_STATUS_SUCCESS);
+    std::vector<float> got = f.download(f.d);
+    for (long long c = 0; c < N; c++)
+        for (long long i = 0; i < M; i++)
+            assert_float_equal(got[i + c * M], f.pre(i, c, false), 1e-5f);
+    // the same algorithm with B only 4-byte aligned: B was promised 256
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, f.a, f.la, a4 + 1, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, &r.algo, nullptr, 0, f.s),
+                     CUBLAS_STATUS_NOT_SUPPORTED);
+    // an algorithm allowed a workspace may need one: then it must be given
+    uint64_t ws_max = 1 << 20;
+    assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                         p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(
+        cublasLtMatmulAlgoGetHeuristic(f.h, f.desc, f.la, f.lb, f.ld, f.ld, p, 1, &r, &n),
+        CUBLAS_STATUS_SUCCESS);
+    assert_true(r.workspaceSize > 0 && r.workspaceSize <= ws_max);
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, a4 + 1, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, &r.algo, nullptr, 0, f.s),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    void *ws = nullptr;
+    assert_int_equal(cudaMalloc(&ws, r.workspaceSize), cudaSuccess);
+    assert_int_equal(cublasLtMatmul(f.h, f.desc, &one, a4 + 1, f.la, f.b, f.lb, &zero, f.d, f.ld,
+                                    f.d, f.ld, &r.algo, ws, r.workspaceSize, f.s),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cudaStreamSynchronize(f.s), cudaSuccess);
+    cudaFree(ws);
+    // a bias 4 bytes in
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS), 0);
+    assert_int_equal(f.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void *>(bias4 + 1)),
+                     0);
+    assert_int_equal(f.run(), CUBLAS_STATUS_NOT_SUPPORTED);
+    // no algorithm at all
+    assert_int_equal(setenv("MTEMU_CUBLASLT_NO_ALGO", "1", 1), 0);
+    n = 7;
+    assert_int_equal(
+        cublasLtMatmulAlgoGetHeuristic(f.h, f.desc, f.la, f.lb, f.ld, f.ld, p, 1, &r, &n),
+        CUBLAS_STATUS_NOT_SUPPORTED);
+    assert_int_equal(n, 0);
+    assert_int_equal(unsetenv("MTEMU_CUBLASLT_NO_ALGO"), 0);
+    assert_int_equal(cublasLtMatmulPreferenceDestroy(p), CUBLAS_STATUS_SUCCESS);
+    cudaFree(a4);
+    cudaFree(bias4);
+}
+
 } // namespace
 
 int main() {
@@ -193,6 +273,7 @@ int main() {
         cmocka_unit_test(test_relu_bias),
         cmocka_unit_test(test_gelu_aux_bias),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_alignment),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, nullptr, nullptr);

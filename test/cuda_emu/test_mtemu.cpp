@@ -189,6 +189,17 @@ __global__ void too_much_shared(float *out) {
     out[threadIdx.x] = big[threadIdx.x];
 }
 
+// A 16-byte vector load from an address 4 bytes past alignment (a view of an offset tensor
+// taking the vector path): a GPU stops with "misaligned address".
+struct alignas(16) vec4f {
+    float v[4];
+};
+__global__ void misaligned_vector_load(int *out) {
+    const vec4f *p = reinterpret_cast<const vec4f *>(out + 1);
+    vec4f x = *p;
+    out[threadIdx.x] = static_cast<int>(x.v[0]);
+}
+
 // ---- helpers
 namespace {
 
@@ -533,6 +544,10 @@ void run_too_much_shared() {
     cudaDeviceSynchronize();
 }
 
+void run_misaligned_vector_load() {
+    RUN_ONE_BLOCK(misaligned_vector_load, 32);
+}
+
 void test_kernel_bugs_stop_the_program(void **) {
     expect_death(run_early_exit, SIGABRT,
                  "mtemu: early_exit_then_barrier block (0,0,0) thread (40,0,0): exited "
@@ -544,6 +559,8 @@ void test_kernel_bugs_stop_the_program(void **) {
     expect_death(run_read_exited_lane, SIGABRT, "reads lane 1, which has exited");
     expect_death(run_deadlock, SIGABRT, "deadlock: __shfl_sync(mask 0xffffffff)");
     expect_death(run_too_much_shared, SIGABRT, "over the 49152 bytes");
+    // kernel code is built with -fsanitize=alignment, not recoverable (cuda_emu/meson.build)
+    expect_death(run_misaligned_vector_load, 0, "which requires 16 byte alignment");
 }
 
 #if defined(__SANITIZE_ADDRESS__)
