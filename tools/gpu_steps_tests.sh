@@ -69,14 +69,16 @@ step_tests() {
     if ! $built; then record "NOT RUN" tests "no build"; return; fi
     t=$(limit 200 150)
     if ((t == 0)); then record "NOT RUN" tests "no time left"; return; fi
-    rehearsing && mapfile -t names < <(rehearse_tests)
-    local rc=0 t0=$SECONDS
-    rm -f "$bdir/meson-logs/testlog.json"
+    # the rehearsal keeps the log of the build's own full run (tools/run_tests.sh's)
+    local base=testlog
+    rehearsing && mapfile -t names < <(rehearse_tests) && base=testlog-gpu-rehearsal
+    local rc=0 t0=$SECONDS tlog=$bdir/meson-logs/$base.json
+    rm -f "$tlog"
     run_logged "$log" "$t" meson test -C "$bdir" --print-errorlogs --timeout-multiplier 0.5 \
-        --num-processes "$(nproc)" "${names[@]}" || rc=$?
+        --num-processes "$(nproc)" --logbase "$base" "${names[@]}" || rc=$?
     grep -E '^(Ok|Expected Fail|Fail|Unexpected Pass|Skipped|Timeout):' "$log"
-    cp "$bdir/meson-logs/testlog.txt" "$logs/testlog.txt" 2>/dev/null
-    if [[ ! -s "$bdir/meson-logs/testlog.json" ]]; then
+    cp "$bdir/meson-logs/$base.txt" "$logs/testlog.txt" 2>/dev/null
+    if [[ ! -s "$tlog" ]]; then
         record FAIL tests "no testlog.json (rc $rc$(timed_out "$rc"))"
         return
     fi
@@ -92,7 +94,7 @@ step_tests() {
             detail+=" (no CUDA case ran: device not used?)"
         fi
         record "$status" "tests-$dev" "$detail"
-    done < <(count_tests "$bdir/meson-logs/testlog.json")
+    done < <(count_tests "$tlog")
     if ! $cuda_seen; then
         if has_option test_devices; then
             record FAIL tests-cuda "no test ran with MT_TEST_DEVICE=cuda"
@@ -156,14 +158,15 @@ step_asan() {
     local supp=$logs/lsan.supp
     printf 'leak:libcuda\nleak:libcublas\nleak:libcublasLt\nleak:libnvidia\n' >"$supp"
     t=$(limit 180 10)
-    local rc=0
-    rm -f "$adir/meson-logs/testlog.json"
+    local rc=0 base=testlog
+    rehearsing && base=testlog-gpu-rehearsal
+    rm -f "$adir/meson-logs/$base.json"
     ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:print_summary=1 \
         LSAN_OPTIONS=suppressions=$supp UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         run_logged "$log" "$t" meson test -C "$adir" --print-errorlogs --num-processes "$(nproc)" \
-        "${names[@]}" || rc=$?
+        --logbase "$base" "${names[@]}" || rc=$?
     local line
-    line=$(count_tests "$adir/meson-logs/testlog.json" 2>/dev/null |
+    line=$(count_tests "$adir/meson-logs/$base.json" 2>/dev/null |
         awk '{printf "%s: %s/%s programs OK, %s passed, %s failed, %s skipped; ", $1, $2, $3, $4, $5, $6}')
     if ((rc == 0)) && [[ -n "$line" ]]; then
         record PASS asan "meson test under ASan+UBSan (protect_shadow_gap=0): $line"

@@ -110,17 +110,15 @@ fi
 
 main() {
     echo "mixtape GPU check: results in $out; budget ${budget}s$(rehearsing && echo '; REHEARSAL on the emulated device')"
-    step_probe
-    step_deps
-    step_build
-    step_sass
-    step_tests
-    step_bench
-    step_gpubench
-    step_resnet
-    step_sanitizer
-    step_ncu
-    step_asan
+    local step
+    for step in probe deps build sass tests bench gpubench resnet sanitizer ncu asan; do
+        # a step file that failed to load would otherwise drop its lines without a trace
+        if declare -F "step_$step" >/dev/null; then
+            "step_$step"
+        else
+            record FAIL "$step" "no function step_$step (a tools/gpu_steps_*.sh failed to load?)"
+        fi
+    done
     note "summary"
     echo "total $((SECONDS - start_s)) s, $failures check(s) FAILed" >>"$summary"
     cat "$summary"
