@@ -60,10 +60,18 @@ san_verdict() {
     local tool=$1 dir=$2 launched=$3 skipped=$4
     shift 4
     local errors=0 with_errors=() failed=() timedout=() nosummary=() name log rc n
+    local refused=0 why=''
     for name in "$@"; do
         log=$dir/san-$tool-$name.log
         [[ -f "$log" ]] || continue
         rc=$(cat "$log.rc" 2>/dev/null || echo '?')
+        # The tool itself refusing the GPU (gVisor machines: "Device not supported") says
+        # nothing about mixtape: NOT RUN when it refused every program.
+        if grep -q -E '^=+ .*(Device not supported|not supported on this platform)' "$log"; then
+            refused=$((refused + 1))
+            [[ -n "$why" ]] || why=$(grep -m1 -E '^=+ .*(Device not supported|not supported on this platform)' "$log" |
+                sed 's/^=* *//' | head -c 160)
+        fi
         n=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" | tail -n 1)
         if [[ -z "$n" ]]; then
             nosummary+=("$name")
@@ -81,7 +89,9 @@ san_verdict() {
     ((${#timedout[@]})) && detail+="; timed out: ${timedout[*]}"
     ((${#nosummary[@]})) && detail+="; no summary: ${nosummary[*]}"
     ((skipped)) && detail+="; $skipped not run (time)"
-    if ((errors > 0 || ${#failed[@]} > 0)); then
+    if ((launched > 0 && refused == launched)); then
+        printf 'NOT RUN\tcompute-sanitizer refused the device (%s) in %s/%s programs\n' "$why" "$refused" "$#"
+    elif ((errors > 0 || ${#failed[@]} > 0)); then
         printf 'FAIL\t%s\n' "$detail"
     elif ((launched == 0)); then
         printf 'NOT RUN\t%s\n' "$detail"
@@ -182,11 +192,17 @@ step_sanitizer() {
 # ncu_verdict CSV LOG RC: the verdict on ncu's CSV (RC: ncu's exit status); the parser's
 # table goes to the end of LOG.
 ncu_verdict() {
-    local csv=$1 log=$2 rc=$3 s
+    local csv=$1 log=$2 rc=$3 s why
     "$python" "$root/tools/gpu_parse.py" ncu "$csv" >>"$log" 2>&1
     s=$(grep '^SUMMARY' "$log" | tail -n 1)
     s=${s#SUMMARY }
-    if [[ -z "$s" || "$s" == "kernels=0 "* ]]; then
+    # ncu not allowed to read the counters (ERR_NVGPUCTRPERM) or not loading (gVisor machines:
+    # "Failed to initialize the profiler"): the machine's limit, not mixtape's
+    why=$(grep -h -m1 -E '^==ERROR== .*(ERR_NVGPUCTRPERM|Failed to initialize the profiler|LibraryNotLoaded)' \
+        "$csv" "$log" 2>/dev/null | head -n 1 | head -c 160)
+    if [[ -z "$s" || "$s" == "kernels=0 "* ]] && [[ -n "$why" ]]; then
+        printf 'NOT RUN\tncu could not profile here: %s\n' "$why"
+    elif [[ -z "$s" || "$s" == "kernels=0 "* ]]; then
         printf 'FAIL\tno kernels profiled (rc %s; see ncu.log)\n' "$rc"
     elif [[ "$s" == *"tensor_core_gemm_kernels=0" ]]; then
         printf 'FAIL\t%s: no tensor-core GEMM kernel in an FP16 run\n' "$s"
