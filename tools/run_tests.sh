@@ -183,9 +183,10 @@ run_gpu_rehearsal() {
     local res=$emu_build/gpu-rehearsal rc=0 p f s
     echo "==== gpu rehearsal (tools/gpu_test.sh --rehearse on $emu_build and $asan_build) ===="
     rm -rf "$res"
-    # OUT: the device tool's folder, when a session runs this there; not this run's
+    # OUT: the device tool's folder, when a session runs this there; not this run's. The
+    # budget: twice the GPU run's, so that a slow CI machine still reaches every step.
     OUT='' MT_GPU_BUILD_DIR=$emu_build MT_GPU_ASAN_BUILD_DIR=$asan_build \
-        "$root/tools/gpu_test.sh" --rehearse "$res" || rc=$?
+        MT_GPU_BUDGET_S=${MT_GPU_BUDGET_S:-960} "$root/tools/gpu_test.sh" --rehearse "$res" || rc=$?
     p=$(grep -c '^PASS ' "$res/summary.txt" 2>/dev/null)
     f=$(grep -c '^FAIL ' "$res/summary.txt" 2>/dev/null)
     s=$(grep -c '^NOT RUN ' "$res/summary.txt" 2>/dev/null)
