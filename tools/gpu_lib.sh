@@ -41,6 +41,16 @@ timed_out() { [[ "$1" == 124 || "$1" == 137 ]] && echo ' (timed out)'; return 0;
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
+# output_has PATTERN CMD...: whether CMD prints (stdout or stderr) a line matching the extended
+# regex PATTERN. Not `CMD | grep -q`: grep -q stops reading at the first match, CMD then dies
+# of SIGPIPE (141), and under pipefail the pipeline fails although the line was there (it
+# did, about every other time, for cuobjdump -lelf and ldconfig -p).
+output_has() {
+    local pattern=$1
+    shift
+    "$@" 2>&1 | grep -E -e "$pattern" >/dev/null
+}
+
 # Whether the project declares a build option (so that a tree without it still configures).
 has_option() { grep -q "option('$1'" "$root/meson_options.txt" "$root/meson.options" 2>/dev/null; }
 

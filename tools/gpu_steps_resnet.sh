@@ -38,7 +38,7 @@ resnet_sample() {
     run_logged "$log" "$t" "$bdir/samples/resnet_amp" --device cuda --json "${resnet_sample_args[@]}" ||
         rc=$?
     figs=$(resnet_sample_figures "$log")
-    if ((rc == 0)) && [[ $(grep -c '^{' "$log") -ge 4 ]] && ! grep '^{' "$log" | grep -q '"loss": null'; then
+    if ((rc == 0)) && [[ $(grep -c '^{' "$log") -ge 4 ]] && ! grep '^{' "$log" | grep -F '"loss": null' >/dev/null; then
         record PASS resnet-amp "$(emu_tag)${resnet_sample_label}: $figs"
     else
         record FAIL resnet-amp "rc $rc$(timed_out "$rc"): ${figs:-$(grep -v '^\$' "$log" | tail -n 1 | head -c 200)}"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154,SC2034 # root, logs, bdir, prefix, python: set by tools/gpu_test.sh; built: read by the later steps
+# shellcheck disable=SC2154,SC2034 # root, logs, bdir, prefix, python: set by gpu_test.sh; built: read later
 # Sourced by tools/gpu_test.sh: the steps before any check, with the helpers of gpu_lib.sh.
 #   probe   tool versions (nvidia-smi, nvcc, compute-sanitizer, ncu, cuobjdump, torch, ...)
 #   deps    tools/gpu_deps.sh unpack .gpu-deps into a prefix, its exports checked
@@ -132,7 +132,7 @@ deps_cuda_libraries() {
             echo "libcublas.so -> $cand"
         fi
     fi
-    if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9' && [[ ! -e "$croot/lib64/libcudnn.so.9" ]]; then
+    if ! output_has 'libcudnn\.so\.9' ldconfig -p && [[ ! -e "$croot/lib64/libcudnn.so.9" ]]; then
         dnn=$(find /usr/local/cuda* /usr/lib/x86_64-linux-gnu "$(site_packages)/nvidia" \
             -name 'libcudnn.so.9' 2>/dev/null | head -n 1 || true)
         if [[ -n "$dnn" ]]; then
