@@ -77,7 +77,13 @@ deps_check() {
 step_deps() {
     note "deps"
     local log=$logs/deps.log dir=$root/.gpu-deps
-    if rehearsing && [[ "${MT_GPU_REHEARSE_DEPS:-0}" == 1 && ! -d "$dir" ]]; then
+    if rehearsing && [[ "${MT_GPU_REHEARSE_DEPS:-0}" != 1 ]]; then
+        # its meson and ninja on PATH would rebuild a reused build folder from scratch (ninja
+        # 1.13's log is not 1.11's), and CI has no .gpu-deps
+        record "NOT RUN" deps "rehearsal: MT_GPU_REHEARSE_DEPS=1 rehearses it (fetch when .gpu-deps/ is missing, unpack, exports)"
+        return
+    fi
+    if rehearsing && [[ ! -d "$dir" ]]; then
         # what a session does on a machine with apt before it carries .gpu-deps over
         if ! timeout 300 "$root/tools/gpu_deps.sh" fetch "$dir" >>"$log" 2>&1; then
             record FAIL deps "tools/gpu_deps.sh fetch failed (see deps.log)"
