@@ -98,6 +98,8 @@ resnet_sample_label="ResNet-18 b64 224px"
 digits_args=()
 if rehearsing; then
     bdir=${MT_GPU_BUILD_DIR:-build-gpu-rehearse}
+    # one sanitizer run at a time: the queue of the sanitizer step is rehearsed too
+    jobs_max=${MT_GPU_JOBS:-1}
     sample_args=(--hidden 64 --batch 32 --steps 3 --epochs 1)
     : "${MT_GPU_BENCH_ARGS:=--hidden 64 --batch 32 --steps 3 --epochs 1 --warmup 1 --repeat 1}"
     : "${MT_GPU_GEMM_ARGS:=--tiny --iters 2 --reps 1}"
