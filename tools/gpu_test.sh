@@ -49,10 +49,11 @@
 # absent tool says NOT RUN and why, never PASS; compute-sanitizer is replaced by a stand-in
 # that only runs the programs (MT_GPU_REHEARSE_SAN_PROGS; MT_GPU_JOBS default 1, so that its
 # queue is exercised), and the sass, sanitizer and ncu parsers read captured outputs
-# (tools/fixtures/gpu: lines sass-fixture, sanitizer-fixture, ncu-fixture). MT_GPU_BUILD_DIR (default build-gpu-rehearse) and MT_GPU_ASAN_BUILD_DIR
-# (default BUILD_DIR-asan) are reused when already built. The deps step runs only with
-# MT_GPU_REHEARSE_DEPS=1 (then also tools/gpu_deps.sh fetch, apt and pip downloads, when
-# .gpu-deps/ is missing; use a build folder of its own: its meson and ninja are newer).
+# (tools/fixtures/gpu: lines sass-fixture, sanitizer-fixture, ncu-fixture). MT_GPU_BUILD_DIR
+# (default build-gpu-rehearse) and MT_GPU_ASAN_BUILD_DIR (default BUILD_DIR-asan) are reused
+# when already built. The deps step runs only with MT_GPU_REHEARSE_DEPS=1 (then also
+# tools/gpu_deps.sh fetch, apt and pip downloads, when .gpu-deps/ is missing; use a build
+# folder of its own: its meson and ninja are newer).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
