@@ -5,14 +5,18 @@ or INFO (figures that no goal covers).
 Goals (issue 6): FP16 and BF16 GEMMs at >= 0.60 of the cuBLAS rate measured in the same program
 (FP32, TF32 off, is information); tiny-op host time <= 0.5x PyTorch's on the same GPU.
 A figure that is missing (null) is a FAIL for mixtape or cuBLAS and NOT RUN for torch; a line
-from the emulated device is a FAIL (its timings are not GPU figures).
+from the emulated device is a FAIL (its timings are not GPU figures), or NOT RUN in the
+rehearsal on the emulated device (MT_GPU_REHEARSE=1), which runs the benches for their output.
 
 Usage: gpu_bench_summary.py gemm|op-overhead LOG"""
 import json
+import os
 import sys
 
 GEMM_GOAL = 0.60
 OVERHEAD_GOAL = 0.5
+# The status of a figure from the emulated device.
+EMULATED = "NOT RUN" if os.environ.get("MT_GPU_REHEARSE") == "1" else "FAIL"
 
 
 def lines(path, bench):
@@ -42,7 +46,7 @@ def gemm(rows):
             info.append("%s %s" % (r["case"], fmt(ratio, "%.2f")))
             continue
         if r.get("emulated"):
-            yield "FAIL", "gemm", "%s: emulated device, not a GPU figure" % label
+            yield EMULATED, "gemm", "%s: emulated device, not a GPU figure" % label
         elif ratio is None:
             yield "FAIL", "gemm", "%s: not measured (%s)" % (label, figs)
         else:
@@ -60,7 +64,7 @@ def overhead(rows):
         figs = "mixtape %s us, torch %s us per call" % (fmt(r["mixtape_us"], "%.2f"),
                                                         fmt(r["torch_us"], "%.2f"))
         if r.get("emulated"):
-            yield "FAIL", "op-overhead", "%s: emulated device, not a GPU figure" % op
+            yield EMULATED, "op-overhead", "%s: emulated device, not a GPU figure" % op
         elif r["mixtape_us"] is None:
             yield "FAIL", "op-overhead", "%s: mixtape not measured" % op
         elif r["ratio"] is None:

@@ -7,7 +7,11 @@
 #   asan      AddressSanitizer + UndefinedBehaviorSanitizer, with the CUDA backend on the
 #             emulated device (test/cuda_emu): every test program on the CPU and on MT_CUDA(0);
 #   emu       the emulated device in a release build: every test program on MT_CUDA(0), with
-#             threads in program order and reversed (a missing barrier gives a wrong answer).
+#             threads in program order and reversed (a missing barrier gives a wrong answer);
+# then the rehearsal of the GPU machine's script on the emu and asan builds (tools/gpu_test.sh
+# --rehearse, about 3 minutes; results in BUILD-EMU/gpu-rehearsal/): each summary line counts,
+# PASS as passed, FAIL as failed, NOT RUN as skipped; a run that ends early or exits non-zero
+# without a FAIL line adds one failure.
 #
 # Counting: meson 1.0.1 writes one JSON object per test program to meson-logs/testlog.json
 # (no separate entries for TAP subtests), but keeps the program's TAP output in "stdout".
@@ -19,7 +23,9 @@
 # Usage: tools/run_tests.sh [extra `meson test` arguments, e.g. a test name]
 # Environment: MT_BUILD_DIR (default build), MT_ASAN_BUILD_DIR (default build-asan),
 #              MT_EMU_BUILD_DIR (default build-emu), MT_SKIP_ASAN=1 / MT_SKIP_EMU=1 to leave
-#              those builds out, MT_TEST_DEVICES (release build's devices, default auto).
+#              those builds out (no emu build: no rehearsal either), MT_SKIP_GPU_REHEARSAL=1 to
+#              leave the rehearsal out (also left out when meson test arguments are given),
+#              MT_TEST_DEVICES (release build's devices, default auto).
 # Exit status: 0 when nothing failed.
 set -uo pipefail
 
@@ -160,7 +166,7 @@ run_suite release "$build" -Dwerror=true -Db_sanitize=none -Demulate_cuda=false 
     -Dtest_devices="${MT_TEST_DEVICES:-auto}"
 emu_args=(-Demulate_cuda=false -Dtest_devices=cpu)
 if $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
-    emu_args=(-Demulate_cuda=true -Dtest_devices=cpu,cuda)
+    emu_args=(-Demulate_cuda=true "-Dtest_devices=cpu,cuda")
 fi
 if [[ "${MT_SKIP_ASAN:-0}" != 1 ]]; then
     run_suite asan "$asan_build" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
@@ -170,6 +176,41 @@ if $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
     run_suite emu "$emu_build" -Dwerror=true -Db_sanitize=none -Demulate_cuda=true -Dtest_devices=cuda
 elif [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
     echo "emu: no CUDA toolkit (nvcc) on this machine: the emulated-device build was not run"
+fi
+
+# The rehearsal of tools/gpu_test.sh, the script a session lent a GPU runs (see the header).
+run_gpu_rehearsal() {
+    local res=$emu_build/gpu-rehearsal rc=0 p f s
+    echo "==== gpu rehearsal (tools/gpu_test.sh --rehearse on $emu_build and $asan_build) ===="
+    rm -rf "$res"
+    # OUT: the device tool's folder, when a session runs this there; not this run's. The
+    # budget: twice the GPU run's, so that a slow CI machine still reaches every step.
+    OUT='' MT_GPU_BUILD_DIR=$emu_build MT_GPU_ASAN_BUILD_DIR=$asan_build \
+        MT_GPU_BUDGET_S=${MT_GPU_BUDGET_S:-960} "$root/tools/gpu_test.sh" --rehearse "$res" || rc=$?
+    p=$(grep -c '^PASS ' "$res/summary.txt" 2>/dev/null)
+    f=$(grep -c '^FAIL ' "$res/summary.txt" 2>/dev/null)
+    s=$(grep -c '^NOT RUN ' "$res/summary.txt" 2>/dev/null)
+    p=${p:-0} f=${f:-0} s=${s:-0}
+    if ! grep -q '^total .* FAILed$' "$res/summary.txt" 2>/dev/null; then
+        echo "gpu rehearsal: ended before its summary (exit status $rc)"
+        f=$((f + 1))
+    elif ((rc != 0 && f == 0)); then
+        echo "gpu rehearsal: exit status $rc without a FAIL line"
+        f=$((f + 1))
+    fi
+    echo "gpu rehearsal: $p passed, $f failed, $s skipped (logs: $res/logs)"
+    total_passed=$((total_passed + p))
+    total_failed=$((total_failed + f))
+    total_skipped=$((total_skipped + s))
+}
+if [[ "${MT_SKIP_GPU_REHEARSAL:-0}" == 1 ]]; then
+    echo "gpu rehearsal: left out (MT_SKIP_GPU_REHEARSAL=1)"
+elif ((${#test_args[@]})); then
+    echo "gpu rehearsal: left out (meson test arguments given: ${test_args[*]})"
+elif $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
+    run_gpu_rehearsal
+else
+    echo "gpu rehearsal: no emulated build (needs nvcc's headers; MT_SKIP_EMU): not run"
 fi
 
 echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
