@@ -164,17 +164,31 @@ static bool emulated_device(void) {
     return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
 }
 
+#ifdef MT_TEST_CUDA_EMU
+int mt_cuda_lt_plans_clear(int device); /* a test hook of src/cuda/lt_plan_cache.c */
+#endif
+
+/* The device's cached cuBLASLt plans dropped, so that the heuristic is asked again (its
+   answers, algorithm or none, are cached per shape and alignment). */
+static void lt_plans_clear(void) {
+#ifdef MT_TEST_CUDA_EMU
+    assert_true(mt_cuda_lt_plans_clear(mt_test_device().index) >= 0);
+#endif
+}
+
 /* cuBLASLt may find no algorithm for a shape or an alignment (its heuristic answers
    NOT_SUPPORTED): the fused op then takes cuBLAS and kernels, with the same results.
    MTEMU_CUBLASLT_NO_ALGO=1 makes the emulated heuristic find none. */
 static void test_no_cublaslt_algo(void **state) {
     (void)state;
+    lt_plans_clear(); /* plans of earlier tests would skip the heuristic */
     assert_int_equal(setenv("MTEMU_CUBLASLT_NO_ALGO", "1", 1), 0);
     const mt_dtype dts[] = {MT_F32, MT_F16, MT_BF16};
     for (int d = 0; d < 3; d++)
         for (int a = 0; a < N_ACTS; a++)
             for (size_t c = 0; c < 5; c++) check_case(dts[d], acts[a], &cases[c]);
     assert_int_equal(unsetenv("MTEMU_CUBLASLT_NO_ALGO"), 0);
+    lt_plans_clear(); /* "no algorithm" is cached too: not for the tests after this one */
 }
 
 /* ---- gradients */

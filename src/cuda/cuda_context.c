@@ -41,6 +41,7 @@ static void scratch_free(int device, void *p, size_t nbytes) {
 static void ctx_destroy(mt_cuda_device_ctx *c) {
     mt_cuda_staging_free(c->staging);
     mt_cudnn_state_free(c->dnn);
+    mt_lt_plan_cache_free(c->lt_plans); /* before the cuBLASLt handle its plans were made with */
     if (c->blas) mt_cublas()->destroy(c->blas);
     if (c->blas_lt) mt_cublas()->lt_destroy(c->blas_lt);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -77,6 +78,9 @@ static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
     if (!rc) rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->comm_in, cudaEventDisableTiming));
     if (!rc) rc = mt_cuda_check(op, cudaEventCreateWithFlags(&c->comm_out, cudaEventDisableTiming));
     if (!rc) rc = mt_cublas_check(op, mt_cublas()->lt_create(&c->blas_lt));
+    if (!rc && !(c->lt_plans = mt_lt_plan_cache_new()))
+        rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for the cuBLASLt plans of cuda:%d", op,
+                          index);
     if (!rc) c->staging = mt_cuda_staging_new(); /* none: uploads copy from pageable memory */
     int sms = 1;
     if (!rc)

@@ -245,26 +245,6 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
    with sliced biases; PyTorch falls back to the unfused path there too). */
 #define LT_EPILOGUE_ALIGN 16u
 
-typedef struct {
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasLtMatmulPreference_t pref;
-} lt_objs;
-
-static void lt_objs_free(lt_objs *o) {
-    const mt_cublas_api *api = mt_cublas();
-    if (o->pref) api->lt_pref_destroy(o->pref);
-    if (o->desc) api->lt_desc_destroy(o->desc);
-    if (o->la) api->lt_layout_destroy(o->la);
-    if (o->lb) api->lt_layout_destroy(o->lb);
-    if (o->ld) api->lt_layout_destroy(o->ld);
-}
-
-static int lt_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *v,
-                  size_t n) {
-    return mt_cublas_check(EPI_OP, mt_cublas()->lt_desc_set(d, attr, v, n));
-}
-
 /* The largest power of two, up to cuBLASLt's default assumption of 256, dividing p's
    address: what the heuristic may assume of the operand. Sliced or offset tensors have less. */
 static uint32_t lt_alignment(const void *p) {
@@ -274,89 +254,35 @@ static uint32_t lt_alignment(const void *p) {
     return al;
 }
 
-/* An algorithm for the described matmul that assumes no more alignment than the operands
-   have and needs at most LT_MAX_WORKSPACE (cublasLtMatmul with algo NULL would assume 256
-   bytes for every matrix). *found false: cuBLASLt has none, the caller falls back. */
-static int lt_pick(mt_cuda_device_ctx *ctx, lt_objs *o, const void *a, const void *b, const void *d,
-                   cublasLtMatmulHeuristicResult_t *r, bool *found) {
-    const mt_cublas_api *api = mt_cublas();
-    uint64_t ws = LT_MAX_WORKSPACE;
-    /* cuBLASLt's A and B are our b and a (column-major, see lt_matmul); C is D */
-    uint32_t al[4] = {lt_alignment(b), lt_alignment(a), lt_alignment(d), lt_alignment(d)};
-    static const cublasLtMatmulPreferenceAttributes_t attr[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    int rc = mt_cublas_check(EPI_OP, api->lt_pref_create(&o->pref));
-    if (!rc)
-        rc = mt_cublas_check(
-            EPI_OP,
-            api->lt_pref_set(o->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    for (int i = 0; i < 4 && !rc; i++)
-        rc = mt_cublas_check(EPI_OP, api->lt_pref_set(o->pref, attr[i], &al[i], sizeof al[i]));
-    if (rc) return rc;
-    int n = 0;
-    memset(r, 0, sizeof *r);
-    cublasStatus_t s =
-        api->lt_heuristic(ctx->blas_lt, o->desc, o->la, o->lb, o->ld, o->ld, o->pref, 1, r, &n);
-    *found = s == CUBLAS_STATUS_SUCCESS && n > 0 && r->state == CUBLAS_STATUS_SUCCESS;
-    /* NOT_SUPPORTED is "no algorithm": a fallback, not an error */
-    return s == CUBLAS_STATUS_NOT_SUPPORTED ? 0 : mt_cublas_check(EPI_OP, s);
-}
-
 /* d[M, N] (row-major, dense) = epilogue(a @ b) as column-major d^T = b^T a^T (cuBLASLt's A is
    our b, m = N, n = M, as gemm_run), bias per row of d^T, aux (ld N) the pre-activation. d,
-   bias and aux have the operands' dtype, or FP32 when d32. *no_algo: cuBLASLt found no
-   algorithm and nothing was queued (the caller takes the cuBLAS path). */
+   bias and aux have the operands' dtype, or FP32 when d32. The descriptors and algorithm come
+   from the device's plan cache (lt_plan_cache.c), keyed by all that decides them: the shapes,
+   layouts, types, epilogue, the operands' alignments and the workspace limit. *no_algo:
+   cuBLASLt found no algorithm and nothing was queued (the caller takes the cuBLAS path). */
 static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bool d32,
                      const void *bias, void *aux, cublasLtEpilogue_t ep, bool *no_algo) {
-    const mt_cublas_api *api = mt_cublas();
     int64_t lda = 0, ldb = 0;
     int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
     int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
     cudaDataType t = blas_type(g->dt);
     int32_t opa = bl ? CUBLAS_OP_T : CUBLAS_OP_N, opb = al ? CUBLAS_OP_T : CUBLAS_OP_N;
     uint64_t M = (uint64_t)g->M, N = (uint64_t)g->N, K = (uint64_t)g->K;
-    lt_objs o = {0};
-    int rc = mt_cublas_check(EPI_OP, api->lt_desc_create(&o.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (!rc)
-        rc =
-            mt_cublas_check(EPI_OP, api->lt_layout_create(&o.la, t, opa ? K : N, opa ? N : K, ldb));
-    if (!rc)
-        rc =
-            mt_cublas_check(EPI_OP, api->lt_layout_create(&o.lb, t, opb ? M : K, opb ? K : M, lda));
-    cudaDataType td = d32 ? CUDA_R_32F : t;
-    if (!rc) rc = mt_cublas_check(EPI_OP, api->lt_layout_create(&o.ld, td, N, M, (int64_t)N));
-    uint32_t epv = (uint32_t)ep;
-    int32_t ty = (int32_t)td;
-    int64_t aux_ld = (int64_t)N;
-    if (!rc) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    if (!rc) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    if (!rc) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epv, sizeof epv);
-    if (!rc && bias) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (!rc && bias) rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty, sizeof ty);
-    if (!rc && aux)
-        rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
-    if (!rc && aux)
-        rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
-    if (!rc && aux)
-        rc = lt_set(o.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &ty, sizeof ty);
-    cublasLtMatmulHeuristicResult_t r;
-    bool found = false;
-    if (!rc) rc = lt_pick(ctx, &o, g->a.p, g->b.p, d, &r, &found);
-    *no_algo = !rc && !found;
-    void *ws = NULL;
-    if (!rc && found && r.workspaceSize > 0 && !(ws = mt_cuda_alloc(ctx->device, r.workspaceSize)))
-        rc = mt_error_set(MT_ERR_OOM,
-                          "%s: out of device memory for a cuBLASLt workspace of %zu bytes", EPI_OP,
-                          r.workspaceSize);
-    float one = 1.0f, zero = 0.0f;
-    if (!rc && found) /* beta 0: C (given as d) is not read */
-        rc = mt_cublas_check(EPI_OP, api->lt_matmul(ctx->blas_lt, o.desc, &one, g->b.p, o.la,
-                                                    g->a.p, o.lb, &zero, d, o.ld, d, o.ld, &r.algo,
-                                                    ws, r.workspaceSize, ctx->stream));
-    if (ws) mt_cuda_free(ctx->device, ws, r.workspaceSize); /* stream order keeps it for the call */
-    lt_objs_free(&o);
-    return rc;
+    mt_lt_plan_key k;
+    memset(&k, 0, sizeof k); /* compared with memcmp */
+    k.a_rows = opa ? K : N, k.a_cols = opa ? N : K, k.a_ld = ldb;
+    k.b_rows = opb ? M : K, k.b_cols = opb ? K : M, k.b_ld = lda;
+    k.d_rows = N, k.d_cols = M, k.d_ld = (int64_t)N;
+    k.aux_ld = aux ? (int64_t)N : 0;
+    k.max_workspace = LT_MAX_WORKSPACE;
+    k.type_ab = (int32_t)t, k.type_d = (int32_t)(d32 ? CUDA_R_32F : t);
+    k.opa = opa, k.opb = opb;
+    k.epilogue = (uint32_t)ep;
+    /* cuBLASLt's A and B are our b and a; C is D */
+    k.align[0] = lt_alignment(g->b.p), k.align[1] = lt_alignment(g->a.p);
+    k.align[2] = k.align[3] = lt_alignment(d);
+    k.has_bias = bias != NULL, k.has_aux = aux != NULL;
+    return mt_lt_plan_run(ctx, &k, g->a.p, g->b.p, d, bias, aux, no_algo);
 }
 
 /* out = op(in) with an elementwise kernel (the activation after a GEMM that had none). */

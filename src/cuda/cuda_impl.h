@@ -12,7 +12,8 @@
    cuBLAS call of the library goes there, so stream order is program order), the cuBLAS
    handle bound to it, the deferred-fault word and the launch context handed to kernels. */
 typedef struct mt_cuda_staging mt_cuda_staging;
-typedef struct mt_cudnn_state mt_cudnn_state; /* cudnn_state.c */
+typedef struct mt_cudnn_state mt_cudnn_state;     /* cudnn_state.c */
+typedef struct mt_lt_plan_cache mt_lt_plan_cache; /* lt_plan_cache.c */
 
 typedef struct {
     int device;
@@ -29,6 +30,7 @@ typedef struct {
     cudaEvent_t comm_in, comm_out;
     mt_cuda_ctx kctx;
     mt_cudnn_state *dnn; /* cuDNN handle and algorithm cache, made on first use (cudnn_state.c) */
+    mt_lt_plan_cache *lt_plans; /* the fused linear's cuBLASLt plans (lt_plan_cache.c) */
 } mt_cuda_device_ctx;
 
 /* The context of device `index`, created on first use; NULL with an error naming op. */
@@ -121,6 +123,36 @@ void mt_cuda_iter_init(mt_cuda_iter *it, int nops, const mt_tensor *const *ts);
 /* ---- GEMM (cuda_gemm.c): the backend's gemm family */
 int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
 int mt_cuda_gemm_epilogue(const mt_gemm_epilogue_args *e);
+
+/* ---- cuBLASLt plans of the fused linear (lt_plan_cache.c) */
+#define MT_LT_PLAN_CAP 64 /* plans per device; the least recently used is evicted */
+/* Everything that decides the descriptors and the algorithm of one cublasLtMatmul (in
+   cuBLASLt's column-major terms: A is our b, see cuda_gemm.c). Compared with memcmp: zero it
+   before filling it; fields are ordered so that it has no padding. */
+typedef struct {
+    uint64_t a_rows, a_cols, b_rows, b_cols, d_rows, d_cols;
+    int64_t a_ld, b_ld, d_ld, aux_ld;
+    uint64_t max_workspace;
+    int32_t type_ab, type_d; /* cudaDataType; bias and aux have D's type */
+    int32_t opa, opb;        /* cublasOperation_t */
+    uint32_t epilogue;       /* cublasLtEpilogue_t */
+    uint32_t align[4];       /* what the algorithm may assume of A, B, C and D (bytes) */
+    int32_t has_bias, has_aux;
+    int32_t reserved; /* 0: keeps the size a multiple of 8 without padding */
+} mt_lt_plan_key;
+mt_lt_plan_cache *mt_lt_plan_cache_new(void);    /* NULL when out of memory */
+void mt_lt_plan_cache_free(mt_lt_plan_cache *c); /* NULL: nothing */
+int mt_lt_plan_cache_clear(mt_lt_plan_cache *c); /* the number of plans dropped */
+int mt_lt_plan_cache_size(mt_lt_plan_cache *c);
+/* d = epilogue(a @ b) with key's plan (cached, or made and cached): queued on the device's
+   stream. *no_algo: cuBLASLt has no algorithm for key and nothing was queued (the caller
+   takes another path). */
+int mt_lt_plan_run(mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key, const void *a, const void *b,
+                   void *d, const void *bias, void *aux, bool *no_algo);
+/* Test hooks for the emulated device's tests: device's plans dropped (their number) or
+   counted; -1 with an error when the device has no context. */
+int mt_cuda_lt_plans_clear(int device);
+int mt_cuda_lt_plans_count(int device);
 
 extern const mt_backend mt_cuda_backend;
 #endif

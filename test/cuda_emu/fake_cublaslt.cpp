@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "fake_blas.h"
+#include "mtemu_cublaslt_counts.h"
 
 #include <cublasLt.h>
 
@@ -85,6 +86,9 @@ std::map<void *, lt_pref> lt_prefs;
 std::set<void *> lt_handles;
 std::map<void *, lt_desc> lt_descs;
 std::map<void *, lt_layout> lt_layouts;
+// How often mixtape called each kind of entry point (mtemu_cublaslt_counts_get), so tests
+// can tell how much host work one fused linear costs and that cached plans are reused.
+mtemu_cublaslt_counts lt_counts; // under lt_lock
 
 const uint32_t EP_BIAS = CUBLASLT_EPILOGUE_BIAS, EP_RELU = CUBLASLT_EPILOGUE_RELU,
                EP_GELU = CUBLASLT_EPILOGUE_GELU, EP_AUX = 128;
@@ -283,6 +287,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc,
     s.compute = computeType;
     s.scale = scaleType;
     std::lock_guard<std::mutex> g(lt_lock);
+    lt_counts.creates++;
     lt_descs[d] = s;
     *matmulDesc = d;
     return CUBLAS_STATUS_SUCCESS;
@@ -296,6 +301,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
                                               cublasLtMatmulDescAttributes_t attr, const void *buf,
                                               size_t sizeInBytes) {
     std::lock_guard<std::mutex> g(lt_lock);
+    lt_counts.sets++;
     auto it = lt_descs.find(matmulDesc);
     if (it == lt_descs.end())
         return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescSetAttribute: %p is not live",
@@ -344,6 +350,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cud
                     static_cast<long long>(ld));
     auto *l = new cublasLtMatrixLayoutOpaque_t();
     std::lock_guard<std::mutex> g(lt_lock);
+    lt_counts.creates++;
     lt_layouts[l] = lt_layout{type, rows, cols, ld};
     *matLayout = l;
     return CUBLAS_STATUS_SUCCESS;
@@ -364,6 +371,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     lt_layout la, lb, lc, ld;
     {
         std::lock_guard<std::mutex> g(lt_lock);
+        lt_counts.matmuls++;
         if (!lt_handles.count(lightHandle))
             return fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: %p is not a live handle", api,
                         static_cast<void *>(lightHandle));
@@ -447,6 +455,7 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) 
     if (!pref) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceCreate: null");
     auto *p = new cublasLtMatmulPreferenceOpaque_t();
     std::lock_guard<std::mutex> g(lt_lock);
+    lt_counts.creates++;
     lt_prefs[p] = lt_pref();
     *pref = p;
     return CUBLAS_STATUS_SUCCESS;
@@ -467,6 +476,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     const void *buf, size_t sizeInBytes) {
     const char *api = "cublasLtMatmulPreferenceSetAttribute";
     std::lock_guard<std::mutex> g(lt_lock);
+    lt_counts.sets++;
     auto it = lt_prefs.find(pref);
     if (it == lt_prefs.end())
         return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: %p is not live", api,
@@ -503,6 +513,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     lt_pref p;
     {
         std::lock_guard<std::mutex> g(lt_lock);
+        lt_counts.heuristics++;
         auto di = lt_descs.find(operationDesc);
         auto ai = lt_layouts.find(Adesc), bi = lt_layouts.find(Bdesc);
         auto ci = lt_layouts.find(Cdesc), dd = lt_layouts.find(Ddesc);
@@ -537,6 +548,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     heuristicResultsArray[0] = r;
     *returnAlgoCount = 1;
     return CUBLAS_STATUS_SUCCESS;
+}
+
+void mtemu_cublaslt_counts_get(mtemu_cublaslt_counts *out) {
+    std::lock_guard<std::mutex> g(lt_lock);
+    *out = lt_counts;
+    out->live = static_cast<int64_t>(lt_descs.size() + lt_layouts.size() + lt_prefs.size());
 }
 
 } // extern "C"

@@ -1,0 +1,211 @@
+/* The cache of cuBLASLt plans behind the fused linear on CUDA (src/cuda/lt_plan_cache.c), on
+   the emulated device: built only in emulated builds, where the fake cuBLASLt counts its
+   calls (test/cuda_emu/mtemu_cublaslt_counts.h). Repeated calls give the bits of the first
+   (uncached) call and ask the heuristic once per distinct key; operands of other alignments
+   get their own plan; "no algorithm" is cached and still falls back; the least recently used
+   plan is evicted past the capacity; every cuBLASLt object of a dropped plan is destroyed. */
+#include "mtemu_cublaslt_counts.h"
+#include "test_util.h"
+
+/* Test hooks of the CUDA backend (src/cuda/cuda_impl.h, which needs the toolkit's headers). */
+int mt_cuda_lt_plans_clear(int device);
+int mt_cuda_lt_plans_count(int device);
+#define PLAN_CAP 64 /* MT_LT_PLAN_CAP */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+
+static mt_tensor *make(mt_dtype dt, int nd, const int64_t *shape) {
+    return mt_test_uniform(&rng_state, dt, nd, shape, 0.0);
+}
+
+static int dev(void) {
+    return mt_test_device().index;
+}
+
+static mtemu_cublaslt_counts counts(void) {
+    mtemu_cublaslt_counts c;
+    mtemu_cublaslt_counts_get(&c);
+    return c;
+}
+
+static void clear_plans(void) {
+    assert_true(mt_cuda_lt_plans_clear(dev()) >= 0);
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), 0);
+    assert_int_equal(counts().live, 0); /* every object of every plan destroyed */
+}
+
+/* y = act(x @ w^T + b) for x [rows, in]; its values (exact doubles of the dtype's bits). */
+static double *run(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_activation act) {
+    mt_tensor *y = mt_linear_act(x, w, b, act);
+    assert_no_error();
+    assert_on_test_device(y);
+    double *v = mt_test_values(y);
+    mt_release(y);
+    return v;
+}
+
+/* Repeated calls: the bits of the first call, made with a fresh plan; no heuristic, no
+   create after the first; the per-call cuBLASLt calls shown for the report. */
+static void test_repeat_bit_identical(void **state) {
+    (void)state;
+    const mt_dtype dts[] = {MT_F16, MT_BF16, MT_F32};
+    const mt_activation acts[] = {MT_ACT_NONE, MT_ACT_RELU, MT_ACT_GELU_TANH};
+    for (int d = 0; d < 3; d++)
+        for (int a = 0; a < 3; a++) {
+            clear_plans();
+            mt_tensor *x = make(dts[d], MT_SHAPE(16, 32)), *w = make(dts[d], MT_SHAPE(24, 32));
+            mt_tensor *b = make(dts[d], MT_SHAPE(24));
+            mtemu_cublaslt_counts c0 = counts();
+            double *first = run(x, w, b, acts[a]);
+            mtemu_cublaslt_counts c1 = counts();
+            assert_int_equal(c1.heuristics - c0.heuristics, 1);
+            assert_int_equal(c1.matmuls - c0.matmuls, 1);
+            assert_int_equal(mt_cuda_lt_plans_count(dev()), 1);
+            for (int rep = 0; rep < 4; rep++) {
+                double *again = run(x, w, b, acts[a]);
+                assert_memory_equal(again, first, 16 * 24 * sizeof *first);
+                free(again);
+            }
+            mtemu_cublaslt_counts c2 = counts();
+            assert_int_equal(c2.heuristics, c1.heuristics);
+            assert_int_equal(c2.creates, c1.creates);
+            assert_int_equal(c2.matmuls - c1.matmuls, 4);
+            assert_int_equal(c2.sets - c1.sets, 4); /* the bias pointer, per call */
+            if (d == 0 && a == 1)
+                print_message("# F16 RELU+bias per call, cuBLASLt calls: first (miss) %lld "
+                              "creates, %lld sets, %lld heuristics, %lld matmuls; cached %lld "
+                              "creates, %lld sets, %lld heuristics, %lld matmuls\n",
+                              (long long)(c1.creates - c0.creates), (long long)(c1.sets - c0.sets),
+                              (long long)(c1.heuristics - c0.heuristics),
+                              (long long)(c1.matmuls - c0.matmuls),
+                              (long long)(c2.creates - c1.creates) / 4,
+                              (long long)(c2.sets - c1.sets) / 4,
+                              (long long)(c2.heuristics - c1.heuristics) / 4,
+                              (long long)(c2.matmuls - c1.matmuls) / 4);
+            mt_cuda_lt_plans_clear(dev()); /* the same call again, uncached */
+            double *fresh = run(x, w, b, acts[a]);
+            assert_memory_equal(fresh, first, 16 * 24 * sizeof *first);
+            assert_int_equal(counts().heuristics - c2.heuristics, 1);
+            free(fresh);
+            free(first);
+            mt_release(x);
+            mt_release(w);
+            mt_release(b);
+        }
+}
+
+/* Operands only as aligned as one row (views from row 1) get a plan of their own, whose
+   algorithm assumes no more; the aligned operands' plan is still used for them. */
+static void test_alignment_keys(void **state) {
+    (void)state;
+    clear_plans();
+    mt_tensor *xraw = make(MT_F16, MT_SHAPE(9, 6)), *w = make(MT_F16, MT_SHAPE(8, 6));
+    mt_tensor *b = make(MT_F16, MT_SHAPE(8));
+    mt_tensor *x = mt_narrow(xraw, 0, 1, 8), *xa = mt_narrow(xraw, 0, 0, 8); /* 12 bytes off */
+    mtemu_cublaslt_counts c0 = counts();
+    double *ya = run(xa, w, b, MT_ACT_RELU);
+    double *ys = run(x, w, b, MT_ACT_RELU);
+    assert_int_equal(counts().heuristics - c0.heuristics, 2);
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), 2);
+    for (int rep = 0; rep < 2; rep++) { /* each its own plan again: no new heuristic */
+        double *va = run(xa, w, b, MT_ACT_RELU), *vs = run(x, w, b, MT_ACT_RELU);
+        assert_memory_equal(va, ya, 8 * 8 * sizeof *va);
+        assert_memory_equal(vs, ys, 8 * 8 * sizeof *vs);
+        free(va);
+        free(vs);
+    }
+    assert_int_equal(counts().heuristics - c0.heuristics, 2);
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), 2);
+    /* the sliced rows are the aligned ones' rows 1..8 */
+    double *ref = run(xraw, w, b, MT_ACT_RELU);
+    assert_memory_equal(ys, ref + 8, 8 * 8 * sizeof *ys);
+    free(ref);
+    free(ya);
+    free(ys);
+    mt_release(x);
+    mt_release(xa);
+    mt_release(xraw);
+    mt_release(w);
+    mt_release(b);
+}
+
+/* cuBLASLt without an algorithm: the fallback's results, the heuristic asked once, nothing
+   run on cuBLASLt, and no cuBLASLt object kept for the plan. */
+static void test_no_algo_cached(void **state) {
+    (void)state;
+    clear_plans();
+    mt_tensor *x = make(MT_F32, MT_SHAPE(5, 7)), *w = make(MT_F32, MT_SHAPE(3, 7));
+    mt_tensor *b = make(MT_F32, MT_SHAPE(3));
+    double *with_lt = run(x, w, b, MT_ACT_RELU);
+    clear_plans();
+    assert_int_equal(setenv("MTEMU_CUBLASLT_NO_ALGO", "1", 1), 0);
+    mtemu_cublaslt_counts c0 = counts();
+    for (int rep = 0; rep < 3; rep++) {
+        double *v = run(x, w, b, MT_ACT_RELU);
+        for (int i = 0; i < 15; i++) assert_true(fabs(v[i] - with_lt[i]) <= 1e-5);
+        free(v);
+    }
+    mtemu_cublaslt_counts c1 = counts();
+    assert_int_equal(unsetenv("MTEMU_CUBLASLT_NO_ALGO"), 0);
+    assert_int_equal(c1.heuristics - c0.heuristics, 1);
+    assert_int_equal(c1.matmuls, c0.matmuls);
+    assert_int_equal(c1.live, 0);
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), 1);
+    clear_plans();
+    free(with_lt);
+    mt_release(x);
+    mt_release(w);
+    mt_release(b);
+}
+
+/* Past the capacity the least recently used plan goes (its objects destroyed): the count
+   stays at the capacity, the first key is asked again, a recent one is not. */
+static void test_eviction(void **state) {
+    (void)state;
+    clear_plans();
+    const int n = PLAN_CAP + 6;
+    mt_tensor *x = make(MT_F16, MT_SHAPE(4, n)), *w = make(MT_F16, MT_SHAPE(2, n));
+    mtemu_cublaslt_counts c0 = counts();
+    for (int k = 1; k <= n; k++) { /* K = k: a key each */
+        mt_tensor *xk = mt_narrow(x, 1, 0, k), *wk = mt_narrow(w, 1, 0, k);
+        mt_tensor *y = mt_linear_act(xk, wk, NULL, MT_ACT_NONE);
+        assert_no_error();
+        mt_release(y);
+        if (k == PLAN_CAP + 2) { /* K = 1 and 2 evicted by now; K = 3 used again: kept */
+            mt_tensor *x3 = mt_narrow(x, 1, 0, 3), *w3 = mt_narrow(w, 1, 0, 3);
+            mt_release(mt_linear_act(x3, w3, NULL, MT_ACT_NONE));
+            mt_release(x3);
+            mt_release(w3);
+        }
+        mt_release(xk);
+        mt_release(wk);
+    }
+    mtemu_cublaslt_counts c1 = counts();
+    assert_int_equal(c1.heuristics - c0.heuristics, n);
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), PLAN_CAP);
+    assert_int_equal(c1.live, 5 * PLAN_CAP); /* desc, 3 layouts and a preference each */
+    const int64_t again[] = {3, n, 1}, asked[] = {0, 0, 1};
+    for (int i = 0; i < 3; i++) {
+        mt_tensor *xk = mt_narrow(x, 1, 0, again[i]), *wk = mt_narrow(w, 1, 0, again[i]);
+        int64_t h = counts().heuristics;
+        mt_release(mt_linear_act(xk, wk, NULL, MT_ACT_NONE));
+        assert_no_error();
+        assert_int_equal(counts().heuristics - h, asked[i]);
+        mt_release(xk);
+        mt_release(wk);
+    }
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), PLAN_CAP);
+    clear_plans();
+    mt_release(x);
+    mt_release(w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST(test_repeat_bit_identical),
+        MT_TEST(test_alignment_keys),
+        MT_TEST(test_no_algo_cached),
+        MT_TEST(test_eviction),
+    };
+    MT_RUN_TESTS(tests);
+}
