@@ -3,7 +3,8 @@
    calls (test/cuda_emu/mtemu_cublaslt_counts.h). Repeated calls give the bits of the first
    (uncached) call and ask the heuristic once per distinct key; operands of other alignments
    get their own plan; "no algorithm" is cached and still falls back; the least recently used
-   plan is evicted past the capacity; every cuBLASLt object of a dropped plan is destroyed. */
+   plan is evicted past the capacity; every cuBLASLt object of a dropped plan is destroyed; a
+   failed create caches nothing and leaks nothing. */
 #include "mtemu_cublaslt_counts.h"
 #include "test_util.h"
 
@@ -200,12 +201,54 @@ static void test_eviction(void **state) {
     mt_release(w);
 }
 
+/* A cuBLASLt call that fails while a plan is made (MTEMU_CUBLASLT_FAIL): a clear error naming
+   the op (ALLOC_FAILED as out of memory), no result, nothing cached and no cuBLASLt object
+   left; the next call makes the plan. A failure on a cached plan keeps the plan. */
+static void test_failures(void **state) {
+    (void)state;
+    clear_plans();
+    mt_tensor *x = make(MT_F16, MT_SHAPE(4, 8)), *w = make(MT_F16, MT_SHAPE(8, 8));
+    mt_tensor *b = make(MT_F16, MT_SHAPE(8));
+    static const char *const fails[] = {
+        "cublasLtMatmulDescCreate=3",
+        "cublasLtMatrixLayoutCreate=3",
+        "cublasLtMatmulDescSetAttribute=3",
+        "cublasLtMatmulPreferenceCreate=3",
+        "cublasLtMatmulPreferenceSetAttribute=3",
+        "cublasLtMatmulAlgoGetHeuristic=14",
+    };
+    for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
+        assert_int_equal(setenv("MTEMU_CUBLASLT_FAIL", fails[i], 1), 0);
+        assert_null(mt_linear_act(x, w, b, MT_ACT_RELU));
+        bool oom = strstr(fails[i], "=3") != NULL;
+        assert_error(oom ? MT_ERR_OOM : MT_ERR_DEVICE,
+                     oom ? "mt_linear: cuBLAS error CUBLAS_STATUS_ALLOC_FAILED"
+                         : "mt_linear: cuBLAS error CUBLAS_STATUS_INTERNAL_ERROR");
+        assert_int_equal(mt_cuda_lt_plans_count(dev()), 0);
+        assert_int_equal(counts().live, 0);
+    }
+    assert_int_equal(setenv("MTEMU_CUBLASLT_FAIL", "cublasLtMatmul=14", 1), 0);
+    assert_null(mt_linear_act(x, w, b, MT_ACT_RELU));
+    assert_error(MT_ERR_DEVICE, "mt_linear: cuBLAS error CUBLAS_STATUS_INTERNAL_ERROR");
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), 1); /* made before the matmul failed */
+    assert_int_equal(unsetenv("MTEMU_CUBLASLT_FAIL"), 0);
+    int64_t h = counts().heuristics;
+    double *v = run(x, w, b, MT_ACT_RELU);
+    assert_int_equal(counts().heuristics, h);
+    free(v);
+    clear_plans();
+    mt_release(x);
+    mt_release(w);
+    mt_release(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_repeat_bit_identical),
         MT_TEST(test_alignment_keys),
         MT_TEST(test_no_algo_cached),
         MT_TEST(test_eviction),
+        MT_TEST(test_failures),
     };
     MT_RUN_TESTS(tests);
 }

@@ -32,6 +32,9 @@
 //   MTEMU_CUBLASLT_NO_ALGO=1 in the environment makes the heuristic find no algorithm
 //   (NOT_SUPPORTED, count 0), as the real one may for a shape or alignment, so that the
 //   caller's fallback is tested.
+// Fault injection for tests of the library's error paths: MTEMU_CUBLASLT_FAIL="name=status"
+// makes the entry point `name` (a create, set, heuristic or matmul) return `status` (a
+// number) without doing anything.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -207,6 +210,16 @@ cublasStatus_t check_epilogue(const lt_desc &d, const lt_layout &dl, long long m
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t injected(const char *name) {
+    const char *v = std::getenv("MTEMU_CUBLASLT_FAIL");
+    size_t n = std::strlen(name);
+    if (!v || std::strncmp(v, name, n) != 0 || v[n] != '=') return CUBLAS_STATUS_SUCCESS;
+    int s = std::atoi(v + n + 1);
+    if (s == 0) return CUBLAS_STATUS_SUCCESS;
+    return fail(static_cast<cublasStatus_t>(s), "%s: failure injected by MTEMU_CUBLASLT_FAIL",
+                name);
+}
+
 template <typename T> cublasStatus_t set_value(T *dst, const void *buf, size_t size, int attr) {
     if (!buf || size != sizeof(T))
         return fail(CUBLAS_STATUS_INVALID_VALUE,
@@ -281,6 +294,8 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc,
                                         cublasComputeType_t computeType, cudaDataType_t scaleType) {
+    if (cublasStatus_t st = injected("cublasLtMatmulDescCreate"); st != CUBLAS_STATUS_SUCCESS)
+        return st;
     if (!matmulDesc) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulDescCreate: null");
     auto *d = new cublasLtMatmulDescOpaque_t();
     lt_desc s;
@@ -300,6 +315,8 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
                                               cublasLtMatmulDescAttributes_t attr, const void *buf,
                                               size_t sizeInBytes) {
+    if (cublasStatus_t st = injected("cublasLtMatmulDescSetAttribute"); st != CUBLAS_STATUS_SUCCESS)
+        return st;
     std::lock_guard<std::mutex> g(lt_lock);
     lt_counts.sets++;
     auto it = lt_descs.find(matmulDesc);
@@ -342,6 +359,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
                                           uint64_t rows, uint64_t cols, int64_t ld) {
+    if (cublasStatus_t st = injected("cublasLtMatrixLayoutCreate"); st != CUBLAS_STATUS_SUCCESS)
+        return st;
     if (!matLayout) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatrixLayoutCreate: null");
     if (type_size(type) == 0 || ld < static_cast<int64_t>(rows > 1 ? rows : 1))
         return fail(CUBLAS_STATUS_INVALID_VALUE,
@@ -366,6 +385,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
                               const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
                               void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
+    if (cublasStatus_t st = injected("cublasLtMatmul"); st != CUBLAS_STATUS_SUCCESS) return st;
     const char *api = "cublasLtMatmul";
     lt_desc d;
     lt_layout la, lb, lc, ld;
@@ -452,6 +472,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
+    if (cublasStatus_t st = injected("cublasLtMatmulPreferenceCreate"); st != CUBLAS_STATUS_SUCCESS)
+        return st;
     if (!pref) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceCreate: null");
     auto *p = new cublasLtMatmulPreferenceOpaque_t();
     std::lock_guard<std::mutex> g(lt_lock);
@@ -474,6 +496,9 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void *buf, size_t sizeInBytes) {
+    if (cublasStatus_t st = injected("cublasLtMatmulPreferenceSetAttribute");
+        st != CUBLAS_STATUS_SUCCESS)
+        return st;
     const char *api = "cublasLtMatmulPreferenceSetAttribute";
     std::lock_guard<std::mutex> g(lt_lock);
     lt_counts.sets++;
@@ -507,6 +532,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
     cublasLtMatmulPreference_t preference, int requestedAlgoCount,
     cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int *returnAlgoCount) {
+    if (cublasStatus_t st = injected("cublasLtMatmulAlgoGetHeuristic"); st != CUBLAS_STATUS_SUCCESS)
+        return st;
     const char *api = "cublasLtMatmulAlgoGetHeuristic";
     lt_desc d;
     lt_layout la, lb, lc, ld;
