@@ -201,6 +201,80 @@ static void test_eviction(void **state) {
     mt_release(w);
 }
 
+/* The sum of x's gradient from y = linear_act(x, w, b) with a ones cotangent (fused or not). */
+static double *grad_x(mt_tensor *x, mt_tensor *w, mt_tensor *b, bool fused) {
+    mt_tensor *xl = mt_detach(x);
+    mt_set_requires_grad(xl, true);
+    mt_tensor *y;
+    if (fused) {
+        y = mt_linear_act(xl, w, b, MT_ACT_GELU_TANH);
+    } else {
+        mt_tensor *z = mt_linear(xl, w, b);
+        y = mt_gelu_tanh(z);
+        mt_release(z);
+    }
+    assert_non_null(y);
+    mt_tensor *ones = mt_ones_like(y);
+    assert_int_equal(mt_backward(y, ones), 0);
+    mt_tensor *g = mt_grad(xl);
+    assert_non_null(g);
+    double *v = mt_test_values(g);
+    mt_release(g);
+    mt_release(ones);
+    mt_release(y);
+    mt_release(xl);
+    return v;
+}
+
+/* One plan, other bias and pre-activation (aux) buffers: each call writes and reads its own
+   (the pointers are set per call, not cached); two pointer sets per cached call. */
+static void test_pointers_per_call(void **state) {
+    (void)state;
+    clear_plans();
+    mt_tensor *w = make(MT_F32, MT_SHAPE(16, 8)), *x[2], *b[2];
+    for (int i = 0; i < 2; i++) {
+        x[i] = make(MT_F32, MT_SHAPE(4, 8));
+        b[i] = make(MT_F32, MT_SHAPE(16));
+    }
+    double *fused[2];
+    mtemu_cublaslt_counts c0 = counts();
+    for (int i = 0; i < 2; i++) fused[i] = grad_x(x[i], w, b[i], true);
+    mtemu_cublaslt_counts c1 = counts();
+    assert_int_equal(c1.heuristics - c0.heuristics, 1); /* the backward's GEMMs are cuBLAS */
+    assert_int_equal(c1.matmuls - c0.matmuls, 2);
+    for (int i = 0; i < 2; i++) {
+        double *ref = grad_x(x[i], w, b[i], false);
+        for (int k = 0; k < 4 * 8; k++)
+            if (fabs(fused[i][k] - ref[k]) > 1e-5 + 1e-5 * fabs(ref[k]))
+                fail_msg("call %d element %d: fused %g, unfused %g", i, k, fused[i][k], ref[k]);
+        free(ref);
+        free(fused[i]);
+    }
+    /* a miss without aux (10 sets: 5 on the descriptor, 5 on the preference), a hit of it
+       (the bias pointer), a hit with aux (the bias and aux pointers) */
+    int64_t sets[4], h = counts().heuristics;
+    sets[0] = counts().sets;
+    mt_release(mt_linear_act(x[0], w, b[0], MT_ACT_GELU_TANH)); /* no grad: no aux, a new key */
+    sets[1] = counts().sets;
+    mt_release(mt_linear_act(x[0], w, b[0], MT_ACT_GELU_TANH));
+    sets[2] = counts().sets;
+    free(grad_x(x[0], w, b[0], true));
+    sets[3] = counts().sets;
+    assert_no_error();
+    assert_int_equal(counts().heuristics - h, 1);
+    assert_int_equal(sets[1] - sets[0], 10);
+    assert_int_equal(sets[2] - sets[1], 1);
+    assert_int_equal(sets[3] - sets[2], 2);
+    print_message("# F32 GELU_TANH+bias with aux (training) cached: %lld sets per call\n",
+                  (long long)(sets[3] - sets[2]));
+    clear_plans();
+    for (int i = 0; i < 2; i++) {
+        mt_release(x[i]);
+        mt_release(b[i]);
+    }
+    mt_release(w);
+}
+
 /* A cuBLASLt call that fails while a plan is made (MTEMU_CUBLASLT_FAIL): a clear error naming
    the op (ALLOC_FAILED as out of memory), no result, nothing cached and no cuBLASLt object
    left; the next call makes the plan. A failure on a cached plan keeps the plan. */
@@ -244,11 +318,9 @@ static void test_failures(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_repeat_bit_identical),
-        MT_TEST(test_alignment_keys),
-        MT_TEST(test_no_algo_cached),
-        MT_TEST(test_eviction),
-        MT_TEST(test_failures),
+        MT_TEST(test_repeat_bit_identical), MT_TEST(test_alignment_keys),
+        MT_TEST(test_no_algo_cached),       MT_TEST(test_eviction),
+        MT_TEST(test_pointers_per_call),    MT_TEST(test_failures),
     };
     MT_RUN_TESTS(tests);
 }

@@ -96,22 +96,22 @@ static int set_pointers(const lt_plan *p, const void *bias, void *aux) {
     return rc;
 }
 
+static int layout(cublasLtMatrixLayout_t *l, int32_t type, uint64_t rows, uint64_t cols,
+                  int64_t ld) {
+    return mt_cublas_check(LT_OP,
+                           mt_cublas()->lt_layout_create(l, (cudaDataType)type, rows, cols, ld));
+}
+
 /* The descriptor and layouts of k (the pointers of this call set too: the heuristic sees
-   the descriptor as the matmul will). */
+   the descriptor as the matmul will). Compute and scale types are always FP32 (the
+   epilogue's tensor-core types), so they are not in the key. */
 static int plan_describe(lt_plan *p, const void *bias, void *aux) {
-    const mt_cublas_api *api = mt_cublas();
     const mt_lt_plan_key *k = &p->key;
-    cudaDataType t = (cudaDataType)k->type_ab, td = (cudaDataType)k->type_d;
-    int rc = mt_cublas_check(LT_OP, api->lt_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (!rc)
-        rc =
-            mt_cublas_check(LT_OP, api->lt_layout_create(&p->la, t, k->a_rows, k->a_cols, k->a_ld));
-    if (!rc)
-        rc =
-            mt_cublas_check(LT_OP, api->lt_layout_create(&p->lb, t, k->b_rows, k->b_cols, k->b_ld));
-    if (!rc)
-        rc = mt_cublas_check(LT_OP,
-                             api->lt_layout_create(&p->ld, td, k->d_rows, k->d_cols, k->d_ld));
+    int rc = mt_cublas_check(LT_OP,
+                             mt_cublas()->lt_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!rc) rc = layout(&p->la, k->type_ab, k->a_rows, k->a_cols, k->a_ld);
+    if (!rc) rc = layout(&p->lb, k->type_ab, k->b_rows, k->b_cols, k->b_ld);
+    if (!rc) rc = layout(&p->ld, k->type_d, k->d_rows, k->d_cols, k->d_ld);
     int32_t ty = k->type_d;
     if (!rc) rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &k->opa, sizeof k->opa);
     if (!rc) rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &k->opb, sizeof k->opb);
