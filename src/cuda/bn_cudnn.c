@@ -17,27 +17,23 @@ static void ncs(const mt_tensor *x, int64_t *n, int64_t *c, int64_t *s) {
     for (int d = 2; d < x->ndim; d++) *s *= x->shape[d];
 }
 
-bool mt_cudnn_bn_fits(const mt_tensor *x) {
-    int64_t n, c, s;
-    ncs(x, &n, &c, &s);
-    return x->ndim >= 2 && n > 0 && c > 0 && s > 0 && x->numel <= INT_MAX &&
-           (mt_is_contiguous(x) || mt_cuda_bn_nhwc(x));
-}
-
 /* The batch goes into a grid dimension of cuDNN's kernels: PyTorch (aten Normalization.cpp,
    since pytorch#32763 for cuDNN 7.6) uses them only up to these batches. */
 #define BN_MAX_BATCH_TRAINING  880801
 #define BN_MAX_BATCH_INFERENCE 65535
 
-bool mt_cudnn_bn_batch_fits(const mt_tensor *x, bool training) {
-    return x->ndim > 0 &&
-           x->shape[0] <= (training ? BN_MAX_BATCH_TRAINING : BN_MAX_BATCH_INFERENCE);
+bool mt_cudnn_bn_fits(const mt_tensor *x, bool training) {
+    int64_t n, c, s;
+    ncs(x, &n, &c, &s);
+    return x->ndim >= 2 && n > 0 && c > 0 && s > 0 && x->numel <= INT_MAX &&
+           n <= (training ? BN_MAX_BATCH_TRAINING : BN_MAX_BATCH_INFERENCE) &&
+           (mt_is_contiguous(x) || mt_cuda_bn_nhwc(x));
 }
 
 /* BF16 stays on the own kernels: cuDNN's legacy batch norm is documented for HALF, FLOAT and
    DOUBLE activations. */
-static bool fits(const mt_tensor *x) {
-    return mt_cudnn_bn_fits(x) && x->dtype != MT_BF16;
+static bool fits(const mt_tensor *x, bool training) {
+    return mt_cudnn_bn_fits(x, training) && x->dtype != MT_BF16;
 }
 
 static bool same_layout(const mt_tensor *a, const mt_tensor *x) {
@@ -46,13 +42,13 @@ static bool same_layout(const mt_tensor *a, const mt_tensor *x) {
 
 bool mt_cudnn_bn_applies(const mt_bn_args *a) {
     return a->training && !a->relu && !a->residual && !a->running_mean == !a->running_var &&
-           fits(a->x) && mt_cudnn_bn_batch_fits(a->x, true) && mt_cudnn_available();
+           fits(a->x, true) && mt_cudnn_available();
 }
 
 /* cuDNN reads x and dy and writes dx in one data type and layout */
 bool mt_cudnn_bn_backward_applies(const mt_bn_backward_args *a) {
-    return a->training && !a->y && !a->gres && fits(a->x) && mt_cudnn_bn_batch_fits(a->x, true) &&
-           a->gy->dtype == a->x->dtype && same_layout(a->gy, a->x) &&
+    return a->training && !a->y && !a->gres && fits(a->x, true) && a->gy->dtype == a->x->dtype &&
+           same_layout(a->gy, a->x) &&
            (!a->gx || (a->gx->dtype == a->x->dtype && same_layout(a->gx, a->x))) &&
            mt_cudnn_available();
 }
@@ -61,8 +57,7 @@ bool mt_cudnn_bn_backward_applies(const mt_bn_backward_args *a) {
    minimum). It writes y only: the saved statistics come from a small kernel. */
 bool mt_cudnn_bn_eval_applies(const mt_bn_args *a) {
     return !a->training && !a->relu && !a->residual && a->running_mean && a->running_var &&
-           a->eps >= CUDNN_BN_MIN_EPSILON && fits(a->x) && mt_cudnn_bn_batch_fits(a->x, false) &&
-           mt_cudnn_available();
+           a->eps >= CUDNN_BN_MIN_EPSILON && fits(a->x, false) && mt_cudnn_available();
 }
 
 cudnnDataType_t mt_cudnn_dtype(mt_dtype dt) {

@@ -29,8 +29,8 @@ static void ex_state_free(void *p) {
 bool mt_cudnn_bn_ex_applies(const mt_bn_args *a) {
     const mt_tensor *x = a->x, *r = a->residual;
     return a->training && a->relu && a->state && x->dtype == MT_F16 && mt_cuda_bn_nhwc(x) &&
-           x->shape[1] % 4 == 0 && mt_cudnn_bn_fits(x) && mt_cudnn_bn_batch_fits(x, true) &&
-           a->save_mean->dtype == MT_F32 && !a->running_mean == !a->running_var &&
+           x->shape[1] % 4 == 0 && mt_cudnn_bn_fits(x, true) && a->save_mean->dtype == MT_F32 &&
+           !a->running_mean == !a->running_var &&
            (!r || (r->dtype == x->dtype && mt_cuda_bn_nhwc(r))) && mt_cudnn_available();
 }
 

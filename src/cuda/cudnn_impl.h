@@ -140,12 +140,10 @@ typedef struct {
     mt_tensor *tmp[6];
 } mt_cudnn_bn_call;
 /* True when x fits cuDNN's batch norm: [N, C, ...] with every count > 0, at most INT_MAX
-   elements, contiguous or dense NHWC. */
-bool mt_cudnn_bn_fits(const mt_tensor *x);
-/* True when x's batch N is one cuDNN's spatial batch norm kernels take: at most 880,801 in
-   training, 65,535 in inference (the bounds within which PyTorch uses them; larger batches
+   elements, contiguous or dense NHWC, and a batch N its spatial kernels take: at most 880,801
+   in training, 65,535 in inference (the bounds within which PyTorch uses them; larger batches
    run on the own kernels). */
-bool mt_cudnn_bn_batch_fits(const mt_tensor *x, bool training);
+bool mt_cudnn_bn_fits(const mt_tensor *x, bool training);
 int mt_cudnn_bn_begin(const char *op, mt_cudnn_bn_call *b, const mt_tensor *x, mt_dtype pdt);
 void mt_cudnn_bn_end(mt_cudnn_bn_call *b);
 /* t's data, or a temporary [C] of the parameters' dtype filled with fill (NAN: left
