@@ -149,6 +149,15 @@ static int scale_c(mt_cuda_device_ctx *ctx, mt_tensor *c, double beta) {
     return mt_cuda_check(GEMM_OP, (cudaError_t)st);
 }
 
+/* dst = src (any layout and dtypes) with the copy kernel, on the context's stream. */
+static int copy_kernel(mt_cuda_device_ctx *ctx, const char *op, mt_tensor *dst,
+                       const mt_tensor *src) {
+    const mt_tensor *ops[2] = {dst, src};
+    mt_cuda_iter it;
+    mt_cuda_iter_init(&it, 2, ops);
+    return mt_cuda_check(op, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
+}
+
 /* A contiguous device copy of operand t into *out, queued on the stream. Broadcast batch
    dims (stride 0) stay size 1 in the copy, so a broadcast is never materialised. */
 static int dense_copy(mt_cuda_device_ctx *ctx, const mt_tensor *t, mt_tensor **out) {
@@ -159,10 +168,7 @@ static int dense_copy(mt_cuda_device_ctx *ctx, const mt_tensor *t, mt_tensor **o
     mt_tensor_header_init(&src, t->storage, t->dtype, t->ndim, shape, t->strides, t->offset);
     mt_tensor *d = mt_tensor_new(GEMM_OP, t->ndim, shape, t->dtype, t->device);
     if (!d) return MT_ERR_OOM;
-    const mt_tensor *ops[2] = {d, &src};
-    mt_cuda_iter it;
-    mt_cuda_iter_init(&it, 2, ops);
-    int rc = mt_cuda_check(GEMM_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
+    int rc = copy_kernel(ctx, GEMM_OP, d, &src);
     if (rc) {
         mt_tensor_unref(d);
         return rc;
@@ -305,10 +311,7 @@ static int gemm_bias_blas(mt_cuda_device_ctx *ctx, mt_tensor *dst, const mt_tens
     mt_tensor_header_init(&bh, bias->storage, bias->dtype, 2,
                           (int64_t[]){dst->shape[0], dst->shape[1]},
                           (int64_t[]){0, bias->strides[0]}, bias->offset);
-    const mt_tensor *ops[2] = {dst, &bh};
-    mt_cuda_iter it;
-    mt_cuda_iter_init(&it, 2, ops);
-    int rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
+    int rc = copy_kernel(ctx, EPI_OP, dst, &bh);
     return rc ? rc : mt_cuda_gemm(dst, a, b, 1.0, 1.0);
 }
 
@@ -322,26 +325,15 @@ static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args
     int rc = z ? 0 : MT_ERR_OOM;
     if (!rc && e->bias) { /* cuBLASLt's bias has D's type: FP32 here */
         b32 = mt_tensor_new(EPI_OP, 1, e->bias->shape, MT_F32, e->bias->device);
-        const mt_tensor *ops[2] = {b32, e->bias};
-        mt_cuda_iter it;
-        if (b32) mt_cuda_iter_init(&it, 2, ops);
-        rc = b32 ? mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it)) : MT_ERR_OOM;
+        rc = b32 ? copy_kernel(ctx, EPI_OP, b32, e->bias) : MT_ERR_OOM;
     }
     if (!rc)
         rc = lt_matmul(ctx, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL, NULL,
                        b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
-    const mt_tensor *to_pre[2] = {e->pre, z}, *to_c[2] = {e->c, z};
-    mt_cuda_iter it;
-    if (*no_algo) {
-    } else if (!rc && e->pre) {
-        mt_cuda_iter_init(&it, 2, to_pre);
-        rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
-    }
-    if (!rc && !*no_algo) rc = act_kernel(ctx, e->act, z, z);
-    if (!rc && !*no_algo) {
-        mt_cuda_iter_init(&it, 2, to_c);
-        rc = mt_cuda_check(EPI_OP, (cudaError_t)mt_cuda_copy(&ctx->kctx, &it));
-    }
+    bool queued = !rc && !*no_algo; /* else: an error, or nothing ran and the caller falls back */
+    if (queued && e->pre) rc = copy_kernel(ctx, EPI_OP, e->pre, z);
+    if (queued && !rc) rc = act_kernel(ctx, e->act, z, z);
+    if (queued && !rc) rc = copy_kernel(ctx, EPI_OP, e->c, z);
     mt_tensor_unref(z); /* stream order keeps them alive for the queued work */
     mt_tensor_unref(b32);
     return rc;
