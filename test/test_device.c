@@ -446,6 +446,35 @@ static void test_memory_flat_over_steps(void **state) {
     assert_true(e.cached_bytes > 0 || !caches(m->dev));
 }
 
+/* On the emulated device a block the caching allocator hands out again comes back filled
+   with 0xFF (NaN), as fresh blocks do, never with the last tensor's values: a kernel that reads
+   its output before writing it then fails the same way on every run. */
+static void test_reused_block_poisoned(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    const int64_t n = 1000;
+    mt_tensor *t = mt_full(1, &n, MT_F32, d, 3.0);
+    assert_non_null(t);
+    mt_memory_stats before = stats(d);
+    mt_release(t);
+    assert_true(stats(d).cached_bytes > before.cached_bytes); /* the block went to the cache */
+    mt_tensor *u = mt_empty(1, &n, MT_F32, d);
+    assert_non_null(u);
+    assert_true(stats(d).cached_bytes == before.cached_bytes); /* and came back from it */
+    uint32_t bits[1000];
+    assert_int_equal(mt_copy_to_host(u, bits, sizeof bits), 0);
+    for (int64_t i = 0; i < n; i++)
+        if (bits[i] != 0xFFFFFFFFu)
+            fail_msg("element %lld of a reused block is 0x%08x, not the 0xFF poison", (long long)i,
+                     (unsigned)bits[i]);
+    mt_release(u);
+}
+
+static bool emulated_device(void) {
+    const char *e = getenv("MT_TEST_EMULATED");
+    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
+}
+
 /* ------------------------------------------------------------------ (e) out of memory */
 
 /* A step that runs out of memory (mt_debug_set_alloc_limit: tensor storage on the host and
@@ -645,6 +674,9 @@ int main(void) {
         DEVICE_TEST(test_bad_label_reported_then_recovers),
         DEVICE_TEST(test_embedding_checks_indices_without_sync),
         DEVICE_TEST(test_memory_flat_over_steps),
+        emulated_device() ? (struct CMUnitTest)DEVICE_TEST(test_reused_block_poisoned)
+                          : MT_TEST_SKIPPED(test_reused_block_poisoned,
+                                            "the emulated device's allocator poisoning"),
         DEVICE_TEST(test_oom_in_forward_changes_nothing),
         DEVICE_TEST(test_oom_in_backward_changes_nothing),
         DEVICE_TEST(test_missing_cuda_device),

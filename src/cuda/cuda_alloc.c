@@ -104,6 +104,19 @@ static void *device_malloc(int device, size_t size) {
     return p;
 }
 
+#if defined(MT_CUDA_EMU)
+/* On the emulated device a block handed out again is refilled with 0xFF (NaN in every float
+   format, like the emulator's fresh cudaMalloc blocks), so a kernel that reads an output
+   before writing it (an accumulation into memory nobody zeroed) fails the same way every
+   time instead of reading whatever the block's last tensor left there. Queued on the
+   device's queue, it runs after every kernel that used the block before it was freed. */
+static void poison_reused(int device, void *p, size_t size) {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != device) cudaSetDevice(device);
+    if (cudaMemsetAsync(p, 0xFF, size, NULL) != cudaSuccess) (void)cudaGetLastError();
+}
+#endif
+
 void *mt_cuda_alloc(int device, size_t nbytes) {
     size_t limit = mt_alloc_limit();
     if ((limit && nbytes > limit) || device < 0 || device >= MAX_DEVICES) return NULL;
@@ -116,6 +129,9 @@ void *mt_cuda_alloc(int device, size_t nbytes) {
     if (c && c->n > 0) {
         p = c->blocks[--c->n];
         dp->cached -= (int64_t)size;
+#if defined(MT_CUDA_EMU)
+        poison_reused(device, p, size);
+#endif
     } else {
         p = device_malloc(device, size);
         if (!p) {
