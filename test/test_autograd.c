@@ -1,7 +1,6 @@
 /* The backward engine: order, accumulation, grad mode, detach, tape lifetime, version
    counters, errors, long chains, scopes and reference cycles. */
 #include <pthread.h>
-#include <threads.h>
 #include "test_util.h"
 
 static mt_tensor *leaf_from(const double *v, int ndim, const int64_t *shape) {
@@ -580,7 +579,7 @@ typedef struct {
     double scale;
     int steps, failed;
 } shared_leaf_job;
-static int shared_leaf_worker(void *arg) {
+static void *shared_leaf_worker(void *arg) {
     shared_leaf_job *j = arg;
     for (int i = 0; i < j->steps; i++) {
         mt_scope_begin();
@@ -589,17 +588,17 @@ static int shared_leaf_worker(void *arg) {
         mt_scope_end();
     }
     if (mt_last_status() != MT_OK) j->failed = 1;
-    return 0;
+    return NULL;
 }
 static void test_shared_leaf_threads(void **state) {
     (void)state;
     mt_tensor *w = mt_ones(MT_SHAPE(1 << 20), MT_F64, mt_test_device());
     mt_set_requires_grad(w, true);
     shared_leaf_job jobs[2] = {{w, 1.0, 40, 0}, {w, 2.0, 40, 0}};
-    thrd_t t[2];
+    pthread_t t[2];
     for (int i = 0; i < 2; i++)
-        assert_int_equal(thrd_create(&t[i], shared_leaf_worker, &jobs[i]), thrd_success);
-    for (int i = 0; i < 2; i++) thrd_join(t[i], NULL);
+        assert_int_equal(pthread_create(&t[i], NULL, shared_leaf_worker, &jobs[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
     assert_false(jobs[0].failed || jobs[1].failed);
     mt_tensor *g = mt_grad(w);
     double *v = mt_test_values(g);

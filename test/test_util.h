@@ -176,8 +176,15 @@ static inline void mt_test_announce_device(void) {
     fflush(stdout);
 }
 
+/* MT_TEST_FILTER=pattern runs only the cases whose names match (cmocka's * and ? wildcards):
+   the ThreadSanitizer run of tools/run_tests.sh takes the "*thread*" cases of a program. */
+static inline void mt_test_apply_filter(void) {
+    const char *f = getenv("MT_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
+}
+
 #define MT_RUN_TESTS(tests)                                                                        \
-    (mt_test_announce_device(), cmocka_set_message_output(CM_OUTPUT_TAP),                          \
+    (mt_test_announce_device(), mt_test_apply_filter(), cmocka_set_message_output(CM_OUTPUT_TAP),  \
      cmocka_run_group_tests(tests, NULL, NULL))
 
 /* Fails the test with the library's message when an error is pending. */

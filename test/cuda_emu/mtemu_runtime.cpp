@@ -42,6 +42,9 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
 
 // x86-64 switches stacks with a few instructions; other machines (or -DMTEMU_UCONTEXT, to
 // compare) use swapcontext, ten times slower: it saves the signal mask with two syscalls.
@@ -83,6 +86,34 @@ void asan_start_switch(void **, const void *, size_t) {}
 void asan_finish_switch(void *, const void **, size_t *) {}
 void asan_poison(const void *, size_t) {}
 void asan_unpoison(const void *, size_t) {}
+#endif
+
+// ---- ThreadSanitizer must be told about every stack switch too (its shadow call stack is
+// per fiber); it then checks the host side (fake runtime, library, threads of ranks) while
+// the fibers of one block, which run one after another on one OS thread, synchronise at
+// each switch. No-ops without TSan.
+#if defined(__SANITIZE_THREAD__)
+void *tsan_current_fiber() {
+    return __tsan_get_current_fiber();
+}
+void *tsan_new_fiber() {
+    return __tsan_create_fiber(0);
+}
+void tsan_drop_fiber(void *f) {
+    if (f) __tsan_destroy_fiber(f);
+}
+void tsan_switch(void *to) {
+    __tsan_switch_to_fiber(to, 0);
+}
+#else
+void *tsan_current_fiber() {
+    return nullptr;
+}
+void *tsan_new_fiber() {
+    return nullptr;
+}
+void tsan_drop_fiber(void *) {}
+void tsan_switch(void *) {}
 #endif
 
 // ---- machine contexts
@@ -151,6 +182,7 @@ struct fiber {
     machine_context ctx;
     char *stack_lo; // lowest usable byte, just above the guard page
     void *asan_fake_stack = nullptr;
+    void *tsan_fiber = nullptr; // a fresh one for each use of the stack (see acquire)
     int thread = -1; // linear id of the CUDA thread it runs
     bool finished = false;
 };
@@ -162,7 +194,10 @@ class fiber_pool {
     fiber_pool(const fiber_pool &) = delete;
     fiber_pool &operator=(const fiber_pool &) = delete;
     ~fiber_pool() {
-        for (auto &f : all_) munmap(f->stack_lo - page_bytes(), map_bytes());
+        for (auto &f : all_) {
+            tsan_drop_fiber(f->tsan_fiber);
+            munmap(f->stack_lo - page_bytes(), map_bytes());
+        }
     }
 
     fiber *acquire() {
@@ -172,6 +207,9 @@ class fiber_pool {
         f->thread = -1;
         f->finished = false;
         f->asan_fake_stack = nullptr;
+        // TSan: fiber_main never returns, so a reused TSan fiber would keep its frames
+        tsan_drop_fiber(f->tsan_fiber);
+        f->tsan_fiber = tsan_new_fiber();
         return f;
     }
     void release(fiber *f) { idle_.push_back(f); }
@@ -305,6 +343,7 @@ class scheduler {
     machine_context sched_ctx_{};
     fiber *current_ = nullptr;
     void *sched_fake_stack_ = nullptr;
+    void *sched_tsan_fiber_ = nullptr; // the OS thread's own, where the scheduler runs
     const void *host_stack_bottom_ = nullptr;
     size_t host_stack_size_ = 0;
 
@@ -424,6 +463,8 @@ void scheduler::run_block() {
 void scheduler::resume(fiber *f) {
     current_ = f;
     detail::t_thread_idx = f->thread >= 0 ? &threads_[f->thread].idx : nullptr;
+    sched_tsan_fiber_ = tsan_current_fiber();
+    tsan_switch(f->tsan_fiber);
     asan_start_switch(&sched_fake_stack_, f->stack_lo, stack_bytes);
     switch_context(sched_ctx_, f->ctx);
     asan_finish_switch(sched_fake_stack_, nullptr, nullptr);
@@ -432,6 +473,7 @@ void scheduler::resume(fiber *f) {
 // The scheduler's side of a waiting thread: back to the scheduler until released.
 void scheduler::wait() {
     fiber *self = current_;
+    tsan_switch(sched_tsan_fiber_);
     asan_start_switch(&self->asan_fake_stack, host_stack_bottom_, host_stack_size_);
     switch_context(self->ctx, sched_ctx_);
     asan_finish_switch(self->asan_fake_stack, nullptr, nullptr);
@@ -443,6 +485,7 @@ void scheduler::fiber_main() {
     s.run_threads();
     fiber *self = s.current_;
     self->finished = true;
+    tsan_switch(s.sched_tsan_fiber_);
     asan_start_switch(nullptr, s.host_stack_bottom_, s.host_stack_size_); // this stack is done
     switch_context(self->ctx, s.sched_ctx_);
     __builtin_unreachable(); // a finished fiber is never resumed
