@@ -4,6 +4,7 @@
    the CPU's features, so a portable build (-Dnative=false) runs them where the CPU has them;
    both versions give the same bits (the vector code rounds exactly as src/math). */
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -76,15 +77,19 @@ MT_TARGET_AVX2 static void f32_to_bf16_avx2(const float *src, uint16_t *dst, int
 /* Whether this CPU runs the AVX2/F16C versions; MT_CPU_ISA=generic forces the scalar ones
    (to test them on any machine). Read once. */
 static bool use_avx2(void) {
-    static int state; /* 0 unknown, 1 yes, 2 no: a benign race computes the same answer */
-    if (!state) {
+    /* 0 unknown, 1 yes, 2 no. Threads that race to fill it in compute the same answer; the
+       atomic makes that race defined (relaxed: nothing else is published with it). */
+    static atomic_int state;
+    int known = atomic_load_explicit(&state, memory_order_relaxed);
+    if (!known) {
         const char *isa = getenv("MT_CPU_ISA");
         bool generic = isa && strcmp(isa, "generic") == 0;
         __builtin_cpu_init();
-        state =
+        known =
             !generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 2;
+        atomic_store_explicit(&state, known, memory_order_relaxed);
     }
-    return state == 1;
+    return known == 1;
 }
 #define DISPATCH(name, ...) (use_avx2() ? name##_avx2(__VA_ARGS__) : name##_scalar(__VA_ARGS__))
 #else

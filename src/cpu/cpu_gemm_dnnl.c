@@ -8,13 +8,17 @@
    batch dim, stride 0 or size 1, becomes a dim of size 1), so nothing is copied. The linear
    epilogue (bias, activation) is the matmul's bias argument and an eltwise post-op, applied
    to the FP32 sums before the one rounding. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cpu_dnnl.h"
 
 bool mt_cpu_bf16_gemm_native(void) {
-    static int state; /* 0 unknown, 1 yes, 2 no: a benign race computes the same answer */
-    if (!state) {
+    /* 0 unknown, 1 yes, 2 no. Threads that race to fill it in compute the same answer; the
+       atomic makes that race defined (relaxed: nothing else is published with it). */
+    static atomic_int state;
+    int known = atomic_load_explicit(&state, memory_order_relaxed);
+    if (!known) {
         const char *v = getenv("MT_CPU_BF16_GEMM");
         bool off = v && strcmp(v, "convert") == 0;
         bool has = false;
@@ -22,9 +26,10 @@ bool mt_cpu_bf16_gemm_native(void) {
         __builtin_cpu_init();
         has = __builtin_cpu_supports("avx512bf16");
 #endif
-        state = has && !off ? 1 : 2;
+        known = has && !off ? 1 : 2;
+        atomic_store_explicit(&state, known, memory_order_relaxed);
     }
-    return state == 1;
+    return known == 1;
 }
 
 /* The primitive's key: every descriptor it depends on (zero-filled padding). */
