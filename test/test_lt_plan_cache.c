@@ -5,6 +5,7 @@
    get their own plan; "no algorithm" is cached and still falls back; the least recently used
    plan is evicted past the capacity; every cuBLASLt object of a dropped plan is destroyed; a
    failed create caches nothing and leaks nothing. */
+#include <pthread.h>
 #include "mtemu_cublaslt_counts.h"
 #include "test_util.h"
 
@@ -316,11 +317,79 @@ static void test_failures(void **state) {
     mt_release(b);
 }
 
+/* Threads share a device's cache: four threads, two of them with the same shapes (one key),
+   run their linears at once, over and over. Every result has the bits of the single-threaded
+   run, and each distinct key was created and asked of the heuristic exactly once (the lock
+   covers look-up, create and the queued matmul). Under ThreadSanitizer (tools/run_tests.sh's
+   tsan build) this is also the cache's race test. */
+typedef struct {
+    mt_tensor *x, *w, *b;
+    const float *want;
+    int64_t n;
+    int reps, failed;
+} lt_thread_job;
+
+static void *lt_thread_main(void *arg) {
+    lt_thread_job *j = arg;
+    float *got = malloc((size_t)j->n * sizeof *got);
+    for (int r = 0; got && r < j->reps && !j->failed; r++) {
+        mt_tensor *y = mt_linear_act(j->x, j->w, j->b, MT_ACT_RELU);
+        if (!y || mt_copy_to_host(y, got, (size_t)j->n * sizeof *got) != 0 ||
+            memcmp(got, j->want, (size_t)j->n * sizeof *got) != 0)
+            j->failed = 1;
+        mt_release(y);
+    }
+    if (!got) j->failed = 1;
+    free(got);
+    return NULL;
+}
+
+static void test_threads_share_plans(void **state) {
+    (void)state;
+    enum { THREADS = 4 };
+    const int64_t rows[THREADS] = {16, 8, 12, 16}, in[THREADS] = {32, 48, 40, 32},
+                  out[THREADS] = {24, 16, 20, 24}; /* threads 0 and 3: one key */
+    lt_thread_job jobs[THREADS];
+    float *want[THREADS];
+    for (int k = 0; k < THREADS; k++) {
+        mt_tensor *x = make(MT_F32, MT_SHAPE(rows[k], in[k]));
+        mt_tensor *w = make(MT_F32, MT_SHAPE(out[k], in[k])), *b = make(MT_F32, MT_SHAPE(out[k]));
+        int64_t n = rows[k] * out[k];
+        want[k] = malloc((size_t)n * sizeof *want[k]);
+        assert_non_null(want[k]);
+        mt_tensor *y = mt_linear_act(x, w, b, MT_ACT_RELU);
+        assert_no_error();
+        assert_int_equal(mt_copy_to_host(y, want[k], (size_t)n * sizeof *want[k]), 0);
+        mt_release(y);
+        jobs[k] = (lt_thread_job){x, w, b, want[k], n, 25, 0};
+    }
+    clear_plans();
+    mtemu_cublaslt_counts c0 = counts();
+    pthread_t th[THREADS];
+    for (int k = 0; k < THREADS; k++)
+        assert_int_equal(pthread_create(&th[k], NULL, lt_thread_main, &jobs[k]), 0);
+    for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < THREADS; k++)
+        if (jobs[k].failed) fail_msg("thread %d: a result differs from the single-threaded one", k);
+    mtemu_cublaslt_counts c1 = counts();
+    assert_int_equal(mt_cuda_lt_plans_count(dev()), 3);
+    assert_int_equal(c1.heuristics - c0.heuristics, 3);
+    assert_int_equal(c1.matmuls - c0.matmuls, THREADS * 25);
+    clear_plans();
+    for (int k = 0; k < THREADS; k++) {
+        free(want[k]);
+        mt_release(jobs[k].x);
+        mt_release(jobs[k].w);
+        mt_release(jobs[k].b);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_repeat_bit_identical), MT_TEST(test_alignment_keys),
         MT_TEST(test_no_algo_cached),       MT_TEST(test_eviction),
         MT_TEST(test_pointers_per_call),    MT_TEST(test_failures),
+        MT_TEST(test_threads_share_plans),
     };
     MT_RUN_TESTS(tests);
 }
