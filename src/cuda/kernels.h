@@ -65,8 +65,9 @@ typedef struct {
     mt_dtype dtype[MT_CUDA_ITER_MAX];
 } mt_cuda_iter;
 
-/* ---- elementwise (elementwise.cu). F16/BF16 load to FP32 registers and store rounded to
-   nearest even with src/math/half.h; F64 computes in double; formulas from src/math. */
+/* ---- elementwise (unary, binary: elementwise.cu; copy, fill, where, random, has_nonfinite:
+   copy_fill.cu). F16/BF16 load to FP32 registers and store rounded to nearest even with
+   src/math/half.h; F64 computes in double; formulas from src/math. */
 /* it: {dst, src}; any dtype pair */
 int mt_cuda_copy(const mt_cuda_ctx *c, const mt_cuda_iter *it);
 /* it: {dst}; value converted to dst's dtype as the CPU fill does */

@@ -220,6 +220,87 @@ cudnnStatus_t both_or_none(const char *api, const void *a, const void *b, const 
     return fail(CUDNN_STATUS_BAD_PARAM, "%s: %s must both be given or both NULL", api, what);
 }
 
+const char *bytes(const void *p) {
+    return static_cast<const char *>(p);
+}
+char *bytes(void *p) {
+    return static_cast<char *>(p);
+}
+
+// ---- the training forward
+
+// A training forward's data, by value (queued with the work): the inputs, the outputs, the
+// optional statistics (running: updated; saved: written) and the reserve space (the ReLU mask).
+struct fwd_data {
+    const char *x, *z, *scale, *bias;
+    char *y, *running_mean, *running_var, *save_mean, *save_inv_var, *reserve;
+};
+// Its scalars: the blend factors, the running average's factor, epsilon, and the activation
+// (a ReLU, propagating NaN or not).
+struct fwd_math {
+    double alpha, beta, factor, eps;
+    bool act, nan;
+};
+
+// The forward's pointers: the statistics given in pairs, each pointer device memory of its
+// size.
+cudnnStatus_t fwd_check_data(const char *api, const bn_shape &b, const fwd_data &d) {
+    cudnnStatus_t st =
+        both_or_none(api, d.running_mean, d.running_var, "running mean and variance");
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = both_or_none(api, d.save_mean, d.save_inv_var, "saved mean and inverse variance");
+    if (st == CUDNN_STATUS_SUCCESS)
+        st =
+            bn_memory(api, b, {{"x", d.x}, {"y", d.y}}, {{"bnScale", d.scale}, {"bnBias", d.bias}});
+    if (st == CUDNN_STATUS_SUCCESS && d.z) st = bn_memory(api, b, {{"z", d.z}}, {});
+    if (st == CUDNN_STATUS_SUCCESS && d.running_mean)
+        st = bn_memory(
+            api, b, {},
+            {{"resultRunningMean", d.running_mean}, {"resultRunningVariance", d.running_var}});
+    if (st == CUDNN_STATUS_SUCCESS && d.save_mean)
+        st =
+            bn_memory(api, b, {},
+                      {{"resultSaveMean", d.save_mean}, {"resultSaveInvVariance", d.save_inv_var}});
+    return st;
+}
+
+// Channel c of the forward: y normalised with the batch statistics (plus z, through the ReLU
+// whose mask goes to the reserve space), blended; then the running and saved statistics.
+void fwd_channel(const bn_shape &b, const fwd_math &m, const fwd_data &d, int c) {
+    double mean, var;
+    bn_stats(b, d.x, c, &mean, &var);
+    double inv = 1.0 / std::sqrt(var + m.eps), g = load(d.scale, b.pdt, c),
+           sh = load(d.bias, b.pdt, c);
+    char *rs = d.reserve;
+    for (int n = 0; n < b.n; n++)
+        for (int h = 0; h < b.h; h++)
+            for (int w = 0; w < b.w; w++) {
+                int64_t i = bn_at(b, n, c, h, w), l = logical(b, n, c, h, w);
+                double v = (load(d.x, b.dt, i) - mean) * inv * g + sh;
+                if (d.z) v += load(d.z, b.dt, i);
+                if (m.act) {
+                    bool keep = v > 0;
+                    if (!keep && !(m.nan && std::isnan(v))) v = 0;
+                    uint8_t bit = static_cast<uint8_t>(1u << (l % 8));
+                    rs[l / 8] = static_cast<char>(keep ? rs[l / 8] | bit : rs[l / 8] & ~bit);
+                }
+                v *= m.alpha;
+                if (m.beta != 0) v += m.beta * load(d.y, b.dt, i);
+                store(d.y, b.dt, i, v);
+            }
+    int64_t cnt = (int64_t)b.n * b.h * b.w;
+    double f = m.factor;
+    if (d.running_mean) { // the unbiased variance into the running estimate
+        store(d.running_mean, b.pdt, c, (1 - f) * load(d.running_mean, b.pdt, c) + f * mean);
+        store(d.running_var, b.pdt, c,
+              (1 - f) * load(d.running_var, b.pdt, c) + f * var * cnt / (double)(cnt - 1));
+    }
+    if (d.save_mean) {
+        store(d.save_mean, b.pdt, c, mean);
+        store(d.save_inv_var, b.pdt, c, inv);
+    }
+}
+
 // The training forward: the Ex call, or the plain one (ex false: bnOps BN and no z, activation,
 // workspace or reserve space).
 cudnnStatus_t forward_training(
@@ -237,74 +318,115 @@ cudnnStatus_t forward_training(
                                 {alpha, beta}, &b);
     if (st == CUDNN_STATUS_SUCCESS)
         st = ex_check(api, mode, bnOps, xDesc, zDesc, zData != nullptr, activationDesc);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = both_or_none(api, resultRunningMean, resultRunningVariance,
-                          "running mean and variance");
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = both_or_none(api, resultSaveMean, resultSaveInvVariance,
-                          "saved mean and inverse variance");
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = bn_memory(api, b, {{"x", xData}, {"y", yData}},
-                       {{"bnScale", bnScale}, {"bnBias", bnBias}});
-    if (st == CUDNN_STATUS_SUCCESS && zData) st = bn_memory(api, b, {{"z", zData}}, {});
-    if (st == CUDNN_STATUS_SUCCESS && resultRunningMean)
-        st = bn_memory(api, b, {},
-                       {{"resultRunningMean", resultRunningMean},
-                        {"resultRunningVariance", resultRunningVariance}});
-    if (st == CUDNN_STATUS_SUCCESS && resultSaveMean)
-        st = bn_memory(
-            api, b, {},
-            {{"resultSaveMean", resultSaveMean}, {"resultSaveInvVariance", resultSaveInvVariance}});
+    const fwd_data d = {bytes(xData),
+                        bytes(zData),
+                        bytes(bnScale),
+                        bytes(bnBias),
+                        bytes(yData),
+                        bytes(resultRunningMean),
+                        bytes(resultRunningVariance),
+                        bytes(resultSaveMean),
+                        bytes(resultSaveInvVariance),
+                        bytes(reserveSpace)};
+    if (st == CUDNN_STATUS_SUCCESS) st = fwd_check_data(api, b, d);
     if (st == CUDNN_STATUS_SUCCESS)
         st = spaces(api, workspace, workSpaceSizeInBytes, ex ? fwd_workspace(xDesc) : 0, bnOps,
                     xDesc, reserveSpace, reserveSpaceSizeInBytes);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    bool f64 = b.dt == CUDNN_DATA_DOUBLE;
-    double al = scalar(alpha, f64), be = scalar(beta, f64), f = exponentialAverageFactor,
-           eps = epsilon;
-    bool act = bnOps != CUDNN_BATCHNORM_OPS_BN,
-         nan = act && activationDesc->nan == CUDNN_PROPAGATE_NAN;
-    const char *xp = static_cast<const char *>(xData), *zp = static_cast<const char *>(zData),
-               *wp = static_cast<const char *>(bnScale), *bp = static_cast<const char *>(bnBias);
-    char *yp = static_cast<char *>(yData), *rm = static_cast<char *>(resultRunningMean),
-         *rv = static_cast<char *>(resultRunningVariance),
-         *sm = static_cast<char *>(resultSaveMean),
-         *si = static_cast<char *>(resultSaveInvVariance), *rs = static_cast<char *>(reserveSpace);
+    bool f64 = b.dt == CUDNN_DATA_DOUBLE, act = bnOps != CUDNN_BATCHNORM_OPS_BN;
+    const fwd_math m = {scalar(alpha, f64),
+                        scalar(beta, f64),
+                        exponentialAverageFactor,
+                        epsilon,
+                        act,
+                        act && activationDesc->nan == CUDNN_PROPAGATE_NAN};
     mtemu::enqueue(handle->stream, [=] {
-        for (int c = 0; c < b.c; c++) {
-            double mean, var;
-            bn_stats(b, xp, c, &mean, &var);
-            double inv = 1.0 / std::sqrt(var + eps), g = load(wp, b.pdt, c),
-                   sh = load(bp, b.pdt, c);
-            for (int n = 0; n < b.n; n++)
-                for (int h = 0; h < b.h; h++)
-                    for (int w = 0; w < b.w; w++) {
-                        int64_t i = bn_at(b, n, c, h, w), l = logical(b, n, c, h, w);
-                        double v = (load(xp, b.dt, i) - mean) * inv * g + sh;
-                        if (zp) v += load(zp, b.dt, i);
-                        if (act) {
-                            bool keep = v > 0;
-                            if (!keep && !(nan && std::isnan(v))) v = 0;
-                            uint8_t bit = static_cast<uint8_t>(1u << (l % 8));
-                            rs[l / 8] =
-                                static_cast<char>(keep ? rs[l / 8] | bit : rs[l / 8] & ~bit);
-                        }
-                        v *= al;
-                        if (be != 0) v += be * load(yp, b.dt, i);
-                        store(yp, b.dt, i, v);
-                    }
-            int64_t m = (int64_t)b.n * b.h * b.w;
-            if (rm) { // the unbiased variance into the running estimate
-                store(rm, b.pdt, c, (1 - f) * load(rm, b.pdt, c) + f * mean);
-                store(rv, b.pdt, c, (1 - f) * load(rv, b.pdt, c) + f * var * m / (double)(m - 1));
-            }
-            if (sm) {
-                store(sm, b.pdt, c, mean);
-                store(si, b.pdt, c, inv);
-            }
-        }
+        for (int c = 0; c < b.c; c++) fwd_channel(b, m, d, c);
     });
     return CUDNN_STATUS_SUCCESS;
+}
+
+// ---- the training backward
+
+// A training backward's data, by value: the inputs (y and the bias only with an activation;
+// the saved statistics optional), the reserve space the forward left, and the outputs (dz only
+// for BN_ADD_ACTIVATION).
+struct bwd_data {
+    const char *x, *y, *dy, *scale, *bias, *saved_mean, *saved_inv_var, *reserve;
+    char *dz, *dx, *dscale, *dbias;
+};
+// Its scalars: the blend factors of the data and parameter gradients, epsilon, and whether
+// dy goes through the forward's ReLU mask.
+struct bwd_math {
+    double alpha_data, beta_data, alpha_param, beta_param, eps;
+    bool act;
+};
+
+// The backward's pointers: the saved statistics given as a pair, each pointer device memory
+// of its size.
+cudnnStatus_t bwd_check_data(const char *api, const bn_shape &b, bool act, const bwd_data &d) {
+    cudnnStatus_t st =
+        both_or_none(api, d.saved_mean, d.saved_inv_var, "saved mean and inverse variance");
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = bn_memory(
+            api, b, {{"x", d.x}, {"dy", d.dy}, {"dx", d.dx}},
+            {{"bnScale", d.scale}, {"dBnScaleResult", d.dscale}, {"dBnBiasResult", d.dbias}});
+    if (st == CUDNN_STATUS_SUCCESS && act) // y and the bias: needed with an activation
+        st = bn_memory(api, b, {{"y", d.y}}, {{"bnBias", d.bias}});
+    if (st == CUDNN_STATUS_SUCCESS && d.dz) st = bn_memory(api, b, {{"dz", d.dz}}, {});
+    if (st == CUDNN_STATUS_SUCCESS && d.saved_mean)
+        st = bn_memory(api, b, {},
+                       {{"savedMean", d.saved_mean}, {"savedInvVariance", d.saved_inv_var}});
+    return st;
+}
+
+// dy at (n, c, h, w) through the ReLU mask the forward left in the reserve space.
+double bwd_grad(const bn_shape &b, const bwd_math &m, const bwd_data &d, int n, int c, int h,
+                int w) {
+    double g = load(d.dy, b.dt, bn_at(b, n, c, h, w));
+    return m.act && !mask_bit(d.reserve, logical(b, n, c, h, w)) ? 0.0 : g;
+}
+
+// Channel c of the backward: the statistics (saved, or computed again), the sums of dy and
+// dy * x_hat, then dx (and dz), and the parameter gradients, each blended.
+void bwd_channel(const bn_shape &b, const bwd_math &m, const bwd_data &d, int c) {
+    int64_t cnt = (int64_t)b.n * b.h * b.w;
+    double mean, inv;
+    if (d.saved_mean) {
+        mean = load(d.saved_mean, b.pdt, c);
+        inv = load(d.saved_inv_var, b.pdt, c);
+    } else {
+        double var;
+        bn_stats(b, d.x, c, &mean, &var);
+        inv = 1.0 / std::sqrt(var + m.eps);
+    }
+    double sg = 0, sgx = 0;
+    for (int n = 0; n < b.n; n++)
+        for (int h = 0; h < b.h; h++)
+            for (int w = 0; w < b.w; w++) {
+                double g = bwd_grad(b, m, d, n, c, h, w);
+                sg += g;
+                sgx += g * (load(d.x, b.dt, bn_at(b, n, c, h, w)) - mean) * inv;
+            }
+    double gamma = load(d.scale, b.pdt, c), ad = m.alpha_data, bd = m.beta_data;
+    for (int n = 0; n < b.n; n++)
+        for (int h = 0; h < b.h; h++)
+            for (int w = 0; w < b.w; w++) {
+                int64_t i = bn_at(b, n, c, h, w);
+                double g = bwd_grad(b, m, d, n, c, h, w), xh = (load(d.x, b.dt, i) - mean) * inv;
+                double v = ad * gamma * inv * (g - sg / cnt - xh * sgx / cnt);
+                if (bd != 0) v += bd * load(d.dx, b.dt, i);
+                store(d.dx, b.dt, i, v);
+                if (d.dz)
+                    store(d.dz, b.dt, i, bd != 0 ? ad * g + bd * load(d.dz, b.dt, i) : ad * g);
+            }
+    double gw = m.alpha_param * sgx, gb = m.alpha_param * sg;
+    if (m.beta_param != 0) {
+        gw += m.beta_param * load(d.dscale, b.pdt, c);
+        gb += m.beta_param * load(d.dbias, b.pdt, c);
+    }
+    store(d.dscale, b.pdt, c, gw);
+    store(d.dbias, b.pdt, c, gb);
 }
 
 // The training backward: the Ex call, or the plain one (ex false: bnOps BN and no y, dz,
@@ -328,79 +450,24 @@ backward(const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mo
     if (st == CUDNN_STATUS_SUCCESS)
         st = ex_check(api, mode, bnOps, xDesc, dzDesc, dzData != nullptr, activationDesc);
     if (st == CUDNN_STATUS_SUCCESS) st = bwd_descs(api, act, xDesc, yDesc, dxDesc);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = both_or_none(api, savedMean, savedInvVariance, "saved mean and inverse variance");
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = bn_memory(api, b, {{"x", xData}, {"dy", dyData}, {"dx", dxData}},
-                       {{"bnScale", bnScaleData},
-                        {"dBnScaleResult", dBnScaleData},
-                        {"dBnBiasResult", dBnBiasData}});
-    if (st == CUDNN_STATUS_SUCCESS && act) // y and the bias: needed with an activation
-        st = bn_memory(api, b, {{"y", yData}}, {{"bnBias", bnBiasData}});
-    if (st == CUDNN_STATUS_SUCCESS && dzData) st = bn_memory(api, b, {{"dz", dzData}}, {});
-    if (st == CUDNN_STATUS_SUCCESS && savedMean)
-        st = bn_memory(api, b, {},
-                       {{"savedMean", savedMean}, {"savedInvVariance", savedInvVariance}});
+    const bwd_data d = {
+        bytes(xData),      bytes(yData),     bytes(dyData),           bytes(bnScaleData),
+        bytes(bnBiasData), bytes(savedMean), bytes(savedInvVariance), bytes(reserveSpace),
+        bytes(dzData),     bytes(dxData),    bytes(dBnScaleData),     bytes(dBnBiasData)};
+    if (st == CUDNN_STATUS_SUCCESS) st = bwd_check_data(api, b, act, d);
     if (st == CUDNN_STATUS_SUCCESS)
         st = spaces(api, workSpace, workSpaceSizeInBytes, ex ? bwd_workspace(xDesc) : 0, bnOps,
                     xDesc, reserveSpace, reserveSpaceSizeInBytes);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     bool f64 = b.dt == CUDNN_DATA_DOUBLE;
-    double ad = scalar(alphaDataDiff, f64), bd = scalar(betaDataDiff, f64),
-           ap = scalar(alphaParamDiff, f64), bpd = scalar(betaParamDiff, f64), eps = epsilon;
-    const char *xp = static_cast<const char *>(xData), *gyp = static_cast<const char *>(dyData),
-               *wp = static_cast<const char *>(bnScaleData),
-               *smp = static_cast<const char *>(savedMean),
-               *sip = static_cast<const char *>(savedInvVariance),
-               *rs = static_cast<const char *>(reserveSpace);
-    char *gxp = static_cast<char *>(dxData), *gzp = static_cast<char *>(dzData),
-         *gwp = static_cast<char *>(dBnScaleData), *gbp = static_cast<char *>(dBnBiasData);
+    const bwd_math m = {scalar(alphaDataDiff, f64),
+                        scalar(betaDataDiff, f64),
+                        scalar(alphaParamDiff, f64),
+                        scalar(betaParamDiff, f64),
+                        epsilon,
+                        act};
     mtemu::enqueue(handle->stream, [=] {
-        int64_t m = (int64_t)b.n * b.h * b.w;
-        // dy through the ReLU mask the forward left in the reserve space
-        auto grad = [&](int n, int c, int h, int w) {
-            double g = load(gyp, b.dt, bn_at(b, n, c, h, w));
-            return act && !mask_bit(rs, logical(b, n, c, h, w)) ? 0.0 : g;
-        };
-        for (int c = 0; c < b.c; c++) {
-            double mean, inv;
-            if (smp) {
-                mean = load(smp, b.pdt, c);
-                inv = load(sip, b.pdt, c);
-            } else {
-                double var;
-                bn_stats(b, xp, c, &mean, &var);
-                inv = 1.0 / std::sqrt(var + eps);
-            }
-            double sg = 0, sgx = 0;
-            for (int n = 0; n < b.n; n++)
-                for (int h = 0; h < b.h; h++)
-                    for (int w = 0; w < b.w; w++) {
-                        double g = grad(n, c, h, w);
-                        sg += g;
-                        sgx += g * (load(xp, b.dt, bn_at(b, n, c, h, w)) - mean) * inv;
-                    }
-            double gamma = load(wp, b.pdt, c);
-            for (int n = 0; n < b.n; n++)
-                for (int h = 0; h < b.h; h++)
-                    for (int w = 0; w < b.w; w++) {
-                        int64_t i = bn_at(b, n, c, h, w);
-                        double g = grad(n, c, h, w), xh = (load(xp, b.dt, i) - mean) * inv;
-                        double v = ad * gamma * inv * (g - sg / m - xh * sgx / m);
-                        if (bd != 0) v += bd * load(gxp, b.dt, i);
-                        store(gxp, b.dt, i, v);
-                        if (gzp)
-                            store(gzp, b.dt, i,
-                                  bd != 0 ? ad * g + bd * load(gzp, b.dt, i) : ad * g);
-                    }
-            double gw = ap * sgx, gb = ap * sg;
-            if (bpd != 0) {
-                gw += bpd * load(gwp, b.pdt, c);
-                gb += bpd * load(gbp, b.pdt, c);
-            }
-            store(gwp, b.pdt, c, gw);
-            store(gbp, b.pdt, c, gb);
-        }
+        for (int c = 0; c < b.c; c++) bwd_channel(b, m, d, c);
     });
     return CUDNN_STATUS_SUCCESS;
 }
