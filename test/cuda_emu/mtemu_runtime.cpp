@@ -182,7 +182,7 @@ struct fiber {
     machine_context ctx;
     char *stack_lo; // lowest usable byte, just above the guard page
     void *asan_fake_stack = nullptr;
-    void *tsan_fiber = nullptr; // a fresh one for each use of the stack (see acquire)
+    void *tsan_fiber = nullptr; // TSan's view of this stack
     int thread = -1; // linear id of the CUDA thread it runs
     bool finished = false;
 };
@@ -207,9 +207,6 @@ class fiber_pool {
         f->thread = -1;
         f->finished = false;
         f->asan_fake_stack = nullptr;
-        // TSan: fiber_main never returns, so a reused TSan fiber would keep its frames
-        tsan_drop_fiber(f->tsan_fiber);
-        f->tsan_fiber = tsan_new_fiber();
         return f;
     }
     void release(fiber *f) { idle_.push_back(f); }
@@ -229,6 +226,7 @@ class fiber_pool {
         }
         auto f = std::make_unique<fiber>();
         f->stack_lo = static_cast<char *>(p) + page_bytes();
+        f->tsan_fiber = tsan_new_fiber(); // reused with the stack: fiber_main leaves no frame
         idle_.push_back(f.get());
         all_.push_back(std::move(f));
     }
@@ -479,7 +477,9 @@ void scheduler::wait() {
     asan_finish_switch(self->asan_fake_stack, nullptr, nullptr);
 }
 
-void scheduler::fiber_main() {
+// Not instrumented by TSan: it never returns, so its function-entry record would pile up on
+// the TSan fiber each time the stack is reused.
+__attribute__((no_sanitize_thread)) void scheduler::fiber_main() {
     scheduler &s = *t_sched;
     asan_finish_switch(nullptr, &s.host_stack_bottom_, &s.host_stack_size_);
     s.run_threads();
