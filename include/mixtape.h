@@ -200,7 +200,8 @@ int64_t mt_host_sync_count(void);
    default, so that F32 results match the CPU backend (torch's allow_tf32 switch). */
 void mt_cuda_set_allow_tf32(bool on);
 
-/* Threads used by our kernels and by BLAS (default, and n <= 0: all cores). */
+/* Threads used by our kernels and by BLAS. Default: OMP_NUM_THREADS where it is set, else
+   all cores; n <= 0: all cores. */
 void mt_set_num_threads(int n);
 int mt_get_num_threads(void);
 

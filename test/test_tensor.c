@@ -711,6 +711,23 @@ static void test_scope_end_keep(void **state) {
     assert_no_error();
 }
 
+/* The default thread count is OMP_NUM_THREADS where it is set (meson runs this program with
+   2, and once more as test_num_threads_env with 3); mt_set_num_threads sets it, and n <= 0
+   means every core (at least one). */
+static void test_num_threads_default(void **state) {
+    (void)state;
+    const char *env = getenv("OMP_NUM_THREADS");
+    int first = mt_get_num_threads();
+    if (env && atoi(env) > 0) assert_int_equal(first, atoi(env));
+    assert_true(first >= 1);
+    mt_set_num_threads(5);
+    assert_int_equal(mt_get_num_threads(), 5);
+    mt_set_num_threads(0);
+    assert_true(mt_get_num_threads() >= 1);
+    mt_set_num_threads(first);
+    assert_int_equal(mt_get_num_threads(), first);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_filled_creation),
@@ -733,6 +750,7 @@ int main(void) {
         MT_TEST(test_empty_cache),
         MT_TEST(test_device_memory_stats),
         MT_TEST(test_scope_end_keep),
+        MT_TEST(test_num_threads_default),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -10,8 +10,10 @@
 
 /* ---- threads: one setting for our OpenMP regions and OpenBLAS (the OpenMP build shares
    the same pool). */
-/* 0: not set yet, use all cores. Atomic because ops on any thread read it while another may
-   call mt_set_num_threads; relaxed loads are plain loads, so the hot path pays nothing. */
+/* 0: not set yet: OMP_NUM_THREADS where it is set (as torch does), else every core; both
+   are what omp_get_max_threads() answers outside a parallel region. Atomic because ops on any
+   thread read it while another may call mt_set_num_threads; relaxed loads are plain loads, so the
+   hot path pays nothing. */
 static atomic_int num_threads;
 
 int mt_cpu_num_threads(void) {
@@ -19,10 +21,10 @@ int mt_cpu_num_threads(void) {
     if (n <= 0) {
         /* first use: every racing thread computes the same value; a concurrent
            mt_set_num_threads wins because the store below only replaces 0 */
-        int zero = 0, procs = omp_get_num_procs();
-        if (atomic_compare_exchange_strong_explicit(&num_threads, &zero, procs,
+        int zero = 0, initial = omp_get_max_threads();
+        if (atomic_compare_exchange_strong_explicit(&num_threads, &zero, initial,
                                                     memory_order_relaxed, memory_order_relaxed))
-            n = procs;
+            n = initial;
         else
             n = zero;
     }
