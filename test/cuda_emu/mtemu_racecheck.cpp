@@ -171,11 +171,13 @@ __attribute__((always_inline)) inline void on_access(const void *p, size_t n, bo
 
 // GCC's -fsanitize=kernel-address callbacks, with
 // --param asan-instrumentation-with-call-threshold=0 (a call per access, no inline shadow).
+// Hidden: the kernels' library calls its own copy directly, not through the PLT.
+#define MTEMU_CALLBACK extern "C" __attribute__((visibility("hidden"), hot))
 #define MTEMU_ACCESS_CALLBACKS(n)                                                                  \
-    extern "C" __attribute__((hot)) void __asan_load##n##_noabort(void *p) {                       \
+    MTEMU_CALLBACK void __asan_load##n##_noabort(void *p) {                                        \
         on_access(p, n, false);                                                                    \
     }                                                                                              \
-    extern "C" __attribute__((hot)) void __asan_store##n##_noabort(void *p) {                      \
+    MTEMU_CALLBACK void __asan_store##n##_noabort(void *p) {                                       \
         on_access(p, n, true);                                                                     \
     }
 MTEMU_ACCESS_CALLBACKS(1)
@@ -184,11 +186,11 @@ MTEMU_ACCESS_CALLBACKS(4)
 MTEMU_ACCESS_CALLBACKS(8)
 MTEMU_ACCESS_CALLBACKS(16)
 // Called before a noreturn call (a throw, abort) to clean the stack's shadow: none here.
-extern "C" void __asan_handle_no_return() {}
-extern "C" void __asan_loadN_noabort(void *p, size_t n) {
+MTEMU_CALLBACK void __asan_handle_no_return() {}
+MTEMU_CALLBACK void __asan_loadN_noabort(void *p, size_t n) {
     on_access(p, n, false);
 }
-extern "C" void __asan_storeN_noabort(void *p, size_t n) {
+MTEMU_CALLBACK void __asan_storeN_noabort(void *p, size_t n) {
     on_access(p, n, true);
 }
 #endif
