@@ -111,7 +111,7 @@ void racecheck::check_byte(size_t offset, bool write) {
     }
     if (e.first_reader == no_thread) {
         e.first_reader = static_cast<uint16_t>(t);
-    } else if (e.first_reader / 32 != t / 32) {
+    } else if (e.first_reader / 32 != t / 32 && e.cross_reader == no_thread) {
         e.cross_reader = static_cast<uint16_t>(t);
     }
     if (e.first_reader / 32 == t / 32) e.read_lanes |= 1u << t % 32;

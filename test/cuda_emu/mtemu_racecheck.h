@@ -66,8 +66,8 @@ class racecheck {
         uint32_t read_clock;  // clock_ at the latest read since
         uint32_t read_lanes;  // the readers' lanes in first_reader's warp
         uint16_t writer;      // the last writer, or no_thread
-        // Since the last write: the first reader (no_thread: none), and a reader of another warp
-        // than the first's (no_thread: all in one warp).
+        // Since the last write: the first reader (no_thread: none), and the first reader of
+        // another warp than the first's (no_thread: all in one warp).
         uint16_t first_reader, cross_reader;
     };
     struct array_name {

@@ -42,7 +42,7 @@ template <class T> std::vector<T> download(const T *src, size_t n) {
 // Runs fn in a forked child with stderr captured; expects the child to die of signal sig
 // (0: to exit with a failure status, as after a sanitizer's report) with `text` in what it
 // printed.
-void expect_death(void (*fn)(), int sig, const char *text) {
+inline void expect_death(void (*fn)(), int sig, const char *text) {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     std::fflush(stdout);

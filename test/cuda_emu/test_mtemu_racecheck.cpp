@@ -54,6 +54,22 @@ __global__ void warp_exchange(int *out, int mode) {
     if (mode >= 2) __syncwarp(half);
     out[t] = s[t ^ (mode == 3 ? 16u : 1u)];
 }
+// Lane 1 overwrites a value that lane 0 and the other warps read: a __syncwarp orders lane 0's
+// read, only a __syncthreads the other warps'.
+__global__ void overwrite_after_reads(int *out, bool with_barrier) {
+    MT_SHARED(int, flag, 1);
+    unsigned t = threadIdx.x;
+    if (t == 0) flag[0] = 7;
+    __syncthreads();
+    int v = t == 0 || t >= 32 ? flag[0] : 0;
+    if (with_barrier) {
+        __syncthreads();
+    } else if (t < 32) {
+        __syncwarp();
+    }
+    if (t == 1) flag[0] = 8;
+    out[t] = v;
+}
 // A histogram in shared memory by atomics from every thread of the block.
 __global__ void shared_histogram(const int *x, int *out) {
     MT_SHARED(unsigned, bins, 8);
@@ -112,6 +128,8 @@ void test_ordered_shared_accesses_pass(void **) {
         for (unsigned t = 0; t < 128; t++) assert_int_equal(out[t], int((t + 1) % 128) * 2);
         RUN_BLOCK_OF(out, write_twice, 128, 0, true);
         for (unsigned t = 0; t < 128; t++) assert_int_equal(out[t], -int((t + 127) % 128));
+        RUN_BLOCK_OF(out, overwrite_after_reads, 64, 0, true);
+        for (unsigned t = 0; t < 64; t++) assert_int_equal(out[t], t == 0 || t >= 32 ? 7 : 0);
         for (int mode = 1; mode <= 2; mode++) { // the whole warp, and each half with its partners
             RUN_BLOCK_OF(out, warp_exchange, 64, 0, mode);
             for (unsigned t = 0; t < 64; t++) assert_int_equal(out[t], int(t ^ 1) * 3);
@@ -188,6 +206,10 @@ void run_cross_half_race() {
     std::vector<int> out;
     RUN_BLOCK_OF(out, warp_exchange, 64, 0, 3);
 }
+void run_warp_sync_is_not_a_barrier() {
+    std::vector<int> out;
+    RUN_BLOCK_OF(out, overwrite_after_reads, 64, 0, false);
+}
 void run_reduction_race() {
     launch_row_sums(false);
 }
@@ -213,6 +235,9 @@ void test_shared_races_stop_the_program(void **) {
                  "lanes)");
     expect_death(run_cross_half_race, SIGABRT,
                  "thread (16,0,0): shared-memory race (WAR) on s[64] with thread (0,0,0)");
+    expect_death(run_warp_sync_is_not_a_barrier, SIGABRT,
+                 "overwrite_after_reads block (0,0,0) thread (1,0,0): shared-memory race (WAR) on "
+                 "flag[0] with thread (32,0,0), no __syncthreads between\n");
     expect_death(run_reduction_race, SIGABRT,
                  "mtemu: row_sums block (0,0,0) thread (32,0,0): shared-memory race (WAR) on "
                  "warp_part[4] with thread (1,0,0), no __syncthreads between");
