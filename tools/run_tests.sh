@@ -7,7 +7,8 @@
 #   asan      AddressSanitizer + UndefinedBehaviorSanitizer, with the CUDA backend on the
 #             emulated device (test/cuda_emu): every test program on the CPU and on MT_CUDA(0);
 #   emu       the emulated device in a release build: every test program on MT_CUDA(0), with
-#             threads in program order and reversed (a missing barrier gives a wrong answer);
+#             threads in program order and reversed (a missing barrier gives a wrong answer),
+#             kernels built with the shared-memory race checker (-Demu_racecheck=auto);
 # then the rehearsal of the GPU machine's script on the emu and asan builds (tools/gpu_test.sh
 # --rehearse, about 3 minutes; results in BUILD-EMU/gpu-rehearsal/): each summary line counts,
 # PASS as passed, FAIL as failed, NOT RUN as skipped; a run that ends early or exits non-zero

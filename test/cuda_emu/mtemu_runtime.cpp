@@ -21,12 +21,18 @@
 //   a __syncthreads);
 // - more than 48 KiB of static + dynamic shared memory;
 // - a misaligned access in kernel code (built with -fsanitize=alignment, cuda_emu/meson.build):
-//   UBSan's report, made fatal below also where ASan's runtime would let it go on.
+//   UBSan's report, made fatal below also where ASan's runtime would let it go on;
+// - a shared-memory data race (where kernel code is built with the race checker, -DMTEMU_RACECHECK
+//   in cuda_emu/meson.build; not in ASan builds): two threads touch one shared byte between two
+//   barriers, one of them writing, and, lanes of one warp, with no warp collective of both in
+//   between: "shared-memory race (RAW|WAR|WAW) on <array>[<byte>] with thread (x,y,z), no
+//   __syncthreads between" (mtemu_racecheck.h).
 // Lanes of a warp need not be converged (independent thread scheduling): a collective is the
 // rendezvous of exactly the lanes of its mask, others may be elsewhere. Exited lanes are
 // excused from a mask (as the programming guide says); only reading their value is an error.
 #include "mtemu.h"
 #include "mtemu_internal.h"
+#include "mtemu_racecheck.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -295,6 +301,9 @@ struct warp_state {
 // Runs the blocks of one grid; one per OS thread, reused across launches.
 class scheduler {
   public:
+    scheduler() = default;
+    scheduler(const scheduler &) = delete;
+    scheduler &operator=(const scheduler &) = delete;
     void run_grid(const detail::launch_config &cfg, const std::function<void()> &body);
 
     // Called from kernel code, on a fiber.
@@ -361,6 +370,11 @@ class scheduler {
     std::vector<shared_array> shared_arrays_;
     size_t shared_bytes_ = 0; // requested, static + dynamic
     size_t shared_top_ = 0;   // layout, with alignment and redzones
+
+    static void fail_race(void *self, unsigned t, const char *what) {
+        static_cast<scheduler *>(self)->fail(t, "%s", what);
+    }
+    detail::racecheck race_{fail_race, this};
 };
 
 __thread scheduler *t_sched; // the scheduler running a grid on this OS thread, if any
@@ -431,6 +445,7 @@ void scheduler::run_block() {
     asan_poison(shared_->bytes, shared_capacity);
     asan_unpoison(shared_->bytes, dyn);
     std::memset(shared_->bytes, poison_byte, dyn);
+    race_.begin_block(shared_->bytes, shared_capacity, dyn, view_.block_dim);
 
     detail::t_block = &view_;
     for (;;) {
@@ -454,6 +469,7 @@ void scheduler::run_block() {
         resume(f);
         if (f->finished) pool_.release(f);
     }
+    race_.end_block();
     detail::t_block = nullptr;
     detail::t_thread_idx = nullptr;
 }
@@ -461,6 +477,7 @@ void scheduler::run_block() {
 void scheduler::resume(fiber *f) {
     current_ = f;
     detail::t_thread_idx = f->thread >= 0 ? &threads_[f->thread].idx : nullptr;
+    if (f->thread >= 0) race_.set_thread(static_cast<unsigned>(f->thread));
     sched_tsan_fiber_ = tsan_current_fiber();
     tsan_switch(f->tsan_fiber);
     asan_start_switch(&sched_fake_stack_, f->stack_lo, stack_bytes);
@@ -498,6 +515,7 @@ void scheduler::run_threads() {
         current_->thread = static_cast<int>(t);
         threads_[t].on = current_;
         detail::t_thread_idx = &threads_[t].idx;
+        race_.set_thread(t);
         (*body_)();
         thread_exited(t);
     }
@@ -537,6 +555,7 @@ void scheduler::syncthreads(const char *file, int line) {
     me.line = line;
     if (++at_barrier_ == nthreads_) {
         at_barrier_ = 0;
+        race_.barrier();
         for (unsigned i = 0; i < nthreads_; i++) {
             cuda_thread &o = threads_[order(i)];
             o.wait = wait_kind::none;
@@ -594,6 +613,7 @@ void scheduler::try_complete(unsigned warp, unsigned group) {
     if (g.mask & ~g.arrived & ~ws.gone) return; // still to arrive
     ws.groups[group] = ws.groups[--ws.ngroups];
     unsigned base = warp * 32, lanes = lanes_in_warp(base), ballot = 0;
+    race_.warp_sync(warp, g.arrived, lanes == 32 ? ~0u : ~(~0u << lanes));
     for (unsigned j = 0; j < 32; j++)
         if ((g.arrived >> j & 1) && threads_[base + j].value) ballot |= 1u << j;
     unsigned w = static_cast<unsigned>(g.width);
@@ -703,6 +723,7 @@ void *scheduler::static_shared(const void *key, size_t bytes, size_t align, cons
     shared_top_ = at + bytes + shared_redzone;
     shared_bytes_ += bytes;
     shared_arrays_.push_back({key, p});
+    race_.add_array(p, bytes, name);
     return p;
 }
 
