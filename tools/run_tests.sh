@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds mixtape three times with warnings as errors and runs `meson test` in each, ending
+# Builds mixtape four times with warnings as errors and runs `meson test` in each, ending
 # with one line: "N passed, N failed, N skipped", summed over the runs:
 #   release   the normal build; where nvcc exists it also compiles the CUDA kernels through
 #             the compile gate (sm_80/sm_90, spills and local memory as errors); tests on the
@@ -9,6 +9,9 @@
 #   emu       the emulated device in a release build: every test program on MT_CUDA(0), with
 #             threads in program order and reversed (a missing barrier gives a wrong answer),
 #             kernels built with the shared-memory race checker (-Demu_racecheck=auto);
+#   tsan      ThreadSanitizer, on the CPU and the emulated device: the test programs' own
+#             threads, the fake NCCL's ranks as threads and mt_ddp's communication thread (the
+#             'tsan' suite of test/meson.build: minutes, where the whole suite would take hours);
 # then the rehearsal of the GPU machine's script on the emu and asan builds (tools/gpu_test.sh
 # --rehearse, about 3 minutes; results in BUILD-EMU/gpu-rehearsal/): each summary line counts,
 # PASS as passed, FAIL as failed, NOT RUN as skipped; a run that ends early or exits non-zero
@@ -23,8 +26,10 @@
 #
 # Usage: tools/run_tests.sh [extra `meson test` arguments, e.g. a test name]
 # Environment: MT_BUILD_DIR (default build), MT_ASAN_BUILD_DIR (default build-asan),
-#              MT_EMU_BUILD_DIR (default build-emu), MT_SKIP_ASAN=1 / MT_SKIP_EMU=1 to leave
-#              those builds out (no emu build: no rehearsal either), MT_SKIP_GPU_REHEARSAL=1 to
+#              MT_EMU_BUILD_DIR (default build-emu), MT_TSAN_BUILD_DIR (default build-tsan),
+#              MT_SKIP_ASAN=1 / MT_SKIP_EMU=1 / MT_SKIP_TSAN=1 to leave those builds out (no
+#              emu build: no rehearsal either; no tsan run either when meson test arguments
+#              are given), MT_SKIP_GPU_REHEARSAL=1 to
 #              leave the rehearsal out (also left out when meson test arguments are given),
 #              MT_TEST_DEVICES (release build's devices, default auto).
 # Exit status: 0 when nothing failed.
@@ -37,6 +42,7 @@ cd "$root" || exit 1
 build=${MT_BUILD_DIR:-build}
 asan_build=${MT_ASAN_BUILD_DIR:-build-asan}
 emu_build=${MT_EMU_BUILD_DIR:-build-emu}
+tsan_build=${MT_TSAN_BUILD_DIR:-build-tsan}
 # The emulated device needs the CUDA toolkit's headers (nvcc's tree), not a GPU.
 have_cuda_headers=false
 command -v nvcc >/dev/null 2>&1 && have_cuda_headers=true
@@ -132,7 +138,7 @@ total_skipped=0
 
 # run_suite NAME DIR setup-options...
 run_suite() {
-    local name=$1 dir=$2 log counts p f s
+    local name=$1 dir=$2 log
     shift 2
     local multiplier=1
     [[ "$name" == asan ]] && multiplier=6
@@ -146,6 +152,12 @@ run_suite() {
     fi
     meson test -C "$dir" --print-errorlogs --timeout-multiplier "$multiplier" \
         "${test_args[@]}"
+    add_counts "$name" "$log"
+}
+
+# add_counts NAME LOG: adds one run's testlog.json to the totals.
+add_counts() {
+    local name=$1 log=$2 counts p f s
     if [[ ! -f "$log" ]]; then
         echo "$name: no test log (no tests defined?)"
         return
@@ -177,6 +189,40 @@ if $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
     run_suite emu "$emu_build" -Dwerror=true -Db_sanitize=none -Demulate_cuda=true -Dtest_devices=cuda
 elif [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
     echo "emu: no CUDA toolkit (nvcc) on this machine: the emulated-device build was not run"
+fi
+
+# The ThreadSanitizer run: test/meson.build's 'tsan' suite (the cases that start threads of
+# their own, test_nccl's rank threads, the plan cache's threads, mt_ddp's communication thread
+# in a two-rank job), on the CPU and the emulated device. Only the suite's programs are built.
+# -Dnative=true: the portable build's run-time CPU dispatch (ifunc resolvers) runs before
+# TSan's runtime is up and crashes it.
+run_tsan() {
+    local dir=$tsan_build targets
+    echo "==== tsan build ($dir) ===="
+    rm -f "$dir/meson-logs/testlog.json"
+    if ! configure "$dir" -Dwerror=true -Db_sanitize=thread -Db_lundef=false -Dnative=true \
+        "${emu_args[@]}" ||
+        ! targets=$(meson introspect "$dir" --tests | "$python" -c '
+import json, os, sys
+build = os.path.realpath(sys.argv[1])
+for t in json.load(sys.stdin):
+    if any(s.endswith(":tsan") for s in t["suite"]):
+        exe = t["cmd"][-1] if os.path.basename(t["cmd"][0]) == "mpirun" else t["cmd"][0]
+        print(os.path.relpath(os.path.realpath(exe), build))' "$dir") ||
+        [[ -z "$targets" ]] || ! ninja -C "$dir" $(sort -u <<<"$targets"); then
+        echo "tsan: build failed"
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    meson test -C "$dir" --no-rebuild --suite tsan --print-errorlogs
+    add_counts tsan "$dir/meson-logs/testlog.json"
+}
+if [[ "${MT_SKIP_TSAN:-0}" == 1 ]]; then
+    echo "tsan: left out (MT_SKIP_TSAN=1)"
+elif ((${#test_args[@]})); then
+    echo "tsan: left out (meson test arguments given: ${test_args[*]})"
+else
+    run_tsan
 fi
 
 # The rehearsal of tools/gpu_test.sh, the script a session lent a GPU runs (see the header).
