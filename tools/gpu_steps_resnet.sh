@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154 # python, built, logs, bdir, resnet_*, digits_args: set by gpu_test.sh
+# shellcheck disable=SC2154 # python, built, logs, bdir, resnet_* (resnet_sample_limit too), digits_args: set by gpu_test.sh
 # Sourced by tools/gpu_test.sh: ResNet training and the digits CNN on the GPU, with the
 # helpers of gpu_lib.sh.
 #   resnet-amp     samples/resnet_amp --device cuda --json (ResNet-18, every mode): finite
@@ -34,7 +34,7 @@ resnet_ips() {
 resnet_sample() {
     local log=$1 t rc=0 figs
     echo "### samples/resnet_amp --device cuda --json (${resnet_sample_label})" >>"$log"
-    t=$(limit 60 200)
+    t=$(limit "$resnet_sample_limit" 200)
     run_logged "$log" "$t" "$bdir/samples/resnet_amp" --device cuda --json "${resnet_sample_args[@]}" ||
         rc=$?
     figs=$(resnet_sample_figures "$log")

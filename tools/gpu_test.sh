@@ -96,6 +96,7 @@ bdir=${MT_GPU_BUILD_DIR:-build-gpu}
 sample_args=()
 resnet_sample_args=(--arch resnet18 --batch 64 --image-size 224 --steps 12 --warmup 4)
 resnet_sample_label="ResNet-18 b64 224px"
+resnet_sample_limit=60 # seconds
 digits_args=()
 if rehearsing; then
     bdir=${MT_GPU_BUILD_DIR:-build-gpu-rehearse}
@@ -108,6 +109,8 @@ if rehearsing; then
     : "${MT_GPU_RESNET_ARGS:=--arch resnet18 --batch 2 --image-size 32 --steps 2 --warmup 1 --repeat 1}"
     resnet_sample_args=(--arch resnet18 --batch 2 --image-size 32 --steps 2 --warmup 1)
     resnet_sample_label="ResNet-18 b2 32px"
+    # every mode on the emulated device takes about 50 s on a quiet 2-core machine
+    resnet_sample_limit=180
     # two epochs reach the accuracy of the full run (as meson test's sample_digits_cnn_cuda)
     digits_args=(--epochs 2)
 fi
