@@ -201,14 +201,14 @@ run_tsan() {
     echo "==== tsan build ($dir) ===="
     rm -f "$dir/meson-logs/testlog.json"
     if ! configure "$dir" -Dwerror=true -Db_sanitize=thread -Db_lundef=false -Dnative=true \
-        "${emu_args[@]}" ||
+        "${emu_args[@]}" || ! ninja -C "$dir" build.ninja >/dev/null || # regenerated: fresh introspection
         ! targets=$(meson introspect "$dir" --tests | "$python" -c '
 import json, os, sys
 build = os.path.realpath(sys.argv[1])
 for t in json.load(sys.stdin):
     if any(s.endswith(":tsan") for s in t["suite"]):
         exe = t["cmd"][-1] if os.path.basename(t["cmd"][0]) == "mpirun" else t["cmd"][0]
-        print(os.path.relpath(os.path.realpath(exe), build))' "$dir") ||
+        print(os.path.relpath(os.path.realpath(os.path.join(build, exe)), build))' "$dir") ||
         [[ -z "$targets" ]] || ! ninja -C "$dir" $(sort -u <<<"$targets"); then
         echo "tsan: build failed"
         total_failed=$((total_failed + 1))
