@@ -32,6 +32,7 @@
 // excused from a mask (as the programming guide says); only reading their value is an error.
 #include "mtemu.h"
 #include "mtemu_internal.h"
+#include "mtemu_sanitizer_hooks.h"
 #include "mtemu_racecheck.h"
 
 #include <cstdarg>
@@ -43,14 +44,6 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
-#if defined(__SANITIZE_THREAD__)
-#include <sanitizer/tsan_interface.h>
-#endif
 
 // x86-64 switches stacks with a few instructions; other machines (or -DMTEMU_UCONTEXT, to
 // compare) use swapcontext, ten times slower: it saves the signal mask with two syscalls.
@@ -72,55 +65,6 @@ using detail::warp_op;
 constexpr size_t stack_bytes = 64 * 1024;
 constexpr size_t entry_frames_bytes = 4096; // more than fiber_main and the switch take
 constexpr unsigned char poison_byte = 0xFF; // NaN in every float format, -1 in integers
-
-// ---- AddressSanitizer needs to know which stack is live. No-ops without ASan.
-#if defined(__SANITIZE_ADDRESS__)
-void asan_start_switch(void **fake_stack, const void *bottom, size_t size) {
-    __sanitizer_start_switch_fiber(fake_stack, bottom, size);
-}
-void asan_finish_switch(void *fake_stack, const void **old_bottom, size_t *old_size) {
-    __sanitizer_finish_switch_fiber(fake_stack, old_bottom, old_size);
-}
-void asan_poison(const void *p, size_t n) {
-    ASAN_POISON_MEMORY_REGION(p, n);
-}
-void asan_unpoison(const void *p, size_t n) {
-    ASAN_UNPOISON_MEMORY_REGION(p, n);
-}
-#else
-void asan_start_switch(void **, const void *, size_t) {}
-void asan_finish_switch(void *, const void **, size_t *) {}
-void asan_poison(const void *, size_t) {}
-void asan_unpoison(const void *, size_t) {}
-#endif
-
-// ---- ThreadSanitizer must be told about every stack switch too (its shadow call stack is
-// per fiber); it then checks the host side (fake runtime, library, threads of ranks) while
-// the fibers of one block, which run one after another on one OS thread, synchronise at
-// each switch. No-ops without TSan.
-#if defined(__SANITIZE_THREAD__)
-void *tsan_current_fiber() {
-    return __tsan_get_current_fiber();
-}
-void *tsan_new_fiber() {
-    return __tsan_create_fiber(0);
-}
-void tsan_drop_fiber(void *f) {
-    if (f) __tsan_destroy_fiber(f);
-}
-void tsan_switch(void *to) {
-    __tsan_switch_to_fiber(to, 0);
-}
-#else
-void *tsan_current_fiber() {
-    return nullptr;
-}
-void *tsan_new_fiber() {
-    return nullptr;
-}
-void tsan_drop_fiber(void *) {}
-void tsan_switch(void *) {}
-#endif
 
 // ---- machine contexts
 #if defined(MTEMU_USE_UCONTEXT)
@@ -189,7 +133,7 @@ struct fiber {
     char *stack_lo; // lowest usable byte, just above the guard page
     void *asan_fake_stack = nullptr;
     void *tsan_fiber = nullptr; // TSan's view of this stack
-    int thread = -1; // linear id of the CUDA thread it runs
+    int thread = -1;            // linear id of the CUDA thread it runs
     bool finished = false;
 };
 
