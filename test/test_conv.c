@@ -422,11 +422,6 @@ static void test_conv2d_no_host_sync(void **state) {
     release_inputs(&in);
 }
 
-static bool emulated_device(void) {
-    const char *e = getenv("MT_TEST_EMULATED");
-    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
-}
-
 /* Faults injected into the emulator's fake cuDNN (MTEMU_CUDNN_FAIL) become clear errors naming
    the op, the cuDNN call and its status; the failed call returns nothing and leaks nothing. */
 static void test_conv2d_cudnn_errors(void **state) {
@@ -493,9 +488,10 @@ int main(void) {
         MT_TEST(test_conv2d_cudnn_find),
         MT_TEST(test_conv2d_no_host_sync),
         MT_TEST(test_conv2d_fresh_dtypes),
-        emulated_device() ? (struct CMUnitTest)MT_TEST(test_conv2d_cudnn_errors)
-                          : MT_TEST_SKIPPED(test_conv2d_cudnn_errors,
-                                            "fault injection needs the emulated CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_conv2d_cudnn_errors)
+            : MT_TEST_SKIPPED(test_conv2d_cudnn_errors,
+                              "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);
 }

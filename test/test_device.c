@@ -470,11 +470,6 @@ static void test_reused_block_poisoned(void **state) {
     mt_release(u);
 }
 
-static bool emulated_device(void) {
-    const char *e = getenv("MT_TEST_EMULATED");
-    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
-}
-
 /* ------------------------------------------------------------------ (e) out of memory */
 
 /* A step that runs out of memory (mt_debug_set_alloc_limit: tensor storage on the host and
@@ -674,9 +669,9 @@ int main(void) {
         DEVICE_TEST(test_bad_label_reported_then_recovers),
         DEVICE_TEST(test_embedding_checks_indices_without_sync),
         DEVICE_TEST(test_memory_flat_over_steps),
-        emulated_device() ? (struct CMUnitTest)DEVICE_TEST(test_reused_block_poisoned)
-                          : MT_TEST_SKIPPED(test_reused_block_poisoned,
-                                            "the emulated device's allocator poisoning"),
+        mt_test_emulated_device() ? (struct CMUnitTest)DEVICE_TEST(test_reused_block_poisoned)
+                                  : MT_TEST_SKIPPED(test_reused_block_poisoned,
+                                                    "the emulated device's allocator poisoning"),
         DEVICE_TEST(test_oom_in_forward_changes_nothing),
         DEVICE_TEST(test_oom_in_backward_changes_nothing),
         DEVICE_TEST(test_missing_cuda_device),

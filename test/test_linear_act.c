@@ -159,11 +159,6 @@ static void test_offset_operands(void **state) {
                 check_case(dts[d], acts[a], &offset_cases[c]);
 }
 
-static bool emulated_device(void) {
-    const char *e = getenv("MT_TEST_EMULATED");
-    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
-}
-
 #ifdef MT_TEST_CUDA_EMU
 int mt_cuda_lt_plans_clear(int device); /* a test hook of src/cuda/lt_plan_cache.c */
 #endif
@@ -383,10 +378,11 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_reference),
         MT_TEST(test_offset_operands),
-        emulated_device() ? (struct CMUnitTest)MT_TEST(test_no_cublaslt_algo)
-                          : MT_TEST_SKIPPED(test_no_cublaslt_algo,
-                                            "cuBLASLt's heuristic is emptied only on the emulated "
-                                            "CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_no_cublaslt_algo)
+            : MT_TEST_SKIPPED(test_no_cublaslt_algo,
+                              "cuBLASLt's heuristic is emptied only on the emulated "
+                              "CUDA device"),
         MT_TEST(test_gradcheck),
         MT_TEST(test_grads_match_unfused),
         MT_TEST(test_autocast),

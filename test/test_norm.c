@@ -460,11 +460,6 @@ static void test_norm_errors(void **state) {
     mt_scope_end();
 }
 
-static bool emulated_device(void) {
-    const char *e = getenv("MT_TEST_EMULATED");
-    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
-}
-
 /* On CUDA the plain batch norm in training runs through cuDNN, forward and backward; eval and
    the fused residual + ReLU run on own kernels. A fault injected into the fake cuDNN shows the
    routing, becomes a clear error naming the op and the call, and changes nothing: the running
@@ -617,15 +612,18 @@ int main(void) {
         MT_TEST(test_norm_autocast),
         MT_TEST(test_batch_norm_running_buffers),
         MT_TEST(test_norm_errors),
-        emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_routing)
-                          : MT_TEST_SKIPPED(test_batch_norm_cudnn_routing,
-                                            "fault injection needs the emulated CUDA device"),
-        emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_eval)
-                          : MT_TEST_SKIPPED(test_batch_norm_cudnn_eval,
-                                            "fault injection needs the emulated CUDA device"),
-        emulated_device() ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_ex)
-                          : MT_TEST_SKIPPED(test_batch_norm_cudnn_ex,
-                                            "fault injection needs the emulated CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_routing)
+            : MT_TEST_SKIPPED(test_batch_norm_cudnn_routing,
+                              "fault injection needs the emulated CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_eval)
+            : MT_TEST_SKIPPED(test_batch_norm_cudnn_eval,
+                              "fault injection needs the emulated CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_ex)
+            : MT_TEST_SKIPPED(test_batch_norm_cudnn_ex,
+                              "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);
 }

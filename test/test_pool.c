@@ -416,11 +416,6 @@ static void test_pool_device(void **state) {
     mt_scope_end();
 }
 
-static bool emulated_device(void) {
-    const char *e = getenv("MT_TEST_EMULATED");
-    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
-}
-
 /* On CUDA the forward goes through cuDNN where cuDNN's definition is torch's, else through the
    backend's own kernel: a fault injected into the fake cuDNN's cudnnPoolingForward shows which
    (a clear error naming the op and the call), and the own-kernel cases do not see it. */
@@ -462,9 +457,10 @@ int main(void) {
         MT_TEST(test_max_pool_no_grad_keeps_no_indices),
         MT_TEST(test_pool_errors),
         MT_TEST(test_pool_device),
-        emulated_device() ? (struct CMUnitTest)MT_TEST(test_pool_cudnn_routing)
-                          : MT_TEST_SKIPPED(test_pool_cudnn_routing,
-                                            "fault injection needs the emulated CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_pool_cudnn_routing)
+            : MT_TEST_SKIPPED(test_pool_cudnn_routing,
+                              "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);
 }

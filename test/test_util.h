@@ -96,6 +96,13 @@ static inline bool mt_test_device_is_cpu(void) {
     return mt_test_device().type == MT_DEVICE_CPU;
 }
 
+/* Whether the device under test is the emulated CUDA device (meson sets MT_TEST_EMULATED=1 for
+   those runs): the tests of its fake libraries' fault injection and counters need it. */
+static inline bool mt_test_emulated_device(void) {
+    const char *e = getenv("MT_TEST_EMULATED");
+    return !mt_test_device_is_cpu() && e && strcmp(e, "1") == 0;
+}
+
 /* Where t's first element lives in its device's memory: the address mt_data_ptr gives for a
    host tensor, but for any device. Only to compare (never to dereference), when a test checks
    that a view shares its base's memory at the right offset. Reads the tensor struct, since the
