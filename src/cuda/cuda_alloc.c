@@ -86,17 +86,20 @@ static void account(device_pool *dp, int64_t delta) {
     mt_mem_account_device(delta);
 }
 
-/* cudaMalloc allocates on the calling thread's current device: make it `device` (a cache
-   hit needs no switch; the contexts set the device again before their next call). */
+/* Makes `device` the calling thread's current one, which cudaMalloc and the default stream
+   act on (a cache hit needs no switch; the contexts set the device again before their next
+   call). False, with the runtime's error cleared, when it cannot. */
+static bool make_current(int device) {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device) return true;
+    if (cudaSetDevice(device) == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;
+}
+
 static void *device_malloc(int device, size_t size) {
     void *p = NULL;
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != device) {
-        if (cudaSetDevice(device) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return NULL;
-        }
-    }
+    if (!make_current(device)) return NULL;
     if (cudaMalloc(&p, size) != cudaSuccess) {
         (void)cudaGetLastError();
         return NULL;
@@ -111,9 +114,8 @@ static void *device_malloc(int device, size_t size) {
    time instead of reading whatever the block's last tensor left there. Queued on the
    device's queue, it runs after every kernel that used the block before it was freed. */
 static void poison_reused(int device, void *p, size_t size) {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess || current != device) cudaSetDevice(device);
-    if (cudaMemsetAsync(p, 0xFF, size, NULL) != cudaSuccess) (void)cudaGetLastError();
+    if (make_current(device) && cudaMemsetAsync(p, 0xFF, size, NULL) != cudaSuccess)
+        (void)cudaGetLastError();
 }
 #endif
 
