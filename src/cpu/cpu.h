@@ -105,14 +105,23 @@ int mt_cpu_gemm_fused(mt_tensor *c, const mt_tensor *a, const mt_tensor *b,
 /* v[i] = act(v[i]) in FP32 (the src/math formulas), vectorised per activation */
 void mt_cpu_act_f32(mt_activation act, float *v, int64_t n);
 int mt_cpu_gemm_epilogue(const mt_gemm_epilogue_args *e);
-/* BF16 c = alpha a b + beta c natively through oneDNN (cpu_gemm_dnnl.c), used by mt_cpu_gemm
-   where mt_cpu_bf16_gemm_native() (the CPU has AVX512-BF16; MT_CPU_BF16_GEMM=convert: never).
-   *unsupported: oneDNN has no kernel for these layouts (nothing done, no error). */
-bool mt_cpu_bf16_gemm_native(void);
-int mt_cpu_gemm_bf16_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
-                          double beta, bool *unsupported);
+/* F32/BF16 c = alpha a b + beta c through oneDNN's matmul (cpu_gemm_dnnl.c), used by
+   mt_cpu_gemm where mt_cpu_gemm_dnnl_wanted(): BF16 where the CPU has AVX512-BF16
+   (MT_CPU_BF16_GEMM=convert: never), F32 products from 128^3 up where it has AVX-512
+   (MT_CPU_F32_GEMM=openblas: never, =onednn: always). m, n, k: the whole product's (batch
+   rows included). *unsupported: oneDNN has no kernel for these layouts (nothing done, no
+   error). */
+bool mt_cpu_gemm_dnnl_wanted(mt_dtype dt, int64_t m, int64_t n, int64_t k);
+int mt_cpu_gemm_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha,
+                     double beta, bool *unsupported);
 /* The same with the epilogue of e as the matmul's bias and an eltwise post-op (no pre) */
-int mt_cpu_gemm_bf16_dnnl_epilogue(const mt_gemm_epilogue_args *e, bool *unsupported);
+int mt_cpu_gemm_dnnl_epilogue(const mt_gemm_epilogue_args *e, bool *unsupported);
+/* Row-major c = alpha op(a) op(b) + beta c on plain FP32 arrays through oneDNN's sgemm (the
+   FP32 panels' tiles; single-threaded inside a parallel region); false: not done, nothing
+   written (the caller runs cblas_sgemm). */
+bool mt_cpu_sgemm_dnnl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc);
 int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, const mt_tensor *logits,
                          const mt_tensor *labels, int64_t ignore_index);
 int mt_cpu_cross_entropy_backward(mt_tensor *grad_logits, const mt_tensor *logits,

@@ -1,5 +1,6 @@
 /* CPU GEMM. F32 and F64 go straight to OpenBLAS on the tensors' own memory (transposes come
-   from the strides, batch broadcasting from stride 0). F16/BF16 (and F32 operands whose
+   from the strides, batch broadcasting from stride 0), except where oneDNN's matmul takes
+   F32 or BF16 (cpu_gemm_dnnl.c). F16/BF16 (and F32 operands whose
    strides BLAS cannot express) run through FP32 panels: blocks of the operands are converted
    to FP32, multiplied by sgemm into an FP32 tile and the tile is rounded into c once. Panels
    are bounded in size, so the temporary memory of a low-precision GEMM stays small whatever
@@ -72,9 +73,14 @@ static void blk_convert(const blk *b, bool cm, mt_dtype dt, float *dst, int64_t 
     for (int64_t l = l0; l < l1; l++) load_run(b->p + l * lstride, estride, dt, len, dst + l * len);
 }
 
-/* tile (mc x nc, row-major) = alpha * A @ B + beta * tile, A and B FP32 blocks */
+/* tile (mc x nc, row-major) = alpha * A @ B + beta * tile, A and B FP32 blocks; oneDNN's
+   sgemm where it takes F32 GEMMs of this size (cpu_gemm_dnnl.c) */
 static void tile_sgemm(int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap, bool acm,
                        const float *bp, bool bcm, float beta, float *tile) {
+    if (mt_cpu_gemm_dnnl_wanted(MT_F32, mc, nc, kc) &&
+        mt_cpu_sgemm_dnnl(acm, bcm, mc, nc, kc, alpha, ap, acm ? mc : kc, bp, bcm ? kc : nc, beta,
+                          tile, nc))
+        return;
     cblas_sgemm(CblasRowMajor, acm ? CblasTrans : CblasNoTrans, bcm ? CblasTrans : CblasNoTrans,
                 (int)mc, (int)nc, (int)kc, alpha, ap, (int)(acm ? mc : kc), bp,
                 (int)(bcm ? kc : nc), beta, tile, (int)nc);
@@ -471,9 +477,9 @@ static int gemm_impl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, doubl
         scale_c(c, beta);
         return 0;
     }
-    if (dt == MT_BF16 && !ep && mt_cpu_bf16_gemm_native()) {
+    if (!ep && mt_cpu_gemm_dnnl_wanted(dt, g.count * g.M, g.N, g.K)) {
         bool unsupported;
-        int rc = mt_cpu_gemm_bf16_dnnl(c, a, b, alpha, beta, &unsupported);
+        int rc = mt_cpu_gemm_dnnl(c, a, b, alpha, beta, &unsupported);
         if (rc || !unsupported) return rc;
     }
     if (g.M > INT_MAX || g.N > INT_MAX || g.K > INT_MAX)

@@ -1,6 +1,7 @@
 /* The GEMM with a bias and activation epilogue (mt_linear, mt_linear_act) on the CPU.
-   - BF16 where oneDNN multiplies natively: the bias is the matmul's bias argument and the
-     activation an eltwise post-op (one primitive, one rounding). When the pre-activation is
+   - BF16 and F32 where oneDNN's matmul takes them (cpu_gemm_dnnl.c): the bias is the
+     matmul's bias argument and the activation an eltwise post-op (one primitive, one
+     rounding); an F32 GELU runs in the pass below instead. When the pre-activation is
      wanted too (GELU under autograd), the generic path below does it.
    - F16/BF16 otherwise: the FP32-panel GEMM (cpu_gemm.c) applies bias and activation to each
      FP32 tile before rounding it, so the output is rounded once, as cuBLASLt's epilogue.
@@ -125,12 +126,18 @@ int mt_cpu_gemm_epilogue(const mt_gemm_epilogue_args *e) {
     if (c->ndim != 2 || !mt_is_contiguous(c) || (e->pre && !mt_is_contiguous(e->pre)) ||
         (e->bias && (!mt_is_contiguous(e->bias) || e->bias->dtype != dt)))
         return mt_error_set(MT_ERR_INTERNAL, "mt_cpu_gemm_epilogue: bad operands");
-    /* oneDNN is not asked for empty products (its primitive creation faults on them) */
-    if (dt == MT_BF16 && !e->pre && c->numel > 0 && e->a->shape[1] > 0 &&
-        mt_cpu_bf16_gemm_native()) {
+    if (!e->pre && mt_cpu_gemm_dnnl_wanted(dt, c->shape[0], c->shape[1], e->a->shape[1])) {
+        /* F32 output is not rounded after the activation, so oneDNN's GELU (another
+           polynomial) would show: only the bias and ReLU (exact in any library) go into the
+           primitive, and src/math's GELU runs in the pass */
+        bool act_in_pass = dt == MT_F32 && e->act != MT_ACT_RELU && e->act != MT_ACT_NONE;
+        mt_gemm_epilogue_args in_dnnl = *e, in_pass = *e;
+        if (act_in_pass) in_dnnl.act = MT_ACT_NONE;
+        in_pass.bias = NULL;
         bool unsupported;
-        int rc = mt_cpu_gemm_bf16_dnnl_epilogue(e, &unsupported);
-        if (rc || !unsupported) return rc;
+        int rc = mt_cpu_gemm_dnnl_epilogue(&in_dnnl, &unsupported);
+        if (rc) return rc;
+        if (!unsupported) return act_in_pass ? epilogue_pass(&in_pass) : 0;
     }
     /* the panels read an FP32 bias: F32's own data, a converted copy for F16/BF16 */
     int64_t n = c->shape[1];
