@@ -107,7 +107,7 @@ void mt_cpu_act_f32(mt_activation act, float *v, int64_t n);
 int mt_cpu_gemm_epilogue(const mt_gemm_epilogue_args *e);
 /* F32/BF16 c = alpha a b + beta c through oneDNN's matmul (cpu_gemm_dnnl.c), used by
    mt_cpu_gemm where mt_cpu_gemm_dnnl_wanted(): BF16 where the CPU has AVX512-BF16
-   (MT_CPU_BF16_GEMM=convert: never), F32 products from 128^3 up where it has AVX-512
+   (MT_CPU_BF16_GEMM=convert: never), F32 products from 96^3 up where it has AVX-512
    (MT_CPU_F32_GEMM=openblas: never, =onednn: always). m, n, k: the whole product's (batch
    rows included). *unsupported: oneDNN has no kernel for these layouts (nothing done, no
    error). */
@@ -117,8 +117,8 @@ int mt_cpu_gemm_dnnl(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, doubl
 /* The same with the epilogue of e as the matmul's bias and an eltwise post-op (no pre) */
 int mt_cpu_gemm_dnnl_epilogue(const mt_gemm_epilogue_args *e, bool *unsupported);
 /* Row-major c = alpha op(a) op(b) + beta c on plain FP32 arrays through oneDNN's sgemm (the
-   FP32 panels' tiles; single-threaded inside a parallel region); false: not done, nothing
-   written (the caller runs cblas_sgemm). */
+   FP32 panels' tiles; single-threaded inside a parallel region); false: oneDNN failed (out
+   of memory for its packing buffers), c undefined. */
 bool mt_cpu_sgemm_dnnl(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc);

@@ -74,13 +74,20 @@ static void blk_convert(const blk *b, bool cm, mt_dtype dt, float *dst, int64_t 
 }
 
 /* tile (mc x nc, row-major) = alpha * A @ B + beta * tile, A and B FP32 blocks; oneDNN's
-   sgemm where it takes F32 GEMMs of this size (cpu_gemm_dnnl.c) */
+   sgemm where it takes F32 GEMMs of this size (cpu_gemm_dnnl.c). Runs on any thread of a
+   parallel region: a oneDNN failure (no memory for its packing buffers) sets *failed, and
+   the GEMM reports it once the region is over (the tile may be half written then, so
+   OpenBLAS cannot simply redo it). */
 static void tile_sgemm(int64_t mc, int64_t nc, int64_t kc, float alpha, const float *ap, bool acm,
-                       const float *bp, bool bcm, float beta, float *tile) {
-    if (mt_cpu_gemm_dnnl_wanted(MT_F32, mc, nc, kc) &&
-        mt_cpu_sgemm_dnnl(acm, bcm, mc, nc, kc, alpha, ap, acm ? mc : kc, bp, bcm ? kc : nc, beta,
-                          tile, nc))
+                       const float *bp, bool bcm, float beta, float *tile, int *failed) {
+    if (mt_cpu_gemm_dnnl_wanted(MT_F32, mc, nc, kc)) {
+        if (!mt_cpu_sgemm_dnnl(acm, bcm, mc, nc, kc, alpha, ap, acm ? mc : kc, bp, bcm ? kc : nc,
+                               beta, tile, nc)) {
+#pragma omp atomic write
+            *failed = 1;
+        }
         return;
+    }
     cblas_sgemm(CblasRowMajor, acm ? CblasTrans : CblasNoTrans, bcm ? CblasTrans : CblasNoTrans,
                 (int)mc, (int)nc, (int)kc, alpha, ap, (int)(acm ? mc : kc), bp,
                 (int)(bcm ? kc : nc), beta, tile, (int)nc);
@@ -134,6 +141,7 @@ typedef struct {
     int64_t ldc;
     float alpha, beta;
     const mt_cpu_epilogue *ep; /* NULL, or applied to each FP32 tile before its rounding */
+    int *failed;               /* set by a tile GEMM that failed (tile_sgemm) */
 } lp_job;
 
 typedef struct {
@@ -261,7 +269,7 @@ static void lp_block(const lp_job *j, const lp_plan *p, float *scratch, int64_t 
                 }
                 float beta = k0 == 0 ? j->beta : 1.0f;
                 if (k0 == 0 && beta != 0.0f) tile_load(ct, j->ldc, j->dt, mc, nc, tile);
-                tile_sgemm(mc, nc, kc, j->alpha, ap, acm, bp, bcm, beta, tile);
+                tile_sgemm(mc, nc, kc, j->alpha, ap, acm, bp, bcm, beta, tile, j->failed);
             }
             tile_finish(j, tile, m0, n0, mc, nc);
         }
@@ -299,7 +307,7 @@ static void small_gemm(float *ab, const lp_job *j) {
     blk_convert(&A, acm, j->dt, ap, 0, acm ? A.cols : A.rows);
     blk_convert(&B, bcm, j->dt, bp, 0, bcm ? B.cols : B.rows);
     if (j->beta != 0.0f) tile_load(j->c, j->ldc, j->dt, j->M, j->N, cp);
-    tile_sgemm(j->M, j->N, j->K, j->alpha, ap, acm, bp, bcm, j->beta, cp);
+    tile_sgemm(j->M, j->N, j->K, j->alpha, ap, acm, bp, bcm, j->beta, cp, j->failed);
     tile_store(j->c, j->ldc, j->dt, j->M, j->N, cp);
 }
 
@@ -413,6 +421,13 @@ static void gemm_f32_direct(const mt_gemm_geom *g, int al, int64_t lda, int bl, 
     for (int64_t bi = 0; bi < g->count; bi++) gemm_f32_entry(g, bi, al, lda, bl, ldb, alpha, beta);
 }
 
+static int panel_failure(const mt_gemm_geom *g, mt_dtype dt) {
+    return mt_error_set(MT_ERR_OOM,
+                        "mt_matmul: oneDNN's sgemm failed on the f32 panels of a %lld x %lld x "
+                        "%lld %s matmul (out of memory for its packing buffers)",
+                        (long long)g->M, (long long)g->K, (long long)g->N, mt_dtype_name(dt));
+}
+
 /* The FP32-panel path over the batch: small matrices are spread over the threads, large
    ones are split by lp_gemm. */
 static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double beta,
@@ -420,7 +435,19 @@ static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double 
     int64_t es = (int64_t)g->es;
     double mnk = (double)g->M * (double)g->N * (double)g->K;
     int nt = mt_cpu_num_threads();
-    lp_job j = {dt, g->M, g->N, g->K, g->a, g->b, g->c, g->N, (float)alpha, (float)beta, ep};
+    int failed = 0;
+    lp_job j = {.dt = dt,
+                .M = g->M,
+                .N = g->N,
+                .K = g->K,
+                .a = g->a,
+                .b = g->b,
+                .c = g->c,
+                .ldc = g->N,
+                .alpha = (float)alpha,
+                .beta = (float)beta,
+                .ep = ep,
+                .failed = &failed};
     size_t per = (size_t)(g->M * g->K + g->K * g->N + g->M * g->N);
     if (mnk > BLAS_SINGLE_THREAD_MNK || g->count == 1 || per > (size_t)LP_THREAD_MIN || ep) {
         int threads = mnk > BLAS_SINGLE_THREAD_MNK ? nt : 1;
@@ -431,7 +458,7 @@ static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double 
             j.b.p = g->b.p + bo * es;
             j.c = g->c + bi * g->M * g->N * es;
             int rc = lp_gemm(&j, threads);
-            if (rc) return rc;
+            if (rc || failed) return rc ? rc : panel_failure(g, dt);
         }
         return 0;
     }
@@ -455,7 +482,7 @@ static int gemm_panels(const mt_gemm_geom *g, mt_dtype dt, double alpha, double 
         small_gemm(buf + (size_t)omp_get_thread_num() * per, &jb);
     }
     mt_host_free(buf, (size_t)threads * per * sizeof(float));
-    return 0;
+    return failed ? panel_failure(g, dt) : 0;
 }
 
 /* The GEMM; an epilogue is applied by the FP32-panel path only (*ep_done then), the caller

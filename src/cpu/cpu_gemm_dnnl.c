@@ -195,7 +195,7 @@ static int onednn_matmul(const char *op, mt_tensor *c, const mt_tensor *a, const
         return 0;
     }
     /* c is contiguous, but a size-1 dim may carry any stride (0 from a view): describe()
-       gives it 1, as oneDNN's execution checks */
+       gives it the row-major one */
     if (!describe(&cmd, dt, k.nd, k.cdims, c->strides)) {
         *unsupported = true;
         return 0;
