@@ -1,8 +1,8 @@
 /* The GEMM with a bias and activation epilogue (mt_linear, mt_linear_act) on the CPU.
    - BF16 and F32 where oneDNN's matmul takes them (cpu_gemm_dnnl.c): the bias is the
      matmul's bias argument and the activation an eltwise post-op (one primitive, one
-     rounding); an F32 GELU runs in the pass below instead. When the pre-activation is
-     wanted too (GELU under autograd), the generic path below does it.
+     rounding); an F32 GELU runs in the pass below instead, as does writing pre (the
+     pre-activation GELU's backward wants). A BF16 GEMM that wants pre takes the FP32 panels.
    - F16/BF16 otherwise: the FP32-panel GEMM (cpu_gemm.c) applies bias and activation to each
      FP32 tile before rounding it, so the output is rounded once, as cuBLASLt's epilogue.
    - F32/F64 on OpenBLAS: the GEMM writes c, then one parallel pass over its rows adds the
@@ -126,12 +126,16 @@ int mt_cpu_gemm_epilogue(const mt_gemm_epilogue_args *e) {
     if (c->ndim != 2 || !mt_is_contiguous(c) || (e->pre && !mt_is_contiguous(e->pre)) ||
         (e->bias && (!mt_is_contiguous(e->bias) || e->bias->dtype != dt)))
         return mt_error_set(MT_ERR_INTERNAL, "mt_cpu_gemm_epilogue: bad operands");
-    if (!e->pre && mt_cpu_gemm_dnnl_wanted(dt, c->shape[0], c->shape[1], e->a->shape[1])) {
+    if ((!e->pre || dt == MT_F32) &&
+        mt_cpu_gemm_dnnl_wanted(dt, c->shape[0], c->shape[1], e->a->shape[1])) {
         /* F32 output is not rounded after the activation, so oneDNN's GELU (another
            polynomial) would show: only the bias and ReLU (exact in any library) go into the
-           primitive, and src/math's GELU runs in the pass */
-        bool act_in_pass = dt == MT_F32 && e->act != MT_ACT_RELU && e->act != MT_ACT_NONE;
+           primitive, and src/math's GELU runs in the pass, which also writes pre (F32 only:
+           a rounded BF16 c would be rounded twice through pre) */
+        bool act_in_pass =
+            dt == MT_F32 && (e->pre || (e->act != MT_ACT_RELU && e->act != MT_ACT_NONE));
         mt_gemm_epilogue_args in_dnnl = *e, in_pass = *e;
+        in_dnnl.pre = NULL;
         if (act_in_pass) in_dnnl.act = MT_ACT_NONE;
         in_pass.bias = NULL;
         bool unsupported;
