@@ -382,7 +382,7 @@ const int64_t *mt_strides(const mt_tensor *t) {
 
 int64_t mt_dim(const mt_tensor *t, int i) {
     if (!t) return -1;
-    int d;
+    int d = 0; /* set by mt_dim_normalize on success */
     if (mt_dim_normalize("mt_dim", 2, i, t->ndim, &d) < 0) return -1;
     return t->shape[d];
 }
