@@ -61,8 +61,9 @@ static inline float exp_vf(float x) {
     return x != x ? x : y;
 }
 
-/* e[i] = exp(x[i] - m); returns the sum */
-static float exp_sub_f(const float *restrict x, float m, float *restrict e, int64_t n) {
+/* e[i] = exp(x[i] - m); returns the sum (per x86-64 level: exp_vf has no FMA or libm call
+   that would differ between the clones) */
+MT_CPU_CLONES static float exp_sub_f(const float *restrict x, float m, float *restrict e, int64_t n) {
     for (int64_t i = 0; i < n; i++) e[i] = exp_vf(x[i] - m);
     return (float)mt_cpu_sum_f32(e, n);
 }

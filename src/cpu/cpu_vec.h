@@ -7,6 +7,7 @@
 #ifndef MT_CPU_VEC_H
 #define MT_CPU_VEC_H
 #include <stdint.h>
+#include "cpu.h" /* MT_CPU_CLONES */
 
 #define MT_CPU_LANES     16
 #define MT_CPU_SUM_BLOCK 4096 /* elements per FP32 lane block before the total goes to double */
@@ -14,8 +15,10 @@
 
 /* Plain static functions, not inline: GCC then inlines or calls them as it did when each
    file had its own copy (inlining the sum and max into the reduction's run loop measured
-   5-10% slower). Unused in some files. */
-#define MT_CPU_VEC_FN static __attribute__((unused))
+   5-10% slower). Unused in some files. Compiled for each x86-64 level (MT_CPU_CLONES, from
+   cpu.h): their fixed lane order gives every clone the same bits, and a baseline-only copy
+   would run SSE2 loops on every CPU. */
+#define MT_CPU_VEC_FN MT_CPU_CLONES static __attribute__((unused))
 
 /* max(m, x), NaN propagates */
 static inline float mt_cpu_maxf(float m, float x) {
