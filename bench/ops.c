@@ -1,0 +1,84 @@
+/* Forward time of single ops on a [4096, 1024] tensor (F32 unless named): reductions,
+   softmax, transcendental and plain elementwise ops and casts, best of N calls. The numbers
+   show whether the CPU backend's loops run as vector code for this CPU (their AVX2/AVX-512
+   clones) and how they compare with PyTorch's (bench/ops.py prints the same lines).
+   Usage: ops [reps] [threads] */
+#include <stdio.h>
+#include <stdlib.h>
+#include "bench_util.h"
+#include "mixtape.h"
+
+static mt_tensor *x, *xh, *xb;
+
+static mt_tensor *run(int k) {
+    switch (k) {
+    case 0:
+        return mt_sum_all(x);
+    case 1:
+        return mt_sum(x, MT_DIMS(1), false);
+    case 2:
+        return mt_sum(x, MT_DIMS(0), false);
+    case 3:
+        return mt_max(x, MT_DIMS(1), false);
+    case 4:
+        return mt_softmax(x, -1);
+    case 5:
+        return mt_log_softmax(x, -1);
+    case 6:
+        return mt_exp(x);
+    case 7:
+        return mt_sigmoid(x);
+    case 8:
+        return mt_gelu(x);
+    case 9:
+        return mt_gelu_tanh(x);
+    case 10:
+        return mt_mul(x, x);
+    case 11:
+        return mt_add(xh, xh);
+    case 12:
+        return mt_add(xb, xb);
+    default:
+        return mt_cast(x, MT_F16);
+    }
+}
+
+static const char *const names[] = {
+    "sum_all", "sum dim 1", "sum dim 0", "max dim 1", "softmax", "log_softmax", "exp",
+    "sigmoid", "gelu",      "gelu_tanh", "mul",       "add f16", "add bf16",    "cast to f16"};
+#define N_OPS ((int)(sizeof names / sizeof names[0]))
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 20, threads = argc > 2 ? atoi(argv[2]) : 2;
+    if (reps <= 0 || threads <= 0) {
+        fprintf(stderr, "usage: %s [reps > 0] [threads > 0]\n", argv[0]);
+        return 2;
+    }
+    mt_set_num_threads(threads);
+    mt_manual_seed(1);
+    x = mt_randn(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
+    xh = mt_cast(x, MT_F16);
+    xb = mt_cast(x, MT_BF16);
+    if (!x || !xh || !xb) {
+        fprintf(stderr, "setup failed: %s\n", mt_last_error());
+        return 1;
+    }
+    printf("mixtape ops on [4096, 1024], %d thread(s), best of %d (ms)\n", threads, reps);
+    for (int k = 0; k < N_OPS; k++) {
+        double best = 1e30;
+        for (int r = 0; r < reps + 1; r++) { /* the first call warms caches and pages */
+            mt_scope_begin();
+            double t0 = mt_bench_now_s();
+            mt_tensor *y = run(k);
+            double t = mt_bench_now_s() - t0;
+            mt_scope_end();
+            if (!y) {
+                fprintf(stderr, "%s failed: %s\n", names[k], mt_last_error());
+                return 1;
+            }
+            if (r > 0 && t < best) best = t;
+        }
+        printf("%-12s %8.3f\n", names[k], best * 1e3);
+    }
+    return 0;
+}
