@@ -3,6 +3,7 @@
    broadcasting, non-contiguous inputs and dtype promotion. Gradients and errors:
    test_elementwise_grad.c. */
 #include "elementwise_cases.h"
+#include "../src/math/scalar_ops.h" /* the formulas, compiled here without clones */
 
 static void test_binary_same_shape(void **state) {
     (void)state;
@@ -218,6 +219,55 @@ static void test_scalar_ops(void **state) {
 }
 
 /* Large enough for the parallel path; checks the chunk boundaries. */
+/* On the CPU the elementwise loops run in the clone for this CPU's x86-64 level (AVX2,
+   AVX-512 or baseline; see MT_CPU_CLONES in src/cpu/cpu.h), which must give the bits of
+   src/math's formula compiled plainly, as this test is: same formula, no contraction, no
+   library call that differs. Softmax's exp run and the lane reductions are checked by their
+   own tests' tolerances only. */
+typedef struct {
+    const char *name;
+    unary_fn fn;
+    float (*formula)(float);
+    float lo, hi;
+} clone_case;
+
+static void test_cpu_clones_match_formulas(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    if (d.type != MT_DEVICE_CPU) skip(); /* the GPU's own compiler contracts differently */
+    const clone_case cases[] = {
+        {"exp", mt_exp, mt_exp_f, -100, 90},
+        {"log", mt_log, mt_log_f, 0, 1e30f},
+        {"sqrt", mt_sqrt, mt_sqrt_f, 0, 1e30f},
+        {"rsqrt", mt_rsqrt, mt_rsqrt_f, 1e-30f, 1e30f},
+        {"tanh", mt_tanh, mt_tanh_f, -20, 20},
+        {"sigmoid", mt_sigmoid, mt_sigmoid_f, -90, 90},
+        {"gelu", mt_gelu, mt_gelu_f, -12, 12},
+        {"gelu_tanh", mt_gelu_tanh, mt_gelu_tanh_f, -12, 12},
+        {"relu", mt_relu, mt_relu_f, -1e30f, 1e30f},
+    };
+    const int64_t n = 4099; /* not a multiple of any vector width: the tails run too */
+    float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const clone_case *c = &cases[k];
+        for (int64_t i = 0; i < n; i++)
+            x[i] = c->lo + (c->hi - c->lo) * (float)((double)i / (double)(n - 1));
+        mt_tensor *t = mt_from_data(x, MT_F32, MT_SHAPE(n), d), *r = c->fn(t);
+        assert_no_error();
+        assert_int_equal(mt_copy_to_host(r, y, (size_t)n * sizeof *y), 0);
+        for (int64_t i = 0; i < n; i++) {
+            float want = c->formula(x[i]);
+            if (memcmp(&want, &y[i], sizeof want) != 0)
+                fail_msg("%s(%a): the CPU kernel gives %a, src/math's formula %a", c->name,
+                         (double)x[i], (double)y[i], (double)want);
+        }
+        mt_release(t);
+        mt_release(r);
+    }
+    free(x);
+    free(y);
+}
+
 static void test_large_parallel(void **state) {
     (void)state;
     const int64_t n = 100003;
@@ -535,6 +585,7 @@ int main(void) {
         MT_TEST(test_unary_special_values),
         MT_TEST(test_scalar_ops),
         MT_TEST(test_f32_accuracy),
+        MT_TEST(test_cpu_clones_match_formulas),
         MT_TEST(test_large_parallel),
         MT_TEST(test_copy_layouts),
         MT_TEST(test_promotion),
