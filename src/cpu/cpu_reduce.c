@@ -170,10 +170,11 @@ static double row_partial(const plan *P, const char *base, int64_t rb, int64_t r
    reduced flat range [rb, re); results into res[0..cw). The innermost reduced dim is walked
    with a pointer step; FP32 lanes are flushed to double every COL_FLUSH rows. Narrow columns
    whose rows follow each other ([N, 4] over dim 0) are packed: PACKW / cw rows per step, so
-   the vector stays wide. */
+   the vector stays wide. Compiled per x86-64 level (each column sums in its own lane, in row
+   order, whatever the vector width: the clones give the same bits). */
 #define PACKW 64
-static void col_partial(const plan *P, const char *base, int cw, int64_t rb, int64_t re,
-                        double *res) {
+MT_CPU_CLONES static void col_partial(const plan *P, const char *base, int cw, int64_t rb,
+                                      int64_t re, double *res) {
     bool is_max = P->op == MT_OP_MAX, f64 = P->dt == MT_F64, f32 = P->dt == MT_F32;
     int64_t idx[MT_MAX_DIMS];
     int64_t off = reduced_offset(P, rb, idx);
