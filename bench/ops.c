@@ -1,7 +1,8 @@
 /* Forward time of single ops on a [4096, 1024] tensor (F32 unless named): reductions,
-   softmax, transcendental and plain elementwise ops and casts, best of N calls. The numbers
-   show whether the CPU backend's loops run as vector code for this CPU (their AVX2/AVX-512
-   clones) and how they compare with PyTorch's (bench/ops.py prints the same lines).
+   softmax, transcendental and plain elementwise ops, casts, dropout and layer norm, best of
+   N calls. The numbers show whether the CPU backend's loops run as vector code for this CPU
+   (their AVX2/AVX-512 clones) and how they compare with PyTorch's (bench/ops.py prints the
+   same lines).
    Usage: ops [reps] [threads] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,14 +39,21 @@ static mt_tensor *run(int k) {
         return mt_add(xh, xh);
     case 12:
         return mt_add(xb, xb);
-    default:
+    case 13:
         return mt_cast(x, MT_F16);
+    case 14:
+        return mt_dropout(x, 0.1, true);
+    case 15:
+        return mt_dropout(xb, 0.1, true);
+    default:
+        return mt_layer_norm(x, 1, NULL, NULL, 1e-5);
     }
 }
 
 static const char *const names[] = {
     "sum_all", "sum dim 1", "sum dim 0", "max dim 1", "softmax", "log_softmax", "exp",
-    "sigmoid", "gelu",      "gelu_tanh", "mul",       "add f16", "add bf16",    "cast to f16"};
+    "sigmoid", "gelu",      "gelu_tanh", "mul",       "add f16", "add bf16",    "cast to f16",
+    "dropout",     "dropout bf16", "layer_norm"};
 #define N_OPS ((int)(sizeof names / sizeof names[0]))
 
 int main(int argc, char **argv) {

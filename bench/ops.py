@@ -22,7 +22,10 @@ def main():
            ("sigmoid", lambda: x.sigmoid()), ("gelu", lambda: F.gelu(x)),
            ("gelu_tanh", lambda: F.gelu(x, approximate="tanh")), ("mul", lambda: x * x),
            ("add f16", lambda: xh + xh), ("add bf16", lambda: xb + xb),
-           ("cast to f16", lambda: x.half())]
+           ("cast to f16", lambda: x.half()),
+           ("dropout", lambda: F.dropout(x, 0.1, True)),
+           ("dropout bf16", lambda: F.dropout(xb, 0.1, True)),
+           ("layer_norm", lambda: F.layer_norm(x, (1024,), eps=1e-5))]
     print("torch %s ops on [4096, 1024], %d thread(s), best of %d (ms)" % (
         torch.__version__, threads, reps))
     for name, f in ops:

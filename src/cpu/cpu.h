@@ -10,7 +10,8 @@
    builds (already compiled for the build machine), with other compilers, or under the
    sanitizers (their runtime is not set up when ifunc resolvers run). The clones compute the
    same bits: a * b + c is not contracted in ISO C mode, and src/math's explicit FMAs are
-   chosen by the build's flags, the same for every clone. */
+   fmaf, correctly rounded (an instruction in the v3/v4 clones, a libm call in the default
+   one). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__) &&       \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_UNDEFINED__)
 #define MT_CPU_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))

@@ -17,7 +17,9 @@
 /* Rows per part of the pass: enough work per thread to pay for the region. */
 #define EPILOGUE_PARALLEL_MIN ((int64_t)1 << 15)
 
-void mt_cpu_act_f32(mt_activation act, float *v, int64_t n) {
+/* Compiled per x86-64 level: GELU's erfc is a chain of FMAs (one instruction each with
+   AVX2, a libm call in baseline code). */
+MT_CPU_CLONES void mt_cpu_act_f32(mt_activation act, float *v, int64_t n) {
     switch (act) { /* one loop per activation, so each vectorises */
     case MT_ACT_RELU:
         for (int64_t i = 0; i < n; i++) v[i] = mt_relu_f(v[i]);

@@ -28,14 +28,12 @@
    the arguments softmax passes. Below -87.3 it returns 0: the results there would be
    subnormal, and computing them costs microcode assists, so src/math's mt_expv_f (correct
    there, and as fast elsewhere) is 2.5x slower per element on such inputs and flushing
-   around it costs 30%. From 88.38 up it returns inf (2^128 overflows); NaN stays NaN. */
-#if defined(__FMA__)
-#define FMA(a, b, c) __builtin_fmaf((a), (b), (c))
-#else
-#define FMA(a, b, c) ((a) * (b) + (c))
-#endif
+   around it costs 30%. From 88.38 up it returns inf (2^128 overflows); NaN stays NaN.
+   FMA is fmaf (one rounding everywhere): an instruction in the AVX2/AVX-512 clones of the
+   functions that call exp_vf (MT_CPU_CLONES), which is why each of them has clones. */
+#define FMA(a, b, c) fmaf((a), (b), (c))
 
-static inline float exp_vf(float x) {
+static inline __attribute__((always_inline)) float exp_vf(float x) {
     float xc = x > -87.3f ? x : -87.3f;
     xc = xc < 88.7f ? xc : 88.7f;
     /* n = round(x / ln2) by the 1.5 * 2^23 trick: its low mantissa bits are n itself */
@@ -61,8 +59,7 @@ static inline float exp_vf(float x) {
     return x != x ? x : y;
 }
 
-/* e[i] = exp(x[i] - m); returns the sum (per x86-64 level: exp_vf has no FMA or libm call
-   that would differ between the clones) */
+/* e[i] = exp(x[i] - m); returns the sum */
 MT_CPU_CLONES static float exp_sub_f(const float *restrict x, float m, float *restrict e, int64_t n) {
     for (int64_t i = 0; i < n; i++) e[i] = exp_vf(x[i] - m);
     return (float)mt_cpu_sum_f32(e, n);
@@ -210,7 +207,7 @@ static inline int64_t tile_row(const sm_args *A, int64_t k, int *w) {
 }
 
 /* operands: 0 = input, 1 = output */
-static int softmax_tiles(void *ctx, int64_t kb, int64_t ke) {
+MT_CPU_CLONES static int softmax_tiles(void *ctx, int64_t kb, int64_t ke) {
     const sm_args *A = ctx;
     mt_dtype dt = A->t[0]->dtype, odt = A->t[1]->dtype;
     int64_t L = A->L, as = A->s[0], os = A->s[1], oes = (int64_t)mt_dtype_size(odt);
@@ -252,7 +249,7 @@ static int softmax_tiles(void *ctx, int64_t kb, int64_t ke) {
 
 /* operands: 0 = y, 1 = grad_out, 2 = grad_in.
    softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
-static int softmax_backward_tiles(void *ctx, int64_t kb, int64_t ke) {
+MT_CPU_CLONES static int softmax_backward_tiles(void *ctx, int64_t kb, int64_t ke) {
     const sm_args *A = ctx;
     mt_dtype ydt = A->t[0]->dtype, gdt = A->t[1]->dtype, xdt = A->t[2]->dtype;
     int64_t L = A->L, ys = A->s[0], gs = A->s[1], xs = A->s[2];
@@ -361,7 +358,7 @@ int mt_cpu_softmax(mt_tensor *out, const mt_tensor *a, int dim, bool is_log) {
 
 /* rows [rb, re); operands: 0 = y, 1 = grad_out, 2 = grad_in.
    softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
-static int softmax_backward_rows(void *ctx, int64_t rb, int64_t re) {
+MT_CPU_CLONES static int softmax_backward_rows(void *ctx, int64_t rb, int64_t re) {
     const sm_args *A = ctx;
     const mt_tensor *y = A->t[0], *go = A->t[1], *gi = A->t[2];
     int64_t L = A->L, ys = A->s[0], gs = A->s[1], xs = A->s[2];
@@ -512,7 +509,7 @@ int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, cons
 }
 
 /* grad[r, c] = (exp(x[r, c] - lse[r]) - (c == label_r)) * scale; ignored rows get zeros. */
-static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
+MT_CPU_CLONES static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
     ce_args *A = ctx;
     const mt_tensor *x = A->logits;
     mt_tensor *gr = A->grad;

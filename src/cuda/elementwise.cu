@@ -8,8 +8,8 @@
 // kernel switches on the op per element. F16/BF16 are stored with src/math/half.h rounding.
 // Results are bit-identical to the CPU's where the compiler evaluates a formula as the C
 // build does: no contraction of a * b + c into an FMA (nvcc -fmad=false; g++ for the emulated
-// device -ffp-contract=off and the C build's -march, which decides MT_FMAF), and the same
-// libm (pow, and the F64 transcendentals, differ by an ulp or so on a GPU).
+// device -ffp-contract=off), src/math's explicit FMAs as fmaf on both (correctly rounded),
+// and the same libm (pow, and the F64 transcendentals, differ by an ulp or so on a GPU).
 #include "elementwise_gen.cuh"
 #include <math.h>
 #include "../math/elementwise_ops.h"

@@ -9,12 +9,12 @@
 #include "half.h" /* mt_f32_bits, mt_bits_f32 */
 #include "hd.h"
 
-/* a * b + c, fused where the target has FMA (one rounding), else two roundings */
-#if defined(__CUDACC__) || defined(__FMA__)
+/* a * b + c with one rounding: C's fmaf, which is correctly rounded wherever it runs, so
+   every CPU and the GPU compute the same bits. Code compiled for a CPU with FMA (the x86-64-v3
+   and v4 clones of the CPU kernels, MT_CPU_CLONES in src/cpu/cpu.h) and CUDA get one
+   instruction; code compiled for baseline x86-64 gets a libm call (hardware FMA behind it on
+   the CPUs that have one), so a loop over these formulas belongs in a cloned function. */
 #define MT_FMAF(a, b, c) fmaf((a), (b), (c))
-#else
-#define MT_FMAF(a, b, c) ((a) * (b) + (c))
-#endif
 
 /* exp for float without a libm call, so that loops over it vectorise (libm's expf does not
    without -ffast-math): x = n ln2 + r, |r| <= ln2/2 (Cody-Waite, two-part ln2), a degree-6
@@ -22,14 +22,19 @@
    that results in the subnormal range round once. Within 1.3 ulp of the correctly rounded
    value; overflow gives inf, underflow 0, NaN stays NaN. The out-of-range cases are blended
    in with integer masks at the end: GCC will not if-convert a float select that follows
-   arithmetic under the default -ftrapping-math, and a branch stops vectorisation. */
-MT_HD float mt_expv_f(float x) {
+   arithmetic under the default -ftrapping-math, and a branch stops vectorisation.
+   mt_expv_sum_f(hi, lo) is exp(hi + lo) where hi + lo is not representable: lo is added only
+   after hi's exact range reduction (n ln2_hi has 20 significant bits, so hi - n ln2_hi is
+   exact for |hi| < 2^11), so a large hi (erfc's -x^2) loses none of lo's bits.
+   mt_expv_f(x) passes lo = -0, which the compiler drops (x + -0 is x for every x). */
+MT_HD float mt_expv_sum_f(float hi, float lo) {
+    float x = hi + lo; /* only for n and the out-of-range cases */
     /* n = round(x / ln2): adding 1.5 * 2^23 rounds to an integer held in the low mantissa
        bits, read back as an integer (no float-to-int conversion) */
     float t = MT_FMAF(x, 1.442695040888963407f, 12582912.0f), n = t - 12582912.0f;
     int32_t ti;
     memcpy(&ti, &t, sizeof ti);
-    float r = MT_FMAF(n, -0.693145751953125f, x);
+    float r = MT_FMAF(n, -0.693145751953125f, hi) + lo;
     r = MT_FMAF(n, -1.428606765330187045e-06f, r);
     float p = 0.000198527617612853646278381f;
     p = MT_FMAF(p, r, 0.00139304355252534151077271f);
@@ -56,6 +61,10 @@ MT_HD float mt_expv_f(float x) {
     uy = (uy & ~nan) | (ux & nan);
     memcpy(&y, &uy, sizeof y);
     return y;
+}
+
+MT_HD float mt_expv_f(float x) {
+    return mt_expv_sum_f(x, -0.0f);
 }
 
 /* mask ? a : b on bit patterns, mask all ones or all zeros */
@@ -117,25 +126,17 @@ MT_HD float mt_logv_f(float x) {
     return mt_bits_f32(ur);
 }
 
-/* erfc for float, vectorisable. Below |x| = 0.5: 1 - erf(x), erf(x) = x P(x^2) (Cephes
-   erff). Above: t = 1 / (1 + |x| / 2) and exp(-x^2 + Q(t)) (the Chebyshev fit of Numerical
-   Recipes' erfcc, relative error under 1.2e-7), with exp(-x^2) taken on its own so that the
-   large x^2 is not rounded into the polynomial, and 2 - erfc(-x) for x < 0. Within 7 ulp
-   (4e-7 relative); erfc(inf) = 0, erfc(-inf) = 2, NaN stays NaN. */
+/* erfc for float, vectorisable: t = 1 / (1 + |x| / 2) and t exp(-x^2 + Q(t)) (the Chebyshev
+   fit of Numerical Recipes' erfcc, relative error under 1.2e-7 for every x >= 0), with -x^2
+   (split exactly into two floats by an FMA) and Q(t) summed inside exp's range reduction
+   (mt_expv_sum_f) so that the large x^2 is not rounded into the polynomial, and 2 - erfc(-x)
+   for x < 0. Within 6.6 ulp of erfc over every 13th float (the worst near x = 0.83);
+   erfc(inf) = 0, erfc(-inf) = 2, NaN stays NaN. */
 MT_HD float mt_erfcv_f(float x) {
     uint32_t ux = mt_f32_bits(x), ua = ux & 0x7fffffffu;
     /* |x| clamped at 10.5 (erfc underflows to 0 there) so that inf does not make NaN; the
        clamp is an integer min on the bits, which orders non-negative floats */
     float z = mt_bits_f32(ua < 0x41280000u ? ua : 0x41280000u);
-    float s = x * x;
-    float e = 7.853861353153693e-5f;
-    e = MT_FMAF(e, s, -8.010193625184903e-4f);
-    e = MT_FMAF(e, s, 5.188327685732524e-3f);
-    e = MT_FMAF(e, s, -2.685381193529856e-2f);
-    e = MT_FMAF(e, s, 1.128358514861418e-1f);
-    e = MT_FMAF(e, s, -3.761262582423300e-1f);
-    e = MT_FMAF(e, s, 1.128379165726710f);
-    float near0 = 1.0f - x * e;
     float t = 1.0f / MT_FMAF(0.5f, z, 1.0f);
     float q = 0.17087277f;
     q = MT_FMAF(q, t, -0.82215223f);
@@ -148,14 +149,9 @@ MT_HD float mt_erfcv_f(float x) {
     q = MT_FMAF(q, t, 1.00002368f);
     q = MT_FMAF(q, t, -1.26551223f);
     float zz = z * z;
-#if defined(__CUDACC__) || defined(__FMA__)
-    float zz_lo = fmaf(z, z, -zz); /* z * z = zz + zz_lo exactly */
-#else
-    float zz_lo = 0.0f;
-#endif
-    float tail = t * mt_expv_f(-zz) * mt_expv_f(q - zz_lo);
-    uint32_t far = mt_blend(mt_mask(ux > 0x80000000u), mt_f32_bits(2.0f - tail), mt_f32_bits(tail));
-    uint32_t r = mt_blend(mt_mask(ua < 0x3f000000u), mt_f32_bits(near0), far);
+    float zz_lo = MT_FMAF(z, z, -zz); /* z * z = zz + zz_lo exactly */
+    float tail = t * mt_expv_sum_f(-zz, q - zz_lo);
+    uint32_t r = mt_blend(mt_mask(ux > 0x80000000u), mt_f32_bits(2.0f - tail), mt_f32_bits(tail));
     return mt_bits_f32(mt_blend(mt_mask(ua > 0x7f800000u), ux, r));
 }
 
