@@ -1,8 +1,8 @@
 /* Forward time of single ops on a [4096, 1024] tensor (F32 unless named): reductions,
-   softmax, transcendental and plain elementwise ops, casts, dropout and layer norm, best of
-   N calls. The numbers show whether the CPU backend's loops run as vector code for this CPU
-   (their AVX2/AVX-512 clones) and how they compare with PyTorch's (bench/ops.py prints the
-   same lines).
+   softmax, transcendental and plain elementwise ops, casts, dropout, layer norm and random
+   draws, best of N calls. The numbers show whether the CPU backend's loops run as vector
+   code for this CPU (their AVX2/AVX-512 clones) and how they compare with PyTorch's
+   (bench/ops.py prints the same lines).
    Usage: ops [reps] [threads] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,15 +45,19 @@ static mt_tensor *run(int k) {
         return mt_dropout(x, 0.1, true);
     case 15:
         return mt_dropout(xb, 0.1, true);
-    default:
+    case 16:
         return mt_layer_norm(x, 1, NULL, NULL, 1e-5);
+    case 17:
+        return mt_rand(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
+    default:
+        return mt_randn(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
     }
 }
 
 static const char *const names[] = {
-    "sum_all", "sum dim 1", "sum dim 0", "max dim 1", "softmax", "log_softmax", "exp",
-    "sigmoid", "gelu",      "gelu_tanh", "mul",       "add f16", "add bf16",    "cast to f16",
-    "dropout",     "dropout bf16", "layer_norm"};
+    "sum_all", "sum dim 1",    "sum dim 0",  "max dim 1", "softmax", "log_softmax", "exp",
+    "sigmoid", "gelu",         "gelu_tanh",  "mul",       "add f16", "add bf16",    "cast to f16",
+    "dropout", "dropout bf16", "layer_norm", "rand",      "randn"};
 #define N_OPS ((int)(sizeof names / sizeof names[0]))
 
 int main(int argc, char **argv) {

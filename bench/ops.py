@@ -25,7 +25,8 @@ def main():
            ("cast to f16", lambda: x.half()),
            ("dropout", lambda: F.dropout(x, 0.1, True)),
            ("dropout bf16", lambda: F.dropout(xb, 0.1, True)),
-           ("layer_norm", lambda: F.layer_norm(x, (1024,), eps=1e-5))]
+           ("layer_norm", lambda: F.layer_norm(x, (1024,), eps=1e-5)),
+           ("rand", lambda: torch.rand(4096, 1024)), ("randn", lambda: torch.randn(4096, 1024))]
     print("torch %s ops on [4096, 1024], %d thread(s), best of %d (ms)" % (
         torch.__version__, threads, reps))
     for name, f in ops:

@@ -36,6 +36,19 @@ MT_HD mt_philox_block mt_philox4x32(uint64_t counter, uint64_t seed) {
     return b;
 }
 
+/* The words of n consecutive blocks, counters first .. first + n - 1, block after block
+   (out[4 b + lane]): mt_philox4x32 over a range in a loop without branches, which the
+   compiler vectorises (a block per vector lane) where a kernel draws many words at once. */
+MT_HD void mt_philox4x32_fill(uint64_t first, uint64_t seed, int64_t n, uint32_t *out) {
+    for (int64_t b = 0; b < n; b++) {
+        mt_philox_block blk = mt_philox4x32(first + (uint64_t)b, seed);
+        out[4 * b] = blk.v[0];
+        out[4 * b + 1] = blk.v[1];
+        out[4 * b + 2] = blk.v[2];
+        out[4 * b + 3] = blk.v[3];
+    }
+}
+
 /* Uniform in [0, 1) with 24 random bits (exactly representable in FP32). */
 MT_HD float mt_uint_to_unit_float(uint32_t x) {
     return (float)(x >> 8) * (1.0f / 16777216.0f);
@@ -47,14 +60,20 @@ MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
     return mt_uint_to_unit_float(b.v[i % 4]);
 }
 
-/* Element i of a normal draw: Box-Muller on the block's lanes (0,1) and (2,3). */
-MT_HD float mt_philox_normal(uint64_t seed, uint64_t offset, uint64_t i) {
-    mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
-    unsigned lane = (unsigned)(i % 4), pair = lane & 2u;
-    float u1 = 1.0f - mt_uint_to_unit_float(b.v[pair]); /* (0, 1]: log is finite */
-    float u2 = mt_uint_to_unit_float(b.v[pair + 1]);
+/* Lane `lane` of a normal draw from a block's words w[0..3]: Box-Muller on the lanes (0,1)
+   and (2,3). */
+MT_HD float mt_philox_normal_lane(const uint32_t *w, unsigned lane) {
+    unsigned pair = lane & 2u;
+    float u1 = 1.0f - mt_uint_to_unit_float(w[pair]); /* (0, 1]: log is finite */
+    float u2 = mt_uint_to_unit_float(w[pair + 1]);
     float r = sqrtf(-2.0f * logf(u1));
     float th = 6.2831853071795864f * u2;
     return (lane & 1u) ? r * sinf(th) : r * cosf(th);
+}
+
+/* Element i of a normal draw. */
+MT_HD float mt_philox_normal(uint64_t seed, uint64_t offset, uint64_t i) {
+    mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
+    return mt_philox_normal_lane(b.v, (unsigned)(i % 4));
 }
 #endif
