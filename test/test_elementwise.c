@@ -368,6 +368,36 @@ static void test_f32_accuracy(void **state) {
     free(x);
 }
 
+/* src/math's sin and cos of 2 pi t (Box-Muller's angle in mt_randn on every device): within
+   2 ulp of the double result for t = k / 2^24 in [0, 1), every 7th k (the values a 24-bit
+   uniform takes), exact at the quarter turns. A host formula: checked once, on the CPU. */
+static void test_sincos_turns(void **state) {
+    (void)state;
+    double worst = 0;
+    for (int64_t k = 0; k < ((int64_t)1 << 24); k += 7) {
+        float t = (float)k * 0x1p-24f;
+        if (k % ((int64_t)1 << 22) == 0) continue; /* the quarter turns, below */
+        for (int want_sin = 0; want_sin < 2; want_sin++) {
+            double e = want_sin ? sin(2 * M_PI * (double)t) : cos(2 * M_PI * (double)t);
+            float got = mt_sincos_turns_f(t, want_sin);
+            int ex;
+            frexp(e, &ex);
+            double err = fabs(got - e) / ldexp(1, ex - 24);
+            if (err > worst) worst = err;
+            if (err > 2.0)
+                fail_msg("%s(2 pi %a) = %a, expected %a (%.2f ulp)", want_sin ? "sin" : "cos",
+                         (double)t, (double)got, e, err);
+        }
+    }
+    assert_true(worst > 0.5); /* it compared rounded values */
+    const float quarter[] = {0.0f, 0.25f, 0.5f, 0.75f}, sin_q[] = {0, 1, 0, -1},
+                cos_q[] = {1, 0, -1, 0};
+    for (int q = 0; q < 4; q++) {
+        assert_true(mt_sincos_turns_f(quarter[q], 1) == sin_q[q]);
+        assert_true(mt_sincos_turns_f(quarter[q], 0) == cos_q[q]);
+    }
+}
+
 /* ---- copies between layouts and dtypes (the copy kernel behind contiguous, clone, cast) */
 static void test_copy_layouts(void **state) {
     (void)state;
@@ -586,6 +616,7 @@ int main(void) {
         MT_TEST(test_f32_accuracy),
         MT_TEST_CPU_ONLY(test_cpu_clones_match_formulas,
                          "CPU clones only (the GPU's compiler contracts differently)"),
+        MT_TEST_CPU_ONLY(test_sincos_turns, "a host formula, checked once"),
         MT_TEST(test_large_parallel),
         MT_TEST(test_copy_layouts),
         MT_TEST(test_promotion),

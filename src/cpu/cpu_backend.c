@@ -144,18 +144,23 @@ typedef struct {
     char *base;
 } rand_ctx;
 
-/* Draws b .. b + m - 1 (b a multiple of 4) into buf: the Philox blocks for the whole chunk
-   first, in a loop that vectorises in each x86-64 level's clone, then the per-element
-   formulas of src/math/philox.h on their words. */
+/* Draws b .. b + m - 1 (b a multiple of 4) into buf (room for m + 1): the Philox blocks for
+   the whole chunk first, then the per-element formulas of src/math/philox.h on their words,
+   normal draws a Box-Muller pair (cos, sin) at a time; both loops vectorise in each x86-64
+   level's clone. */
 MT_CPU_CLONES static void random_chunk(float *buf, int64_t b, int64_t m, bool normal, uint64_t seed,
                                        uint64_t offset) {
-    uint32_t bits[256];
-    mt_philox4x32_fill(offset + (uint64_t)b / 4, seed, (m + 3) / 4, bits);
-    if (normal)
-        for (int64_t i = 0; i < m; i++)
-            buf[i] = mt_philox_normal_lane(bits + (i & ~3), (unsigned)(i & 3));
-    else
-        for (int64_t i = 0; i < m; i++) buf[i] = mt_uint_to_unit_float(bits[i]);
+    uint32_t w[256];
+    mt_philox4x32_fill(offset + (uint64_t)b / 4, seed, (m + 3) / 4, w);
+    if (normal) {
+        for (int64_t i = 0; i < m; i += 2) { /* the pair of lanes (i % 4, i % 4 + 1) */
+            float r = mt_box_muller_radius(w[i]), u2 = mt_uint_to_unit_float(w[i + 1]);
+            buf[i] = r * mt_sincos_turns_f(u2, 0);
+            buf[i + 1] = r * mt_sincos_turns_f(u2, 1);
+        }
+    } else {
+        for (int64_t i = 0; i < m; i++) buf[i] = mt_uint_to_unit_float(w[i]);
+    }
 }
 
 static int cpu_random(mt_tensor *out, bool normal, uint64_t seed, uint64_t offset) {

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "hd.h"
+#include "scalar_ops.h" /* mt_logv_f, mt_sincos_turns_f */
 
 typedef struct {
     uint32_t v[4];
@@ -61,14 +62,17 @@ MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
 }
 
 /* Lane `lane` of a normal draw from a block's words w[0..3]: Box-Muller on the lanes (0,1)
-   and (2,3). */
+   and (2,3), with src/math's log and sin/cos of 2 pi u (not libm's, nor the GPU's own,
+   which differ in the last bits): every device draws the same numbers, and the loop over a
+   chunk vectorises. */
+MT_HD float mt_box_muller_radius(uint32_t w) {
+    float u1 = 1.0f - mt_uint_to_unit_float(w); /* (0, 1]: log is finite */
+    return sqrtf(-2.0f * mt_logv_f(u1));
+}
 MT_HD float mt_philox_normal_lane(const uint32_t *w, unsigned lane) {
     unsigned pair = lane & 2u;
-    float u1 = 1.0f - mt_uint_to_unit_float(w[pair]); /* (0, 1]: log is finite */
     float u2 = mt_uint_to_unit_float(w[pair + 1]);
-    float r = sqrtf(-2.0f * logf(u1));
-    float th = 6.2831853071795864f * u2;
-    return (lane & 1u) ? r * sinf(th) : r * cosf(th);
+    return mt_box_muller_radius(w[pair]) * mt_sincos_turns_f(u2, (int)(lane & 1u));
 }
 
 /* Element i of a normal draw. */
