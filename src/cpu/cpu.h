@@ -18,6 +18,10 @@
 #else
 #define MT_CPU_CLONES
 #endif
+/* A helper that a cloned function calls: inlined into each clone, so that every clone has
+   its own vector code (called, it would be compiled once, for baseline x86-64, and the
+   AVX2/AVX-512 clones would run its loops as SSE2). */
+#define MT_CPU_INLINE static inline __attribute__((always_inline))
 
 /* Work below this many elements runs on the calling thread: an OpenMP region costs more
    than the work. */

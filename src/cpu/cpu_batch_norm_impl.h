@@ -40,7 +40,7 @@ static SFX(bn_consts) SFX(bn_consts_of)(const bn_ctx *c, int64_t ch, double s1, 
 
 /* sum and sum of squares of (x - k) over channel ch: the shift by one of the channel's own
    values keeps the one-pass variance free of cancellation when |mean| >> std */
-static void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, double *s2) {
+MT_CPU_INLINE void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, double *s2) {
     T buf[CHUNK];
     double a1 = 0, a2 = 0;
     for (int64_t n = 0; n < c->N; n++)
@@ -58,7 +58,7 @@ static void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, d
 
 /* channels [cb, ce): statistics (training) or the running ones (eval), then one pass
    y = act(x * scale + shift + residual) */
-static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
+MT_CPU_CLONES static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
     (void)part;
     const bn_ctx *c = vctx;
     const mt_bn_args *a = c->a;
@@ -91,8 +91,8 @@ static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
 }
 
 /* gz = gy, masked by y > 0 under relu, for one chunk */
-static void SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0, int64_t m, T *gz,
-                            T *tmp) {
+MT_CPU_INLINE void SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0, int64_t m,
+                                   T *gz, T *tmp) {
     LOAD(bn_at(c->gy, c, n, ch, s0), c->es, c->dt, m, gz);
     if (!c->y) return;
     LOAD(bn_at(c->y, c, n, ch, s0), c->es, c->dt, m, tmp);
@@ -101,7 +101,7 @@ static void SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0, 
 
 /* channels [cb, ce) of the backward: pass 1 sums gz and gz * xhat, pass 2 writes gx and
    the residual's gradient */
-static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
+MT_CPU_CLONES static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64_t ce, int part) {
     (void)part;
     const bn_ctx *c = vctx;
     const mt_bn_backward_args *a = c->ba;

@@ -12,12 +12,13 @@ static T *SFX(nhwc_scratch)(const bn_ctx *c, int part) {
 }
 
 /* rows [r, r + n) of the tensor at base (dtype c->dt) into buf: one contiguous run */
-static void SFX(nhwc_load)(const bn_ctx *c, const char *base, int64_t r, int64_t n, T *buf) {
+MT_CPU_INLINE void SFX(nhwc_load)(const bn_ctx *c, const char *base, int64_t r, int64_t n, T *buf) {
     LOAD(base + r * c->C * c->es, c->es, c->dt, n * c->C, buf);
 }
 
 /* gz (gy masked by y > 0 under relu) of rows [r, r + n); tmp is clobbered */
-static void SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz, T *restrict tmp) {
+MT_CPU_INLINE void SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz,
+                                T *restrict tmp) {
     SFX(nhwc_load)(c, c->gy, r, n, gz);
     if (!c->y) return;
     SFX(nhwc_load)(c, c->y, r, n, tmp);
@@ -26,9 +27,9 @@ static void SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz, 
 
 /* Rows [rb, re) into s1, s2 (double[C]): per channel sum(a - ka) and sum((a - ka) (b - kb)),
    with a = b = x (the statistics) or a = gz, b = x (grads: the backward's sums). */
-static void SFX(nhwc_sums)(const bn_ctx *c, bool grads, const T *restrict ka, const T *restrict kb,
-                           int64_t rb, int64_t re, double *restrict s1, double *restrict s2,
-                           int part) {
+MT_CPU_INLINE void SFX(nhwc_sums)(const bn_ctx *c, bool grads, const T *restrict ka,
+                                  const T *restrict kb, int64_t rb, int64_t re, double *restrict s1,
+                                  double *restrict s2, int part) {
     int64_t C = c->C, R = c->rows_per;
     T *a = SFX(nhwc_scratch)(c, part), *b = a + R * C, *tmp = b + R * C;
     T *restrict t1 = tmp + R * C, *restrict t2 = t1 + C;
@@ -72,14 +73,14 @@ static void SFX(nhwc_sums)(const bn_ctx *c, bool grads, const T *restrict ka, co
     }
 }
 
-static int SFX(nhwc_stats_part)(void *vctx, int64_t rb, int64_t re, int part) {
+MT_CPU_CLONES static int SFX(nhwc_stats_part)(void *vctx, int64_t rb, int64_t re, int part) {
     const bn_ctx *c = vctx;
     double *s = c->parts + (size_t)part * 2 * (size_t)c->C;
     SFX(nhwc_sums)(c, false, c->k, c->k, rb, re, s, s + c->C, part);
     return 0;
 }
 
-static int SFX(nhwc_grad_sums_part)(void *vctx, int64_t rb, int64_t re, int part) {
+MT_CPU_CLONES static int SFX(nhwc_grad_sums_part)(void *vctx, int64_t rb, int64_t re, int part) {
     const bn_ctx *c = vctx;
     double *s = c->parts + (size_t)part * 2 * (size_t)c->C;
     SFX(nhwc_sums)(c, true, c->zero, c->mean, rb, re, s, s + c->C, part);
@@ -87,8 +88,8 @@ static int SFX(nhwc_grad_sums_part)(void *vctx, int64_t rb, int64_t re, int part
 }
 
 /* y = act(((x - k) - md) * scale + shift + residual), rows [q, q + n); res is clobbered */
-static void SFX(nhwc_forward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict buf,
-                                   T *restrict res) {
+MT_CPU_INLINE void SFX(nhwc_forward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict buf,
+                                          T *restrict res) {
     int64_t C = c->C;
     const T *restrict k = c->k, *restrict md = c->md, *restrict scale = c->scale,
                       *restrict shift = c->shift;
@@ -108,8 +109,8 @@ static void SFX(nhwc_forward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *res
 }
 
 /* gres = gz; gx = k (gz - mg - (x - mean) rs mgx), rows [q, q + n); x is clobbered */
-static void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict gz,
-                                    T *restrict x) {
+MT_CPU_INLINE void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict gz,
+                                           T *restrict x) {
     int64_t C = c->C;
     const T *restrict kk = c->scale, *restrict mg = c->k, *restrict mgx = c->md,
                       *restrict mean = c->mean, *restrict rs = c->shift;
@@ -128,7 +129,7 @@ static void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *re
 
 /* The pass over rows [rb, re) that writes the forward's output or the backward's gradients,
    rows_per rows at a time in the part's first two row buffers */
-static int SFX(nhwc_rows_part)(void *vctx, int64_t rb, int64_t re, int part) {
+MT_CPU_CLONES static int SFX(nhwc_rows_part)(void *vctx, int64_t rb, int64_t re, int part) {
     const bn_ctx *c = vctx;
     int64_t R = c->rows_per;
     T *buf = SFX(nhwc_scratch)(c, part), *tmp = buf + R * c->C;

@@ -42,14 +42,10 @@
         }                                                                                          \
         break;
 
-/* The array kernels are inlined into each clone of the row functions below (MT_CPU_CLONES),
-   so that every clone has its own vector loops: called, they would be compiled once, for the
-   baseline x86-64, and the AVX2/AVX-512 clones would run SSE2 loops. */
-#define MT_INLINE_INTO_CLONES inline __attribute__((always_inline))
-
+/* The array kernels are inlined into each clone of the row functions below (MT_CPU_INLINE). */
 #define DEFINE_ARRAY_KERNELS(T, S)                                                                 \
-    MT_INLINE_INTO_CLONES static void unary_##S(mt_op_id op, T *restrict o, const T *restrict pa,  \
-                                                int64_t n, T p) {                                  \
+    MT_CPU_INLINE void unary_##S(mt_op_id op, T *restrict o, const T *restrict pa, int64_t n,      \
+                                 T p) {                                                            \
         typedef T elem_t;                                                                          \
         /* the formula's p == 2 branch taken once, not per element: the loop then vectorises       \
            without relying on -O3's loop unswitching */                                            \
@@ -63,8 +59,8 @@
             break;                                                                                 \
         }                                                                                          \
     }                                                                                              \
-    MT_INLINE_INTO_CLONES static void binary_##S(mt_op_id op, T *restrict o, const T *restrict pa, \
-                                                 const T *restrict pb, int64_t n) {                \
+    MT_CPU_INLINE void binary_##S(mt_op_id op, T *restrict o, const T *restrict pa,                \
+                                  const T *restrict pb, int64_t n) {                               \
         typedef T elem_t;                                                                          \
         switch (op) {                                                                              \
             MT_BINARY_FORMULAS(BINARY_CASE, T, S)                                                  \
@@ -72,8 +68,8 @@
             break;                                                                                 \
         }                                                                                          \
     }                                                                                              \
-    MT_INLINE_INTO_CLONES static void compare_##S(                                                 \
-        mt_op_id op, uint8_t *restrict o, const T *restrict pa, const T *restrict pb, int64_t n) { \
+    MT_CPU_INLINE void compare_##S(mt_op_id op, uint8_t *restrict o, const T *restrict pa,         \
+                                   const T *restrict pb, int64_t n) {                              \
         typedef T elem_t;                                                                          \
         switch (op) {                                                                              \
             MT_COMPARE_FORMULAS(COMPARE_CASE)                                                      \

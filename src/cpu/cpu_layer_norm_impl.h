@@ -4,7 +4,7 @@
 #include "cpu_norm_sums_impl.h"
 
 /* rows [rb, re): y = (x - mean) * rstd * w + b, row statistics saved */
-static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
+MT_CPU_CLONES static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
     (void)part;
     const ln_ctx *c = vctx;
     int64_t D = c->D;
@@ -36,7 +36,7 @@ static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int part) {
 
 /* rows [rb, re): gx = rstd (g - mean(g) - xhat mean(g xhat)) with g = gy w; the weight and
    bias gradients of these rows go to partial buffers number `part` */
-static int SFX(ln_backward_rows)(void *vctx, int64_t rb, int64_t re, int part) {
+MT_CPU_CLONES static int SFX(ln_backward_rows)(void *vctx, int64_t rb, int64_t re, int part) {
     const ln_ctx *c = vctx;
     int64_t D = c->D;
     T *buf = mt_host_alloc((size_t)D * 2 * sizeof(T));

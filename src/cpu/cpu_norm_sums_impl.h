@@ -11,8 +11,10 @@ enum { SFX(VN) = 32 / (int)sizeof(T) };
    on targets without AVX (GCC and clang warn), while local ones just split in two */
 #define NORM_VLOAD(v, p) memcpy(&(v), (p), sizeof(v))
 
-static void SFX(sums2)(const T *restrict a, T ka, const T *restrict b, T kb, int64_t m, T *sa,
-                       T *sab) {
+/* always inlined, so that a caller compiled per x86-64 level (MT_CPU_CLONES) runs these
+   vectors as AVX/AVX-512 code rather than the baseline's SSE2 pairs */
+MT_CPU_INLINE void SFX(sums2)(const T *restrict a, T ka, const T *restrict b, T kb, int64_t m,
+                              T *sa, T *sab) {
     const int vn = SFX(VN);
     SFX(vec) a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
     int64_t i = 0;

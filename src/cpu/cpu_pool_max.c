@@ -44,9 +44,9 @@ static void pad_plane(const mt_cpu_plane *xp, int64_t H, int64_t W, int64_t pw, 
    unpadded: h * W + o * S + kw - pw. Branch-free, so that it vectorises over o; inlined with
    S a constant for the common strides. (Kernel columns inside the o loop, in registers,
    measured 1.5x slower: GCC vectorises that shape worse.) */
-static inline __attribute__((always_inline)) void
-max_row_s(const float *restrict x, int64_t Wp, int64_t W, int64_t h0, int64_t h1, int64_t KW,
-          int64_t S, int64_t pw, int64_t OW, float *restrict best, int32_t *restrict arg) {
+MT_CPU_INLINE void max_row_s(const float *restrict x, int64_t Wp, int64_t W, int64_t h0, int64_t h1,
+                             int64_t KW, int64_t S, int64_t pw, int64_t OW, float *restrict best,
+                             int32_t *restrict arg) {
     for (int64_t o = 0; o < OW; o++) {
         int64_t ws = o * S - pw;
         best[o] = -INFINITY;

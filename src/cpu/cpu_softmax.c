@@ -33,7 +33,7 @@
    functions that call exp_vf (MT_CPU_CLONES), which is why each of them has clones. */
 #define FMA(a, b, c) fmaf((a), (b), (c))
 
-static inline __attribute__((always_inline)) float exp_vf(float x) {
+MT_CPU_INLINE float exp_vf(float x) {
     float xc = x > -87.3f ? x : -87.3f;
     xc = xc < 88.7f ? xc : 88.7f;
     /* n = round(x / ln2) by the 1.5 * 2^23 trick: its low mantissa bits are n itself */
@@ -60,7 +60,8 @@ static inline __attribute__((always_inline)) float exp_vf(float x) {
 }
 
 /* e[i] = exp(x[i] - m); returns the sum */
-MT_CPU_CLONES static float exp_sub_f(const float *restrict x, float m, float *restrict e, int64_t n) {
+MT_CPU_CLONES static float exp_sub_f(const float *restrict x, float m, float *restrict e,
+                                     int64_t n) {
     for (int64_t i = 0; i < n; i++) e[i] = exp_vf(x[i] - m);
     return (float)mt_cpu_sum_f32(e, n);
 }
