@@ -1,6 +1,6 @@
-/* Forward time of single ops on a [4096, 1024] tensor (F32 unless named): reductions,
-   softmax, transcendental and plain elementwise ops, casts, dropout, layer norm and random
-   draws, best of N calls. The numbers show whether the CPU backend's loops run as vector
+/* Time of single ops on a [4096, 1024] tensor (F32 unless named): reductions, softmax,
+   transcendental and plain elementwise ops, casts, dropout, layer norm, random draws and an
+   AdamW step, best of N calls. The numbers show whether the CPU backend's loops run as vector
    code for this CPU (their AVX2/AVX-512 clones) and how they compare with PyTorch's
    (bench/ops.py prints the same lines).
    Usage: ops [reps] [threads] */
@@ -9,7 +9,8 @@
 #include "bench_util.h"
 #include "mixtape.h"
 
-static mt_tensor *x, *xh, *xb;
+static mt_tensor *x, *xh, *xb, *param;
+static mt_optimizer *adamw;
 
 static mt_tensor *run(int k) {
     switch (k) {
@@ -49,15 +50,17 @@ static mt_tensor *run(int k) {
         return mt_layer_norm(x, 1, NULL, NULL, 1e-5);
     case 17:
         return mt_rand(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
-    default:
+    case 18:
         return mt_randn(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
+    default: /* an AdamW step over one [4096, 1024] parameter (x stands for its result) */
+        return mt_optimizer_step(adamw) == 0 ? x : NULL;
     }
 }
 
 static const char *const names[] = {
     "sum_all", "sum dim 1",    "sum dim 0",  "max dim 1", "softmax", "log_softmax", "exp",
     "sigmoid", "gelu",         "gelu_tanh",  "mul",       "add f16", "add bf16",    "cast to f16",
-    "dropout", "dropout bf16", "layer_norm", "rand",      "randn"};
+    "dropout", "dropout bf16", "layer_norm", "rand",      "randn",   "adamw step"};
 #define N_OPS ((int)(sizeof names / sizeof names[0]))
 
 int main(int argc, char **argv) {
@@ -71,7 +74,10 @@ int main(int argc, char **argv) {
     x = mt_randn(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
     xh = mt_cast(x, MT_F16);
     xb = mt_cast(x, MT_BF16);
-    if (!x || !xh || !xb) {
+    param = mt_randn(MT_SHAPE(4096, 1024), MT_F32, MT_CPU);
+    mt_set_requires_grad(param, true);
+    adamw = mt_adamw_new(&param, 1, &(mt_adam_opts){.lr = MT_SET(1e-3)});
+    if (!x || !xh || !xb || !adamw || mt_backward(mt_sum_all(param), NULL) != 0) {
         fprintf(stderr, "setup failed: %s\n", mt_last_error());
         return 1;
     }

@@ -15,6 +15,9 @@ def main():
     torch.manual_seed(1)
     x = torch.randn(4096, 1024)
     xh, xb = x.half(), x.bfloat16()
+    param = torch.randn(4096, 1024, requires_grad=True)
+    param.sum().backward()
+    adamw = torch.optim.AdamW([param], lr=1e-3)
     ops = [("sum_all", lambda: x.sum()), ("sum dim 1", lambda: x.sum(1)),
            ("sum dim 0", lambda: x.sum(0)), ("max dim 1", lambda: x.amax(1)),
            ("softmax", lambda: torch.softmax(x, -1)),
@@ -26,7 +29,8 @@ def main():
            ("dropout", lambda: F.dropout(x, 0.1, True)),
            ("dropout bf16", lambda: F.dropout(xb, 0.1, True)),
            ("layer_norm", lambda: F.layer_norm(x, (1024,), eps=1e-5)),
-           ("rand", lambda: torch.rand(4096, 1024)), ("randn", lambda: torch.randn(4096, 1024))]
+           ("rand", lambda: torch.rand(4096, 1024)), ("randn", lambda: torch.randn(4096, 1024)),
+           ("adamw step", adamw.step)]
     print("torch %s ops on [4096, 1024], %d thread(s), best of %d (ms)" % (
         torch.__version__, threads, reps))
     for name, f in ops:
