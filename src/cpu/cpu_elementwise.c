@@ -141,14 +141,17 @@ static int op_cost(mt_op_id op) {
 }
 
 /* Small contiguous F32/F64 operands skip the iterator: for tiny tensors its set-up costs
-   more than the arithmetic. */
+   more than the arithmetic. The entry points are cloned too, so that this direct path runs
+   the array kernels with this CPU's vector and FMA instructions (in baseline code src/math's
+   fmaf is a libm call); the backend table holds the resolved clone, so the call costs
+   nothing extra. */
 static bool direct(const mt_tensor *out, const mt_tensor *a, const mt_tensor *b, mt_op_id op) {
     return (out->dtype == MT_F32 || out->dtype == MT_F64) && a->dtype == out->dtype &&
            (!b || b->dtype == out->dtype) && out->numel * op_cost(op) < MT_CPU_PARALLEL_MIN &&
            mt_is_contiguous(out) && mt_is_contiguous(a) && (!b || mt_is_contiguous(b));
 }
 
-int mt_cpu_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
+MT_CPU_CLONES int mt_cpu_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
     if (direct(out, a, NULL, op)) {
         if (out->dtype == MT_F32)
             unary_f(op, mt_tensor_data(out), mt_tensor_data(a), out->numel, (float)p);
@@ -202,6 +205,10 @@ MT_CPU_CLONES static void binary_row(char **p, const int64_t *s, int64_t n, void
         binary_f(c->op, (float *)p[0], (const float *)p[1], (const float *)p[2], n);
         return;
     }
+    if (!cmp && c->in == MT_F64 && s[0] == 8 && s[1] == 8 && s[2] == 8) {
+        binary_d(c->op, (double *)p[0], (const double *)p[1], (const double *)p[2], n);
+        return;
+    }
     if (cmp && !mt_dtype_is_floating(c->in)) {
         int_compare_row(c->op, c->in, p, s, n);
         return;
@@ -236,7 +243,8 @@ MT_CPU_CLONES static void binary_row(char **p, const int64_t *s, int64_t n, void
     }
 }
 
-int mt_cpu_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tensor *b) {
+MT_CPU_CLONES int mt_cpu_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a,
+                                const mt_tensor *b) {
     if (direct(out, a, b, op)) { /* comparisons write BOOL, so they never get here */
         if (out->dtype == MT_F32)
             binary_f(op, mt_tensor_data(out), mt_tensor_data(a), mt_tensor_data(b), out->numel);

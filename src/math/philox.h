@@ -65,18 +65,18 @@ MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
    and (2,3), with src/math's log and sin/cos of 2 pi u (not libm's, nor the GPU's own,
    which differ in the last bits): every device draws the same numbers, and the loop over a
    chunk vectorises. */
-MT_HD float mt_box_muller_radius(uint32_t w) {
+MT_HD_FMA float mt_box_muller_radius(uint32_t w) {
     float u1 = 1.0f - mt_uint_to_unit_float(w); /* (0, 1]: log is finite */
     return sqrtf(-2.0f * mt_logv_f(u1));
 }
-MT_HD float mt_philox_normal_lane(const uint32_t *w, unsigned lane) {
+MT_HD_FMA float mt_philox_normal_lane(const uint32_t *w, unsigned lane) {
     unsigned pair = lane & 2u;
     float u2 = mt_uint_to_unit_float(w[pair + 1]);
     return mt_box_muller_radius(w[pair]) * mt_sincos_turns_f(u2, (int)(lane & 1u));
 }
 
 /* Element i of a normal draw. */
-MT_HD float mt_philox_normal(uint64_t seed, uint64_t offset, uint64_t i) {
+MT_HD_FMA float mt_philox_normal(uint64_t seed, uint64_t offset, uint64_t i) {
     mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
     return mt_philox_normal_lane(b.v, (unsigned)(i % 4));
 }

@@ -27,7 +27,7 @@
    after hi's exact range reduction (n ln2_hi has 20 significant bits, so hi - n ln2_hi is
    exact for |hi| < 2^11), so a large hi (erfc's -x^2) loses none of lo's bits.
    mt_expv_f(x) passes lo = -0, which the compiler drops (x + -0 is x for every x). */
-MT_HD float mt_expv_sum_f(float hi, float lo) {
+MT_HD_FMA float mt_expv_sum_f(float hi, float lo) {
     float x = hi + lo; /* only for n and the out-of-range cases */
     /* n = round(x / ln2): adding 1.5 * 2^23 rounds to an integer held in the low mantissa
        bits, read back as an integer (no float-to-int conversion) */
@@ -63,7 +63,7 @@ MT_HD float mt_expv_sum_f(float hi, float lo) {
     return y;
 }
 
-MT_HD float mt_expv_f(float x) {
+MT_HD_FMA float mt_expv_f(float x) {
     return mt_expv_sum_f(x, -0.0f);
 }
 
@@ -77,7 +77,7 @@ MT_HD uint32_t mt_mask(int cond) {
 
 /* tanh for float, vectorisable: below |x| = 0.625 an odd polynomial (Cephes tanhf), above
    1 - 2 / (exp(2|x|) + 1) with the sign put back. Within 2 ulp; NaN stays NaN. */
-MT_HD float mt_tanhv_f(float x) {
+MT_HD_FMA float mt_tanhv_f(float x) {
     uint32_t ux = mt_f32_bits(x), ua = ux & 0x7fffffffu;
     float s = x * x;
     float p = MT_FMAF(-5.70498872745e-3f, s, 2.06390887954e-2f);
@@ -95,7 +95,7 @@ MT_HD float mt_tanhv_f(float x) {
    degree-9 polynomial in m - 1, e ln2 added in two parts. Within 1 ulp of the correctly
    rounded value; subnormals are scaled first; log(0) = -inf, log(x < 0) = NaN, log(inf) =
    inf, NaN stays NaN. */
-MT_HD float mt_logv_f(float x) {
+MT_HD_FMA float mt_logv_f(float x) {
     uint32_t ux = mt_f32_bits(x);
     uint32_t sub = mt_mask(ux < 0x00800000u); /* +0 and positive subnormals: scale by 2^23 */
     uint32_t u = mt_blend(sub, mt_f32_bits(x * 8388608.0f), ux);
@@ -132,7 +132,7 @@ MT_HD float mt_logv_f(float x) {
    (mt_expv_sum_f) so that the large x^2 is not rounded into the polynomial, and 2 - erfc(-x)
    for x < 0. Within 6.6 ulp of erfc over every 13th float (the worst near x = 0.83);
    erfc(inf) = 0, erfc(-inf) = 2, NaN stays NaN. */
-MT_HD float mt_erfcv_f(float x) {
+MT_HD_FMA float mt_erfcv_f(float x) {
     uint32_t ux = mt_f32_bits(x), ua = ux & 0x7fffffffu;
     /* |x| clamped at 10.5 (erfc underflows to 0 there) so that inf does not make NaN; the
        clamp is an integer min on the bits, which orders non-negative floats */
@@ -161,7 +161,7 @@ MT_HD float mt_erfcv_f(float x) {
    term is below 2^-28 of the result), and the quarter turn q picks and signs one of them.
    Within 2 ulp (every t = k / 2^24 in [0, 1) checked in test_elementwise.c); vectorisable,
    and written with MT_FMAF and plain arithmetic only, so that a GPU computes the same bits. */
-MT_HD float mt_sincos_turns_f(float t, int want_sin) {
+MT_HD_FMA float mt_sincos_turns_f(float t, int want_sin) {
     float sh = MT_FMAF(t, 4.0f, 12582912.0f), q = sh - 12582912.0f;
     uint32_t k = mt_f32_bits(sh) + (want_sin ? 0u : 1u); /* cos(x) = sin(x + a quarter turn) */
     float r = MT_FMAF(q, -0.25f, t), r2 = r * r;
@@ -181,61 +181,61 @@ MT_HD float mt_sincos_turns_f(float t, int want_sin) {
 }
 
 #define MT_SCALAR_FORMULAS(T, S, EXP, LOG, SQRT, ERFC, TANH, FABS, POW)                            \
-    MT_HD T mt_relu_##S(T x) {                                                                     \
+    MT_HD_FMA T mt_relu_##S(T x) {                                                                 \
         return x < (T)0 ? (T)0 : x;                                                                \
     } /* NaN propagates */                                                                         \
-    MT_HD T mt_sigmoid_##S(T x) {                                                                  \
+    MT_HD_FMA T mt_sigmoid_##S(T x) {                                                              \
         return (T)1 / ((T)1 + EXP(-x));                                                            \
     }                                                                                              \
-    MT_HD T mt_tanh_##S(T x) {                                                                     \
+    MT_HD_FMA T mt_tanh_##S(T x) {                                                                 \
         return TANH(x);                                                                            \
     }                                                                                              \
-    MT_HD T mt_sign_##S(T x) {                                                                     \
+    MT_HD_FMA T mt_sign_##S(T x) {                                                                 \
         return (T)((x > (T)0) - (x < (T)0));                                                       \
     }                                                                                              \
-    MT_HD T mt_rsqrt_##S(T x) {                                                                    \
+    MT_HD_FMA T mt_rsqrt_##S(T x) {                                                                \
         return (T)1 / SQRT(x);                                                                     \
     }                                                                                              \
     /* gelu(x) = x * Phi(x), Phi the normal CDF (torch's approximate='none'), written with         \
        erfc, Phi(x) = erfc(-x / sqrt 2) / 2, which keeps its precision for negative x */           \
-    MT_HD T mt_gelu_##S(T x) {                                                                     \
+    MT_HD_FMA T mt_gelu_##S(T x) {                                                                 \
         return (T)0.5 * x * ERFC(x * (T)-0.70710678118654752440);                                  \
     }                                                                                              \
-    MT_HD T mt_gelu_grad_##S(T x) {                                                                \
+    MT_HD_FMA T mt_gelu_grad_##S(T x) {                                                            \
         T cdf = (T)0.5 * ERFC(x * (T)-0.70710678118654752440);                                     \
         T pdf = EXP((T)-0.5 * x * x) * (T)0.39894228040143267794;                                  \
         return cdf + x * pdf;                                                                      \
     }                                                                                              \
     /* approximate='tanh': 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */                      \
-    MT_HD T mt_gelu_tanh_##S(T x) {                                                                \
+    MT_HD_FMA T mt_gelu_tanh_##S(T x) {                                                            \
         T inner = (T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x);                       \
         return (T)0.5 * x * ((T)1 + TANH(inner));                                                  \
     }                                                                                              \
-    MT_HD T mt_gelu_tanh_grad_##S(T x) {                                                           \
+    MT_HD_FMA T mt_gelu_tanh_grad_##S(T x) {                                                       \
         T inner = (T)0.79788456080286535588 * (x + (T)0.044715 * x * x * x);                       \
         T t = TANH(inner);                                                                         \
         T dinner = (T)0.79788456080286535588 * ((T)1 + (T)3 * (T)0.044715 * x * x);                \
         return (T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * dinner;                         \
     }                                                                                              \
-    MT_HD T mt_exp_##S(T x) {                                                                      \
+    MT_HD_FMA T mt_exp_##S(T x) {                                                                  \
         return EXP(x);                                                                             \
     }                                                                                              \
-    MT_HD T mt_log_##S(T x) {                                                                      \
+    MT_HD_FMA T mt_log_##S(T x) {                                                                  \
         return LOG(x);                                                                             \
     }                                                                                              \
-    MT_HD T mt_sqrt_##S(T x) {                                                                     \
+    MT_HD_FMA T mt_sqrt_##S(T x) {                                                                 \
         return SQRT(x);                                                                            \
     }                                                                                              \
-    MT_HD T mt_abs_##S(T x) {                                                                      \
+    MT_HD_FMA T mt_abs_##S(T x) {                                                                  \
         return FABS(x);                                                                            \
     }                                                                                              \
-    MT_HD T mt_pow_##S(T x, T y) {                                                                 \
+    MT_HD_FMA T mt_pow_##S(T x, T y) {                                                             \
         return POW(x, y);                                                                          \
     }                                                                                              \
-    MT_HD T mt_max2_##S(T x, T y) {                                                                \
+    MT_HD_FMA T mt_max2_##S(T x, T y) {                                                            \
         return (x > y || x != x) ? x : y;                                                          \
     } /* NaN propagates */                                                                         \
-    MT_HD T mt_min2_##S(T x, T y) {                                                                \
+    MT_HD_FMA T mt_min2_##S(T x, T y) {                                                            \
         return (x < y || x != x) ? x : y;                                                          \
     }
 
