@@ -2,7 +2,8 @@
    cpu_batch_norm_impl.h (T, SFX, LOAD, STORE, SQRT; SFX(bn_consts_of)). x is M rows
    of C channels; every loop runs over a row's channels, so it vectorises over C with the
    per-channel constants in arrays, and rows are read rows_per at a time (one contiguous run,
-   one conversion call). Per-channel sums are accumulated per row range (one part per thread)
+   one conversion call; data already in T, F32 or F64, is read and written where it lies,
+   without the row buffers). Per-channel sums are accumulated per row range (one part per thread)
    in T over blocks of NHWC_BLOCK rows, flushed into doubles, and the parts are combined in
    part order (deterministic for a thread count). */
 
@@ -11,18 +12,47 @@ static T *SFX(nhwc_scratch)(const bn_ctx *c, int part) {
     return (T *)c->scratch + (size_t)part * (size_t)c->per_part;
 }
 
-/* rows [r, r + n) of the tensor at base (dtype c->dt) into buf: one contiguous run */
-MT_CPU_INLINE void SFX(nhwc_load)(const bn_ctx *c, const char *base, int64_t r, int64_t n, T *buf) {
-    LOAD(base + r * c->C * c->es, c->es, c->dt, n * c->C, buf);
+/* Whether the tensors' dtype is T itself (F32 data with T = float, F64 with double): then
+   the passes read and write the tensors in place instead of through the row buffers. */
+MT_CPU_INLINE bool SFX(nhwc_direct)(const bn_ctx *c) {
+    return (int64_t)sizeof(T) == c->es && (c->dt == MT_F32 || c->dt == MT_F64);
 }
 
-/* gz (gy masked by y > 0 under relu) of rows [r, r + n); tmp is clobbered */
-MT_CPU_INLINE void SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz,
-                                T *restrict tmp) {
-    SFX(nhwc_load)(c, c->gy, r, n, gz);
-    if (!c->y) return;
-    SFX(nhwc_load)(c, c->y, r, n, tmp);
-    for (int64_t i = 0; i < n * c->C; i++) gz[i] = tmp[i] > 0 ? gz[i] : (T)0;
+/* rows [r, r + n) of the tensor at base (dtype c->dt) as T values: the tensor's own memory
+   where it holds T, else converted into buf (one contiguous run) */
+MT_CPU_INLINE const T *SFX(nhwc_rows)(const bn_ctx *c, const char *base, int64_t r, int64_t n,
+                                      T *buf) {
+    if (SFX(nhwc_direct)(c)) return (const T *)(base + r * c->C * c->es);
+    LOAD(base + r * c->C * c->es, c->es, c->dt, n * c->C, buf);
+    return buf;
+}
+
+/* gz (gy masked by y > 0 under relu) of rows [r, r + n), in gy itself or in gz; tmp is
+   clobbered */
+MT_CPU_INLINE const T *SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz,
+                                    T *restrict tmp) {
+    int64_t m = n * c->C;
+    if (!SFX(nhwc_direct)(c)) {
+        LOAD(c->gy + r * c->C * c->es, c->es, c->dt, m, gz);
+        if (!c->y) return gz;
+        LOAD(c->y + r * c->C * c->es, c->es, c->dt, m, tmp);
+        for (int64_t i = 0; i < m; i++) gz[i] = tmp[i] > 0 ? gz[i] : (T)0;
+        return gz;
+    }
+    const T *restrict g = (const T *)(c->gy + r * c->C * c->es);
+    if (!c->y) return g;
+    const T *restrict y = (const T *)(c->y + r * c->C * c->es);
+    for (int64_t i = 0; i < m; i++) gz[i] = y[i] > 0 ? g[i] : (T)0;
+    return gz;
+}
+
+/* Where rows [q, q + n) of the output at base are computed: in place when it holds T, else
+   in buf, stored by nhwc_store */
+MT_CPU_INLINE T *SFX(nhwc_out)(const bn_ctx *c, char *base, int64_t q, T *buf) {
+    return SFX(nhwc_direct)(c) ? (T *)(base + q * c->C * c->es) : buf;
+}
+MT_CPU_INLINE void SFX(nhwc_store)(const bn_ctx *c, char *base, int64_t q, int64_t n, const T *v) {
+    if (!SFX(nhwc_direct)(c)) STORE(base + q * c->C * c->es, c->es, c->dt, n * c->C, v);
 }
 
 /* Rows [rb, re) into s1, s2 (double[C]): per channel sum(a - ka) and sum((a - ka) (b - kb)),
@@ -39,16 +69,16 @@ MT_CPU_INLINE void SFX(nhwc_sums)(const bn_ctx *c, bool grads, const T *restrict
         for (int64_t ch = 0; ch < C; ch++) t1[ch] = t2[ch] = 0;
         for (int64_t q = r0; q < r1; q += R) {
             int64_t n = r1 - q < R ? r1 - q : R;
+            const T *av, *bv;
             if (grads) {
-                SFX(nhwc_gz)(c, q, n, a, tmp);
-                SFX(nhwc_load)(c, c->x, q, n, b);
+                av = SFX(nhwc_gz)(c, q, n, a, tmp);
+                bv = SFX(nhwc_rows)(c, c->x, q, n, b);
             } else {
-                SFX(nhwc_load)(c, c->x, q, n, a);
+                av = bv = SFX(nhwc_rows)(c, c->x, q, n, a);
             }
-            const T *bb = grads ? b : a;
             int64_t i = 0;
             for (; i + 4 <= n; i += 4) { /* four rows per pass over the sums (fewer loads) */
-                const T *restrict a0 = a + i * C, *restrict b0 = bb + i * C;
+                const T *restrict a0 = av + i * C, *restrict b0 = bv + i * C;
                 for (int64_t ch = 0; ch < C; ch++) {
                     T d0 = a0[ch] - ka[ch], d1 = a0[C + ch] - ka[ch];
                     T d2 = a0[2 * C + ch] - ka[ch], d3 = a0[3 * C + ch] - ka[ch];
@@ -58,7 +88,7 @@ MT_CPU_INLINE void SFX(nhwc_sums)(const bn_ctx *c, bool grads, const T *restrict
                 }
             }
             for (; i < n; i++) {
-                const T *restrict ar = a + i * C, *restrict br = bb + i * C;
+                const T *restrict ar = av + i * C, *restrict br = bv + i * C;
                 for (int64_t ch = 0; ch < C; ch++) {
                     T d = ar[ch] - ka[ch];
                     t1[ch] += d;
@@ -87,58 +117,62 @@ MT_CPU_CLONES static int SFX(nhwc_grad_sums_part)(void *vctx, int64_t rb, int64_
     return 0;
 }
 
-/* y = act(((x - k) - md) * scale + shift + residual), rows [q, q + n); res is clobbered */
-MT_CPU_INLINE void SFX(nhwc_forward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict buf,
-                                          T *restrict res) {
+/* y = act(((x - k) - md) * scale + shift + residual), rows [q, q + n), through the row
+   buffers b0, b1, b2 (x, y, the residual) where the data is not T */
+MT_CPU_INLINE void SFX(nhwc_forward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *b0, T *b1,
+                                          T *b2) {
     int64_t C = c->C;
     const T *restrict k = c->k, *restrict md = c->md, *restrict scale = c->scale,
                       *restrict shift = c->shift;
-    SFX(nhwc_load)(c, c->x, q, n, buf);
-    for (int64_t i = 0; i < n; i++) {
-        T *restrict row = buf + i * C;
+    const T *restrict x = SFX(nhwc_rows)(c, c->x, q, n, b0);
+    T *restrict y = SFX(nhwc_out)(c, c->out, q, b1);
+    for (int64_t i = 0; i < n; i++)
         for (int64_t ch = 0; ch < C; ch++)
-            row[ch] = ((row[ch] - k[ch]) - md[ch]) * scale[ch] + shift[ch];
-    }
+            y[i * C + ch] = ((x[i * C + ch] - k[ch]) - md[ch]) * scale[ch] + shift[ch];
     if (c->res) {
-        SFX(nhwc_load)(c, c->res, q, n, res);
-        for (int64_t i = 0; i < n * C; i++) buf[i] += res[i];
+        const T *restrict rv = SFX(nhwc_rows)(c, c->res, q, n, b2);
+        for (int64_t i = 0; i < n * C; i++) y[i] += rv[i];
     }
     if (c->a->relu)
-        for (int64_t i = 0; i < n * C; i++) buf[i] = buf[i] < 0 ? (T)0 : buf[i]; /* NaN stays */
-    STORE(c->out + q * C * c->es, c->es, c->dt, n * C, buf);
+        for (int64_t i = 0; i < n * C; i++) y[i] = y[i] < 0 ? (T)0 : y[i]; /* NaN stays */
+    SFX(nhwc_store)(c, c->out, q, n, y);
 }
 
-/* gres = gz; gx = k (gz - mg - (x - mean) rs mgx), rows [q, q + n); x is clobbered */
-MT_CPU_INLINE void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *restrict gz,
-                                           T *restrict x) {
+/* gres = gz; gx = k (gz - mg - (x - mean) rs mgx), rows [q, q + n), through the row buffers
+   b0, b1, b2 (gz, x, the output) where the data is not T */
+MT_CPU_INLINE void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n, T *b0, T *b1,
+                                           T *b2) {
     int64_t C = c->C;
     const T *restrict kk = c->scale, *restrict mg = c->k, *restrict mgx = c->md,
                       *restrict mean = c->mean, *restrict rs = c->shift;
-    SFX(nhwc_gz)(c, q, n, gz, x);
-    if (c->gres) STORE(c->gres + q * C * c->es, c->es, c->dt, n * C, gz);
-    if (!c->gx) return;
-    SFX(nhwc_load)(c, c->x, q, n, x);
-    for (int64_t i = 0; i < n; i++) {
-        T *restrict g = gz + i * C;
-        const T *restrict xr = x + i * C;
-        for (int64_t ch = 0; ch < C; ch++)
-            g[ch] = kk[ch] * (g[ch] - mg[ch] - (xr[ch] - mean[ch]) * rs[ch] * mgx[ch]);
+    const T *restrict g = SFX(nhwc_gz)(c, q, n, b0, b1);
+    if (c->gres) {
+        T *restrict gr = SFX(nhwc_out)(c, c->gres, q, b2);
+        for (int64_t i = 0; i < n * C; i++) gr[i] = g[i];
+        SFX(nhwc_store)(c, c->gres, q, n, gr);
     }
-    STORE(c->gx + q * C * c->es, c->es, c->dt, n * C, gz);
+    if (!c->gx) return;
+    const T *restrict x = SFX(nhwc_rows)(c, c->x, q, n, b1);
+    T *restrict gx = SFX(nhwc_out)(c, c->gx, q, b2);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t ch = 0; ch < C; ch++)
+            gx[i * C + ch] =
+                kk[ch] * (g[i * C + ch] - mg[ch] - (x[i * C + ch] - mean[ch]) * rs[ch] * mgx[ch]);
+    SFX(nhwc_store)(c, c->gx, q, n, gx);
 }
 
 /* The pass over rows [rb, re) that writes the forward's output or the backward's gradients,
-   rows_per rows at a time in the part's first two row buffers */
+   rows_per rows at a time through the part's three row buffers */
 MT_CPU_CLONES static int SFX(nhwc_rows_part)(void *vctx, int64_t rb, int64_t re, int part) {
     const bn_ctx *c = vctx;
     int64_t R = c->rows_per;
-    T *buf = SFX(nhwc_scratch)(c, part), *tmp = buf + R * c->C;
+    T *b0 = SFX(nhwc_scratch)(c, part), *b1 = b0 + R * c->C, *b2 = b1 + R * c->C;
     for (int64_t q = rb; q < re; q += R) {
         int64_t n = re - q < R ? re - q : R;
         if (c->a)
-            SFX(nhwc_forward_rows)(c, q, n, buf, tmp);
+            SFX(nhwc_forward_rows)(c, q, n, b0, b1, b2);
         else
-            SFX(nhwc_backward_rows)(c, q, n, buf, tmp);
+            SFX(nhwc_backward_rows)(c, q, n, b0, b1, b2);
     }
     return 0;
 }
