@@ -1,0 +1,437 @@
+/* Random calls of the public ops on random operands: every dtype, shapes with sizes 0 and 1,
+   views (transposed, sliced with a step, expanded), leaves that require grad, autocast regions,
+   and arguments that are often invalid (dims out of range, mismatched shapes, bad dtypes,
+   negative sizes). Each call must either return a tensor with no error recorded, or NULL
+   with an error recorded whose message names a mixtape function; a floating result that
+   requires grad is then backpropagated under the same rule. Nothing may crash (the ASan and
+   UBSan builds run this too), leak (the fixture counts live tensors and bytes) or leave an
+   autocast region open. The generator is seeded, and a failure names the seed, the call and
+   its operands, so a case replays exactly. */
+#include "test_util.h"
+
+typedef struct {
+    uint64_t s;
+} fuzz_rng;
+
+static uint64_t rng_next(fuzz_rng *r) { /* xorshift64* */
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 0x2545F4914F6CDD1DULL;
+}
+static int rng_int(fuzz_rng *r, int lo, int hi) { /* [lo, hi] */
+    return lo + (int)(rng_next(r) % (uint64_t)(hi - lo + 1));
+}
+static bool rng_chance(fuzz_rng *r, int percent) {
+    return rng_int(r, 0, 99) < percent;
+}
+
+static const mt_dtype all_dtypes[] = {MT_F32, MT_F16, MT_BF16, MT_F64, MT_I64, MT_I32, MT_BOOL};
+
+static mt_dtype rng_dtype(fuzz_rng *r) {
+    /* floating dtypes twice as often: most ops need them */
+    return rng_chance(r, 70) ? all_dtypes[rng_int(r, 0, 3)] : all_dtypes[rng_int(r, 4, 6)];
+}
+
+/* A random operand in the current scope: values in [0, 4) (so integer operands are valid
+   indices and labels for small sizes), F32 leaves requiring grad now and then, and a view
+   over it one time in three. */
+static mt_tensor *rng_tensor(fuzz_rng *r, int max_ndim) {
+    static const int64_t sizes[] = {0, 1, 1, 2, 2, 3, 3, 4, 5};
+    int64_t shape[MT_MAX_DIMS];
+    int nd = rng_int(r, 0, max_ndim);
+    for (int d = 0; d < nd; d++) shape[d] = sizes[rng_int(r, 0, 8)];
+    mt_dtype dt = rng_dtype(r);
+    mt_tensor *t = mt_mul_scalar(mt_rand(nd, shape, MT_F32, mt_test_device()), 4.0);
+    if (dt != MT_F32) t = mt_cast(t, dt);
+    if (!t) return NULL;
+    if (mt_dtype_is_floating(dt) && rng_chance(r, 40)) {
+        t = mt_clone(t); /* a leaf of its own */
+        mt_set_requires_grad(t, true);
+    }
+    if (nd >= 2 && rng_chance(r, 15)) t = mt_transpose(t, 0, nd - 1);
+    if (nd >= 1 && rng_chance(r, 10)) t = mt_slice(t, nd - 1, 0, shape[nd - 1], 2);
+    if (t && nd >= 1 && mt_dim(t, 0) == 1 && rng_chance(r, 20)) {
+        memcpy(shape, mt_shape(t), (size_t)nd * sizeof *shape);
+        shape[0] = 3;
+        t = mt_expand(t, nd, shape);
+    }
+    return t;
+}
+
+/* A float operand of this shape: a leaf requiring grad now and then, and one time in four
+   laid out otherwise (channels-last for 4-d, else transposed storage) */
+static mt_tensor *rng_shaped(fuzz_rng *r, int nd, const int64_t *shape) {
+    mt_dtype dt = all_dtypes[rng_int(r, 0, 3)];
+    mt_tensor *t = mt_cast(mt_add_scalar(mt_rand(nd, shape, MT_F32, mt_test_device()), -0.5), dt);
+    if (t && rng_chance(r, 40)) {
+        t = mt_clone(t);
+        mt_set_requires_grad(t, true);
+    }
+    if (t && nd == 4 && rng_chance(r, 25)) t = mt_to_channels_last(t);
+    if (t && nd >= 2 && rng_chance(r, 25))
+        t = mt_transpose(mt_contiguous(mt_transpose(t, 0, nd - 1)), 0, nd - 1);
+    return t;
+}
+
+/* Integer indices in [0, bound) of this shape, I64 or I32; now and then all shifted out of
+   range by `bound` (an error the op must report) */
+static mt_tensor *rng_indices(fuzz_rng *r, int nd, const int64_t *shape, int64_t bound) {
+    mt_tensor *u = mt_mul_scalar(mt_rand(nd, shape, MT_F32, mt_test_device()), (double)bound);
+    if (rng_chance(r, 10)) u = mt_add_scalar(u, (double)bound);
+    return mt_cast(u, rng_chance(r, 80) ? MT_I64 : MT_I32);
+}
+
+static int64_t rng_size(fuzz_rng *r) {
+    return rng_int(r, 0, 9) == 0 ? 0 : rng_int(r, 1, 4);
+}
+
+/* Operands that fit op k (matching shapes, valid indices), so that the ops past their
+   argument checks run too; the caller still passes random ones part of the time. */
+static void fit_operands(fuzz_rng *r, int k, mt_tensor **a, mt_tensor **b, mt_tensor **c) {
+    int64_t n = rng_size(r), m = rng_size(r), q = rng_size(r), ch = rng_int(r, 1, 4);
+    int64_t h = rng_int(r, 1, 6), w = rng_int(r, 1, 6);
+    switch (k) {
+    case 8:
+    case 9: { /* matmul: [n, m] @ [m, q], batched or with a vector now and then */
+        int64_t sa[3] = {2, n, m}, sb[3] = {2, m, q};
+        int kind = rng_int(r, 0, 3);
+        if (kind == 0) { /* batched, b broadcast or not */
+            *a = rng_shaped(r, 3, sa);
+            *b = rng_chance(r, 50) ? rng_shaped(r, 3, sb) : rng_shaped(r, 2, sb + 1);
+        } else if (kind == 1) { /* vector operands */
+            *a = rng_chance(r, 50) ? rng_shaped(r, 1, sa + 2) : rng_shaped(r, 2, sa + 1);
+            *b = rng_shaped(r, 1, sb + 1);
+        } else {
+            *a = rng_shaped(r, 2, sa + 1);
+            *b = rng_shaped(r, 2, sb + 1);
+        }
+        break;
+    }
+    case 10: /* linear: x [n, m], w [q, m], b [q] */
+        *a = rng_shaped(r, 2, (int64_t[]){n, m});
+        *b = rng_shaped(r, 2, (int64_t[]){q, m});
+        *c = rng_shaped(r, 1, (int64_t[]){q});
+        break;
+    case 21: /* mse: same shapes */
+        *a = rng_shaped(r, 2, (int64_t[]){n, m});
+        *b = rng_shaped(r, 2, (int64_t[]){n, m});
+        break;
+    case 22: /* cross entropy: logits [n, ch], labels [n] */
+        *a = rng_shaped(r, 2, (int64_t[]){n, ch});
+        *b = rng_indices(r, 1, (int64_t[]){n}, ch);
+        break;
+    case 23: /* layer norm over the last dim(s) of [n, m, q] */
+        *a = rng_shaped(r, 3, (int64_t[]){n, m, q});
+        *b = rng_shaped(r, 1, (int64_t[]){q});
+        *c = rng_shaped(r, 1, (int64_t[]){q});
+        break;
+    case 24:
+    case 25: /* batch norm: x [n, ch, h, w] (or [n, ch]), per-channel operands [ch], and for
+                the fused op a residual shaped as x */
+        *a = rng_chance(r, 70) ? rng_shaped(r, 4, (int64_t[]){n + 1, ch, h, w})
+                               : rng_shaped(r, 2, (int64_t[]){n + 1, ch});
+        *b = rng_shaped(r, 1, (int64_t[]){ch});
+        *c = k == 24 || !*a ? rng_shaped(r, 1, (int64_t[]){ch})
+                            : rng_shaped(r, mt_ndim(*a), mt_shape(*a));
+        break;
+    case 3: /* where: a BOOL condition broadcast against [n, m] operands */
+        *b = rng_shaped(r, 2, (int64_t[]){n, m});
+        *c = rng_shaped(r, 2, (int64_t[]){n, m});
+        *a = mt_gt(rng_shaped(r, 1, (int64_t[]){m}),
+                   mt_zeros(1, (int64_t[]){1}, MT_F32, mt_test_device()));
+        break;
+    case 27: /* embedding: weight [ch, m], indices [n, q] */
+        *a = rng_shaped(r, 2, (int64_t[]){ch, m});
+        *b = rng_indices(r, 2, (int64_t[]){n, q}, ch);
+        break;
+    case 28: /* index_select / gather along dim 0 of [ch, m] */
+        *a = rng_shaped(r, 2, (int64_t[]){ch, m});
+        *b = rng_chance(r, 50) ? rng_indices(r, 1, (int64_t[]){n}, ch)
+                               : rng_indices(r, 2, (int64_t[]){n, m}, ch);
+        break;
+    case 30:
+    case 31: { /* conv2d: x [n, ch * g, h, w], w [q * g, ch, kh, kw], b [q * g] */
+        int64_t g = rng_int(r, 1, 2), kh = rng_int(r, 1, 3), kw = rng_int(r, 1, 3);
+        *a = rng_shaped(r, 4, (int64_t[]){n, ch * g, h + 2, w + 2});
+        *b = rng_shaped(r, 4, (int64_t[]){(q + 1) * g, ch, kh, kw});
+        *c = rng_shaped(r, 1, (int64_t[]){(q + 1) * g});
+        break;
+    }
+    case 32:
+    case 33:
+    case 34: /* pooling: x [n, ch, h, w] */
+        *a = rng_shaped(r, 4, (int64_t[]){n, ch, h + 2, w + 2});
+        break;
+    default:
+        break;
+    }
+}
+
+typedef struct {
+    char what[160]; /* the call and its operands, for the failure message */
+    uint64_t seed;
+    int step;
+} fuzz_case;
+
+static void describe(char *buf, size_t n, const mt_tensor *t) {
+    if (!t) {
+        snprintf(buf, n, "NULL");
+        return;
+    }
+    int len = snprintf(buf, n, "%s[", mt_dtype_name(mt_dtype_of(t)));
+    for (int d = 0; d < mt_ndim(t) && len < (int)n; d++)
+        len += snprintf(buf + len, n - (size_t)len, d ? ",%lld" : "%lld", (long long)mt_dim(t, d));
+    if (len < (int)n) snprintf(buf + len, n - (size_t)len, "]%s", mt_requires_grad(t) ? "g" : "");
+}
+
+/* The rule every call keeps: a result and no error, or NULL and an error naming a function. */
+static void check_outcome(const fuzz_case *c, const char *op, bool failed) {
+    mt_status st = mt_last_status();
+    if (failed && st == MT_OK)
+        fail_msg("seed %llu step %d: %s (%s) returned failure but recorded no error",
+                 (unsigned long long)c->seed, c->step, op, c->what);
+    if (!failed && st != MT_OK)
+        fail_msg("seed %llu step %d: %s (%s) succeeded with an error pending: %s",
+                 (unsigned long long)c->seed, c->step, op, c->what, mt_last_error());
+    if (failed && strncmp(mt_last_error(), "mt_", 3) != 0)
+        fail_msg("seed %llu step %d: %s (%s): message does not name a function: \"%s\"",
+                 (unsigned long long)c->seed, c->step, op, c->what, mt_last_error());
+    mt_clear_error();
+}
+
+#define N_OPS 40
+
+typedef mt_tensor *(*unary_fn)(mt_tensor *);
+typedef mt_tensor *(*binary_fn)(mt_tensor *, mt_tensor *);
+
+/* One random call; returns its result (in the scope) or NULL. */
+static mt_tensor *call_op(fuzz_rng *r, int k, mt_tensor *a, mt_tensor *b, mt_tensor *c,
+                          const char **name) {
+    int d0 = rng_int(r, -4, 4), d1 = rng_int(r, -4, 4);
+    int nd = a ? mt_ndim(a) : 0;
+    int64_t shape[4];
+    for (int i = 0; i < 4; i++) shape[i] = rng_int(r, -1, 4);
+    unary_fn unary[] = {mt_neg,  mt_exp,  mt_log,       mt_sqrt,    mt_rsqrt, mt_abs,
+                        mt_relu, mt_gelu, mt_gelu_tanh, mt_sigmoid, mt_tanh};
+    binary_fn binary[] = {mt_add, mt_sub, mt_mul, mt_div, mt_pow, mt_maximum, mt_minimum,
+                          mt_eq,  mt_ne,  mt_lt,  mt_le,  mt_gt,  mt_ge};
+    switch (k) {
+    case 0:
+        *name = "unary";
+        return unary[rng_int(r, 0, 10)](a);
+    case 1:
+        *name = "binary";
+        return binary[rng_int(r, 0, 12)](a, b);
+    case 2:
+        *name = "mt_add_scalar/mt_pow_scalar/mt_rdiv_scalar";
+        return rng_chance(r, 50)   ? mt_add_scalar(a, 1.5)
+               : rng_chance(r, 50) ? mt_pow_scalar(a, 2)
+                                   : mt_rdiv_scalar(a, 1);
+    case 3:
+        *name = "mt_where";
+        return mt_where(a, b, c);
+    case 4:
+    case 5: {
+        *name = "mt_sum/mt_mean/mt_max";
+        int dims[2] = {d0, d1}, n = rng_int(r, 0, 2);
+        bool keep = rng_chance(r, 50);
+        int which = rng_int(r, 0, 2);
+        return which == 0   ? mt_sum(a, n, dims, keep)
+               : which == 1 ? mt_mean(a, n, dims, keep)
+                            : mt_max(a, n, dims, keep);
+    }
+    case 6:
+        *name = "mt_sum_all/mt_mean_all/mt_max_all";
+        return rng_chance(r, 33)   ? mt_sum_all(a)
+               : rng_chance(r, 50) ? mt_mean_all(a)
+                                   : mt_max_all(a);
+    case 7:
+        *name = "mt_softmax/mt_log_softmax";
+        return rng_chance(r, 50) ? mt_softmax(a, d0) : mt_log_softmax(a, d0);
+    case 8:
+    case 9:
+        *name = "mt_matmul";
+        return mt_matmul(a, b);
+    case 10:
+        *name = "mt_linear/mt_linear_act";
+        return rng_chance(r, 50) ? mt_linear(a, b, rng_chance(r, 50) ? c : NULL)
+                                 : mt_linear_act(a, b, c, (mt_activation)rng_int(r, -1, 4));
+    case 11:
+        *name = "mt_cast";
+        return mt_cast(a, rng_chance(r, 95) ? rng_dtype(r) : (mt_dtype)rng_int(r, -1, 9));
+    case 12:
+        *name = "mt_to";
+        return mt_to(a, rng_chance(r, 50) ? MT_CPU : MT_CUDA(rng_int(r, -1, 2)));
+    case 13:
+        *name = "mt_clone/mt_contiguous/mt_detach/mt_to_channels_last";
+        switch (rng_int(r, 0, 3)) {
+        case 0:
+            return mt_clone(a);
+        case 1:
+            return mt_contiguous(a);
+        case 2:
+            return mt_detach(a);
+        default:
+            return mt_to_channels_last(a);
+        }
+    case 14:
+        *name = "mt_reshape/mt_view";
+        return rng_chance(r, 50) ? mt_reshape(a, rng_int(r, 0, 3), shape)
+                                 : mt_view(a, rng_int(r, 0, 3), shape);
+    case 15:
+        *name = "mt_transpose/mt_permute";
+        if (rng_chance(r, 50)) return mt_transpose(a, d0, d1);
+        {
+            int order[4] = {d0, d1, rng_int(r, -1, 3), rng_int(r, 0, 3)};
+            return mt_permute(a, rng_int(r, 0, 4), order);
+        }
+    case 16:
+        *name = "mt_narrow/mt_slice";
+        return rng_chance(r, 50)
+                   ? mt_narrow(a, d0, rng_int(r, -2, 3), rng_int(r, -1, 3))
+                   : mt_slice(a, d0, rng_int(r, -3, 3), rng_int(r, -3, 5), rng_int(r, -1, 3));
+    case 17:
+        *name = "mt_expand";
+        return mt_expand(a, rng_int(r, 0, 4), shape);
+    case 18:
+        *name = "mt_squeeze/mt_unsqueeze/mt_flatten";
+        return rng_chance(r, 33)   ? mt_squeeze(a, d0)
+               : rng_chance(r, 50) ? mt_unsqueeze(a, d0)
+                                   : mt_flatten(a);
+    case 19:
+    case 20: {
+        *name = "mt_cat/mt_stack";
+        mt_tensor *ts[3] = {a, b, c};
+        int n = rng_int(r, 0, 3);
+        return rng_chance(r, 50) ? mt_cat(ts, n, d0) : mt_stack(ts, n, d0);
+    }
+    case 21:
+        *name = "mt_mse_loss";
+        return mt_mse_loss(a, b);
+    case 22:
+        *name = "mt_cross_entropy";
+        return rng_chance(r, 50) ? mt_cross_entropy(a, b)
+                                 : mt_cross_entropy_ex(a, b, rng_int(r, -101, 3));
+    case 23:
+        *name = "mt_layer_norm";
+        return mt_layer_norm(a, rng_int(r, -1, 3), rng_chance(r, 50) ? b : NULL,
+                             rng_chance(r, 50) ? c : NULL, rng_chance(r, 90) ? 1e-5 : -1.0);
+    case 24:
+        *name = "mt_batch_norm";
+        return mt_batch_norm(a, rng_chance(r, 50) ? b : NULL, rng_chance(r, 50) ? c : NULL,
+                             rng_chance(r, 50) ? b : NULL, rng_chance(r, 50) ? c : NULL,
+                             rng_chance(r, 50), rng_chance(r, 90) ? 0.1 : 2.0,
+                             rng_chance(r, 90) ? 1e-5 : -1.0);
+    case 25:
+        *name = "mt_batch_norm_act";
+        return mt_batch_norm_act(a, NULL, NULL, rng_chance(r, 50) ? b : NULL, NULL,
+                                 rng_chance(r, 50) ? c : NULL, true, 0.1, 1e-5,
+                                 (mt_activation)rng_int(r, -1, 3));
+    case 26:
+        *name = "mt_dropout";
+        return mt_dropout(a, rng_int(r, -2, 12) / 10.0, rng_chance(r, 70));
+    case 27:
+        *name = "mt_embedding";
+        return mt_embedding(a, b);
+    case 28:
+        *name = "mt_index_select/mt_gather";
+        return rng_chance(r, 50) ? mt_index_select(a, d0, b) : mt_gather(a, d0, b);
+    case 29:
+        *name = "mt_argmax";
+        return mt_argmax(a, d0, rng_chance(r, 50));
+    case 30:
+    case 31: {
+        *name = "mt_conv2d";
+        mt_conv2d_opts o = {.stride = {rng_int(r, -1, 2), rng_int(r, 0, 2)},
+                            .padding = {rng_int(r, -1, 2), rng_int(r, 0, 2)},
+                            .dilation = {rng_int(r, 0, 2), rng_int(r, -1, 2)},
+                            .groups = rng_int(r, -1, 3)};
+        return mt_conv2d(a, b, rng_chance(r, 50) ? c : NULL, rng_chance(r, 80) ? &o : NULL);
+    }
+    case 32:
+    case 33: {
+        *name = "mt_max_pool2d/mt_avg_pool2d";
+        mt_pool2d_opts o = {.kernel = {rng_int(r, -1, 3), rng_int(r, 0, 3)},
+                            .stride = {rng_int(r, -1, 2), rng_int(r, 0, 2)},
+                            .padding = {rng_int(r, -1, 2), rng_int(r, 0, 1)},
+                            .ceil_mode = rng_chance(r, 50),
+                            .exclude_pad = rng_chance(r, 50)};
+        return rng_chance(r, 50) ? mt_max_pool2d(a, rng_chance(r, 95) ? &o : NULL)
+                                 : mt_avg_pool2d(a, rng_chance(r, 95) ? &o : NULL);
+    }
+    case 34:
+        *name = "mt_adaptive_avg_pool2d";
+        return mt_adaptive_avg_pool2d(a, rng_int(r, -1, 3), rng_int(r, 0, 3));
+    case 35:
+        *name = "mt_zeros_like/mt_ones_like/mt_empty_like";
+        return rng_chance(r, 33)   ? mt_zeros_like(a)
+               : rng_chance(r, 50) ? mt_ones_like(a)
+                                   : mt_empty_like(a);
+    case 36:
+        *name = "mt_full/mt_arange";
+        return rng_chance(r, 50)
+                   ? mt_full(rng_int(r, -1, 4), shape, rng_dtype(r), mt_test_device(), 2.5)
+                   : mt_arange(rng_int(r, -3, 3), rng_int(r, -3, 6), rng_int(r, -2, 2),
+                               rng_dtype(r), mt_test_device());
+    case 37:
+        *name = "mt_randperm";
+        return mt_randperm(rng_int(r, -2, 6), mt_test_device());
+    default:
+        (void)nd;
+        *name = "mt_add (broadcast)";
+        return mt_add(a, b);
+    }
+}
+
+/* One sequence of calls from one seed, each in its own scope. */
+static void fuzz_run(uint64_t seed, int steps) {
+    fuzz_rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
+    for (int step = 0; step < steps; step++) {
+        mt_scope_begin();
+        mt_manual_seed(seed + (uint64_t)step);
+        int k = rng_int(&r, 0, N_OPS - 1);
+        int maxd = (k >= 30 && k <= 34) || k == 24 || k == 25 ? 4 : 3;
+        mt_tensor *a = rng_chance(&r, 3) ? NULL : rng_tensor(&r, maxd);
+        mt_tensor *b = rng_tensor(&r, maxd), *c = rng_tensor(&r, maxd);
+        if (rng_chance(&r, 60)) fit_operands(&r, k, &a, &b, &c);
+        assert_no_error(); /* the operands themselves are valid calls */
+        fuzz_case fc = {.seed = seed, .step = step};
+        char da[48], db[48], dc[48];
+        describe(da, sizeof da, a);
+        describe(db, sizeof db, b);
+        describe(dc, sizeof dc, c);
+        snprintf(fc.what, sizeof fc.what, "%s, %s, %s", da, db, dc);
+        bool autocast = rng_chance(&r, 20);
+        if (autocast)
+            mt_autocast_begin(rng_chance(&r, 50) ? MT_F16 : MT_BF16,
+                              rng_chance(&r, 50) ? MT_AMP_O1 : MT_AMP_O2);
+        const char *name = "?";
+        mt_tensor *y = call_op(&r, k, a, b, c, &name);
+        if (autocast) mt_autocast_end();
+        /* a NULL first operand is "NULL in, NULL out" with no error of its own */
+        if (a || y) check_outcome(&fc, name, y == NULL);
+        mt_clear_error();
+        if (y && mt_requires_grad(y) && mt_dtype_is_floating(mt_dtype_of(y))) {
+            int rc = mt_backward(mt_sum_all(y), NULL);
+            check_outcome(&fc, "mt_backward", rc != 0);
+        }
+        mt_scope_end();
+    }
+}
+
+static void test_fuzz_ops(void **state) {
+    (void)state;
+    /* seeds 1..40, 150 calls each (about 6000 calls, a second even under ASan); MT_FUZZ_SEEDS
+       asks for more, for a longer search by hand */
+    const char *env = getenv("MT_FUZZ_SEEDS");
+    uint64_t seeds = env && atoll(env) > 0 ? (uint64_t)atoll(env) : 40;
+    for (uint64_t seed = 1; seed <= seeds; seed++) fuzz_run(seed, 150);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        MT_TEST(test_fuzz_ops),
+    };
+    return MT_RUN_TESTS(tests);
+}
