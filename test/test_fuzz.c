@@ -1,12 +1,13 @@
 /* Random calls of the public ops on random operands: every dtype, shapes with sizes 0 and 1,
-   views (transposed, sliced with a step, expanded), leaves that require grad, autocast regions,
-   and arguments that are often invalid (dims out of range, mismatched shapes, bad dtypes,
-   negative sizes). Each call must either return a tensor with no error recorded, or NULL
-   with an error recorded whose message names a mixtape function; a floating result that
-   requires grad is then backpropagated under the same rule. Nothing may crash (the ASan and
-   UBSan builds run this too), leak (the fixture counts live tensors and bytes) or leave an
-   autocast region open. The generator is seeded, and a failure names the seed, the call and
-   its operands, so a case replays exactly. */
+   views (transposed, sliced with a step, expanded), leaves that require grad, autocast
+   regions, and arguments that are often invalid (dims out of range, mismatched shapes, bad
+   dtypes, negative sizes). Each call must either return a tensor with no error recorded, or
+   NULL with an error recorded whose message names a mixtape function; a floating result
+   that requires grad is then backpropagated under the same rule. A call that fails must
+   leave its operands' values as they were (batch norm's running statistics included).
+   Nothing may crash (the ASan and UBSan builds run this too), leak (the fixture counts live
+   tensors and bytes) or leave an autocast region open. The generator is seeded, and a
+   failure names the seed, the call and its operands, so a case replays exactly. */
 #include "test_util.h"
 
 typedef struct {
@@ -384,6 +385,31 @@ static mt_tensor *call_op(fuzz_rng *r, int k, mt_tensor *a, mt_tensor *b, mt_ten
     }
 }
 
+/* The values of t as doubles in a new host buffer (NULL for NULL or empty t). */
+static double *snapshot(mt_tensor *t, int64_t *n) {
+    *n = t ? mt_numel(t) : 0;
+    if (*n <= 0) return NULL;
+    double *v = malloc((size_t)*n * sizeof *v);
+    assert_non_null(v);
+    assert_int_equal(mt_copy_to_host(mt_cast(mt_detach(t), MT_F64), v, (size_t)*n * sizeof *v), 0);
+    return v;
+}
+
+/* A failed call changes nothing: its operands (batch norm's running statistics among them)
+   hold the values they had before it, bit for bit. */
+static void check_unchanged(const fuzz_case *c, const char *op, mt_tensor *t, double *before,
+                            int64_t n, char which) {
+    if (before) {
+        int64_t m;
+        double *after = snapshot(t, &m);
+        if (m != n || memcmp(before, after, (size_t)n * sizeof *after) != 0)
+            fail_msg("seed %llu step %d: %s (%s) failed but changed operand %c",
+                     (unsigned long long)c->seed, c->step, op, c->what, which);
+        free(after);
+    }
+    free(before);
+}
+
 /* One sequence of calls from one seed, each in its own scope. */
 static void fuzz_run(uint64_t seed, int steps) {
     fuzz_rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
@@ -402,6 +428,8 @@ static void fuzz_run(uint64_t seed, int steps) {
         describe(db, sizeof db, b);
         describe(dc, sizeof dc, c);
         snprintf(fc.what, sizeof fc.what, "%s, %s, %s", da, db, dc);
+        int64_t na, nb, nc;
+        double *va = snapshot(a, &na), *vb = snapshot(b, &nb), *vc = snapshot(c, &nc);
         bool autocast = rng_chance(&r, 20);
         if (autocast)
             mt_autocast_begin(rng_chance(&r, 50) ? MT_F16 : MT_BF16,
@@ -412,10 +440,22 @@ static void fuzz_run(uint64_t seed, int steps) {
         /* a NULL first operand is "NULL in, NULL out" with no error of its own */
         if (a || y) check_outcome(&fc, name, y == NULL);
         mt_clear_error();
+        if (!y) {
+            check_unchanged(&fc, name, a, va, na, 'a');
+            check_unchanged(&fc, name, b, vb, nb, 'b');
+            check_unchanged(&fc, name, c, vc, nc, 'c');
+        } else {
+            free(va);
+            free(vb);
+            free(vc);
+        }
         if (y && mt_requires_grad(y) && mt_dtype_is_floating(mt_dtype_of(y))) {
             int rc = mt_backward(mt_sum_all(y), NULL);
             check_outcome(&fc, "mt_backward", rc != 0);
         }
+        /* an error a device kernel found in the data (a label out of range) is reported
+           here, naming its op, under the same rule */
+        check_outcome(&fc, "mt_synchronize", mt_synchronize(mt_test_device()) != 0);
         mt_scope_end();
     }
 }
