@@ -1,8 +1,8 @@
 /* Dtype conversion of strided runs, and the copy kernel built on it. Low-precision storage
-   goes through FP32 registers. The contiguous F16/BF16 conversions have F16C/AVX2 versions
-   that are compiled in every x86-64 build (target attributes) and chosen at run time from
-   the CPU's features, so a portable build (-Dnative=false) runs them where the CPU has them;
-   both versions give the same bits (the vector code rounds exactly as src/math). */
+   goes through FP32 registers. The contiguous F16/BF16 conversions have F16C/AVX2 and
+   AVX-512 versions that are compiled in every x86-64 build (target attributes) and chosen at
+   run time from the CPU's features, so a portable build (-Dnative=false) runs them where the
+   CPU has them; every version gives the same bits (the vector code rounds as src/math). */
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -74,31 +74,83 @@ MT_TARGET_AVX2 static void f32_to_bf16_avx2(const float *src, uint16_t *dst, int
     f32_to_bf16_scalar(src + i, dst + i, n - i);
 }
 
-/* Whether this CPU runs the AVX2/F16C versions; MT_CPU_ISA=generic forces the scalar ones
-   (to test them on any machine). Read once. */
-static bool use_avx2(void) {
-    /* 0 unknown, 1 yes, 2 no. Threads that race to fill it in compute the same answer; the
-       atomic makes that race defined (relaxed: nothing else is published with it). */
+/* The same four conversions sixteen lanes at a time, where the CPU has AVX-512 (the
+   conversions of cached rows, in the norm kernels' passes, are bound by these instructions
+   rather than by memory: batch norm's BF16 channels-last pass spends half its time here).
+   Not vcvtneps2bf16: it flushes subnormal inputs to zero, which src/math does not. */
+#define MT_TARGET_AVX512 __attribute__((target("avx512f,avx2,f16c")))
+
+MT_TARGET_AVX512 static void f16_to_f32_avx512(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    f16_to_f32_avx2(src + i, dst + i, n - i);
+}
+
+MT_TARGET_AVX512 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    f32_to_f16_avx2(src + i, dst + i, n - i);
+}
+
+MT_TARGET_AVX512 static void bf16_to_f32_avx512(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
+    }
+    bf16_to_f32_avx2(src + i, dst + i, n - i);
+}
+
+MT_TARGET_AVX512 static void f32_to_bf16_avx512(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i quiet = _mm512_set1_epi32(0x00400000);
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512(src + i);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+        __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
+        r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(u, quiet));
+        /* the high halves, each below 2^16: narrowing by truncation is exact */
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+    f32_to_bf16_avx2(src + i, dst + i, n - i);
+}
+
+/* The widest versions this CPU runs: 3 AVX-512, 2 AVX2/F16C, 1 scalar. MT_CPU_ISA=generic
+   forces the scalar ones and MT_CPU_ISA=avx2 caps them at AVX2 (to test every version on a
+   machine that has them all). Read once. */
+static int conversion_level(void) {
+    /* 0 unknown. Threads that race to fill it in compute the same answer; the atomic makes
+       that race defined (relaxed: nothing else is published with it). */
     static atomic_int state;
     int known = atomic_load_explicit(&state, memory_order_relaxed);
     if (!known) {
         const char *isa = getenv("MT_CPU_ISA");
-        bool generic = isa && strcmp(isa, "generic") == 0;
+        int cap = isa && strcmp(isa, "generic") == 0 ? 1 : isa && strcmp(isa, "avx2") == 0 ? 2 : 3;
         __builtin_cpu_init();
-        known =
-            !generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 2;
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 2 : 1;
+        if (known == 2 && __builtin_cpu_supports("avx512f")) known = 3;
+        if (known > cap) known = cap;
         atomic_store_explicit(&state, known, memory_order_relaxed);
     }
-    return known == 1;
+    return known;
 }
-#define DISPATCH(name, ...) (use_avx2() ? name##_avx2(__VA_ARGS__) : name##_scalar(__VA_ARGS__))
+#define DISPATCH(name, ...)                                                                        \
+    (conversion_level() == 3   ? name##_avx512(__VA_ARGS__)                                        \
+     : conversion_level() == 2 ? name##_avx2(__VA_ARGS__)                                          \
+                               : name##_scalar(__VA_ARGS__))
 #else
 #define DISPATCH(name, ...) name##_scalar(__VA_ARGS__)
 #endif
 
 bool mt_cpu_has_avx2(void) {
 #if defined(MT_X86_DISPATCH)
-    return use_avx2();
+    return conversion_level() >= 2;
 #else
     return false;
 #endif
