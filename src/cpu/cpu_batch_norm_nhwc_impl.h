@@ -3,9 +3,9 @@
    of C channels; every loop runs over a row's channels, so it vectorises over C with the
    per-channel constants in arrays, and rows are read rows_per at a time (one contiguous run,
    one conversion call; data already in T, F32 or F64, is read and written where it lies,
-   without the row buffers). Per-channel sums are accumulated per row range (one part per thread)
-   in T over blocks of NHWC_BLOCK rows, flushed into doubles, and the parts are combined in
-   part order (deterministic for a thread count). */
+   without the row buffers). Per-channel sums are accumulated per row range (one part per
+   thread) in T over blocks of NHWC_BLOCK rows, flushed into doubles, and the parts are
+   combined in part order (deterministic for a thread count). */
 
 /* A part's scratch: three buffers of rows_per rows and the two block sums. */
 static T *SFX(nhwc_scratch)(const bn_ctx *c, int part) {
@@ -146,10 +146,11 @@ MT_CPU_INLINE void SFX(nhwc_backward_rows)(const bn_ctx *c, int64_t q, int64_t n
     const T *restrict kk = c->scale, *restrict mg = c->k, *restrict mgx = c->md,
                       *restrict mean = c->mean, *restrict rs = c->shift;
     const T *restrict g = SFX(nhwc_gz)(c, q, n, b0, b1);
-    if (c->gres) {
+    if (c->gres && SFX(nhwc_direct)(c)) {
         T *restrict gr = SFX(nhwc_out)(c, c->gres, q, b2);
         for (int64_t i = 0; i < n * C; i++) gr[i] = g[i];
-        SFX(nhwc_store)(c, c->gres, q, n, gr);
+    } else if (c->gres) {
+        SFX(nhwc_store)(c, c->gres, q, n, g);
     }
     if (!c->gx) return;
     const T *restrict x = SFX(nhwc_rows)(c, c->x, q, n, b1);
