@@ -35,15 +35,18 @@ static mt_dtype rng_dtype(fuzz_rng *r) {
 }
 
 /* A random operand in the current scope: values in [0, 4) (so integer operands are valid
-   indices and labels for small sizes), F32 leaves requiring grad now and then, and a view
-   over it one time in three. */
+   indices and labels for small sizes), floating leaves requiring grad now and then, and
+   views over them. */
 static mt_tensor *rng_tensor(fuzz_rng *r, int max_ndim) {
     static const int64_t sizes[] = {0, 1, 1, 2, 2, 3, 3, 4, 5};
     int64_t shape[MT_MAX_DIMS];
     int nd = rng_int(r, 0, max_ndim);
     for (int d = 0; d < nd; d++) shape[d] = sizes[rng_int(r, 0, 8)];
     mt_dtype dt = rng_dtype(r);
-    mt_tensor *t = mt_mul_scalar(mt_rand(nd, shape, MT_F32, mt_test_device()), 4.0);
+    /* now and then on the CPU while the others are on the device under test: a device mix
+       (on a CPU run, the same device) */
+    mt_device dev = rng_chance(r, 4) ? MT_CPU : mt_test_device();
+    mt_tensor *t = mt_mul_scalar(mt_rand(nd, shape, MT_F32, dev), 4.0);
     if (dt != MT_F32) t = mt_cast(t, dt);
     if (!t) return NULL;
     if (mt_dtype_is_floating(dt) && rng_chance(r, 40)) {
