@@ -472,9 +472,105 @@ static void test_fuzz_ops(void **state) {
     for (uint64_t seed = 1; seed <= seeds; seed++) fuzz_run(seed, 150);
 }
 
+/* ---- random graphs through autograd: gradients checked by finite differences
+   A program of smooth ops over three F64 leaves ([3, 4], [4] and [3, 1]): values used more
+   than once, broadcasting, reductions, views, matmul, softmax, concatenation. The choices
+   depend only on shapes (never on values), so the program replays exactly under every
+   perturbation mt_gradcheck makes; its output is the sum of the last values, so every
+   path is in the gradient. */
+#define GRAPH_VALUES 12
+
+static bool broadcastable(const mt_tensor *a, const mt_tensor *b) {
+    int na = mt_ndim(a), nb = mt_ndim(b);
+    for (int i = 1; i <= na && i <= nb; i++) {
+        int64_t x = mt_dim(a, na - i), y = mt_dim(b, nb - i);
+        if (x != y && x != 1 && y != 1) return false;
+    }
+    return true;
+}
+
+/* value k of the program: an op over earlier values v[0..k) */
+static mt_tensor *graph_step(fuzz_rng *r, mt_tensor **v, int k) {
+    mt_tensor *a = v[rng_int(r, 0, k - 1)], *b = v[rng_int(r, 0, k - 1)];
+    int nd = mt_ndim(a), d = nd ? rng_int(r, 0, nd - 1) : 0;
+    switch (rng_int(r, 0, 13)) {
+    case 0:
+        return mt_tanh(a);
+    case 1:
+        return mt_sigmoid(a);
+    case 2:
+        return mt_exp(mt_mul_scalar(a, 0.3));
+    case 3:
+        return mt_gelu(a);
+    case 4: /* sqrt(1 + a^2): smooth everywhere */
+        return mt_sqrt(mt_add_scalar(mt_mul(a, a), 1.0));
+    case 5:
+        return broadcastable(a, b) ? mt_mul(a, b) : mt_pow_scalar(a, 2);
+    case 6:
+        return broadcastable(a, b) ? mt_sub(a, b) : mt_neg(a);
+    case 7: /* a / (1 + b^2) */
+        return broadcastable(a, b) ? mt_div(a, mt_add_scalar(mt_mul(b, b), 1.0))
+                                   : mt_mul_scalar(a, 0.5);
+    case 8:
+        return nd ? (rng_chance(r, 50) ? mt_sum(a, 1, &d, rng_chance(r, 50))
+                                       : mt_mean(a, 1, &d, rng_chance(r, 50)))
+                  : mt_add_scalar(a, 1.0);
+    case 9:
+        return nd ? (rng_chance(r, 50) ? mt_softmax(a, d) : mt_log_softmax(a, d)) : mt_tanh(a);
+    case 10:
+        if (nd == 2) return mt_transpose(a, 0, 1);
+        return mt_unsqueeze(a, 0);
+    case 11: /* a @ b^T when the inner sizes agree, else a slice */
+        if (nd == 2 && mt_ndim(b) == 2 && mt_dim(a, 1) == mt_dim(b, 1))
+            return mt_matmul(a, mt_transpose(b, 0, 1));
+        return nd && mt_dim(a, d) > 1 ? mt_slice(a, d, 0, mt_dim(a, d), 2) : mt_neg(a);
+    case 12: /* cat with itself (the value used twice) */
+        return nd ? mt_cat((mt_tensor *[]){a, a}, 2, d) : mt_mul(a, a);
+    default: /* a broadcast view made contiguous */
+        return nd == 2 && mt_dim(a, 0) == 1 ? mt_contiguous(mt_expand(a, MT_SHAPE(3, mt_dim(a, 1))))
+                                            : mt_add(a, a);
+    }
+}
+
+typedef struct {
+    uint64_t seed;
+} graph_ctx;
+
+static mt_tensor *graph_fn(mt_tensor *const *in, void *vctx) {
+    const graph_ctx *g = vctx;
+    fuzz_rng r = {g->seed * 0x9E3779B97F4A7C15ULL + 7};
+    mt_tensor *v[GRAPH_VALUES] = {in[0], in[1], in[2]};
+    for (int k = 3; k < GRAPH_VALUES; k++) v[k] = graph_step(&r, v, k);
+    mt_tensor *out = mt_sum_all(v[GRAPH_VALUES - 1]);
+    for (int k = GRAPH_VALUES - 3; k < GRAPH_VALUES - 1; k++) out = mt_add(out, mt_sum_all(v[k]));
+    return out;
+}
+
+static void test_fuzz_gradcheck(void **state) {
+    (void)state;
+    const char *env = getenv("MT_FUZZ_SEEDS");
+    uint64_t seeds = env && atoll(env) > 0 ? (uint64_t)atoll(env) : 30;
+    for (uint64_t seed = 1; seed <= seeds; seed++) {
+        mt_scope_begin();
+        mt_manual_seed(seed);
+        mt_tensor *in[3] = {mt_randn(MT_SHAPE(3, 4), MT_F64, mt_test_device()),
+                            mt_randn(MT_SHAPE(4), MT_F64, mt_test_device()),
+                            mt_randn(MT_SHAPE(3, 1), MT_F64, mt_test_device())};
+        for (int i = 0; i < 3; i++) {
+            in[i] = mt_clone(in[i]);
+            mt_set_requires_grad(in[i], true);
+        }
+        graph_ctx g = {seed};
+        if (mt_gradcheck(graph_fn, in, 3, &g, NULL) != 0)
+            fail_msg("seed %llu: %s", (unsigned long long)seed, mt_last_error());
+        mt_scope_end();
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_fuzz_ops),
+        MT_TEST(test_fuzz_gradcheck),
     };
     return MT_RUN_TESTS(tests);
 }
