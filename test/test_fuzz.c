@@ -413,6 +413,13 @@ static void check_unchanged(const fuzz_case *c, const char *op, mt_tensor *t, do
     free(before);
 }
 
+/* How many seeds a test runs: MT_FUZZ_SEEDS when set (a longer search by hand), else the
+   suite's count. */
+static uint64_t fuzz_seeds(uint64_t suite) {
+    const char *env = getenv("MT_FUZZ_SEEDS");
+    return env && atoll(env) > 0 ? (uint64_t)atoll(env) : suite;
+}
+
 /* One sequence of calls from one seed, each in its own scope. */
 static void fuzz_run(uint64_t seed, int steps) {
     fuzz_rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
@@ -467,8 +474,7 @@ static void test_fuzz_ops(void **state) {
     (void)state;
     /* seeds 1..40, 150 calls each (about 6000 calls, a second even under ASan); MT_FUZZ_SEEDS
        asks for more, for a longer search by hand */
-    const char *env = getenv("MT_FUZZ_SEEDS");
-    uint64_t seeds = env && atoll(env) > 0 ? (uint64_t)atoll(env) : 40;
+    uint64_t seeds = fuzz_seeds(40);
     for (uint64_t seed = 1; seed <= seeds; seed++) fuzz_run(seed, 150);
 }
 
@@ -548,8 +554,7 @@ static mt_tensor *graph_fn(mt_tensor *const *in, void *vctx) {
 
 static void test_fuzz_gradcheck(void **state) {
     (void)state;
-    const char *env = getenv("MT_FUZZ_SEEDS");
-    uint64_t seeds = env && atoll(env) > 0 ? (uint64_t)atoll(env) : 30;
+    uint64_t seeds = fuzz_seeds(30);
     for (uint64_t seed = 1; seed <= seeds; seed++) {
         mt_scope_begin();
         mt_manual_seed(seed);

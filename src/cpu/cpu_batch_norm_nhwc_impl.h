@@ -32,6 +32,8 @@ MT_CPU_INLINE const T *SFX(nhwc_rows)(const bn_ctx *c, const char *base, int64_t
 MT_CPU_INLINE const T *SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *restrict gz,
                                     T *restrict tmp) {
     int64_t m = n * c->C;
+    /* two loops, not one over pointers that may coincide: in place (gz itself) and from gy
+       (restrict pointers to other memory) each vectorise without a runtime alias check */
     if (!SFX(nhwc_direct)(c)) {
         LOAD(c->gy + r * c->C * c->es, c->es, c->dt, m, gz);
         if (!c->y) return gz;
