@@ -164,6 +164,12 @@ void mt_peak_bytes_reset(void); /* peak := live */
    storage and kernel scratch; not small bookkeeping), fail, to test out-of-memory paths
    (0 = no limit). */
 void mt_debug_set_alloc_limit(size_t bytes);
+/* Makes the n-th allocation request from now on (n >= 1; 0 cancels) fail once, as if memory
+   had run out: tensor storage and kernel scratch on every device, tensor headers, and the
+   library's own bookkeeping (tape nodes, lists, optimizer and scaler records). Walking n = 1,
+   2, ... over one call reaches each of its out-of-memory paths in turn (test_oom.c does).
+   Returns whether the previous request was still pending, i.e. had not been reached. */
+bool mt_debug_fail_nth_alloc(int64_t n);
 int64_t mt_debug_ownership_reports(void); /* checked mode's reports so far (mt_release) */
 /* The host allocator keeps freed large blocks (up to 512 MiB) for reuse, so a training loop
    pays no page faults per step; they are not counted in mt_live_bytes. mt_empty_cache gives
@@ -400,7 +406,11 @@ bool mt_requires_grad(const mt_tensor *t);
 bool mt_is_leaf(const mt_tensor *t);
 /* grad NULL: root must hold one element and the seed is 1. Frees the tape. All or nothing:
    leaf gradients are added to .grad only after every node's backward succeeded, so a failed
-   backward (out of memory, a modified saved tensor) leaves every .grad as it was. */
+   backward (out of memory, a modified saved tensor) leaves every .grad as it was. Without
+   retain_graph the saved tensors are freed node by node as the backward goes (as torch
+   does, to keep its peak memory down), so a backward that failed part way may have spent
+   the graph: running it again then fails with MT_ERR_STATE. Keep the graph
+   (mt_backward_ex(..., true)) to be able to retry, e.g. after mt_empty_cache. */
 int mt_backward(mt_tensor *root, mt_tensor *grad);
 int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph);
 mt_tensor *mt_grad(mt_tensor *t);               /* new reference, or NULL (no error) when none */
@@ -684,7 +694,8 @@ int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params
 /* Optimizer state under prefix: the kind and options (metadata "<prefix>kind" ... and F64
    scalars "<prefix>lr" ...), the parameter count, the step count, and per parameter i the
    moments ("<prefix>state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq") and the FP32
-   master weight (".master"). Saves copies (a later step does not change them). Loading
+   master weight (".master"). Saves copies (a later step does not change them); a save that
+   fails leaves s as it was. Loading
    needs an optimizer of the same kind, parameter count, shapes and multi_precision; it
    restores every option (lr included) and the state exactly, so training resumes bit for
    bit. All or nothing. */
@@ -693,7 +704,8 @@ int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix);
 /* GradScaler state under prefix: "scale", "growth_tracker" (clean steps in a row),
    "bad_steps", "skipped_steps", "found_inf" (F32 scalars) and the options (growth_factor,
    backoff_factor, growth_interval, backoff_after, min_scale, max_scale as F64 scalars,
-   "disabled" BOOL). Not between unscale/step and update (MT_ERR_STATE). */
+   "disabled" BOOL). Not between unscale/step and update (MT_ERR_STATE). A failed save
+   leaves s as it was; a load is all or nothing. */
 int mt_grad_scaler_state_save(mt_grad_scaler *gs, mt_state *s, const char *prefix);
 int mt_grad_scaler_state_load(mt_grad_scaler *gs, mt_state *s, const char *prefix);
 /* Puts the layer's parameters under prefix + "weight" / "bias" (torch's names: prefix

@@ -44,7 +44,7 @@ mt_tensor *mt_autocast_cast(mt_tensor *t, mt_dtype dt) {
     misses++;
     if (n_entries == cap_entries) {
         int cap = cap_entries ? cap_entries * 2 : 16;
-        cache_entry *ne = realloc(entries, (size_t)cap * sizeof *ne);
+        cache_entry *ne = mt_heap_realloc(entries, (size_t)cap * sizeof *ne);
         if (!ne) return c; /* no room to cache: still a correct cast */
         entries = ne;
         cap_entries = cap;

@@ -31,8 +31,9 @@ static void list_free(node_list *l) {
 static int list_push(node_list *l, mt_node *n) {
     if (l->len == l->cap) {
         size_t cap = l->cap * 2;
-        mt_node **items = l->items == l->inline_items ? malloc(cap * sizeof *items)
-                                                      : realloc(l->items, cap * sizeof *items);
+        mt_node **items = l->items == l->inline_items
+                              ? mt_heap_alloc(cap * sizeof *items)
+                              : mt_heap_realloc(l->items, cap * sizeof *items);
         if (!items) return mt_error_set(MT_ERR_OOM, "mt_backward: out of memory walking the tape");
         if (l->items == l->inline_items) memcpy(items, l->inline_items, sizeof l->inline_items);
         l->items = items;
@@ -135,7 +136,7 @@ typedef struct {
 static int pending_init(pending_table *t, size_t leaf_edges) {
     size_t cap = 16;
     while (cap < 2 * leaf_edges) cap *= 2;
-    t->slots = calloc(cap, sizeof *t->slots);
+    t->slots = mt_heap_calloc(cap, sizeof *t->slots);
     t->cap = cap;
     return t->slots ? 0 : mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
 }
@@ -334,7 +335,7 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
         rc = check_saved(n);
         mt_tensor *grad_in_small[8] = {0};
         mt_tensor **grad_in =
-            n->n_inputs <= 8 ? grad_in_small : calloc((size_t)n->n_inputs, sizeof *grad_in);
+            n->n_inputs <= 8 ? grad_in_small : mt_heap_calloc((size_t)n->n_inputs, sizeof *grad_in);
         if (!grad_in) rc = mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
         if (rc == 0 && g) {
             mt_api_set_backward_op(mt_op_name(n->op));

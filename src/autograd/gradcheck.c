@@ -16,7 +16,7 @@ static int dot_with(mt_tensor *y, const double *v, double *out) {
     mt_tensor *y64 = mt_cast(y, MT_F64);
     if (!y64) return mt_last_status();
     int64_t n = mt_numel(y64);
-    double *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+    double *buf = mt_heap_alloc((size_t)(n ? n : 1) * sizeof *buf);
     if (!buf) return mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
     int rc = mt_copy_to_host(y64, buf, (size_t)n * sizeof *buf);
     double s = 0;
@@ -101,7 +101,7 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
     double rtol = opts && opts->rtol > 0 ? opts->rtol : 1e-3;
 
     /* keep the inputs' existing gradients aside; restore them at the end */
-    mt_tensor **kept = calloc((size_t)n, sizeof *kept);
+    mt_tensor **kept = mt_heap_calloc((size_t)n, sizeof *kept);
     if (!kept) return mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
     for (int i = 0; i < n; i++) {
         kept[i] = inputs[i]->grad;
@@ -124,7 +124,7 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
                                         "that requires grad");
     } else {
         vn = y->numel;
-        v = malloc((size_t)(vn ? vn : 1) * sizeof *v);
+        v = mt_heap_alloc((size_t)(vn ? vn : 1) * sizeof *v);
         if (!v) rc = mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
         /* a fixed cotangent in [-1, 1), so the check is reproducible */
         for (int64_t i = 0; v && i < vn; i++)
@@ -144,7 +144,7 @@ int mt_gradcheck(mt_gradcheck_fn fn, mt_tensor *const *inputs, int n, void *ctx,
         mt_api_enter();
         mt_tensor *g64 = x->grad ? mt_cast(x->grad, MT_F64) : NULL;
         size_t bytes = (size_t)(x->numel ? x->numel : 1) * sizeof(double);
-        double *ga = calloc(1, bytes), *x0 = malloc(bytes);
+        double *ga = mt_heap_calloc(1, bytes), *x0 = mt_heap_alloc(bytes);
         if (!ga || !x0) rc = mt_error_set(MT_ERR_OOM, "mt_gradcheck: out of memory");
         if (rc == 0 && g64) rc = mt_copy_to_host(g64, ga, (size_t)x->numel * sizeof *ga);
         mt_tensor_unref(g64);

@@ -20,13 +20,13 @@ int mt_tensor_register_grad_ready_hook(mt_tensor *leaf, mt_grad_ready_hook fn, v
                             op);
     struct mt_grad_hooks *h = leaf->hooks;
     if (!h) {
-        h = calloc(1, sizeof *h);
+        h = mt_heap_calloc(1, sizeof *h);
         if (!h) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
         leaf->hooks = h;
     }
     if (h->n == h->cap) {
         int cap = h->cap ? 2 * h->cap : 4;
-        mt_grad_hook_entry *items = realloc(h->items, (size_t)cap * sizeof *items);
+        mt_grad_hook_entry *items = mt_heap_realloc(h->items, (size_t)cap * sizeof *items);
         if (!items) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
         h->items = items;
         h->cap = cap;

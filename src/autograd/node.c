@@ -29,7 +29,7 @@ mt_node *mt_node_new(mt_op_id op, mt_backward_fn fn, mt_tensor *const *inputs, i
     size_t size = sizeof(mt_node) + (size_t)n * (sizeof(mt_edge) + sizeof(mt_input_meta));
     /* malloc + memset rather than calloc, which bypasses glibc's per-thread cache; the asm
        stops GCC from turning the pair back into calloc */
-    mt_node *node = malloc(size);
+    mt_node *node = mt_heap_alloc(size);
     if (!node) {
         mt_error_set(MT_ERR_OOM, "mt_%s: out of memory recording the autograd tape",
                      mt_op_name(op));
@@ -79,7 +79,7 @@ void mt_node_set_state(mt_node *n, void *state, void (*state_free)(void *state))
 }
 
 int mt_node_copy_state(mt_node *n, const void *src, size_t bytes, const char *op) {
-    void *state = malloc(bytes);
+    void *state = mt_heap_alloc(bytes);
     if (!state) return mt_error_set(MT_ERR_OOM, "%s: out of memory for a tape node", op);
     memcpy(state, src, bytes);
     mt_node_set_state(n, state, NULL);
@@ -133,7 +133,7 @@ void mt_node_release(mt_node *n) {
                 if (n->edges[i].fn) {
                     if (len == cap) {
                         size_t nc = cap ? cap * 2 : 16;
-                        mt_node **ns = realloc(stack, nc * sizeof *ns);
+                        mt_node **ns = mt_heap_realloc(stack, nc * sizeof *ns);
                         if (!ns) { /* fall back to recursion for this edge */
                             mt_node_release(n->edges[i].fn);
                             continue;

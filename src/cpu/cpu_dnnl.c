@@ -105,7 +105,7 @@ static dnnl_primitive_t cache_put(prim_cache *c, const char *op, const void *key
     int rc = mt_dnnl_check(op, dnnl_primitive_create(&prim, pd), "creating a primitive");
     dnnl_primitive_desc_destroy(pd);
     if (rc) return NULL;
-    unsigned char *copy = malloc(nbytes);
+    unsigned char *copy = mt_heap_alloc(nbytes);
     if (!copy) {
         dnnl_primitive_destroy(prim);
         mt_error_set(MT_ERR_OOM, "%s: out of memory for the primitive cache", op);

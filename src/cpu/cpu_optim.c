@@ -216,7 +216,7 @@ int mt_cpu_optim_step(const mt_optim_step_args *a) {
     }
 
     int64_t prefix_small[33];
-    int64_t *prefix = a->n < 32 ? prefix_small : malloc(((size_t)a->n + 1) * sizeof *prefix);
+    int64_t *prefix = a->n < 32 ? prefix_small : mt_heap_alloc(((size_t)a->n + 1) * sizeof *prefix);
     if (!prefix)
         return mt_error_set(MT_ERR_OOM, "mt_optimizer_step: out of memory planning %d tensors",
                             a->n);

@@ -115,7 +115,7 @@ static int ex_forward_call(const char *op, const mt_bn_args *a, mt_cudnn_bn_call
 
 int mt_cudnn_batch_norm_ex(const mt_bn_args *a) {
     const char *op = "mt_batch_norm_act";
-    ex_state *st = calloc(1, sizeof *st);
+    ex_state *st = mt_heap_calloc(1, sizeof *st);
     if (!st) return mt_error_set(MT_ERR_OOM, "%s: out of memory for the cuDNN state", op);
     st->eps = a->eps;
     st->add = a->residual != NULL;

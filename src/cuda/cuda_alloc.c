@@ -57,7 +57,7 @@ static size_class *class_of(device_pool *dp, size_t size, bool create) {
     if (!create) return NULL;
     if (dp->nclasses == dp->cap) {
         int cap = dp->cap ? dp->cap * 2 : 32;
-        size_class *c = realloc(dp->classes, (size_t)cap * sizeof *c);
+        size_class *c = mt_heap_realloc(dp->classes, (size_t)cap * sizeof *c);
         if (!c) return NULL;
         dp->classes = c;
         dp->cap = cap;
@@ -120,6 +120,7 @@ static void poison_reused(int device, void *p, size_t size) {
 #endif
 
 void *mt_cuda_alloc(int device, size_t nbytes) {
+    if (mt_alloc_injected_failure()) return NULL;
     size_t limit = mt_alloc_limit();
     if ((limit && nbytes > limit) || device < 0 || device >= MAX_DEVICES) return NULL;
     call_once(&pools_once, pools_init);
@@ -155,7 +156,7 @@ void mt_cuda_free(int device, void *p, size_t nbytes) {
     size_class *c = class_of(dp, size, true);
     if (c && c->n == c->cap) {
         int cap = c->cap ? c->cap * 2 : 4;
-        void **b = realloc(c->blocks, (size_t)cap * sizeof *b);
+        void **b = mt_heap_realloc(c->blocks, (size_t)cap * sizeof *b);
         if (b) {
             c->blocks = b;
             c->cap = cap;

@@ -54,7 +54,7 @@ static void ctx_destroy(mt_cuda_device_ctx *c) {
 }
 
 static mt_cuda_device_ctx *ctx_create(const char *op, int index) {
-    mt_cuda_device_ctx *c = calloc(1, sizeof *c);
+    mt_cuda_device_ctx *c = mt_heap_calloc(1, sizeof *c);
     if (!c) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory creating the context of cuda:%d", op, index);
         return NULL;

@@ -28,7 +28,7 @@ struct mt_cuda_staging {
 };
 
 mt_cuda_staging *mt_cuda_staging_new(void) {
-    mt_cuda_staging *s = calloc(1, sizeof *s);
+    mt_cuda_staging *s = mt_heap_calloc(1, sizeof *s);
     if (s && mtx_init(&s->lock, mtx_plain) != thrd_success) {
         free(s);
         return NULL;

@@ -35,7 +35,7 @@ void mt_cudnn_state_free(mt_cudnn_state *s) {
 static mt_cudnn_state *state_create(const char *op, mt_cuda_device_ctx *c) {
     const mt_cudnn_api *api = mt_cudnn_load(op, c->device);
     if (!api) return NULL;
-    mt_cudnn_state *s = calloc(1, sizeof *s);
+    mt_cudnn_state *s = mt_heap_calloc(1, sizeof *s);
     if (!s) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory for the cuDNN state of cuda:%d", op, c->device);
         return NULL;
@@ -81,7 +81,7 @@ void mt_cudnn_algo_store(mt_cuda_device_ctx *c, const mt_cudnn_conv_key *key,
     mt_cudnn_state *s = c->dnn;
     if (s && s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 32;
-        algo_entry *e = realloc(s->entries, (size_t)cap * sizeof *e);
+        algo_entry *e = mt_heap_realloc(s->entries, (size_t)cap * sizeof *e);
         if (e) {
             s->entries = e;
             s->cap = cap;

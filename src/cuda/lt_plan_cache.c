@@ -50,7 +50,7 @@ static void plan_objs_free(lt_plan *p) {
 }
 
 mt_lt_plan_cache *mt_lt_plan_cache_new(void) {
-    mt_lt_plan_cache *c = calloc(1, sizeof *c);
+    mt_lt_plan_cache *c = mt_heap_calloc(1, sizeof *c);
     if (c && mtx_init(&c->lock, mtx_plain) != thrd_success) {
         free(c);
         c = NULL;

@@ -89,7 +89,7 @@ static int agree(const char *op, int kind, const mt_tensor *t, int64_t root, int
 }
 
 static mt_dist_work *work_new(const char *op, int kind, mt_tensor *t) {
-    mt_dist_work *w = calloc(1, sizeof *w);
+    mt_dist_work *w = mt_heap_calloc(1, sizeof *w);
     if (!w) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
         return NULL;
@@ -108,7 +108,7 @@ static void work_free(mt_dist_work *w) {
 }
 
 static float *stage_from(const mt_tensor *t) {
-    float *s = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *s);
+    float *s = mt_heap_alloc((size_t)(t->numel ? t->numel : 1) * sizeof *s);
     if (!s) return NULL;
     const uint16_t *h = mt_tensor_data(t);
     for (int64_t i = 0; i < t->numel; i++)

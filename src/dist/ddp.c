@@ -313,7 +313,7 @@ static int check_ranks(MPI_Comm comm, mt_tensor *const *params, int n, int local
                             "%d; over the ranks %lld..%lld)",
                             fn, mt_dist_rank(), n, (long long)lo, (long long)hi);
     if (rc < 0 || n == 0) return rc;
-    int64_t *desc = calloc((size_t)n * DESC, sizeof *desc);
+    int64_t *desc = mt_heap_calloc((size_t)n * DESC, sizeof *desc);
     if (!desc) return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < n; i++) {
         desc[i * DESC] = params[i]->dtype;
@@ -335,7 +335,7 @@ static int check_ranks(MPI_Comm comm, mt_tensor *const *params, int n, int local
    do not cut the FP16 run into many small buckets), a new bucket when the size is reached. */
 static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
     size_t cap = (size_t)(bucket_mb * 1024.0 * 1024.0);
-    d->buckets = calloc((size_t)(d->n ? d->n : 1), sizeof *d->buckets);
+    d->buckets = mt_heap_calloc((size_t)(d->n ? d->n : 1), sizeof *d->buckets);
     if (!d->buckets) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory");
     int open[MT_DTYPE_COUNT];
     size_t open_bytes[MT_DTYPE_COUNT] = {0};
@@ -363,13 +363,13 @@ static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
                                d->params[0].t->device);
         if (!b->dev) return status_or(MT_ERR_OOM);
     }
-    d->reqs = malloc((size_t)(d->nb ? d->nb : 1) * sizeof *d->reqs);
-    d->done_idx = malloc((size_t)(d->nb ? d->nb : 1) * sizeof *d->done_idx);
+    d->reqs = mt_heap_alloc((size_t)(d->nb ? d->nb : 1) * sizeof *d->reqs);
+    d->done_idx = mt_heap_alloc((size_t)(d->nb ? d->nb : 1) * sizeof *d->done_idx);
     if (!d->reqs || !d->done_idx) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory");
     for (int i = 0; i < d->nb; i++) d->reqs[i] = MPI_REQUEST_NULL;
     for (int i = 0; i < d->nb && !d->cuda; i++) {
         ddp_bucket *b = &d->buckets[i];
-        b->buf = calloc((size_t)(b->numel ? b->numel : 1), buf_esize(b->dt));
+        b->buf = mt_heap_calloc((size_t)(b->numel ? b->numel : 1), buf_esize(b->dt));
         if (!b->buf) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory for bucket %d", i);
     }
     return 0;
@@ -462,7 +462,7 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
                      fn, st->thread_level);
         return NULL;
     }
-    mt_ddp *d = calloc(1, sizeof *d);
+    mt_ddp *d = mt_heap_calloc(1, sizeof *d);
     if (!d) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
         return NULL;
@@ -479,7 +479,7 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
     int local = rc == 0 ? check_local(params, n) : rc;
     if (rc == 0 && d->mpi) rc = check_ranks(d->comm, params, n, local);
     if (rc == 0) rc = local;
-    if (rc == 0 && !(d->params = calloc((size_t)(n ? n : 1), sizeof *d->params)))
+    if (rc == 0 && !(d->params = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->params)))
         rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; rc == 0 && i < n; i++, d->n++)
         d->params[i] = (ddp_param){.ddp = d, .t = mt_tensor_ref(params[i]), .index = i};

@@ -109,7 +109,7 @@ int mt_dist_wait_request(const char *op, MPI_Request *req) {
 int mt_dist_agree(const char *op, MPI_Comm comm, const int64_t *vals, int n, int *bad, int64_t *lo,
                   int64_t *hi) {
     /* on the heap: after a timeout MPI may still write here, so the buffer is then leaked */
-    int64_t *buf = malloc(2 * (size_t)n * sizeof *buf);
+    int64_t *buf = mt_heap_alloc(2 * (size_t)n * sizeof *buf);
     if (!buf) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
     for (int i = 0; i < n; i++) {
         buf[i] = vals[i];
@@ -304,7 +304,7 @@ int mt_dist_init_thread(int rank, int world, const mt_dist_id *id) {
         return mt_error_set(MT_ERR_STATE,
                             "%s: this thread is already rank %d of %d; mt_dist_finalize first", fn,
                             thread_state->rank, thread_state->world);
-    mt_dist_state *st = calloc(1, sizeof *st);
+    mt_dist_state *st = mt_heap_calloc(1, sizeof *st);
     if (!st) return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     st->initialized = true;
     st->rank = rank;

@@ -83,7 +83,7 @@ static char *build_header(const mt_state *s, const char *fn, const char *path, s
         return NULL;
     }
     size_t n = strlen(json), padded = (n + 7) / 8 * 8;
-    char *out = realloc(json, padded + 1);
+    char *out = mt_heap_realloc(json, padded + 1);
     if (!out) {
         free(json);
         mt_error_set(MT_ERR_OOM, "%s: %s: out of memory building the header", fn, path);
@@ -146,7 +146,7 @@ static int write_body(const mt_state *s, const char *fn, const char *path, int f
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     if (write_all(fd, len8, 8) < 0 || write_all(fd, header, hlen) < 0)
         return mt_error_set(MT_ERR_INVALID, "%s: %s: write failed: %s", fn, path, strerror(errno));
-    void *buf = max_bytes ? malloc(max_bytes) : NULL;
+    void *buf = max_bytes ? mt_heap_alloc(max_bytes) : NULL;
     if (max_bytes && !buf)
         return mt_error_set(MT_ERR_OOM, "%s: %s: out of memory (%zu bytes) staging a tensor", fn,
                             path, max_bytes);
@@ -335,7 +335,7 @@ static int check_layout(const loader *L) {
                             (unsigned long long)L->data_len);
         return 0;
     }
-    const entry **by = malloc((size_t)L->n * sizeof *by);
+    const entry **by = mt_heap_alloc((size_t)L->n * sizeof *by);
     if (!by) return LOAD_ERR(L, MT_ERR_OOM, "out of memory checking %d entries", L->n);
     for (int i = 0; i < L->n; i++) by[i] = &L->entries[i];
     qsort(by, (size_t)L->n, sizeof *by, cmp_entry_name);
@@ -368,7 +368,7 @@ static int cmp_str_ptr(const void *a, const void *b) {
 static int check_meta_unique(const loader *L, const cJSON *meta) {
     int n = cJSON_GetArraySize(meta), k = 0, rc = 0;
     if (n < 2) return 0;
-    const char **keys = malloc((size_t)n * sizeof *keys);
+    const char **keys = mt_heap_alloc((size_t)n * sizeof *keys);
     if (!keys) return LOAD_ERR(L, MT_ERR_OOM, "out of memory checking %d metadata keys", n);
     for (const cJSON *m = meta->child; m; m = m->next) keys[k++] = m->string;
     qsort(keys, (size_t)n, sizeof *keys, cmp_str_ptr);
@@ -412,7 +412,7 @@ static int parse_header(loader *L, const char *json, size_t len, const cJSON **m
         if (rc) return rc;
         *meta = j;
     }
-    L->entries = calloc(count ? (size_t)count : 1, sizeof *L->entries);
+    L->entries = mt_heap_calloc(count ? (size_t)count : 1, sizeof *L->entries);
     if (!L->entries) return LOAD_ERR(L, MT_ERR_OOM, "out of memory for %d entries", count);
     for (const cJSON *j = L->root->child; j; j = j->next) {
         if (strcmp(j->string, META_KEY) == 0) continue;
@@ -436,7 +436,7 @@ static mt_state *build_state(const loader *L, const cJSON *meta, mt_device dev) 
         void *staged = NULL;
         /* the kernels read whole elements: stage a misaligned tensor in aligned memory */
         if (nbytes && (uintptr_t)src % align) {
-            if (!(staged = malloc(nbytes))) {
+            if (!(staged = mt_heap_alloc(nbytes))) {
                 LOAD_ERR(L, MT_ERR_OOM, "out of memory staging '%s'", e->name);
                 goto fail;
             }
@@ -500,7 +500,7 @@ mt_state *mt_state_load(const char *path, mt_device dev) {
     /* The parser reads a heap copy of exactly the header's bytes: a read past them would be
        a heap overflow that the sanitizers catch (the fuzz test runs under ASan), where a
        read past the header inside the mapping would go unnoticed. */
-    char *header = malloc((size_t)hlen);
+    char *header = mt_heap_alloc((size_t)hlen);
     if (!header) {
         LOAD_ERR(&L, MT_ERR_OOM, "out of memory for the %llu-byte header",
                  (unsigned long long)hlen);

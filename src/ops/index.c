@@ -21,7 +21,7 @@ static int check_indices(const char *op, int arg, const mt_tensor *index, int64_
     if (mt_is_contiguous(index)) {
         v = mt_tensor_data(index);
     } else {
-        copy = malloc((size_t)(n ? n : 1) * sizeof *copy);
+        copy = mt_heap_alloc((size_t)(n ? n : 1) * sizeof *copy);
         if (!copy)
             return mt_error_set(MT_ERR_OOM, "%s: out of memory reading %lld indices", op,
                                 (long long)n);
@@ -289,7 +289,7 @@ static mt_tensor *randperm(int64_t n, mt_device dev) {
     }
     if (!mt_backend_for(name, dev)) return NULL;
     size_t bytes = (size_t)(n ? n : 1) * sizeof(int64_t);
-    int64_t *p = (uint64_t)n <= SIZE_MAX / sizeof(int64_t) ? malloc(bytes) : NULL;
+    int64_t *p = (uint64_t)n <= SIZE_MAX / sizeof(int64_t) ? mt_heap_alloc(bytes) : NULL;
     if (!p) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld values", name, (long long)n);
         return NULL;

@@ -116,7 +116,7 @@ static mt_tensor *join(mt_op_id op, mt_tensor *const *ts, int n, int dim) {
     int64_t shape[MT_MAX_DIMS];
     if (join_check(name, stack, ts, n, dim, &d, &any_float)) return NULL;
     if ((nd = join_shape(name, stack, ts, n, d, shape)) < 0) return NULL;
-    mt_tensor *small[8], **cast = n <= 8 ? small : malloc((size_t)n * sizeof *cast);
+    mt_tensor *small[8], **cast = n <= 8 ? small : mt_heap_alloc((size_t)n * sizeof *cast);
     if (!cast) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory for %d inputs", name, n);
         return NULL;

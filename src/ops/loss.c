@@ -120,7 +120,7 @@ static int check_labels(const char *name, const mt_tensor *labels, int64_t C, in
     if (labels->device.type == MT_DEVICE_CPU && mt_is_contiguous(labels)) {
         v = mt_tensor_data(labels);
     } else {
-        copy = malloc((size_t)(N ? N : 1) * sizeof *copy);
+        copy = mt_heap_alloc((size_t)(N ? N : 1) * sizeof *copy);
         if (!copy)
             return mt_error_set(MT_ERR_OOM, "%s: out of memory reading %lld labels", name,
                                 (long long)N);

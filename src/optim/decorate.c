@@ -24,7 +24,7 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
     if (rc) return rc;
 
     /* all conversions first, so running out of memory leaves every parameter as it was */
-    mt_tensor **conv = calloc((size_t)n, sizeof *conv);
+    mt_tensor **conv = mt_heap_calloc((size_t)n, sizeof *conv);
     if (!conv) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
     for (int i = 0; i < n && rc == 0; i++) {
         mt_tensor *p = params[i];

@@ -16,6 +16,9 @@
    are sequentially consistent), so the peak of the sum is never missed. */
 static atomic_int_fast64_t host_live, host_peak, device_live, peak_bytes, live_tensors;
 static atomic_size_t alloc_limit;
+/* mt_debug_fail_nth_alloc: the number of allocation requests until the one that fails
+   (1: the next); 0 or less: none pending */
+static atomic_int_fast64_t fail_countdown;
 
 static void raise_peak(atomic_int_fast64_t *peak, int64_t now) {
     int64_t p = atomic_load(peak);
@@ -67,6 +70,33 @@ void mt_peak_bytes_reset(void) {
 }
 void mt_debug_set_alloc_limit(size_t bytes) {
     atomic_store(&alloc_limit, bytes);
+}
+
+bool mt_debug_fail_nth_alloc(int64_t n) {
+    return atomic_exchange(&fail_countdown, n > 0 ? n : 0) > 0;
+}
+
+bool mt_alloc_injected_failure(void) {
+    /* one relaxed load when nothing is pending; of two threads that race past it, only the
+       one that takes the countdown from 1 to 0 fails */
+    if (atomic_load_explicit(&fail_countdown, memory_order_relaxed) <= 0) return false;
+    return atomic_fetch_sub(&fail_countdown, 1) == 1;
+}
+
+void *mt_heap_alloc(size_t nbytes) {
+    return mt_alloc_injected_failure() ? NULL : malloc(nbytes);
+}
+void *mt_heap_calloc(size_t n, size_t size) {
+    return mt_alloc_injected_failure() ? NULL : calloc(n, size);
+}
+void *mt_heap_realloc(void *p, size_t nbytes) {
+    return mt_alloc_injected_failure() ? NULL : realloc(p, nbytes);
+}
+char *mt_heap_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *copy = mt_heap_alloc(n);
+    if (copy) memcpy(copy, s, n);
+    return copy;
 }
 
 /* --- block cache: blocks of at least CACHE_MIN bytes are kept on free, up to CACHE_MAX
@@ -220,6 +250,7 @@ int64_t mt_cached_bytes(void) {
 }
 
 void *mt_host_alloc(size_t nbytes) {
+    if (mt_alloc_injected_failure()) return NULL;
     size_t limit = atomic_load_explicit(&alloc_limit, memory_order_relaxed);
     if (limit && nbytes > limit) return NULL;
     if (nbytes > capacity()) return NULL;

@@ -292,7 +292,7 @@ int mt_print(const mt_tensor *t, FILE *f) {
     if (!f) return mt_error_set(MT_ERR_NULL, "mt_print: arg 2: FILE is NULL");
     int n = mt_format(t, NULL, 0);
     if (n < 0) return n;
-    char *buf = malloc((size_t)n + 1);
+    char *buf = mt_heap_alloc((size_t)n + 1);
     if (!buf) return mt_error_set(MT_ERR_OOM, "mt_print: out of memory for %d characters", n);
     mt_format(t, buf, (size_t)n + 1);
     int rc = fputs(buf, f) < 0 || fputc('\n', f) == EOF ? MT_ERR_INTERNAL : 0;

@@ -55,7 +55,7 @@ static bool scope_track(mt_tensor *t) {
     scope_frame *f = &frames[n_frames - 1];
     if (f->len == f->cap) {
         size_t cap = f->cap ? f->cap * 2 : 64;
-        mt_tensor **items = realloc(f->items, cap * sizeof *items);
+        mt_tensor **items = mt_heap_realloc(f->items, cap * sizeof *items);
         if (!items) {
             mt_error_set(MT_ERR_OOM, "mt_scope: out of memory tracking a result");
             return false;
@@ -117,7 +117,7 @@ void mt_scope_begin(void) {
     }
     if (n_frames == cap_frames) {
         int cap = cap_frames ? cap_frames * 2 : 8;
-        scope_frame *nf = realloc(frames, (size_t)cap * sizeof *nf);
+        scope_frame *nf = mt_heap_realloc(frames, (size_t)cap * sizeof *nf);
         if (!nf) {
             mt_error_set(MT_ERR_OOM, "mt_scope_begin: out of memory");
             lost_frames = 1;

@@ -99,6 +99,7 @@ static void pools_init(void) {
 }
 
 static void *pool_get(int k, size_t size) {
+    if (mt_alloc_injected_failure()) return NULL;
     pool_obj *o = pools.head[k];
     if (!o) return malloc(size);
     pools.head[k] = o->next;

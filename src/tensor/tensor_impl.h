@@ -162,6 +162,17 @@ void mt_mem_account(int64_t delta_bytes);
 /* Device allocators count their blocks in the all-device totals (mt_live_bytes/peak). */
 void mt_mem_account_device(int64_t delta_bytes);
 size_t mt_alloc_limit(void); /* mt_debug_set_alloc_limit's value; 0: none */
+/* Whether this allocation request is the one mt_debug_fail_nth_alloc asked to fail. Every
+   allocator asks once per request, before any cache is looked at, so the count is the same
+   in every build (the caches are off under AddressSanitizer). */
+bool mt_alloc_injected_failure(void);
+/* Bookkeeping memory (tensor headers' lists, tape nodes, optimizer and scaler records, file
+   buffers): malloc, calloc, realloc and strdup that mt_debug_fail_nth_alloc can fail. Freed
+   with free(); not counted in mt_live_bytes. */
+void *mt_heap_alloc(size_t nbytes);
+void *mt_heap_calloc(size_t n, size_t size);
+void *mt_heap_realloc(void *p, size_t nbytes);
+char *mt_heap_strdup(const char *s);
 void mt_host_memory_stats(mt_memory_stats *out);
 void mt_host_peak_reset(void);
 void mt_tensor_count(int delta);
