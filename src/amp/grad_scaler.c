@@ -15,6 +15,7 @@
 #include <string.h>
 #include "../optim/optimizer_impl.h"
 #include "autocast.h"
+#include "../io/state_impl.h"
 
 #define MAX_OPTIMIZERS 16 /* optimizers one scaler can serve within one step */
 
@@ -144,7 +145,7 @@ mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) {
                      interval, after);
         return NULL;
     }
-    mt_grad_scaler *s = calloc(1, sizeof *s);
+    mt_grad_scaler *s = mt_heap_calloc(1, sizeof *s);
     if (!s) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
         return NULL;
@@ -180,7 +181,8 @@ mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
                      mt_dtype_name(loss->dtype));
         return mt_api_exit(NULL);
     }
-    if (!s->t[SCALE] && ensure_state(s, fn, loss->device) < 0) return mt_api_exit(NULL);
+    bool had_state = s->t[SCALE] != NULL;
+    if (!had_state && ensure_state(s, fn, loss->device) < 0) return mt_api_exit(NULL);
     /* The multiply runs on the device (no host read of the scale) in the loss's dtype, with
        autocast off so an enclosing O2 region cannot lower an FP32 loss. */
     mt_tensor *sc = same_device(s->device, loss->device) ? mt_tensor_ref(s->t[SCALE])
@@ -191,6 +193,7 @@ mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
     mt_tensor *out = sd ? mt_mul(loss, sd) : NULL;
     mt_autocast_end();
     mt_tensor_unref(sd);
+    if (!out && !had_state) release_tensors(s); /* a failed call leaves the scaler as it was */
     return mt_api_exit(out);
 }
 
@@ -217,7 +220,7 @@ static int cmp_ptr(const void *a, const void *b) {
    occurrences are dropped from the list. */
 static int drop_duplicates(mt_tensor **grads, int n, const char *fn) {
     mt_tensor *small[16];
-    mt_tensor **sorted = n <= 16 ? small : malloc((size_t)n * sizeof *sorted);
+    mt_tensor **sorted = n <= 16 ? small : mt_heap_alloc((size_t)n * sizeof *sorted);
     if (!sorted) return mt_error_set(MT_ERR_OOM, "%s: out of memory for %d gradients", fn, n);
     memcpy(sorted, grads, (size_t)n * sizeof *sorted);
     qsort(sorted, (size_t)n, sizeof *sorted, cmp_ptr);
@@ -230,72 +233,114 @@ static int drop_duplicates(mt_tensor **grads, int n, const char *fn) {
     return 0;
 }
 
-/* The fused pass over o's gradients: found |= any inf/nan, and g *= 1/scale when `apply`.
-   Without `apply` the gradients are only checked (a multiply by one, which the kernels skip)
-   and 1/scale is handed back in *inv_out for the optimizer kernel to fold in, so FP16
-   gradients are unscaled in FP32 registers instead of being rounded to FP16 again. */
-static int unscale_pass(mt_grad_scaler *s, opt_state *st, const char *fn, bool apply,
-                        mt_tensor **inv_out) {
-    mt_optimizer *o = st->o;
-    if (ensure_state(s, fn, o->device) < 0) return mt_last_status();
-    if (!st->found) {
-        st->found = mt_scalar(0.0, MT_F32, s->device);
-        if (!st->found) return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
-    }
-    const mt_backend *be = mt_backend_for(fn, s->device);
-    if (!be) return mt_last_status();
-    mt_tensor *small[16];
-    mt_tensor **grads = o->n <= 16 ? small : malloc((size_t)o->n * sizeof *grads);
-    if (!grads) return mt_error_set(MT_ERR_OOM, "%s: out of memory for %d gradients", fn, o->n);
-    int n = mt_optimizer_grads(o, grads);
-    int rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
-        mt_tensor *g = grads[i];
+/* What the fused passes over o's gradients need, made before any of them runs: the list of
+   gradients (duplicates dropped, overlapping ones made dense), 1/scale on the device and the
+   flag. The step runs the check pass, the optimizer and the unscale pass back to back, and
+   nothing that can fail comes after the optimizer has changed the parameters. */
+typedef struct {
+    const mt_backend *be;
+    mt_tensor *small[16], **grads;
+    int n;
+    mt_tensor *inv, *one; /* 1/scale; 1 (check-only passes) */
+} unscale_plan;
+
+static void plan_free(unscale_plan *p) {
+    mt_tensor_unref(p->inv);
+    mt_tensor_unref(p->one);
+    if (p->grads && p->grads != p->small) free(p->grads);
+    p->grads = NULL;
+    p->inv = p->one = NULL;
+}
+
+/* The gradients, checked, with expanded views replaced by dense copies. */
+static int plan_grads(unscale_plan *p, mt_grad_scaler *s, mt_optimizer *o, const char *fn) {
+    p->grads = o->n <= 16 ? p->small : mt_heap_alloc((size_t)o->n * sizeof *p->grads);
+    if (!p->grads) return mt_error_set(MT_ERR_OOM, "%s: out of memory for %d gradients", fn, o->n);
+    int n = p->n = mt_optimizer_grads(o, p->grads);
+    for (int i = 0; i < n; i++) {
+        mt_tensor *g = p->grads[i];
         if (!g) continue;
         if (!same_device(g->device, s->device))
-            rc = mt_error_set(MT_ERR_DEVICE,
-                              "%s: gradient of parameter %d is on %s:%d, the scaler state on %s:%d",
-                              fn, i, dev_name(g->device), g->device.index, dev_name(s->device),
-                              s->device.index);
-        else if (!mt_dtype_is_floating(g->dtype))
-            rc = mt_error_set(MT_ERR_DTYPE, "%s: gradient of parameter %d has dtype %s", fn, i,
-                              mt_dtype_name(g->dtype));
-        else if (mt_optim_overlaps(g)) {
+            return mt_error_set(MT_ERR_DEVICE,
+                                "%s: gradient of parameter %d is on %s:%d, the scaler state on "
+                                "%s:%d",
+                                fn, i, dev_name(g->device), g->device.index, dev_name(s->device),
+                                s->device.index);
+        if (!mt_dtype_is_floating(g->dtype))
+            return mt_error_set(MT_ERR_DTYPE, "%s: gradient of parameter %d has dtype %s", fn, i,
+                                mt_dtype_name(g->dtype));
+        if (mt_optim_overlaps(g)) {
             /* elements sharing memory (an expanded view) cannot be scaled in place one at a
-               time: the parameter gets a dense copy first */
+               time: the parameter gets a dense copy first (same values: nothing changes if
+               the call fails later) */
             mt_tensor *dense = mt_clone(g);
             mt_tensor *plain = dense ? mt_detach(dense) : NULL; /* no history on a .grad */
             mt_tensor_unref(dense);
-            rc = plain ? mt_set_grad(o->params[i], plain) : mt_last_status();
+            int rc = plain ? mt_set_grad(o->params[i], plain) : mt_last_status();
             mt_tensor_unref(plain);
-            if (rc == 0) n = mt_optimizer_grads(o, grads); /* borrowed pointers changed */
+            if (rc) return rc;
+            p->n = mt_optimizer_grads(o, p->grads); /* borrowed pointers changed */
         }
     }
-    if (rc == 0) rc = drop_duplicates(grads, n, fn);
-    mt_tensor *inv = NULL;
+    return drop_duplicates(p->grads, p->n, fn);
+}
+
+/* check: a check-only pass will run (it needs the factor 1) */
+static int plan_make(unscale_plan *p, mt_grad_scaler *s, opt_state *st, const char *fn,
+                     bool check) {
+    *p = (unscale_plan){0};
+    if (ensure_state(s, fn, st->o->device) < 0) return mt_last_status();
+    if (!st->found && !(st->found = mt_scalar(0.0, MT_F32, s->device)))
+        return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    if (!(p->be = mt_backend_for(fn, s->device))) return mt_last_status();
+    int rc = plan_grads(p, s, st->o, fn);
     if (rc == 0) {
         /* 1/scale on the device, in FP32 whatever the autocast state and lists say */
         mt_autocast_begin(MT_F32, MT_AMP_O1);
         bool prev = mt_set_grad_enabled(false);
-        inv = mt_rdiv_scalar(s->t[SCALE], 1.0);
+        p->inv = mt_rdiv_scalar(s->t[SCALE], 1.0);
         mt_set_grad_enabled(prev);
         mt_autocast_end();
-        if (!inv) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+        if (p->inv && check) p->one = mt_scalar(1.0, MT_F32, s->device);
+        if (!p->inv || (check && !p->one))
+            rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
     }
-    mt_tensor *one = rc == 0 && !apply ? mt_scalar(1.0, MT_F32, s->device) : NULL;
-    if (rc == 0 && !apply && !one) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
-    if (rc == 0) rc = be->unscale(grads, n, apply ? inv : one, st->found);
+    if (rc) plan_free(p);
+    return rc;
+}
+
+/* One fused pass: found |= any inf/nan, and g *= 1/scale when `apply`. Without `apply` the
+   gradients are only checked (a multiply by one, which the kernels skip), for a step whose
+   optimizer kernel folds 1/scale in, so FP16 gradients are unscaled in FP32 registers
+   instead of being rounded to FP16 again. */
+static int plan_run(const unscale_plan *p, mt_grad_scaler *s, opt_state *st, bool apply) {
+    int rc = p->be->unscale(p->grads, p->n, apply ? p->inv : p->one, st->found);
     /* every rank must take the same skip decision (and keep the same scale): a flag raised
        on one rank is raised on all before the optimizer sees it */
-    if (rc == 0 && s->dist && mt_dist_world_size() > 1)
+    if (rc == 0 && !apply && s->dist && mt_dist_world_size() > 1)
         rc = mt_all_reduce(st->found, MT_REDUCE_MAX);
     if (rc == 0 && apply)
-        for (int i = 0; i < n; i++)
-            if (grads[i]) mt_tensor_bump_version(grads[i]);
-    mt_tensor_unref(one);
-    if (rc == 0 && inv_out) *inv_out = mt_tensor_ref(inv);
-    mt_tensor_unref(inv);
-    if (grads != small) free(grads);
+        for (int i = 0; i < p->n; i++)
+            if (p->grads[i]) mt_tensor_bump_version(p->grads[i]);
+    return rc;
+}
+
+/* A failed unscale or step leaves the scaler as it was: the per-step entry it opened for the
+   optimizer, and the device state it made from the host values, are dropped again. */
+typedef struct {
+    bool had_state;
+    int n_opts;
+} scaler_undo;
+
+static scaler_undo undo_mark(const mt_grad_scaler *s) {
+    return (scaler_undo){s->t[SCALE] != NULL, s->n_opts};
+}
+
+static int undo_if_failed(mt_grad_scaler *s, scaler_undo u, int rc) {
+    if (rc == 0) return 0;
+    for (int i = u.n_opts; i < s->n_opts; i++) mt_tensor_unref(s->opts[i].found);
+    s->n_opts = u.n_opts;
+    if (!u.had_state) release_tensors(s);
     return rc;
 }
 
@@ -315,6 +360,7 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
     if (s->disabled) return 0;
     if (pending_error(fn)) return MT_ERR_STATE;
     mt_api_enter();
+    scaler_undo undo = undo_mark(s);
     opt_state *st = find_opt(s, o, fn);
     if (!st) return mt_api_exit_status(MT_ERR_STATE);
     if (st->stepped)
@@ -327,9 +373,18 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
                          "%s: already called for this optimizer since the last update; call it "
                          "once per step, before step and update",
                          fn));
-    int rc = unscale_pass(s, st, fn, true, NULL);
+    unscale_plan p;
+    bool check = s->dist && mt_dist_world_size() > 1;
+    int rc = plan_make(&p, s, st, fn, check);
+    if (rc == 0) {
+        /* one fused pass; with data parallelism the check and its all-reduce come first, so
+           that an all-reduce that fails leaves the gradients as they were */
+        if (check) rc = plan_run(&p, s, st, false);
+        if (rc == 0) rc = plan_run(&p, s, st, true);
+        plan_free(&p);
+    }
     if (rc == 0) st->unscaled = true;
-    return mt_api_exit_status(rc);
+    return mt_api_exit_status(undo_if_failed(s, undo, rc));
 }
 
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
@@ -339,6 +394,7 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
     if (s->disabled) return mt_optimizer_step(o);
     if (pending_error(fn)) return MT_ERR_STATE;
     mt_api_enter();
+    scaler_undo undo = undo_mark(s);
     opt_state *st = find_opt(s, o, fn);
     if (!st) return mt_api_exit_status(MT_ERR_STATE);
     if (st->stepped)
@@ -352,14 +408,22 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
        low-precision gradient reaches the FP32 master without a second rounding. Afterwards
        the gradients are unscaled in place, as torch's step leaves them: read after the step
        they are the true gradients. */
-    mt_tensor *inv = NULL;
     bool folded = !st->unscaled;
-    int rc = folded ? unscale_pass(s, st, fn, false, &inv) : 0;
-    if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, inv);
-    mt_tensor_unref(inv);
-    if (rc == 0 && folded) rc = unscale_pass(s, st, fn, true, NULL);
-    if (rc == 0) st->unscaled = st->stepped = true;
-    return mt_api_exit_status(rc);
+    unscale_plan p = {0};
+    int rc = folded ? plan_make(&p, s, st, fn, true) : 0;
+    if (rc == 0 && folded) rc = plan_run(&p, s, st, false);
+    if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, folded ? p.inv : NULL);
+    /* the parameters have changed: the step is done whatever follows. The unscale pass makes
+       no allocation (the plan holds what it needs; the backends' unscale kernels allocate
+       nothing), so it can only fail with a broken device, and then the step still counts */
+    if (rc == 0) {
+        st->unscaled = st->stepped = true;
+        if (folded) rc = plan_run(&p, s, st, true);
+        plan_free(&p);
+        return mt_api_exit_status(rc);
+    }
+    plan_free(&p);
+    return mt_api_exit_status(undo_if_failed(s, undo, rc));
 }
 
 int mt_grad_scaler_update(mt_grad_scaler *s) {
@@ -540,6 +604,9 @@ int mt_grad_scaler_state_save(mt_grad_scaler *s, mt_state *st, const char *prefi
     int rc = check_state_io(s, st, &prefix, fn);
     if (rc) return rc;
     mt_api_enter();
+    /* into a fresh state first, merged at the end: a failed save leaves the caller's alone */
+    mt_state *dst = st;
+    if (!(st = mt_state_new())) return mt_api_exit_status(mt_last_status());
     const double hp[N_HPARAM] = {s->growth_factor, s->backoff_factor,  s->min_scale,
                                  s->max_scale,     s->growth_interval, s->backoff_after};
     for (int i = 0; i < N_HPARAM && !rc; i++)
@@ -551,6 +618,8 @@ int mt_grad_scaler_state_save(mt_grad_scaler *s, mt_state *st, const char *prefi
     for (int i = 0; i < N_STATE && !rc; i++)
         rc = scaler_put(fn, st, prefix, state_names[i],
                         s->t[SCALE] ? mt_clone(s->t[i]) : mt_scalar(host[i], MT_F32, MT_CPU));
+    if (rc == 0) rc = mt_state_merge(dst, st, fn);
+    mt_state_free(st);
     return mt_api_exit_status(rc);
 }
 
@@ -572,6 +641,10 @@ static mt_tensor *scaler_get(const char *fn, mt_state *st, const char *prefix, c
         return NULL;
     }
     if (t) *value = mt_item(t);
+    if (t && mt_last_status() != MT_OK) { /* the read itself failed (out of memory) */
+        mt_tensor_unref(t);
+        return NULL;
+    }
     return t;
 }
 

@@ -271,7 +271,7 @@ static int cuda_cross_entropy_backward(mt_tensor *grad, const mt_tensor *logits,
 
 /* n arrays (entries for NULL tensors stay absent), or NULL with the error set. */
 static mt_cuda_array *arrays_of(const char *op, mt_tensor *const *ts, int n) {
-    mt_cuda_array *a = calloc((size_t)(n > 0 ? n : 1), sizeof *a);
+    mt_cuda_array *a = mt_heap_calloc((size_t)(n > 0 ? n : 1), sizeof *a);
     if (!a) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory describing %d tensors", op, n);
         return NULL;
@@ -284,15 +284,22 @@ static const float *f32_ptr(const mt_tensor *t) {
     return t ? (const float *)mt_tensor_data(t) : NULL;
 }
 
+/* Allocates nothing: the GradScaler's step runs it after the optimizer has changed the
+   parameters, where an out-of-memory failure could not be undone. The gradients go to the
+   kernels in batches described on the stack. */
 static int cuda_unscale(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
                         mt_tensor *found_inf) {
     mt_cuda_device_ctx *c = ctx_of("unscale", found_inf);
     if (!c) return MT_ERR_DEVICE;
-    mt_cuda_array *g = arrays_of("unscale", grads, n);
-    if (!g) return MT_ERR_OOM;
-    int rc = launched("unscale", mt_cuda_unscale(&c->kctx, g, n, f32_ptr(inv_scale),
+    enum { BATCH = 64 };
+    mt_cuda_array g[BATCH];
+    int rc = 0;
+    for (int off = 0; off < n && rc == 0; off += BATCH) {
+        int m = n - off < BATCH ? n - off : BATCH;
+        for (int i = 0; i < m; i++) mt_cuda_array_of(grads[off + i], &g[i]);
+        rc = launched("unscale", mt_cuda_unscale(&c->kctx, g, m, f32_ptr(inv_scale),
                                                  (float *)mt_tensor_data(found_inf)));
-    free(g);
+    }
     return rc;
 }
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "state_impl.h"
+#include "../tensor/backend.h"
 
 #define META_KEY "__metadata__" /* safetensors' reserved header key */
 
@@ -26,7 +27,7 @@ bool mt_utf8_valid(const char *s) {
 }
 
 mt_state *mt_state_new(void) {
-    mt_state *s = calloc(1, sizeof *s);
+    mt_state *s = mt_heap_calloc(1, sizeof *s);
     if (!s) mt_error_set(MT_ERR_OOM, "mt_state_new: out of memory");
     return s;
 }
@@ -58,10 +59,10 @@ int mt_state_find(const mt_state *s, const char *name) {
 static int grow(void ***a, void ***b, int n, int *cap) {
     if (n < *cap) return 0;
     int nc = *cap ? *cap * 2 : 8;
-    void **na = realloc(*a, (size_t)nc * sizeof *na);
+    void **na = mt_heap_realloc(*a, (size_t)nc * sizeof *na);
     if (!na) return -1;
     *a = na;
-    void **nb = realloc(*b, (size_t)nc * sizeof *nb);
+    void **nb = mt_heap_realloc(*b, (size_t)nc * sizeof *nb);
     if (!nb) return -1;
     *b = nb;
     *cap = nc;
@@ -71,10 +72,68 @@ static int grow(void ***a, void ***b, int n, int *cap) {
 int mt_state_append(mt_state *s, const char *fn, const char *name, mt_tensor *t) {
     char *copy = NULL;
     if (grow((void ***)&s->names, (void ***)&s->tensors, s->n, &s->cap) < 0 ||
-        !(copy = strdup(name)))
+        !(copy = mt_heap_strdup(name)))
         return mt_error_set(MT_ERR_OOM, "%s: out of memory adding entry '%s'", fn, name);
     s->names[s->n] = copy;
     s->tensors[s->n++] = mt_tensor_ref(t);
+    return 0;
+}
+
+/* Makes room for `need` entries in two parallel arrays; 0 or -1 (then only their capacity may
+   have grown, never their contents). */
+static int reserve(void ***a, void ***b, int need, int *cap) {
+    if (need <= *cap) return 0;
+    int nc = *cap ? *cap * 2 : 8;
+    if (nc < need) nc = need;
+    void **na = mt_heap_realloc(*a, (size_t)nc * sizeof *na);
+    if (!na) return -1;
+    *a = na;
+    void **nb = mt_heap_realloc(*b, (size_t)nc * sizeof *nb);
+    if (!nb) return -1;
+    *b = nb;
+    *cap = nc;
+    return 0;
+}
+
+static int meta_find(const mt_state *s, const char *key) {
+    for (int i = 0; i < s->n_meta; i++)
+        if (strcmp(s->meta_keys[i], key) == 0) return i;
+    return -1;
+}
+
+int mt_state_merge(mt_state *dst, mt_state *src, const char *fn) {
+    int add = 0, add_meta = 0;
+    for (int i = 0; i < src->n; i++) add += mt_state_find(dst, src->names[i]) < 0;
+    for (int i = 0; i < src->n_meta; i++) add_meta += meta_find(dst, src->meta_keys[i]) < 0;
+    if (reserve((void ***)&dst->names, (void ***)&dst->tensors, dst->n + add, &dst->cap) < 0 ||
+        reserve((void ***)&dst->meta_keys, (void ***)&dst->meta_values, dst->n_meta + add_meta,
+                &dst->cap_meta) < 0)
+        return mt_error_set(MT_ERR_OOM, "%s: out of memory adding %d entries to the state", fn,
+                            add + add_meta);
+    /* from here on nothing allocates: src's strings and references change hands */
+    for (int i = 0; i < src->n; i++) {
+        int k = mt_state_find(dst, src->names[i]);
+        if (k < 0) {
+            dst->names[dst->n] = src->names[i];
+            dst->tensors[dst->n++] = src->tensors[i];
+            continue;
+        }
+        free(src->names[i]);
+        mt_tensor_unref(dst->tensors[k]);
+        dst->tensors[k] = src->tensors[i];
+    }
+    for (int i = 0; i < src->n_meta; i++) {
+        int k = meta_find(dst, src->meta_keys[i]);
+        if (k < 0) {
+            dst->meta_keys[dst->n_meta] = src->meta_keys[i];
+            dst->meta_values[dst->n_meta++] = src->meta_values[i];
+            continue;
+        }
+        free(src->meta_keys[i]);
+        free(dst->meta_values[k]);
+        dst->meta_values[k] = src->meta_values[i];
+    }
+    src->n = src->n_meta = 0;
     return 0;
 }
 
@@ -140,7 +199,7 @@ const char *mt_state_name(const mt_state *s, int i) {
 int mt_state_meta_put(mt_state *s, const char *fn, const char *key, const char *value) {
     for (int i = 0; i < s->n_meta; i++)
         if (strcmp(s->meta_keys[i], key) == 0) {
-            char *v = strdup(value);
+            char *v = mt_heap_strdup(value);
             if (!v)
                 return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
             free(s->meta_values[i]);
@@ -151,11 +210,11 @@ int mt_state_meta_put(mt_state *s, const char *fn, const char *key, const char *
 }
 
 int mt_state_meta_append(mt_state *s, const char *fn, const char *key, const char *value) {
-    char *v = strdup(value);
+    char *v = mt_heap_strdup(value);
     if (!v) return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
     char *k = NULL;
     if (grow((void ***)&s->meta_keys, (void ***)&s->meta_values, s->n_meta, &s->cap_meta) < 0 ||
-        !(k = strdup(key))) {
+        !(k = mt_heap_strdup(key))) {
         free(v);
         return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
     }
@@ -268,7 +327,7 @@ int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params
     if (!names) return mt_error_set(MT_ERR_NULL, "%s: arg 4: names is NULL", fn);
     if (n < 0) return mt_error_set(MT_ERR_INVALID, "%s: arg 5: n is %d", fn, n);
     if (!prefix) prefix = "";
-    int *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
+    int *idx = mt_heap_alloc((size_t)(n ? n : 1) * sizeof *idx);
     char key[1024];
     if (!idx) return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     int rc = load_into_check(fn, s, prefix, params, names, n, strict, idx, key, sizeof key);
@@ -278,15 +337,27 @@ int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params
     }
     /* Move every source to its parameter's device first, so that a failure there (device
        out of memory) leaves every parameter as it was. */
-    mt_tensor **moved = calloc((size_t)(n ? n : 1), sizeof *moved);
+    mt_tensor **moved = mt_heap_calloc((size_t)(n ? n : 1), sizeof *moved);
     if (!moved) rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     mt_api_enter();
     bool prev = mt_set_grad_enabled(false);
-    for (int i = 0; i < n && !rc; i++)
-        if (idx[i] >= 0 && !(moved[i] = mt_to(s->tensors[idx[i]], params[i]->device)))
-            rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
-    for (int i = 0; i < n && !rc; i++)
-        if (moved[i]) rc = mt_copy(params[i], moved[i]);
+    for (int i = 0; i < n && !rc; i++) {
+        if (idx[i] < 0) continue;
+        mt_tensor *m = mt_to(s->tensors[idx[i]], params[i]->device);
+        if (m && m->storage == params[i]->storage) { /* the parameter itself, or a view of it */
+            mt_tensor *c = mt_clone(m);
+            mt_tensor_unref(m);
+            m = c;
+        }
+        if (!(moved[i] = m)) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    }
+    /* the writes: the backend's copy between tensors of one shape and dtype on one device
+       allocates nothing, so they cannot stop half way */
+    for (int i = 0; i < n && !rc; i++) {
+        if (!moved[i]) continue;
+        rc = mt_backend_get(params[i]->device)->copy(params[i], moved[i]);
+        if (rc == 0) mt_tensor_bump_version(params[i]);
+    }
     mt_set_grad_enabled(prev);
     for (int i = 0; moved && i < n; i++) mt_tensor_unref(moved[i]);
     free(moved);

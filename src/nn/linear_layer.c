@@ -1,6 +1,7 @@
 /* Linear layer: y = act(x W^T + b) with W [out, in], initialised like torch.nn.Linear. */
 #include <math.h>
 #include "init.h"
+#include "../io/state_impl.h"
 
 int mt_linear_layer_init(mt_linear_layer *l, int64_t in, int64_t out, bool bias, mt_dtype dt,
                          mt_device dev) {
@@ -63,10 +64,16 @@ int mt_linear_layer_state_put(mt_linear_layer *l, mt_state *s, const char *prefi
     char key[512];
     if (snprintf(key, sizeof key, "%sweight", prefix) >= (int)sizeof key)
         return mt_error_set(MT_ERR_INVALID, "%s: arg 3: prefix is too long", fn);
-    int rc = mt_state_put(s, key, l->weight);
-    if (rc || !l->bias) return rc;
-    snprintf(key, sizeof key, "%sbias", prefix);
-    return mt_state_put(s, key, l->bias);
+    /* into a fresh state first, merged at the end: a failed put leaves s as it was */
+    mt_state *fresh = mt_state_new();
+    int rc = fresh ? mt_state_put(fresh, key, l->weight) : (int)mt_last_status();
+    if (rc == 0 && l->bias) {
+        snprintf(key, sizeof key, "%sbias", prefix);
+        rc = mt_state_put(fresh, key, l->bias);
+    }
+    if (rc == 0) rc = mt_state_merge(s, fresh, fn);
+    mt_state_free(fresh);
+    return rc;
 }
 
 int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *prefix, bool strict) {

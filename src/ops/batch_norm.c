@@ -155,29 +155,54 @@ static int validate(const bn_call *k) {
     return 0;
 }
 
-/* Records the node; the backend's state goes to it, or is freed when none is recorded. */
-static int record(mt_op_id op, mt_tensor *const *in, const mt_bn_args *a) {
-    int rc = 0;
-    mt_node *node = mt_record(op, bn_backward, in, 4, a->y, &rc);
-    mt_bn_state *st = a->state;
-    bool backend_state = st->state != NULL;
+/* The tape node, made with its saved tensors before the kernel runs: the kernel updates the
+   running statistics in place, so nothing that can fail may come after it. NULL (rc 0) when
+   no gradient is wanted; NULL with *rc MT_ERR_OOM when it cannot be made. */
+static mt_node *prepare_node(mt_op_id op, mt_tensor *const *in, const mt_bn_args *a, int *rc) {
+    *rc = 0;
+    if (!mt_autograd_wanted(in, 4)) return NULL;
+    mt_node *node = mt_node_new(op, bn_backward, in, 4);
     if (!node) {
-        if (backend_state) st->free_fn(st->state);
-        st->state = NULL;
-        return rc;
+        *rc = MT_ERR_OOM;
+        return NULL;
     }
-    if (backend_state) mt_node_set_state(node, st->state, st->free_fn);
-    st->state = NULL;
     node->ints[0] = a->training;
     node->n_ints = 1;
-    rc = mt_node_save(node, 0, a->x);
-    if (!rc && a->weight) rc = mt_node_save(node, 1, a->weight);
-    if (!rc) rc = mt_node_save(node, 2, a->save_mean);
-    if (!rc) rc = mt_node_save(node, 3, a->save_rstd);
-    if (!rc && a->relu) rc = mt_node_save(node, 4, a->y);
-    /* the bias only where the backend's backward reads it (cuDNN's fused backward does) */
-    if (!rc && a->bias && backend_state) rc = mt_node_save(node, 5, a->bias);
-    return rc;
+    int r = mt_node_save(node, 0, a->x);
+    if (!r && a->weight) r = mt_node_save(node, 1, a->weight);
+    if (!r) r = mt_node_save(node, 2, a->save_mean);
+    if (!r) r = mt_node_save(node, 3, a->save_rstd);
+    if (!r && a->relu) r = mt_node_save(node, 4, a->y);
+    /* the bias in case the backend's backward reads it (cuDNN's fused backward does); dropped
+       below when the kernel leaves no backend state */
+    if (!r && a->bias) r = mt_node_save(node, 5, a->bias);
+    if (r) {
+        mt_node_release(node);
+        *rc = mt_error_set(MT_ERR_OOM, "%s: out of memory recording the autograd tape",
+                           mt_op_fullname(op));
+        return NULL;
+    }
+    return node;
+}
+
+/* After the kernel: the node takes the backend's state and becomes y's grad_fn (or, when the
+   kernel failed, is released with the state). */
+static void finish_node(mt_node *node, const mt_bn_args *a, int rc) {
+    mt_bn_state *st = a->state;
+    if (rc || !node) {
+        if (st->state) st->free_fn(st->state);
+        st->state = NULL;
+        if (node) mt_node_release(node);
+        return;
+    }
+    if (st->state) {
+        mt_node_set_state(node, st->state, st->free_fn);
+    } else {
+        mt_tensor_unref(node->saved[5]);
+        node->saved[5] = NULL;
+    }
+    st->state = NULL;
+    mt_node_attach(node, a->y);
 }
 
 static mt_tensor *batch_norm(const bn_call *k) {
@@ -218,12 +243,14 @@ static mt_tensor *batch_norm(const bn_call *k) {
                    : mt_tensor_new(name, x->ndim, x->shape, (mt_dtype)compute, x->device);
         if (!a.y) rc = MT_ERR_OOM;
     }
+    mt_node *node = NULL;
+    if (rc == 0) node = prepare_node(op, d, &a, &rc);
     if (rc == 0) rc = be->batch_norm(&a);
     if (rc == 0 && k->training && k->rm) {
         mt_tensor_bump_version(k->rm);
         mt_tensor_bump_version(k->rv);
     }
-    if (rc == 0) rc = record(op, d, &a);
+    finish_node(node, &a, rc);
     mt_tensor_unref(a.save_mean);
     mt_tensor_unref(a.save_rstd);
     mt_tensor *y = a.y;

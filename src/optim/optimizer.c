@@ -111,7 +111,7 @@ static int check_params(const char *op, mt_tensor *const *params, int n) {
     }
     /* the same tensor twice would be updated twice per step */
     param_ref small[16];
-    param_ref *refs = n <= 16 ? small : malloc((size_t)n * sizeof *refs);
+    param_ref *refs = n <= 16 ? small : mt_heap_alloc((size_t)n * sizeof *refs);
     if (!refs) return mt_error_set(MT_ERR_OOM, "%s: out of memory checking %d parameters", op, n);
     for (int i = 0; i < n; i++) refs[i] = (param_ref){params[i], i};
     qsort(refs, (size_t)n, sizeof *refs, cmp_param_ref);
@@ -192,7 +192,7 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
     bool m1 = c->kind != MT_OPTIM_SGD;
     bool m2 = c->kind == MT_OPTIM_ADAM || c->kind == MT_OPTIM_ADAMW;
 
-    mt_optimizer *o = calloc(1, sizeof *o);
+    mt_optimizer *o = mt_heap_calloc(1, sizeof *o);
     if (!o) goto oom;
     o->n = n;
     o->kind = c->kind;
@@ -205,11 +205,11 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
     o->weight_decay = c->weight_decay;
     o->nesterov = c->nesterov;
     o->multi_precision = c->multi_precision;
-    o->params = calloc((size_t)n, sizeof *o->params);
-    o->grad_buf = calloc((size_t)n, sizeof *o->grad_buf);
-    if (need_masters) o->masters = calloc((size_t)n, sizeof *o->masters);
-    if (m1) o->moment1 = calloc((size_t)n, sizeof *o->moment1);
-    if (m2) o->moment2 = calloc((size_t)n, sizeof *o->moment2);
+    o->params = mt_heap_calloc((size_t)n, sizeof *o->params);
+    o->grad_buf = mt_heap_calloc((size_t)n, sizeof *o->grad_buf);
+    if (need_masters) o->masters = mt_heap_calloc((size_t)n, sizeof *o->masters);
+    if (m1) o->moment1 = mt_heap_calloc((size_t)n, sizeof *o->moment1);
+    if (m2) o->moment2 = mt_heap_calloc((size_t)n, sizeof *o->moment2);
     if (!o->params || !o->grad_buf || (need_masters && !o->masters) || (m1 && !o->moment1) ||
         (m2 && !o->moment2))
         goto oom;
@@ -326,6 +326,68 @@ static int step_check(const char *op, mt_optimizer *o, int i) {
     return 0;
 }
 
+/* Moments appear at the first step that sees the parameter's gradient. All or nothing: they
+   are made first and handed to the optimizer only when every one exists, and taken back
+   (moments_drop) when the step's kernel cannot run, so a step that fails leaves the
+   optimizer as it was. */
+typedef struct {
+    mt_tensor *small[16], **made;
+    size_t n;
+} new_moments;
+
+static bool needs_moment(const mt_optimizer *o, mt_tensor **moments, int i) {
+    return moments && o->grad_buf[i] && !moments[i];
+}
+
+static void moments_free_list(new_moments *nm) {
+    if (nm->made && nm->made != nm->small) free(nm->made);
+    nm->made = NULL;
+}
+
+static int moments_make(const char *op, mt_optimizer *o, new_moments *nm) {
+    mt_tensor **moments[2] = {o->moment1, o->moment2};
+    size_t need = 0;
+    for (int i = 0; i < o->n; i++)
+        for (int k = 0; k < 2; k++) need += needs_moment(o, moments[k], i);
+    nm->n = 0;
+    nm->made = need <= 16 ? nm->small : mt_heap_alloc(need * sizeof *nm->made);
+    if (!nm->made) return mt_error_set(MT_ERR_OOM, "%s: out of memory", op);
+    bool failed = false;
+    for (int i = 0; i < o->n && !failed; i++) {
+        mt_tensor *p = o->params[i];
+        mt_dtype md = p->dtype == MT_F64 ? MT_F64 : MT_F32;
+        for (int k = 0; k < 2 && !failed; k++) {
+            if (!needs_moment(o, moments[k], i)) continue;
+            nm->made[nm->n] = state_zeros(op, p->ndim, p->shape, md, o->device);
+            failed = !nm->made[nm->n];
+            nm->n += !failed;
+        }
+    }
+    if (failed) {
+        for (size_t j = 0; j < nm->n; j++) mt_tensor_unref(nm->made[j]);
+        nm->n = 0;
+        moments_free_list(nm);
+        return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    }
+    size_t m = 0;
+    for (int i = 0; i < o->n; i++)
+        for (int k = 0; k < 2; k++)
+            if (needs_moment(o, moments[k], i)) moments[k][i] = nm->made[m++];
+    return 0;
+}
+
+/* Takes back the moments moments_make handed over (a failure path: linear search is fine). */
+static void moments_drop(mt_optimizer *o, const new_moments *nm) {
+    mt_tensor **moments[2] = {o->moment1, o->moment2};
+    for (size_t j = 0; j < nm->n; j++)
+        for (int i = 0; i < o->n; i++)
+            for (int k = 0; k < 2; k++)
+                if (moments[k] && moments[k][i] == nm->made[j]) {
+                    mt_tensor_unref(moments[k][i]);
+                    moments[k][i] = NULL;
+                }
+}
+
 static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale) {
     static const char op[] = "mt_optimizer_step";
     if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", op);
@@ -344,18 +406,8 @@ static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_
         with_grad += o->grad_buf[i] != NULL;
     }
     if (!with_grad) return 0; /* nothing to update; Adam's step count stays */
-    /* moments appear at the first step that sees the parameter's gradient */
-    for (int i = 0; i < o->n; i++) {
-        mt_tensor *p = o->params[i];
-        if (!o->grad_buf[i]) continue;
-        mt_dtype md = p->dtype == MT_F64 ? MT_F64 : MT_F32;
-        if (o->moment1 && !o->moment1[i] &&
-            !(o->moment1[i] = state_zeros(op, p->ndim, p->shape, md, o->device)))
-            return mt_last_status();
-        if (o->moment2 && !o->moment2[i] &&
-            !(o->moment2[i] = state_zeros(op, p->ndim, p->shape, md, o->device)))
-            return mt_last_status();
-    }
+    new_moments nm = {0};
+    if ((rc = moments_make(op, o, &nm)) < 0) return rc;
     mt_optim_step_args a = {
         .kind = o->kind,
         .n = o->n,
@@ -376,12 +428,16 @@ static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_
         .nesterov = o->nesterov,
     };
     rc = mt_backend_get(o->device)->optim_step(&a);
+    if (rc < 0) moments_drop(o, &nm); /* nothing was updated (backend.h: optim_step) */
+    moments_free_list(&nm);
     /* an in-place update: saved copies of the parameters in a pending graph become stale.
        Bumped even when found_inf made the kernel skip (the host does not read the flag). */
     for (int i = 0; i < o->n; i++) {
         if (!o->grad_buf[i]) continue;
-        mt_tensor_bump_version(o->params[i]);
-        if (o->masters && o->masters[i]) mt_tensor_bump_version(o->masters[i]);
+        if (rc >= 0) {
+            mt_tensor_bump_version(o->params[i]);
+            if (o->masters && o->masters[i]) mt_tensor_bump_version(o->masters[i]);
+        }
         o->grad_buf[i] = NULL;
     }
     return rc < 0 ? rc : 0;

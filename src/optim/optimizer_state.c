@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "optimizer_impl.h"
+#include "../io/state_impl.h"
 
 static const char *const kind_names[] = {"sgd", "momentum", "adam", "adamw"};
 
@@ -97,7 +98,11 @@ int mt_optimizer_state_save(mt_optimizer *o, mt_state *s, const char *prefix) {
     if (!s) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
     mt_api_enter();
     bool prev = mt_set_grad_enabled(false);
-    int rc = save_body(fn, o, s, prefix ? prefix : "");
+    /* into a fresh state first, merged at the end: a failed save leaves s as it was */
+    mt_state *fresh = mt_state_new();
+    int rc = fresh ? save_body(fn, o, fresh, prefix ? prefix : "") : (int)mt_last_status();
+    if (rc == 0) rc = mt_state_merge(s, fresh, fn);
+    mt_state_free(fresh);
     mt_set_grad_enabled(prev);
     return mt_api_exit_status(rc);
 }
@@ -220,11 +225,17 @@ static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char
         mt_tensor_unref(t);
     }
     for (int k = 0; k < ns && !rc; k++) {
-        if (!(pd->fresh[k] = calloc((size_t)o->n, sizeof *pd->fresh[k])))
+        if (!(pd->fresh[k] = mt_heap_calloc((size_t)o->n, sizeof *pd->fresh[k])))
             rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
         for (int i = 0; i < o->n && !rc; i++)
             rc = load_slot(fn, o, s, prefix, i, &sl[k], &pd->fresh[k][i]);
     }
+    return rc;
+}
+
+static int install_copy(mt_tensor *dst, const mt_tensor *src) {
+    int rc = mt_backend_get(dst->device)->copy(dst, src);
+    if (rc == 0) mt_tensor_bump_version(dst);
     return rc;
 }
 
@@ -240,12 +251,14 @@ int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix) {
     int nh = hparams_of(o, h), ns = slots_of(o, sl);
     pending pd = {0};
     int rc = load_prepare(fn, o, s, prefix, &pd, h, nh, sl, ns);
-    /* everything is made: install it (masters and the step count keep their identity) */
-    if (!rc && pd.step) rc = mt_copy(o->step_count, pd.step);
+    /* everything is made: install it (masters and the step count keep their identity). The
+       copies are the backend's own, between tensors of one shape, dtype and device, which
+       allocate nothing, so the install cannot stop half way */
+    if (!rc && pd.step) rc = install_copy(o->step_count, pd.step);
     for (int k = 0; k < ns && !rc; k++)
         for (int i = 0; i < o->n && !rc; i++) {
             if (sl[k].arr == o->masters) {
-                if (o->masters[i]) rc = mt_copy(o->masters[i], pd.fresh[k][i]);
+                if (o->masters[i]) rc = install_copy(o->masters[i], pd.fresh[k][i]);
                 continue;
             }
             mt_tensor_unref(sl[k].arr[i]);

@@ -188,10 +188,16 @@ typedef struct mt_backend {
     int (*has_nonfinite)(const mt_tensor *t, bool *out);
     /* --- multi-tensor kernels for amp and optim */
     /* g *= inv_scale for every tensor, in place; found_inf := 1 if any element of any g is
-       inf/nan (it is never cleared here). One pass. */
+       inf/nan (it is never cleared here). One pass.
+       Allocates nothing: the GradScaler's step runs it after the optimizer has changed the
+       parameters, where a failure could not be undone. */
     int (*unscale)(mt_tensor *const *grads, int n, const mt_tensor *inv_scale,
                    mt_tensor *found_inf);
     int (*scale_update)(const mt_scale_update_args *a);
+    /* Whatever can fail for want of memory happens before the first parameter changes, so
+       an out-of-memory error means nothing was updated (the optimizer then takes back the
+       moments it made for this step); only a failed launch, on a broken device, can stop
+       it half way. */
     int (*optim_step)(const mt_optim_step_args *a);
     /* out (F32 0-d) = sum over tensors of sum(x^2), FP32 accumulation */
     int (*sq_norm)(mt_tensor *const *ts, int n, mt_tensor *out);
