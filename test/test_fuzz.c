@@ -6,8 +6,10 @@
    that requires grad is then backpropagated under the same rule. A call that fails must
    leave its operands' values as they were (batch norm's running statistics included).
    Nothing may crash (the ASan and UBSan builds run this too), leak (the fixture counts live
-   tensors and bytes) or leave an autocast region open. The generator is seeded, and a
-   failure names the seed, the call and its operands, so a case replays exactly. */
+   tensors and bytes) or leave an autocast region open. One call in four (and one backward
+   in four) has one of its first allocations fail (mt_debug_fail_nth_alloc), under the same
+   rules. The generator is seeded, and a failure names the seed, the call and its operands,
+   so a case replays exactly. */
 #include "test_util.h"
 
 typedef struct {
@@ -444,12 +446,21 @@ static void fuzz_run(uint64_t seed, int steps) {
         if (autocast)
             mt_autocast_begin(rng_chance(&r, 50) ? MT_F16 : MT_BF16,
                               rng_chance(&r, 50) ? MT_AMP_O1 : MT_AMP_O2);
+        /* one call in four runs out of memory at one of its first allocations (a failure
+           the call must report, or recover from, under the same rules) */
+        bool inject = rng_chance(&r, 25);
+        if (inject) mt_debug_fail_nth_alloc(rng_int(&r, 1, 12));
         const char *name = "?";
         mt_tensor *y = call_op(&r, k, a, b, c, &name);
+        bool injected = inject && !mt_debug_fail_nth_alloc(0);
         if (autocast) mt_autocast_end();
         /* a NULL first operand is "NULL in, NULL out" with no error of its own */
         if (a || y) check_outcome(&fc, name, y == NULL);
         mt_clear_error();
+        /* a device kernel may have run before the allocation that failed, and found a bad
+           index in the data: that error is true, and the next sync reports it */
+        if (injected && !y)
+            check_outcome(&fc, "mt_synchronize", mt_synchronize(mt_test_device()) != 0);
         if (!y) {
             check_unchanged(&fc, name, a, va, na, 'a');
             check_unchanged(&fc, name, b, vb, nb, 'b');
@@ -460,7 +471,10 @@ static void fuzz_run(uint64_t seed, int steps) {
             free(vc);
         }
         if (y && mt_requires_grad(y) && mt_dtype_is_floating(mt_dtype_of(y))) {
-            int rc = mt_backward(mt_sum_all(y), NULL);
+            mt_tensor *root = mt_sum_all(y);
+            if (rng_chance(&r, 25)) mt_debug_fail_nth_alloc(rng_int(&r, 1, 12));
+            int rc = mt_backward(root, NULL);
+            mt_debug_fail_nth_alloc(0);
             check_outcome(&fc, "mt_backward", rc != 0);
         }
         /* an error a device kernel found in the data (a label out of range) is reported
