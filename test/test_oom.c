@@ -541,6 +541,62 @@ static int call_file(oom_ctx *c) {
     return c->state ? 0 : (int)mt_last_status();
 }
 
+/* every layer kind made and run once (a failure frees what the call made) */
+typedef struct {
+    mt_linear_layer fc;
+    mt_batch_norm2d_layer bn;
+    mt_layer_norm_layer ln;
+    mt_embedding_layer emb;
+    mt_dropout_layer drop;
+} layers;
+
+static void layers_free(layers *l) {
+    mt_linear_layer_free(&l->fc);
+    mt_batch_norm2d_layer_free(&l->bn);
+    mt_layer_norm_layer_free(&l->ln);
+    mt_embedding_layer_free(&l->emb);
+}
+
+static int layers_run(oom_ctx *c, layers *l) {
+    mt_device dev = mt_test_device();
+    int64_t ln_shape[1] = {4};
+    int rc = mt_linear_layer_init(&l->fc, 4, 3, true, MT_F32, dev);
+    if (!rc) rc = mt_batch_norm2d_layer_init(&l->bn, 2, MT_F32, dev);
+    if (!rc) rc = mt_layer_norm_layer_init(&l->ln, 1, ln_shape, true, MT_F32, dev);
+    if (!rc) rc = mt_embedding_layer_init(&l->emb, 5, 4, MT_F32, dev);
+    if (!rc) rc = mt_dropout_layer_init(&l->drop, 0.5);
+    if (rc) return rc;
+    mt_scope_begin();
+    mt_tensor *e = mt_embedding_layer_forward(&l->emb, c->labels); /* [4, 4] */
+    mt_tensor *h = mt_layer_norm_layer_forward(&l->ln, e);         /* [4, 4] */
+    h = mt_dropout_layer_forward(&l->drop, h);                     /* [4, 4] */
+    mt_tensor *y = mt_linear_layer_forward(&l->fc, h);             /* [4, 3] */
+    mt_tensor *img =
+        y ? mt_reshape(mt_contiguous(mt_narrow(y, 1, 0, 2)), 4, (int64_t[]){1, 2, 2, 2}) : NULL;
+    mt_tensor *b = img ? mt_batch_norm2d_layer_forward(&l->bn, img) : NULL;
+    return backward_of(b ? mt_sum_all(b) : NULL);
+}
+
+static void setup_layers(oom_ctx *c) {
+    c->labels = labels_of(4, 5);
+}
+
+static int call_layers(oom_ctx *c) {
+    mt_manual_seed(19);
+    layers l = {0};
+    int rc = layers_run(c, &l);
+    if (rc == 0) { /* the results: every parameter, its gradient, the running statistics */
+        watch(c, mt_retain(l.fc.weight));
+        watch(c, mt_retain(l.emb.weight));
+        watch(c, mt_retain(l.ln.weight));
+        watch(c, mt_retain(l.bn.weight));
+        watch(c, mt_retain(l.bn.running_mean));
+        watch(c, mt_retain(l.bn.running_var));
+    }
+    layers_free(&l);
+    return rc;
+}
+
 static const scenario scenarios[] = {
     {"mlp forward and backward", setup_mlp, call_mlp, NULL, 0, false},
     {"mlp under autocast BF16", setup_mlp, call_mlp, NULL, 1, false},
@@ -573,6 +629,7 @@ static const scenario scenarios[] = {
     {"scaler state load", setup_saved, call_state_load, call_minimize, 1, false},
     {"conv2d layer init", setup_seed, call_conv_init, NULL, 0, false},
     {"linear layer state put", setup_linear, call_linear_put, NULL, 0, false},
+    {"every layer made, run forward and backward", setup_layers, call_layers, NULL, 0, false},
     {"state load into parameters", setup_load_into, call_load_into, NULL, 0, false},
     {"state save to a file", setup_file, call_file, NULL, 0, false},
     {"state load from a file", setup_file, call_file, NULL, 1, false},

@@ -55,30 +55,6 @@ int mt_state_find(const mt_state *s, const char *name) {
     return -1;
 }
 
-/* Grows two parallel arrays to hold one more entry; 0 or -1 (nothing changed). */
-static int grow(void ***a, void ***b, int n, int *cap) {
-    if (n < *cap) return 0;
-    int nc = *cap ? *cap * 2 : 8;
-    void **na = mt_heap_realloc(*a, (size_t)nc * sizeof *na);
-    if (!na) return -1;
-    *a = na;
-    void **nb = mt_heap_realloc(*b, (size_t)nc * sizeof *nb);
-    if (!nb) return -1;
-    *b = nb;
-    *cap = nc;
-    return 0;
-}
-
-int mt_state_append(mt_state *s, const char *fn, const char *name, mt_tensor *t) {
-    char *copy = NULL;
-    if (grow((void ***)&s->names, (void ***)&s->tensors, s->n, &s->cap) < 0 ||
-        !(copy = mt_heap_strdup(name)))
-        return mt_error_set(MT_ERR_OOM, "%s: out of memory adding entry '%s'", fn, name);
-    s->names[s->n] = copy;
-    s->tensors[s->n++] = mt_tensor_ref(t);
-    return 0;
-}
-
 /* Makes room for `need` entries in two parallel arrays; 0 or -1 (then only their capacity may
    have grown, never their contents). */
 static int reserve(void ***a, void ***b, int need, int *cap) {
@@ -92,6 +68,16 @@ static int reserve(void ***a, void ***b, int need, int *cap) {
     if (!nb) return -1;
     *b = nb;
     *cap = nc;
+    return 0;
+}
+
+int mt_state_append(mt_state *s, const char *fn, const char *name, mt_tensor *t) {
+    char *copy = NULL;
+    if (reserve((void ***)&s->names, (void ***)&s->tensors, s->n + 1, &s->cap) < 0 ||
+        !(copy = mt_heap_strdup(name)))
+        return mt_error_set(MT_ERR_OOM, "%s: out of memory adding entry '%s'", fn, name);
+    s->names[s->n] = copy;
+    s->tensors[s->n++] = mt_tensor_ref(t);
     return 0;
 }
 
@@ -213,7 +199,8 @@ int mt_state_meta_append(mt_state *s, const char *fn, const char *key, const cha
     char *v = mt_heap_strdup(value);
     if (!v) return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
     char *k = NULL;
-    if (grow((void ***)&s->meta_keys, (void ***)&s->meta_values, s->n_meta, &s->cap_meta) < 0 ||
+    if (reserve((void ***)&s->meta_keys, (void ***)&s->meta_values, s->n_meta + 1, &s->cap_meta) <
+            0 ||
         !(k = mt_heap_strdup(key))) {
         free(v);
         return mt_error_set(MT_ERR_OOM, "%s: out of memory storing metadata '%s'", fn, key);
