@@ -224,43 +224,53 @@ static mt_tensor *train_step(const mode_spec *m, mt_linear_layer *layers, mt_opt
     return loss;
 }
 
-static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor **ys, result *r) {
-    int64_t tensors_before = mt_live_tensors();
-    mt_peak_bytes_reset();
-    mt_memory_peak_reset(c->dev);
-    mt_memory_stats ms0 = {0};
-    /* Before the model exists the device holds the data set alone. */
-    if (mt_memory_stats_get(c->dev, &ms0) < 0) check("mt_memory_stats_get");
-    r->data_bytes = ms0.live_bytes;
-    int64_t rss0 = maxrss_bytes();
-
-    mt_manual_seed(c->seed + 1); /* the same initial weights in every mode */
-    mt_linear_layer layers[N_LAYERS] = {0};
+/* One mode's model: the layers, their parameters, the optimizer and the mode's scaler and
+   data-parallel wrapper. */
+typedef struct {
+    mt_linear_layer layers[N_LAYERS];
     mt_tensor *params[2 * N_LAYERS];
+    mt_optimizer *opt;
+    mt_grad_scaler *scaler;
+    mt_ddp *ddp;
+} model;
+
+static void model_make(model *md, const config *c, const mode_spec *m, result *r) {
+    *md = (model){0};
+    mt_manual_seed(c->seed + 1); /* the same initial weights in every mode */
     for (int i = 0; i < N_LAYERS; i++) {
-        mt_linear_layer_init(&layers[i], c->hidden, c->hidden, true, MT_F32, c->dev);
+        mt_linear_layer_init(&md->layers[i], c->hidden, c->hidden, true, MT_F32, c->dev);
         check("mt_linear_layer_init");
-        params[2 * i] = layers[i].weight;
-        params[2 * i + 1] = layers[i].bias;
+        md->params[2 * i] = md->layers[i].weight;
+        md->params[2 * i + 1] = md->layers[i].bias;
     }
     if (m->master_weights) {
-        mt_amp_decorate(params, 2 * N_LAYERS, m->low, NULL);
+        mt_amp_decorate(md->params, 2 * N_LAYERS, m->low, NULL);
         check("mt_amp_decorate");
     }
-    mt_optimizer *opt =
-        mt_sgd_new(params, 2 * N_LAYERS,
-                   &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = m->master_weights});
+    md->opt = mt_sgd_new(md->params, 2 * N_LAYERS,
+                         &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = m->master_weights});
     check("mt_sgd_new");
-    mt_grad_scaler *scaler = NULL;
     if (m->scaler) {
-        scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
+        md->scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 1024});
         check("mt_grad_scaler_new");
     }
-    mt_ddp *ddp = c->ddp ? sample_ddp_new(params, 2 * N_LAYERS, &c->ddp_opts, scaler, &r->trace,
-                                          c->steps * c->epochs)
-                         : NULL;
+    if (c->ddp)
+        md->ddp = sample_ddp_new(md->params, 2 * N_LAYERS, &c->ddp_opts, md->scaler, &r->trace,
+                                 c->steps * c->epochs);
+}
 
-    long start = c->resume_path ? checkpoint_load(c->resume_path, c, m, layers, opt, scaler) : 0;
+static void model_free(model *md) {
+    mt_ddp_free(md->ddp);
+    mt_grad_scaler_free(md->scaler);
+    mt_optimizer_free(md->opt);
+    for (int i = 0; i < N_LAYERS; i++) mt_linear_layer_free(&md->layers[i]);
+}
+
+/* The training steps, from batch `start` on: the time of the steps after the warm-up (and,
+   on the CPU, each step's own time, for the median), the host waits they made and the last
+   loss. */
+static void run_steps(const config *c, const mode_spec *m, model *md, long start, mt_tensor **xs,
+                      mt_tensor **ys, result *r) {
     int total = c->steps * c->epochs;
     /* On the CPU every op has finished when it returns, so single steps can be timed too; their
        median shrugs off the odd step slowed by another process. On a GPU a step's ops return
@@ -284,8 +294,8 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         double ts = now_s();
         mt_scope_begin();
         int b = (int)((start + s) % c->steps); /* a resumed run continues the batch order */
-        mt_tensor *loss = train_step(m, layers, opt, scaler, ddp, s >= c->warmup ? &r->trace : NULL,
-                                     xs[b], ys[b]);
+        mt_tensor *loss = train_step(m, md->layers, md->opt, md->scaler, md->ddp,
+                                     s >= c->warmup ? &r->trace : NULL, xs[b], ys[b]);
         if (!loss && mt_last_status() == MT_OK) {
             fprintf(stderr,
                     "simplenet_amp: %s step %d: the forward pass returned no loss and "
@@ -318,7 +328,25 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
         r->ms_median = n % 2 ? timed[n / 2] : 0.5 * (timed[n / 2 - 1] + timed[n / 2]);
         free(step_ms);
     }
-    r->skipped = scaler ? mt_grad_scaler_skipped_steps(scaler) : 0;
+}
+
+static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor **ys, result *r) {
+    int64_t tensors_before = mt_live_tensors();
+    mt_peak_bytes_reset();
+    mt_memory_peak_reset(c->dev);
+    mt_memory_stats ms0 = {0};
+    /* Before the model exists the device holds the data set alone. */
+    if (mt_memory_stats_get(c->dev, &ms0) < 0) check("mt_memory_stats_get");
+    r->data_bytes = ms0.live_bytes;
+    int64_t rss0 = maxrss_bytes();
+
+    model md;
+    model_make(&md, c, m, r);
+    long start =
+        c->resume_path ? checkpoint_load(c->resume_path, c, m, md.layers, md.opt, md.scaler) : 0;
+    run_steps(c, m, &md, start, xs, ys, r);
+
+    r->skipped = md.scaler ? mt_grad_scaler_skipped_steps(md.scaler) : 0;
     check("mt_grad_scaler_skipped_steps");
     mt_memory_stats ms1 = {0};
     if (mt_memory_stats_get(c->dev, &ms1) < 0) check("mt_memory_stats_get");
@@ -327,15 +355,13 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     r->peak_bytes_all = mt_peak_bytes();
     r->rss_delta_bytes = maxrss_bytes() - rss0;
 
-    if (c->save_path) checkpoint_save(c->save_path, m, layers, opt, scaler, start + total);
-    if (ddp) mt_ddp_stats_get(ddp, &r->ddp);
-    r->checksum = param_checksum(params, 2 * N_LAYERS);
+    if (c->save_path)
+        checkpoint_save(c->save_path, m, md.layers, md.opt, md.scaler,
+                        start + c->steps * c->epochs);
+    if (md.ddp) mt_ddp_stats_get(md.ddp, &r->ddp);
+    r->checksum = param_checksum(md.params, 2 * N_LAYERS);
     check("the parameter checksum");
-
-    mt_ddp_free(ddp);
-    mt_grad_scaler_free(scaler);
-    mt_optimizer_free(opt);
-    for (int i = 0; i < N_LAYERS; i++) mt_linear_layer_free(&layers[i]);
+    model_free(&md);
     warn_live_tensors(m->name, tensors_before);
 }
 
@@ -358,42 +384,87 @@ static void print_json(const config *c, const mode_spec *m, result *r) {
     print_json_checksum_end(r->checksum);
 }
 
+/* Random inputs and targets, made once: every mode trains on the same data. They are made on
+   the CPU so that every device sees the same numbers; each rank draws its own batches. */
+static void make_data(const config *c, mt_tensor ***xs, mt_tensor ***ys) {
+    mt_manual_seed(c->seed + (uint64_t)mt_dist_rank());
+    *xs = calloc((size_t)c->steps, sizeof **xs);
+    *ys = calloc((size_t)c->steps, sizeof **ys);
+    if (!*xs || !*ys) {
+        fprintf(stderr, "simplenet_amp: out of memory\n");
+        exit(1);
+    }
+    for (int b = 0; b < c->steps; b++) {
+        mt_tensor *x = mt_randn(MT_SHAPE(c->batch, c->hidden), MT_F32, MT_CPU);
+        mt_tensor *y = mt_randn(MT_SHAPE(c->batch, c->hidden), MT_F32, MT_CPU);
+        (*xs)[b] = mt_to(x, c->dev);
+        (*ys)[b] = mt_to(y, c->dev);
+        mt_release(x);
+        mt_release(y);
+        check("making the data");
+    }
+}
+
+static void free_data(const config *c, mt_tensor **xs, mt_tensor **ys) {
+    for (int b = 0; b < c->steps; b++) {
+        mt_release(xs[b]);
+        mt_release(ys[b]);
+    }
+    free(xs);
+    free(ys);
+}
+
+static void print_table_header(const config *c) {
+    if (c->ddp) print_ddp_header(c->batch, &c->ddp_opts);
+    printf("SimpleNet: 3 x Linear(%lld, %lld), ReLU, MSE loss; SGD lr 1e-4; batch %lld; "
+           "%d batches x %d epochs on %s (%d threads)\n",
+           (long long)c->hidden, (long long)c->hidden, (long long)c->batch, c->steps, c->epochs,
+           device_name(c->dev), mt_get_num_threads());
+    printf("%-28s %10s %12s %9s %10s %8s %10s\n", "mode", "ms/step", "final loss", "speedup",
+           "peak MiB", "skipped", "syncs/step");
+    fflush(stdout);
+}
+
+static void print_table_row(const config *c, const mode_spec *m, result *r, double fp32_ms) {
+    char speedup[32] = "-";
+    if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r->ms_per_step);
+    printf("%-28s %10.2f %12.7g %9s %10.1f %8lld %10.2f\n", m->label, r->ms_per_step, r->loss,
+           speedup, (double)r->peak_bytes / (1 << 20), (long long)r->skipped,
+           (double)r->host_syncs / r->timed_steps);
+    if (c->ddp) {
+        printf("  %d buckets: %lld all-reduce calls per step (%lld started during backward), "
+               "param checksum %.9g\n"
+               "  median step (ms from the start of backward, progress %s): ",
+               r->ddp.buckets, (long long)r->ddp.allreduce_calls,
+               (long long)r->ddp.started_in_backward, r->checksum,
+               progress_name(c->ddp_opts.progress));
+        print_ddp_trace_text(&r->trace);
+    }
+    fflush(stdout);
+}
+
+static void print_table_footer(const config *c, int64_t data_bytes) {
+    printf("ms/step excludes the first %d (warm-up) step(s)%s; peak MiB is the %s's peak "
+           "(mt_memory_stats_get) during the mode, including the %.1f MiB data set; "
+           "syncs/step: host waits for the device per timed step (mt_host_sync_count).\n",
+           c->warmup,
+           c->dev.type == MT_DEVICE_CPU ? "" : ", timed between two mt_synchronize calls",
+           c->dev.type == MT_DEVICE_CPU ? "host" : "GPU", (double)data_bytes / (1 << 20));
+    if (c->dev.type == MT_DEVICE_CPU)
+        printf("On a CPU, FP16 is a storage format computed in FP32 registers (less memory "
+               "traffic, no faster math); BF16 GEMMs run natively through oneDNN where the "
+               "CPU has AVX512-BF16/AMX.\n");
+}
+
 int main(int argc, char **argv) {
     config c;
     parse_args(argc, argv, &c);
     sample_init(c.threads, c.ddp);
     /* --ddp: only rank 0 prints the table (with --json every rank prints its lines) */
-    bool quiet = !c.json && mt_dist_rank() != 0;
-
-    /* Random inputs and targets, made once: every mode trains on the same data. They are made
-       on the CPU so that every device sees the same numbers. */
-    mt_manual_seed(c.seed + (uint64_t)mt_dist_rank()); /* each rank its own batches */
-    mt_tensor **xs = calloc((size_t)c.steps, sizeof *xs);
-    mt_tensor **ys = calloc((size_t)c.steps, sizeof *ys);
-    if (!xs || !ys) {
-        fprintf(stderr, "simplenet_amp: out of memory\n");
-        return 1;
-    }
-    for (int b = 0; b < c.steps; b++) {
-        mt_tensor *x = mt_randn(MT_SHAPE(c.batch, c.hidden), MT_F32, MT_CPU);
-        mt_tensor *y = mt_randn(MT_SHAPE(c.batch, c.hidden), MT_F32, MT_CPU);
-        xs[b] = mt_to(x, c.dev);
-        ys[b] = mt_to(y, c.dev);
-        mt_release(x);
-        mt_release(y);
-        check("making the data");
-    }
-
-    if (!c.json && !quiet) {
-        if (c.ddp) print_ddp_header(c.batch, &c.ddp_opts);
-        printf("SimpleNet: 3 x Linear(%lld, %lld), ReLU, MSE loss; SGD lr 1e-4; batch %lld; "
-               "%d batches x %d epochs on %s (%d threads)\n",
-               (long long)c.hidden, (long long)c.hidden, (long long)c.batch, c.steps, c.epochs,
-               device_name(c.dev), mt_get_num_threads());
-        printf("%-28s %10s %12s %9s %10s %8s %10s\n", "mode", "ms/step", "final loss", "speedup",
-               "peak MiB", "skipped", "syncs/step");
-        fflush(stdout);
-    }
+    bool table = !c.json && mt_dist_rank() == 0;
+    mt_tensor **xs, **ys;
+    make_data(&c, &xs, &ys);
+    if (table) print_table_header(&c);
     double fp32_ms = NAN;
     int64_t data_bytes = 0;
     for (int k = 0; k < N_MODES; k++) {
@@ -402,51 +473,12 @@ int main(int argc, char **argv) {
         train(&c, &MODES[k], xs, ys, &r);
         if (k == 0) fp32_ms = r.ms_per_step;
         data_bytes = r.data_bytes;
-        if (c.json) {
-            print_json(&c, &MODES[k], &r);
-            ddp_trace_free(&r.trace);
-            continue;
-        }
-        if (quiet) {
-            ddp_trace_free(&r.trace);
-            continue;
-        }
-        char speedup[32] = "-";
-        if (isfinite(fp32_ms)) snprintf(speedup, sizeof speedup, "%.2fx", fp32_ms / r.ms_per_step);
-        printf("%-28s %10.2f %12.7g %9s %10.1f %8lld %10.2f\n", MODES[k].label, r.ms_per_step,
-               r.loss, speedup, (double)r.peak_bytes / (1 << 20), (long long)r.skipped,
-               (double)r.host_syncs / r.timed_steps);
-        if (c.ddp) {
-            printf("  %d buckets: %lld all-reduce calls per step (%lld started during backward), "
-                   "param checksum %.9g\n"
-                   "  median step (ms from the start of backward, progress %s): ",
-                   r.ddp.buckets, (long long)r.ddp.allreduce_calls,
-                   (long long)r.ddp.started_in_backward, r.checksum,
-                   progress_name(c.ddp_opts.progress));
-            print_ddp_trace_text(&r.trace);
-        }
+        if (c.json) print_json(&c, &MODES[k], &r);
+        if (table) print_table_row(&c, &MODES[k], &r, fp32_ms);
         ddp_trace_free(&r.trace);
-        fflush(stdout);
     }
-    if (!c.json && !quiet) {
-        printf("ms/step excludes the first %d (warm-up) step(s)%s; peak MiB is the %s's peak "
-               "(mt_memory_stats_get) during the mode, including the %.1f MiB data set; "
-               "syncs/step: host waits for the device per timed step (mt_host_sync_count).\n",
-               c.warmup,
-               c.dev.type == MT_DEVICE_CPU ? "" : ", timed between two mt_synchronize calls",
-               c.dev.type == MT_DEVICE_CPU ? "host" : "GPU", (double)data_bytes / (1 << 20));
-        if (c.dev.type == MT_DEVICE_CPU)
-            printf("On a CPU, FP16 is a storage format computed in FP32 registers (less memory "
-                   "traffic, no faster math); BF16 GEMMs run natively through oneDNN where the "
-                   "CPU has AVX512-BF16/AMX.\n");
-    }
-
-    for (int b = 0; b < c.steps; b++) {
-        mt_release(xs[b]);
-        mt_release(ys[b]);
-    }
-    free(xs);
-    free(ys);
+    if (table) print_table_footer(&c, data_bytes);
+    free_data(&c, xs, ys);
     if (c.ddp && mt_dist_finalize() < 0) check("mt_dist_finalize");
     return 0;
 }
