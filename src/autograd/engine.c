@@ -289,79 +289,88 @@ static int leaf_contribution_done(pending_table *t, mt_tensor *leaf) {
     return rc ? rc : mt_grad_hooks_fire(leaf);
 }
 
-static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
-    if (!root->grad_fn) {
-        int rc = accumulate_leaf(root, mt_tensor_ref(seed));
-        return rc == 0 && root->hooks ? mt_grad_hooks_fire(root) : rc;
-    }
-
-    /* 1. every node reachable from the root, and its number of consumers */
-    static atomic_uint_fast64_t visit_counter;
-    uint64_t mark = atomic_fetch_add(&visit_counter, 1) + 1;
-    node_list all, ready;
-    list_init(&all);
-    list_init(&ready);
-    int rc = list_push(&all, root->grad_fn);
-    root->grad_fn->deps = 0;
-    root->grad_fn->visit_mark = mark;
-    size_t leaf_edges = 0;
-    for (size_t i = 0; rc == 0 && i < all.len; i++) {
-        mt_node *n = all.items[i];
+/* 1. Every node reachable from the root into `all`, each with its number of consumers
+   (deps), and how many leaf edges there are (the pending table's size). */
+static int collect_graph(mt_node *root_fn, uint64_t mark, node_list *all, size_t *leaf_edges) {
+    int rc = list_push(all, root_fn);
+    root_fn->deps = 0;
+    root_fn->visit_mark = mark;
+    *leaf_edges = 0;
+    for (size_t i = 0; rc == 0 && i < all->len; i++) {
+        mt_node *n = all->items[i];
         for (int e = 0; e < n->n_inputs && rc == 0; e++) {
-            leaf_edges += n->edges[e].leaf != NULL;
+            *leaf_edges += n->edges[e].leaf != NULL;
             count_hooked_leaf(n, e, mark);
             mt_node *m = n->edges[e].fn;
             if (!m) continue;
             if (m->visit_mark != mark) {
                 m->visit_mark = mark;
                 m->deps = 0;
-                rc = list_push(&all, m);
+                rc = list_push(all, m);
             }
             m->deps++;
         }
     }
+    return rc;
+}
+
+/* 2. One node: its backward on the gradient it gathered, whose results go to the leaves'
+   pending sums or to the next nodes (which become ready when their last consumer is done). */
+static int run_node(mt_node *n, pending_table *pending, node_list *ready, bool retain) {
+    mt_tensor *g = n->grad_acc;
+    n->grad_acc = NULL;
+    int rc = check_saved(n);
+    mt_tensor *grad_in_small[8] = {0};
+    mt_tensor **grad_in =
+        n->n_inputs <= 8 ? grad_in_small : mt_heap_calloc((size_t)n->n_inputs, sizeof *grad_in);
+    if (!grad_in) rc = mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
+    if (rc == 0 && g) {
+        mt_api_set_backward_op(mt_op_name(n->op));
+        rc = n->backward(n, g, grad_in);
+        mt_api_set_backward_op(NULL);
+        if (rc > 0) rc = MT_ERR_INTERNAL;
+    }
+    mt_tensor_unref(g);
+    for (int i = 0; i < n->n_inputs; i++) {
+        mt_tensor *gi = grad_in ? grad_in[i] : NULL;
+        if (rc != 0 || !mt_node_needs(n, i)) {
+            mt_tensor_unref(gi);
+            continue;
+        }
+        if (n->edges[i].leaf) {
+            if (gi) rc = pending_add(pending, n->edges[i].leaf, gi);
+            if (rc == 0) rc = leaf_contribution_done(pending, n->edges[i].leaf);
+        } else {
+            mt_node *m = n->edges[i].fn;
+            if (gi) rc = accumulate(&m->grad_acc, gi);
+            if (--m->deps == 0 && rc == 0) rc = list_push(ready, m);
+        }
+    }
+    if (grad_in && grad_in != grad_in_small) free(grad_in);
+    if (!retain && rc == 0) free_saved(n);
+    return rc;
+}
+
+static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
+    if (!root->grad_fn) {
+        int rc = accumulate_leaf(root, mt_tensor_ref(seed));
+        return rc == 0 && root->hooks ? mt_grad_hooks_fire(root) : rc;
+    }
+    static atomic_uint_fast64_t visit_counter;
+    uint64_t mark = atomic_fetch_add(&visit_counter, 1) + 1;
+    node_list all, ready;
+    list_init(&all);
+    list_init(&ready);
+    size_t leaf_edges = 0;
+    int rc = collect_graph(root->grad_fn, mark, &all, &leaf_edges);
     pending_table pending = {0};
     if (rc == 0) rc = pending_init(&pending, leaf_edges);
     /* 2. Kahn's order from the root */
-    mt_node *root_fn = root->grad_fn;
     if (rc == 0) {
-        root_fn->grad_acc = mt_tensor_ref(seed);
-        rc = list_push(&ready, root_fn);
+        root->grad_fn->grad_acc = mt_tensor_ref(seed);
+        rc = list_push(&ready, root->grad_fn);
     }
-    while (rc == 0 && ready.len) {
-        mt_node *n = ready.items[--ready.len];
-        mt_tensor *g = n->grad_acc;
-        n->grad_acc = NULL;
-        rc = check_saved(n);
-        mt_tensor *grad_in_small[8] = {0};
-        mt_tensor **grad_in =
-            n->n_inputs <= 8 ? grad_in_small : mt_heap_calloc((size_t)n->n_inputs, sizeof *grad_in);
-        if (!grad_in) rc = mt_error_set(MT_ERR_OOM, "mt_backward: out of memory");
-        if (rc == 0 && g) {
-            mt_api_set_backward_op(mt_op_name(n->op));
-            rc = n->backward(n, g, grad_in);
-            mt_api_set_backward_op(NULL);
-            if (rc > 0) rc = MT_ERR_INTERNAL;
-        }
-        mt_tensor_unref(g);
-        for (int i = 0; i < n->n_inputs; i++) {
-            mt_tensor *gi = grad_in ? grad_in[i] : NULL;
-            if (rc != 0 || !mt_node_needs(n, i)) {
-                mt_tensor_unref(gi);
-                continue;
-            }
-            if (n->edges[i].leaf) {
-                if (gi) rc = pending_add(&pending, n->edges[i].leaf, gi);
-                if (rc == 0) rc = leaf_contribution_done(&pending, n->edges[i].leaf);
-            } else {
-                mt_node *m = n->edges[i].fn;
-                if (gi) rc = accumulate(&m->grad_acc, gi);
-                if (--m->deps == 0 && rc == 0) rc = list_push(&ready, m);
-            }
-        }
-        if (grad_in && grad_in != grad_in_small) free(grad_in);
-        if (!retain && rc == 0) free_saved(n);
-    }
+    while (rc == 0 && ready.len) rc = run_node(ready.items[--ready.len], &pending, &ready, retain);
     /* 3. every node succeeded: the leaves get their gradients; on error they keep theirs */
     if (rc == 0) rc = pending_commit(&pending);
     if (pending.slots) pending_free(&pending);
