@@ -224,6 +224,78 @@ static int run_cuda(const char *device, long hidden, long batch, long steps, lon
     return missing ? 1 : 0;
 }
 
+/* The CPU run: rounds that interleave mixtape and torch so both see the same neighbours on
+   a shared machine (each configuration reports its best round), into t. */
+static void run_cpu_rounds(const char *sample, const char *python, const char *threads,
+                           const char *sizes, long repeat, bool torch, table *t) {
+    static const char *const modes[] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
+    char cmd[2048];
+    for (long round = 1; round <= repeat; round++) {
+        char tl[64];
+        snprintf(tl, sizeof tl, "%s", threads);
+        for (char *save = NULL, *th = strtok_r(tl, ",", &save); th;
+             th = strtok_r(NULL, ",", &save)) {
+            for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+                snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s",
+                         sample, th, modes[m], sizes);
+                fprintf(stderr, "round %ld/%ld: mixtape %s, %s thread(s)...\n", round, repeat,
+                        modes[m], th);
+                run_json(cmd, "mixtape", modes[m], t);
+            }
+        }
+        if (!torch) continue;
+        snprintf(cmd, sizeof cmd,
+                 "'%s' '%s/simplenet.py' --threads %s --modes fp32,o1-fp16,o1-bf16 %s", python,
+                 MT_BENCH_DIR, threads, sizes);
+        fprintf(stderr, "round %ld/%ld: torch fp32, o1-fp16, o1-bf16 for thread counts %s...\n",
+                round, repeat, threads);
+        if (run_json(cmd, "torch", NULL, t) == 0)
+            fprintf(stderr, "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
+                    python);
+    }
+}
+
+/* The CPU tables: every configuration's best round, then the ratios. */
+static void print_cpu_tables(const table *t) {
+    printf("| implementation | mode | threads | ms/step (median) | final loss | lib peak MiB | RSS "
+           "growth MiB |\n|---|---|---|---|---|---|---|\n");
+    static const char *const impls[] = {"mixtape", "torch"};
+    static const char *const mixtape_modes[] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
+    static const char *const torch_modes[] = {"fp32", "o1-fp16", "o1-bf16"};
+    for (int k = 0; k < 2; k++) {
+        const char *const *ms = k == 0 ? mixtape_modes : torch_modes;
+        int nm = k == 0 ? 4 : 3;
+        for (int m = 0; m < nm; m++) {
+            const row *r = best(t, impls[k], ms[m]);
+            if (!r) continue;
+            if (!r->h.supported) {
+                printf("| %s | %s | - | %s | | | |\n", r->h.impl, r->h.mode, r->h.reason);
+                continue;
+            }
+            printf("| %s | %s | %d | %.2f | %.6g |", r->h.impl, r->h.mode, r->h.threads, r->ms,
+                   r->loss);
+            print_mib(r->lib_peak);
+            print_mib(r->rss);
+            printf("\n");
+        }
+    }
+    const row *mf = best(t, "mixtape", "fp32"), *m1 = best(t, "mixtape", "o1-fp16");
+    const row *m2 = best(t, "mixtape", "o2-fp16"), *mb = best(t, "mixtape", "o1-bf16");
+    const row *tf = best(t, "torch", "fp32"), *tb = best(t, "torch", "o1-bf16");
+    printf("\n| ratio of median ms/step | value | meaning |\n|---|---|---|\n");
+    print_ratio("mixtape FP32 / torch FP32", mf, tf, "< 1: mixtape faster");
+    print_ratio("mixtape AMP-O1 FP16 / mixtape FP32", m1, mf, "< 1: AMP faster than FP32");
+    print_ratio("mixtape AMP-O2 FP16 / mixtape FP32", m2, mf, "< 1: AMP faster than FP32");
+    print_ratio("torch BF16 autocast / mixtape AMP-O1 BF16", tb, mb, "> 1: mixtape faster");
+}
+
+/* "cuda" or "cuda:N" */
+static bool is_cuda_device(const char *device) {
+    return strncmp(device, "cuda", 4) == 0 &&
+           (device[4] == 0 || (device[4] == ':' && device[5] &&
+                               strspn(device + 5, "0123456789") == strlen(device + 5)));
+}
+
 int main(int argc, char **argv) {
     long hidden = 0, batch = 0, steps = 0, epochs = 0, warmup = -1; /* 0, -1: the default */
     long repeat = 3;
@@ -244,9 +316,7 @@ int main(int argc, char **argv) {
                         "[--steps N] [--epochs N] [--threads 1,2] [--warmup N] [--repeat N] "
                         "[--python PATH] [--no-torch]\n");
     if (rc) return 2;
-    bool cuda = strncmp(device, "cuda", 4) == 0 &&
-                (device[4] == 0 || (device[4] == ':' && device[5] &&
-                                    strspn(device + 5, "0123456789") == strlen(device + 5)));
+    bool cuda = is_cuda_device(device);
     if (!cuda && strcmp(device, "cpu") != 0) {
         fprintf(stderr, "simplenet bench: --device: expected cpu or cuda[:N], got \"%s\"\n",
                 device);
@@ -281,73 +351,15 @@ int main(int argc, char **argv) {
                         "but the first step)\n");
         return 2;
     }
-
     static table t;
-    char sizes[128], cmd[2048];
+    char sizes[128];
     snprintf(sizes, sizeof sizes, "--hidden %ld --batch %ld --steps %ld --epochs %ld", hidden,
              batch, steps, epochs);
     printf("SimpleNet on the CPU: 3 x Linear(%ld, %ld), ReLU, MSE, SGD; batch %ld; %ld batches x "
            "%ld epochs; first step untimed; threads tried: %s; %ld cores online\n\n",
            hidden, hidden, batch, steps, epochs, threads, sysconf(_SC_NPROCESSORS_ONLN));
     fflush(stdout);
-
-    const char *modes[] = {"fp32", "o1-fp16", "o2-fp16", "o1-bf16"};
-    /* Rounds interleave mixtape and torch so both see the same neighbours on a shared
-       machine; each configuration reports its best round. */
-    for (long round = 1; round <= repeat; round++) {
-        char tl[64];
-        snprintf(tl, sizeof tl, "%s", threads);
-        for (char *save = NULL, *th = strtok_r(tl, ",", &save); th;
-             th = strtok_r(NULL, ",", &save)) {
-            for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
-                snprintf(cmd, sizeof cmd, "'%s' --json --device cpu --threads %s --modes %s %s",
-                         sample, th, modes[m], sizes);
-                fprintf(stderr, "round %ld/%ld: mixtape %s, %s thread(s)...\n", round, repeat,
-                        modes[m], th);
-                run_json(cmd, "mixtape", modes[m], &t);
-            }
-        }
-        if (torch) {
-            snprintf(cmd, sizeof cmd,
-                     "'%s' '%s/simplenet.py' --threads %s --modes fp32,o1-fp16,o1-bf16 %s", python,
-                     MT_BENCH_DIR, threads, sizes);
-            fprintf(stderr, "round %ld/%ld: torch fp32, o1-fp16, o1-bf16 for thread counts %s...\n",
-                    round, repeat, threads);
-            if (run_json(cmd, "torch", NULL, &t) == 0)
-                fprintf(stderr,
-                        "simplenet bench: no torch results (is PyTorch installed for %s?)\n",
-                        python);
-        }
-    }
-    printf("| implementation | mode | threads | ms/step (median) | final loss | lib peak MiB | RSS "
-           "growth "
-           "MiB |\n|---|---|---|---|---|---|---|\n");
-    const char *impls[] = {"mixtape", "torch"};
-    const char *torch_modes[] = {"fp32", "o1-fp16", "o1-bf16"};
-    for (int k = 0; k < 2; k++) {
-        const char *const *ms = k == 0 ? modes : torch_modes;
-        int nm = k == 0 ? 4 : 3;
-        for (int m = 0; m < nm; m++) {
-            const row *r = best(&t, impls[k], ms[m]);
-            if (!r) continue;
-            if (!r->h.supported) {
-                printf("| %s | %s | - | %s | | | |\n", r->h.impl, r->h.mode, r->h.reason);
-                continue;
-            }
-            printf("| %s | %s | %d | %.2f | %.6g |", r->h.impl, r->h.mode, r->h.threads, r->ms,
-                   r->loss);
-            print_mib(r->lib_peak);
-            print_mib(r->rss);
-            printf("\n");
-        }
-    }
-    const row *mf = best(&t, "mixtape", "fp32"), *m1 = best(&t, "mixtape", "o1-fp16");
-    const row *m2 = best(&t, "mixtape", "o2-fp16"), *mb = best(&t, "mixtape", "o1-bf16");
-    const row *tf = best(&t, "torch", "fp32"), *tb = best(&t, "torch", "o1-bf16");
-    printf("\n| ratio of median ms/step | value | meaning |\n|---|---|---|\n");
-    print_ratio("mixtape FP32 / torch FP32", mf, tf, "< 1: mixtape faster");
-    print_ratio("mixtape AMP-O1 FP16 / mixtape FP32", m1, mf, "< 1: AMP faster than FP32");
-    print_ratio("mixtape AMP-O2 FP16 / mixtape FP32", m2, mf, "< 1: AMP faster than FP32");
-    print_ratio("torch BF16 autocast / mixtape AMP-O1 BF16", tb, mb, "> 1: mixtape faster");
+    run_cpu_rounds(sample, python, threads, sizes, repeat, torch, &t);
+    print_cpu_tables(&t);
     return 0;
 }
