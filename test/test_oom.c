@@ -541,6 +541,27 @@ static int call_file(oom_ctx *c) {
     return c->state ? 0 : (int)mt_last_status();
 }
 
+/* in-place writes into a watched tensor: kind 0 mt_add_inplace (broadcast, F16 into F32),
+   1 mt_mul_scalar_inplace, 2 mt_copy (F64 to F32, broadcast), 3 the synchronous clip with
+   error_if_nonfinite */
+static void setup_inplace(oom_ctx *c) {
+    setup_params(c);
+    c->x = random_tensor(1, (int64_t[]){7}, c->kind == 2 ? MT_F64 : MT_F16, false);
+    if (c->kind == 3) c->opt = make_optimizer(c->watch, 2);
+}
+static int call_inplace(oom_ctx *c) {
+    mt_tensor *w = c->watch[0]; /* F16 [5, 7], a parameter: updated outside autograd */
+    bool prev = mt_set_grad_enabled(false);
+    int rc = 0;
+    if (c->kind == 0) rc = mt_add_inplace(w, c->x);
+    if (c->kind == 1) rc = mt_mul_scalar_inplace(w, 0.5);
+    if (c->kind == 2) rc = mt_copy(w, c->x);
+    mt_set_grad_enabled(prev);
+    if (c->kind == 3 && isnan(mt_clip_grad_norm_ex(c->opt, 0.5, true)))
+        rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
+    return rc;
+}
+
 /* every layer kind made and run once (a failure frees what the call made) */
 typedef struct {
     mt_linear_layer fc;
@@ -622,6 +643,10 @@ static const scenario scenarios[] = {
     {"scaler minimize", setup_scaler, call_minimize, call_minimize, 0, false},
     {"scaler minimize, inf", setup_scaler, call_minimize, call_minimize, 1, false},
     {"clip gradient norm", setup_optimizer, call_clip, call_step, 2, false},
+    {"clip gradient norm, synchronous", setup_inplace, call_inplace, NULL, 3, false},
+    {"add in place", setup_inplace, call_inplace, NULL, 0, false},
+    {"multiply by a scalar in place", setup_inplace, call_inplace, NULL, 1, false},
+    {"copy in place", setup_inplace, call_inplace, NULL, 2, false},
     {"amp decorate", setup_params, call_decorate, NULL, 0, false},
     {"optimizer state save", setup_saved, call_state_save, NULL, 0, false},
     {"scaler state save", setup_saved, call_state_save, NULL, 1, false},

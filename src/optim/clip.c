@@ -100,6 +100,7 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
     if (check_args(op, o, max_norm) < 0) return NAN;
     int k = collect_grads(o);
     if (k == 0) return 0.0;
+    mt_api_enter(); /* errors inside read "mt_clip_grad_norm: ..." */
 
     double norm = NAN;
     mt_tensor *sq = grads_sq_norm(op, o, k);
@@ -118,7 +119,8 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
         else if (!(norm <= max_norm))
             rc = scale_grads(op, o, max_norm / (norm + CLIP_EPS));
     }
-    return clip_finish(op, o, rc) < 0 ? NAN : norm;
+    rc = mt_api_exit_status(clip_finish(op, o, rc));
+    return rc < 0 ? NAN : norm;
 }
 
 /* The norm on the device: sqrt of the fused sum of squares (0-d F32); NULL on error. */
