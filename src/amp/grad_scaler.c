@@ -534,7 +534,7 @@ int mt_grad_scaler_state_get(mt_grad_scaler *s, mt_grad_scaler_state *out) {
     return 0;
 }
 
-int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) {
+static int scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) {
     const char *fn = "mt_grad_scaler_state_set";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
     if (!in) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
@@ -558,6 +558,11 @@ int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) 
     if (rc == 0) rc = be->fill(s->t[BAD], (double)in->bad_steps);
     if (rc == 0) rc = be->fill(s->t[SKIPPED], (double)in->skipped_steps);
     return rc;
+}
+
+int mt_grad_scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) {
+    mt_api_enter(); /* errors inside read "mt_grad_scaler_state_set: ..." */
+    return mt_api_exit_status(scaler_state_set(s, in));
 }
 
 /* ------------------------------------------------------------------ checkpoints */

@@ -70,7 +70,7 @@ static mt_tensor *prepare_source(const char *op, mt_tensor *dst, mt_tensor *src,
     return e;
 }
 
-int mt_fill(mt_tensor *t, double value) {
+static int fill(mt_tensor *t, double value) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_fill: arg 1: tensor is NULL");
     int rc = check_writable("mt_fill", 1, t);
     if (rc == 0) rc = mt_backend_get(t->device)->fill(t, value);
@@ -78,12 +78,22 @@ int mt_fill(mt_tensor *t, double value) {
     return rc;
 }
 
-int mt_zero(mt_tensor *t) {
+int mt_fill(mt_tensor *t, double value) {
+    mt_api_enter(); /* errors inside read "mt_fill: ..." */
+    return mt_api_exit_status(fill(t, value));
+}
+
+static int zero(mt_tensor *t) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_zero: arg 1: tensor is NULL");
     int rc = check_writable("mt_zero", 1, t);
     if (rc == 0) rc = mt_backend_get(t->device)->fill(t, 0.0);
     if (rc == 0) mt_tensor_bump_version(t);
     return rc;
+}
+
+int mt_zero(mt_tensor *t) {
+    mt_api_enter(); /* errors inside read "mt_zero: ..." */
+    return mt_api_exit_status(zero(t));
 }
 
 int mt_copy(mt_tensor *dst, mt_tensor *src) {
@@ -118,7 +128,7 @@ int mt_add_inplace(mt_tensor *a, mt_tensor *b) {
     return mt_api_exit_status(rc);
 }
 
-int mt_mul_scalar_inplace(mt_tensor *a, double s) {
+static int mul_scalar_inplace(mt_tensor *a, double s) {
     if (!a) return mt_error_set(MT_ERR_NULL, "mt_mul_scalar_inplace: arg 1: tensor is NULL");
     const char *op = "mt_mul_scalar_inplace";
     int rc = mt_check_floating(op, 1, a);
@@ -127,4 +137,9 @@ int mt_mul_scalar_inplace(mt_tensor *a, double s) {
     if (rc == 0) rc = mt_backend_get(a->device)->unary(MT_OP_MUL_SCALAR, a, a, s);
     if (rc == 0) mt_tensor_bump_version(a);
     return rc;
+}
+
+int mt_mul_scalar_inplace(mt_tensor *a, double s) {
+    mt_api_enter(); /* errors inside read "mt_mul_scalar_inplace: ..." */
+    return mt_api_exit_status(mul_scalar_inplace(a, s));
 }

@@ -100,7 +100,7 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
     if (check_args(op, o, max_norm) < 0) return NAN;
     int k = collect_grads(o);
     if (k == 0) return 0.0;
-    mt_api_enter(); /* errors inside read "mt_clip_grad_norm: ..." */
+    mt_api_enter_at(op); /* errors inside read "mt_clip_grad_norm: ..." */
 
     double norm = NAN;
     mt_tensor *sq = grads_sq_norm(op, o, k);

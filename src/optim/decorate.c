@@ -8,7 +8,7 @@
 #include "../autograd/node.h"
 #include "optimizer_impl.h"
 
-int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *keep_fp32) {
+static int decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *keep_fp32) {
     static const char op[] = "mt_amp_decorate";
     if (!params) return mt_error_set(MT_ERR_NULL, "%s: arg 1: params is NULL", op);
     if (n < 1)
@@ -61,6 +61,11 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
     for (int i = 0; i < n; i++) mt_tensor_unref(conv[i]);
     free(conv);
     return rc;
+}
+
+int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *keep_fp32) {
+    mt_api_enter(); /* errors inside read "mt_amp_decorate: ..." */
+    return mt_api_exit_status(decorate(params, n, low, keep_fp32));
 }
 
 void mt_set_amp_keep_fp32(mt_tensor *t, bool on) {

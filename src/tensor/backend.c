@@ -301,15 +301,25 @@ const mt_backend *mt_backend_for(const char *op, mt_device dev) {
 }
 
 /* ---- public device calls */
-int mt_synchronize(mt_device dev) {
+static int synchronize(mt_device dev) {
     const mt_backend *be = mt_backend_for("mt_synchronize", dev);
     return be ? be->synchronize(dev.index) : MT_ERR_DEVICE;
 }
 
-int mt_memory_stats_get(mt_device dev, mt_memory_stats *out) {
+int mt_synchronize(mt_device dev) {
+    mt_api_enter(); /* errors inside read "mt_synchronize: ..." */
+    return mt_api_exit_status(synchronize(dev));
+}
+
+static int memory_stats_get(mt_device dev, mt_memory_stats *out) {
     if (!out) return mt_error_set(MT_ERR_NULL, "mt_memory_stats_get: arg 2: out is NULL");
     const mt_backend *be = mt_backend_for("mt_memory_stats_get", dev);
     return be ? be->memory_stats(dev.index, out) : MT_ERR_DEVICE;
+}
+
+int mt_memory_stats_get(mt_device dev, mt_memory_stats *out) {
+    mt_api_enter(); /* errors inside read "mt_memory_stats_get: ..." */
+    return mt_api_exit_status(memory_stats_get(dev, out));
 }
 
 void mt_memory_peak_reset(mt_device dev) {
@@ -317,7 +327,12 @@ void mt_memory_peak_reset(mt_device dev) {
     if (be) be->memory_peak_reset(dev.index);
 }
 
-int mt_device_empty_cache(mt_device dev) {
+static int device_empty_cache(mt_device dev) {
     const mt_backend *be = mt_backend_for("mt_device_empty_cache", dev);
     return be ? be->empty_cache(dev.index) : MT_ERR_DEVICE;
+}
+
+int mt_device_empty_cache(mt_device dev) {
+    mt_api_enter(); /* errors inside read "mt_device_empty_cache: ..." */
+    return mt_api_exit_status(device_empty_cache(dev));
 }

@@ -150,7 +150,7 @@ mt_tensor *mt_from_data(const void *src, mt_dtype dt, int ndim, const int64_t *s
     return mt_api_exit(t);
 }
 
-int mt_copy_to_host(const mt_tensor *t, void *dst, size_t nbytes) {
+static int copy_to_host(const mt_tensor *t, void *dst, size_t nbytes) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_copy_to_host: arg 1: tensor is NULL");
     if (!dst) return mt_error_set(MT_ERR_NULL, "mt_copy_to_host: arg 2: dst is NULL");
     size_t need = (size_t)t->numel * mt_dtype_size(t->dtype);
@@ -162,7 +162,12 @@ int mt_copy_to_host(const mt_tensor *t, void *dst, size_t nbytes) {
     return mt_backend_get(t->device)->download(t, dst);
 }
 
-double mt_item(const mt_tensor *t) {
+int mt_copy_to_host(const mt_tensor *t, void *dst, size_t nbytes) {
+    mt_api_enter(); /* errors inside read "mt_copy_to_host: ..." */
+    return mt_api_exit_status(copy_to_host(t, dst, nbytes));
+}
+
+static double item(const mt_tensor *t) {
     if (!t) return NAN;
     if (t->numel != 1) {
         char buf[MT_SHAPE_BUF];
@@ -189,5 +194,12 @@ double mt_item(const mt_tensor *t) {
     }
     mt_tensor_unref(src);
     mt_tensor_unref(one);
+    return v;
+}
+
+double mt_item(const mt_tensor *t) {
+    mt_api_enter(); /* errors inside read "mt_item: ..." */
+    double v = item(t);
+    mt_api_exit_status(0);
     return v;
 }
