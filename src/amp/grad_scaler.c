@@ -549,14 +549,18 @@ static int scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) {
     const int64_t exact = (int64_t)1 << 24;
     if (in->good_steps > exact || in->bad_steps > exact || in->skipped_steps > exact)
         return mt_error_set(MT_ERR_INVALID, "%s: counters above 2^24 cannot be stored exactly", fn);
-    s->host = *in;
-    if (!s->t[SCALE]) return 0;
+    if (!s->t[SCALE]) {
+        s->host = *in;
+        return 0;
+    }
     const mt_backend *be = mt_backend_for(fn, s->device);
     if (!be) return mt_last_status();
+    /* fills allocate nothing: only a broken device can stop them */
     int rc = be->fill(s->t[SCALE], in->scale);
     if (rc == 0) rc = be->fill(s->t[GOOD], (double)in->good_steps);
     if (rc == 0) rc = be->fill(s->t[BAD], (double)in->bad_steps);
     if (rc == 0) rc = be->fill(s->t[SKIPPED], (double)in->skipped_steps);
+    if (rc == 0) s->host = *in;
     return rc;
 }
 
