@@ -391,7 +391,7 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
                             "mt_backward: arg 1: tensor does not require grad and has no grad_fn");
     char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
     mt_tensor *seed;
-    mt_api_enter();
+    mt_api_enter_at("mt_backward"); /* the name its messages use, whichever form was called */
     if (grad) {
         if (!mt_same_shape(grad, root)) {
             mt_error_set(MT_ERR_SHAPE,

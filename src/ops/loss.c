@@ -216,7 +216,7 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
 
 mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ignore_index) {
     if (!logits || !labels) return NULL;
-    mt_api_enter();
+    mt_api_enter_at("mt_cross_entropy"); /* the name its messages use, whichever form was called */
     return mt_api_exit(cross_entropy(logits, labels, ignore_index));
 }
 

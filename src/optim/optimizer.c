@@ -444,7 +444,7 @@ static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_
 }
 
 int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale) {
-    mt_api_enter();
+    mt_api_enter_at("mt_optimizer_step"); /* the name its messages use */
     return mt_api_exit_status(optimizer_step(o, found_inf, inv_scale));
 }
 
