@@ -562,6 +562,27 @@ static int call_inplace(oom_ctx *c) {
     return rc;
 }
 
+/* copies between devices: to the host and back, and to a second CUDA device where there is
+   one (the emulated runs with MTEMU_DEVICES=2), in another dtype on the way */
+static void setup_devices(oom_ctx *c) {
+    mt_manual_seed(20);
+    c->x = random_tensor(2, (int64_t[]){3, 5}, MT_F32, false);
+}
+static int call_devices(oom_ctx *c) {
+    mt_device dev = mt_test_device();
+    mt_device other =
+        dev.type == MT_DEVICE_CUDA && mt_cuda_device_count() > 1 ? MT_CUDA(1 - dev.index) : MT_CPU;
+    mt_scope_begin();
+    mt_tensor *h = mt_to(mt_transpose(c->x, 0, 1), MT_CPU);
+    mt_tensor *o = h ? mt_to(mt_cast(c->x, MT_BF16), other) : NULL;
+    mt_tensor *back = o ? mt_to(o, dev) : NULL;
+    mt_tensor *r = back ? mt_add(mt_cast(back, MT_F32), mt_transpose(mt_to(h, dev), 0, 1)) : NULL;
+    c->result = r ? mt_retain(r) : NULL;
+    int rc = r ? 0 : (int)mt_last_status();
+    mt_scope_end();
+    return rc;
+}
+
 /* every layer kind made and run once (a failure frees what the call made) */
 typedef struct {
     mt_linear_layer fc;
@@ -655,6 +676,7 @@ static const scenario scenarios[] = {
     {"conv2d layer init", setup_seed, call_conv_init, NULL, 0, false},
     {"linear layer state put", setup_linear, call_linear_put, NULL, 0, false},
     {"every layer made, run forward and backward", setup_layers, call_layers, NULL, 0, false},
+    {"copies between devices", setup_devices, call_devices, NULL, 0, false},
     {"state load into parameters", setup_load_into, call_load_into, NULL, 0, false},
     {"state save to a file", setup_file, call_file, NULL, 0, false},
     {"state load from a file", setup_file, call_file, NULL, 1, false},
