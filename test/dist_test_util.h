@@ -24,4 +24,7 @@ static inline int mt_test_dist_end(int failures) {
 #define MT_TEST_MULTI_RANK(fn)                                                                     \
     (mt_dist_world_size() > 1 ? (struct CMUnitTest)MT_TEST(fn)                                     \
                               : MT_TEST_SKIPPED(fn, "needs 2 ranks (mpirun -np 2)"))
+/* Registers fn only where the process is a world of its own. */
+#define MT_TEST_ONE_RANK(fn, why)                                                                  \
+    (mt_dist_world_size() == 1 ? (struct CMUnitTest)MT_TEST(fn) : MT_TEST_SKIPPED(fn, why))
 #endif

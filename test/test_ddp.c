@@ -391,6 +391,52 @@ static void test_argument_errors(void **state) {
     mt_release(c);
 }
 
+/* Every allocation of mt_ddp_new failed in turn (mt_debug_fail_nth_alloc), with either
+   progress mode: each failure is MT_ERR_OOM naming mt_ddp_new, leaks nothing and leaves no
+   gradient hook behind (a backward after it runs no hook of the freed mt_ddp: ASan would see
+   that), and the parameters keep their values. A world of one only: a rank that fails alone
+   would leave its peers waiting in the collective. */
+static void test_new_out_of_memory(void **state) {
+    (void)state;
+    for (int progress = 0; progress < 2; progress++) {
+        model m;
+        model_init(&m, 9);
+        mt_scope_begin();
+        double before[NP][HID * IN];
+        for (int k = 0; k < NP; k++)
+            assert_int_equal(mt_copy_to_host(mt_cast(m.p[k], MT_F64), before[k], sizeof before[k]),
+                             0);
+        int64_t failures = 0, n = 1;
+        for (;; n++) {
+            int64_t tensors = mt_live_tensors(), bytes = mt_live_bytes();
+            mt_debug_fail_nth_alloc(n);
+            mt_ddp *d = mt_ddp_new(m.p, NP, &(mt_ddp_opts){.progress = (mt_ddp_progress)progress});
+            bool never_reached = mt_debug_fail_nth_alloc(0);
+            if (d) {
+                mt_ddp_free(d);
+                if (never_reached) break;
+                continue; /* recovered from the failure by itself */
+            }
+            failures++;
+            assert_error(MT_ERR_OOM, "mt_ddp_new");
+            assert_int_equal(mt_live_tensors(), tensors);
+            assert_int_equal(mt_live_bytes(), bytes);
+            assert_int_equal(mt_backward(batch_loss(&m, 0, 0, B, false), NULL), 0);
+            for (int k = 0; k < NP; k++) {
+                double now[HID * IN];
+                mt_zero_grad(m.p[k]);
+                assert_int_equal(mt_copy_to_host(mt_cast(m.p[k], MT_F64), now, sizeof now), 0);
+                assert_memory_equal(now, before[k], (size_t)mt_numel(m.p[k]) * sizeof *now);
+            }
+        }
+        mt_scope_end();
+        printf("# mt_ddp_new (progress %d): %lld allocations, %lld failed cleanly\n", progress,
+               (long long)(n - 1), (long long)failures);
+        assert_true(failures > 0);
+        model_free(&m);
+    }
+}
+
 /* Ranks with different parameter lists: an error on every rank, no hang. */
 static void test_mismatch_across_ranks(void **state) {
     (void)state;
@@ -447,6 +493,9 @@ int main(void) {
         MT_TEST(test_unused_parameter),
         MT_TEST(test_ready_twice_refused),
         MT_TEST(test_argument_errors),
+        MT_TEST_ONE_RANK(
+            test_new_out_of_memory,
+            "a world of one only (a rank failing alone would leave its peers waiting)"),
         MT_TEST_MULTI_RANK(test_mismatch_across_ranks),
     };
     return mt_test_dist_end(MT_RUN_TESTS(tests));

@@ -149,7 +149,7 @@ static int start(mt_dist_work *w, int rc) {
     return 0;
 }
 
-mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op) {
+static mt_dist_work *all_reduce_async(mt_tensor *t, mt_reduce_op op) {
     const char *fn = "mt_all_reduce";
     if (check_tensor(fn, 1, t) < 0) return NULL;
     if (op != MT_REDUCE_SUM && op != MT_REDUCE_MAX && op != MT_REDUCE_AVG) {
@@ -188,7 +188,14 @@ mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op) {
     return w;
 }
 
-mt_dist_work *mt_broadcast_async(mt_tensor *t, int root) {
+mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op) {
+    mt_api_enter_at("mt_all_reduce"); /* errors inside read "mt_all_reduce: ..." */
+    mt_dist_work *r = all_reduce_async(t, op);
+    mt_api_exit_status(0);
+    return r;
+}
+
+static mt_dist_work *broadcast_async(mt_tensor *t, int root) {
     const char *fn = "mt_broadcast";
     if (check_tensor(fn, 1, t) < 0) return NULL;
     mt_dist_state *st = mt_dist_state_get();
@@ -211,7 +218,14 @@ mt_dist_work *mt_broadcast_async(mt_tensor *t, int root) {
     return w;
 }
 
-mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
+mt_dist_work *mt_broadcast_async(mt_tensor *t, int root) {
+    mt_api_enter_at("mt_broadcast"); /* errors inside read "mt_broadcast: ..." */
+    mt_dist_work *r = broadcast_async(t, root);
+    mt_api_exit_status(0);
+    return r;
+}
+
+static mt_dist_work *all_gather_async(mt_tensor *out, const mt_tensor *t) {
     const char *fn = "mt_all_gather";
     if (check_tensor(fn, 1, out) < 0 || check_tensor(fn, 2, t) < 0) return NULL;
     mt_dist_state *st = mt_dist_state_get();
@@ -245,7 +259,14 @@ mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
     return w;
 }
 
-int mt_dist_wait(mt_dist_work *w) {
+mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
+    mt_api_enter_at("mt_all_gather"); /* errors inside read "mt_all_gather: ..." */
+    mt_dist_work *r = all_gather_async(out, t);
+    mt_api_exit_status(0);
+    return r;
+}
+
+static int dist_wait(mt_dist_work *w) {
     if (!w) return mt_error_set(MT_ERR_NULL, "mt_dist_wait: arg 1: work is NULL");
     int rc = w->pending ? mt_dist_wait_request(w->op, &w->req) : 0;
     if (w->cuda) rc = mt_dist_nccl_join(w->op, w->t->device.index);
@@ -263,6 +284,11 @@ int mt_dist_wait(mt_dist_work *w) {
     return rc;
 }
 
+int mt_dist_wait(mt_dist_work *w) {
+    mt_api_enter(); /* errors inside read "mt_dist_wait: ..." */
+    return mt_api_exit_status(dist_wait(w));
+}
+
 bool mt_dist_work_done(mt_dist_work *w) {
     if (!w) return false;
     if (!w->pending) return true;
@@ -273,13 +299,17 @@ bool mt_dist_work_done(mt_dist_work *w) {
 }
 
 int mt_all_reduce(mt_tensor *t, mt_reduce_op op) {
+    mt_api_enter(); /* a failure in the wait reads "mt_all_reduce: ..." too */
     mt_dist_work *w = mt_all_reduce_async(t, op);
-    return w ? mt_dist_wait(w) : (mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL);
+    int rc = w ? mt_dist_wait(w) : (mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL);
+    return mt_api_exit_status(rc);
 }
 
 int mt_broadcast(mt_tensor *t, int root) {
+    mt_api_enter(); /* a failure in the wait reads "mt_broadcast: ..." too */
     mt_dist_work *w = mt_broadcast_async(t, root);
-    return w ? mt_dist_wait(w) : (mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL);
+    int rc = w ? mt_dist_wait(w) : (mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL);
+    return mt_api_exit_status(rc);
 }
 
 mt_tensor *mt_all_gather(const mt_tensor *t) {

@@ -226,7 +226,7 @@ static void record_step(mt_ddp *d, double wait_begin) {
     }
 }
 
-int mt_ddp_wait(mt_ddp *d) {
+static int ddp_wait(mt_ddp *d) {
     if (!d) return mt_error_set(MT_ERR_NULL, "mt_ddp_wait: arg 1: ddp is NULL");
     if (d->no_sync) return 0;
     int rc = mt_dist_ready("mt_ddp_wait");
@@ -260,6 +260,11 @@ int mt_ddp_wait(mt_ddp *d) {
     if (rc == 0) record_step(d, t0);
     reset_step(d);
     return rc;
+}
+
+int mt_ddp_wait(mt_ddp *d) {
+    mt_api_enter(); /* errors inside read "mt_ddp_wait: ..." */
+    return mt_api_exit_status(ddp_wait(d));
 }
 
 /* Local checks of the parameter list; 0 or an error (set, on this rank only). */
@@ -426,7 +431,7 @@ static void ddp_destroy(mt_ddp *d) {
     free(d);
 }
 
-mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
+static mt_ddp *ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
     const char *fn = "mt_ddp_new";
     mt_ddp_opts o = opts ? *opts : (mt_ddp_opts){0};
     if (mt_dist_ready(fn) < 0) return NULL;
@@ -497,6 +502,13 @@ mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
     }
     d->stats.buckets = d->nb;
     return d;
+}
+
+mt_ddp *mt_ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts) {
+    mt_api_enter(); /* errors inside read "mt_ddp_new: ..." */
+    mt_ddp *r = ddp_new(params, n, opts);
+    mt_api_exit_status(0);
+    return r;
 }
 
 int mt_ddp_set_no_sync(mt_ddp *d, bool on) {
