@@ -583,6 +583,31 @@ static int call_devices(oom_ctx *c) {
     return rc;
 }
 
+/* draws from the global generator, which a failed call must leave where it was (the retry
+   then draws what the twin drew): kind 0 mt_dropout, 1 mt_rand, 2 mt_randn, 3 mt_randperm */
+static void setup_random(oom_ctx *c) {
+    mt_manual_seed(22);
+    c->x = random_tensor(2, (int64_t[]){4, 6}, MT_BF16, true);
+    mt_manual_seed(23);
+}
+static int call_random(oom_ctx *c) {
+    int64_t shape[2] = {4, 6};
+    switch (c->kind) {
+    case 0:
+        c->result = mt_dropout(c->x, 0.5, true);
+        break;
+    case 1:
+        c->result = mt_rand(2, shape, MT_F16, mt_test_device());
+        break;
+    case 2:
+        c->result = mt_randn(2, shape, MT_F32, mt_test_device());
+        break;
+    default:
+        c->result = mt_randperm(9, mt_test_device());
+    }
+    return c->result ? 0 : (int)mt_last_status();
+}
+
 /* every layer kind made and run once (a failure frees what the call made) */
 typedef struct {
     mt_linear_layer fc;
@@ -677,6 +702,10 @@ static const scenario scenarios[] = {
     {"linear layer state put", setup_linear, call_linear_put, NULL, 0, false},
     {"every layer made, run forward and backward", setup_layers, call_layers, NULL, 0, false},
     {"copies between devices", setup_devices, call_devices, NULL, 0, false},
+    {"dropout", setup_random, call_random, NULL, 0, false},
+    {"rand", setup_random, call_random, NULL, 1, false},
+    {"randn", setup_random, call_random, NULL, 2, false},
+    {"randperm", setup_random, call_random, NULL, 3, false},
     {"state load into parameters", setup_load_into, call_load_into, NULL, 0, false},
     {"state save to a file", setup_file, call_file, NULL, 0, false},
     {"state load from a file", setup_file, call_file, NULL, 1, false},

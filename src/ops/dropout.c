@@ -34,21 +34,25 @@ static mt_tensor *dropout(mt_tensor *x, double p, bool training) {
     mt_tensor *xc = mt_dispatch_dense(x, x->dtype);
     if (!xc) return NULL;
     mt_tensor *out = mt_tensor_new(NAME, x->ndim, x->shape, x->dtype, x->device);
+    /* the tape node too is made before the draw: a failed call leaves the generator alone */
+    mt_node *node = NULL;
+    int rc = out ? 0 : MT_ERR_OOM;
+    if (rc == 0 && mt_autograd_wanted(&xc, 1) &&
+        !(node = mt_node_new(MT_OP_DROPOUT, dropout_backward, &xc, 1)))
+        rc = MT_ERR_OOM;
     uint64_t seed, offset;
-    int rc = MT_ERR_OOM;
-    if (out) {
-        /* reserved only when the call can run: a failed call leaves the generator alone */
+    if (rc == 0) {
         mt_rng_reserve((uint64_t)x->numel, &seed, &offset);
         rc = mt_backend_get(x->device)->dropout(out, xc, p, seed, offset);
     }
-    if (rc == 0) {
-        mt_node *node = mt_record(MT_OP_DROPOUT, dropout_backward, &xc, 1, out, &rc);
-        if (node) {
-            node->scalars[0] = p;
-            node->ints[0] = (int64_t)seed;
-            node->ints[1] = (int64_t)offset;
-            node->n_ints = 2;
-        }
+    if (rc == 0 && node) {
+        node->scalars[0] = p;
+        node->ints[0] = (int64_t)seed;
+        node->ints[1] = (int64_t)offset;
+        node->n_ints = 2;
+        mt_node_attach(node, out);
+    } else if (node) {
+        mt_node_release(node);
     }
     if (rc) {
         mt_tensor_unref(out);

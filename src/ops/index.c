@@ -294,6 +294,12 @@ static mt_tensor *randperm(int64_t n, mt_device dev) {
         mt_error_set(MT_ERR_OOM, "%s: out of memory for %lld values", name, (long long)n);
         return NULL;
     }
+    /* the result exists before the draw: a failed call leaves the generator alone */
+    mt_tensor *out = mt_tensor_new(name, 1, &n, MT_I64, dev);
+    if (!out) {
+        free(p);
+        return NULL;
+    }
     uint64_t seed, offset;
     mt_rng_reserve(2 * (uint64_t)n, &seed, &offset);
     for (int64_t i = 0; i < n; i++) p[i] = i;
@@ -305,7 +311,10 @@ static mt_tensor *randperm(int64_t n, mt_device dev) {
         p[i] = p[j];
         p[j] = t;
     }
-    mt_tensor *out = mt_from_data(p, MT_I64, 1, &n, dev);
+    if (mt_backend_get(dev)->upload(out, p) < 0) {
+        mt_tensor_unref(out);
+        out = NULL;
+    }
     free(p);
     return out;
 }
