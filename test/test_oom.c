@@ -152,6 +152,46 @@ static void assert_same(const blob *want, const blob *got, const char *scenario,
 }
 
 /* ---- the walk */
+
+/* After a call that failed at its n-th allocation: the rules of a clean failure (see the top
+   of the file), then the retry. Returns false when the retry found the graph spent (a
+   backward without retain_graph), which ends this n's checks. */
+static bool check_failure(const scenario *sc, oom_ctx *c, int64_t n, int rc, bool never_reached,
+                          int64_t tensors, int64_t bytes, const blob *before) {
+    if (never_reached)
+        fail_msg("%s: failed with no allocation failing: %s", sc->name, mt_last_error());
+    if (rc != MT_ERR_OOM || mt_last_status() != MT_ERR_OOM)
+        fail_msg("%s, allocation %lld failed: status %d (%s), expected MT_ERR_OOM", sc->name,
+                 (long long)n, rc, mt_last_error());
+    const char *msg = mt_last_error();
+    if (strncmp(msg, "mt_", 3) != 0 || !strstr(msg, "out of") || !strstr(msg, "memory"))
+        fail_msg("%s, allocation %lld failed: message \"%s\" does not name a function and say "
+                 "\"out of (device) memory\"",
+                 sc->name, (long long)n, msg);
+    mt_clear_error();
+    bool freed = sc->consumes && mt_live_tensors() <= tensors && mt_live_bytes() <= bytes;
+    if (!freed && (mt_live_tensors() != tensors || mt_live_bytes() != bytes))
+        fail_msg("%s, allocation %lld failed: %lld tensors and %lld bytes leaked", sc->name,
+                 (long long)n, (long long)(mt_live_tensors() - tensors),
+                 (long long)(mt_live_bytes() - bytes));
+    blob after = snapshot(c);
+    assert_same(before, &after, sc->name, n, "the failed call changed the state");
+    free(after.bytes);
+    rc = sc->call(c);              /* the retry */
+    if (sc->consumes && rc != 0) { /* the graph was spent before the failure */
+        if (rc != MT_ERR_STATE || !strstr(mt_last_error(), "retain_graph"))
+            fail_msg("%s, allocation %lld failed: the retry on the spent graph gave status %d "
+                     "(%s), expected MT_ERR_STATE naming retain_graph",
+                     sc->name, (long long)n, rc, mt_last_error());
+        mt_clear_error();
+        return false;
+    }
+    if (rc != 0)
+        fail_msg("%s, allocation %lld failed: the retry failed too: %s", sc->name, (long long)n,
+                 mt_last_error());
+    return true;
+}
+
 static void walk(const scenario *sc) {
     oom_ctx c = {.kind = sc->kind};
     /* the twin: the call and its follow-up with nothing failing (it also makes whatever a
@@ -164,7 +204,7 @@ static void walk(const scenario *sc) {
     ctx_free(&c);
 
     int64_t n = 1, failures = 0;
-    for (;; n++) {
+    for (bool done = false; !done; n++) {
         c = (oom_ctx){.kind = sc->kind};
         sc->setup(&c);
         assert_no_error();
@@ -173,59 +213,30 @@ static void walk(const scenario *sc) {
         mt_debug_fail_nth_alloc(n);
         int rc = sc->call(&c);
         bool never_reached = mt_debug_fail_nth_alloc(0);
+        done = never_reached; /* the call made fewer than n allocations */
+        bool compare = true;
         if (rc != 0) {
             failures++;
-            if (never_reached)
-                fail_msg("%s: failed with no allocation failing: %s", sc->name, mt_last_error());
-            if (rc != MT_ERR_OOM || mt_last_status() != MT_ERR_OOM)
-                fail_msg("%s, allocation %lld failed: status %d (%s), expected MT_ERR_OOM",
-                         sc->name, (long long)n, rc, mt_last_error());
-            const char *msg = mt_last_error();
-            if (strncmp(msg, "mt_", 3) != 0 || !strstr(msg, "out of") || !strstr(msg, "memory"))
-                fail_msg("%s, allocation %lld failed: message \"%s\" does not name a function "
-                         "and say \"out of (device) memory\"",
-                         sc->name, (long long)n, msg);
-            mt_clear_error();
-            bool freed = sc->consumes && mt_live_tensors() <= tensors && mt_live_bytes() <= bytes;
-            if (!freed && (mt_live_tensors() != tensors || mt_live_bytes() != bytes))
-                fail_msg("%s, allocation %lld failed: %lld tensors and %lld bytes leaked", sc->name,
-                         (long long)n, (long long)(mt_live_tensors() - tensors),
-                         (long long)(mt_live_bytes() - bytes));
-            blob after = snapshot(&c);
-            assert_same(&before, &after, sc->name, n, "the failed call changed the state");
-            free(after.bytes);
-            rc = sc->call(&c);             /* the retry */
-            if (sc->consumes && rc != 0) { /* the graph was spent before the failure */
-                if (rc != MT_ERR_STATE || !strstr(mt_last_error(), "retain_graph"))
-                    fail_msg("%s, allocation %lld failed: the retry on the spent graph gave "
-                             "status %d (%s), expected MT_ERR_STATE naming retain_graph",
-                             sc->name, (long long)n, rc, mt_last_error());
-                mt_clear_error();
-                free(before.bytes);
-                ctx_free(&c);
-                continue;
-            }
-            if (rc != 0)
-                fail_msg("%s, allocation %lld failed: the retry failed too: %s", sc->name,
-                         (long long)n, mt_last_error());
+            compare = check_failure(sc, &c, n, rc, never_reached, tensors, bytes, &before);
         } else if (!never_reached && mt_last_status() != MT_OK) {
             fail_msg("%s, allocation %lld failed: the call succeeded with an error set: %s",
                      sc->name, (long long)n, mt_last_error());
         }
-        if (sc->follow) assert_int_equal(sc->follow(&c), 0);
-        blob got = snapshot(&c);
-        assert_same(&expect, &got, sc->name, n,
-                    rc == 0 && never_reached ? "a call with no failure differs from the twin"
-                                             : "after the failure, the state differs from the "
-                                               "twin's");
-        free(got.bytes);
+        if (compare) {
+            if (sc->follow) assert_int_equal(sc->follow(&c), 0);
+            blob got = snapshot(&c);
+            assert_same(&expect, &got, sc->name, n,
+                        rc == 0 && never_reached
+                            ? "a call with no failure differs from the twin"
+                            : "after the failure, the state differs from the twin's");
+            free(got.bytes);
+        }
         free(before.bytes);
         ctx_free(&c);
-        if (never_reached) break; /* the call made fewer than n allocations */
     }
     free(expect.bytes);
     printf("# %s: %lld allocations, %lld of them failed the call cleanly\n", sc->name,
-           (long long)(n - 1), (long long)failures);
+           (long long)(n - 2), (long long)failures);
 }
 
 /* ---- setups */
