@@ -146,6 +146,9 @@ mt_tensor *mt_retain(mt_tensor *t); /* returns t */
    and still held when the scope ends is reported on stderr (hand results out with
    mt_scope_end_keep instead). mt_debug_ownership_reports() counts the reports. */
 void mt_release(mt_tensor *t);
+/* A scope that cannot open (out of memory) sets the error and still needs its mt_scope_end.
+   Results made inside it go to the enclosing scope; with none, nothing would release them,
+   so those calls fail (NULL) while the error is pending. */
 void mt_scope_begin(void);
 void mt_scope_end(void);
 /* Ends the innermost scope like mt_scope_end but keeps `keep` (any tensor, NULL allowed):

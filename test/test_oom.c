@@ -619,6 +619,63 @@ static int call_random(oom_ctx *c) {
     return c->result ? 0 : (int)mt_last_status();
 }
 
+/* The ops that change what they cannot take back (batch norm's running statistics, the
+   generator), called in a scope whose list of results is full: 64 results, the first size
+   of a fresh thread's list, so the list must grow for the op's result, and that must happen
+   before the change. Run on a thread of their own (a fresh list each time); the thread's
+   error comes back to the walk's thread. kind 0: batch norm, 1: dropout, 2: randn,
+   3: randperm. */
+typedef struct {
+    oom_ctx *c;
+    int rc;
+    char msg[512];
+} full_scope_job;
+
+static mt_tensor *side_effect_op(oom_ctx *c) {
+    int64_t shape[2] = {4, 6};
+    switch (c->kind) {
+    case 0:
+        return mt_batch_norm(c->x, c->watch[0], c->watch[1], NULL, NULL, true, 0.1, 1e-5);
+    case 1:
+        return mt_dropout(c->x2, 0.5, true);
+    case 2:
+        return mt_randn(2, shape, MT_F32, mt_test_device());
+    default:
+        return mt_randperm(9, mt_test_device());
+    }
+}
+
+static int full_scope_thread(void *arg) {
+    full_scope_job *j = arg;
+    mt_scope_begin();
+    int rc = 0;
+    for (int i = 0; i < 64 && rc == 0; i++)
+        if (!mt_scalar(i, MT_F32, MT_CPU)) rc = mt_last_status();
+    mt_tensor *y = rc == 0 ? side_effect_op(j->c) : NULL;
+    if (rc == 0 && !y) rc = mt_last_status();
+    if (y) j->c->result = mt_retain(y);
+    mt_scope_end();
+    j->rc = rc;
+    snprintf(j->msg, sizeof j->msg, "%s", mt_last_error());
+    mt_clear_error();
+    return 0;
+}
+
+static void setup_full_scope(oom_ctx *c) {
+    setup_bn(c); /* x, running mean and variance (watched) */
+    c->x2 = random_tensor(2, (int64_t[]){4, 6}, MT_F16, true);
+    mt_manual_seed(24);
+}
+
+static int call_full_scope(oom_ctx *c) {
+    full_scope_job j = {.c = c};
+    thrd_t t;
+    assert_int_equal(thrd_create(&t, full_scope_thread, &j), thrd_success);
+    assert_int_equal(thrd_join(t, NULL), thrd_success);
+    if (j.rc) mt_error_set((mt_status)j.rc, "%s", j.msg); /* the thread's error, verbatim */
+    return j.rc;
+}
+
 /* every layer kind made and run once (a failure frees what the call made) */
 typedef struct {
     mt_linear_layer fc;
@@ -717,6 +774,10 @@ static const scenario scenarios[] = {
     {"rand", setup_random, call_random, NULL, 1, false},
     {"randn", setup_random, call_random, NULL, 2, false},
     {"randperm", setup_random, call_random, NULL, 3, false},
+    {"batch norm into a full scope", setup_full_scope, call_full_scope, NULL, 0, false},
+    {"dropout into a full scope", setup_full_scope, call_full_scope, NULL, 1, false},
+    {"randn into a full scope", setup_full_scope, call_full_scope, NULL, 2, false},
+    {"randperm into a full scope", setup_full_scope, call_full_scope, NULL, 3, false},
     {"state load into parameters", setup_load_into, call_load_into, NULL, 0, false},
     {"state save to a file", setup_file, call_file, NULL, 0, false},
     {"state load from a file", setup_file, call_file, NULL, 1, false},

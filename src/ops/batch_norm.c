@@ -245,6 +245,7 @@ static mt_tensor *batch_norm(const bn_call *k) {
     }
     mt_node *node = NULL;
     if (rc == 0) node = prepare_node(op, d, &a, &rc);
+    if (rc == 0) rc = mt_scope_reserve(); /* the running statistics change next */
     if (rc == 0) rc = be->batch_norm(&a);
     if (rc == 0 && k->training && k->rm) {
         mt_tensor_bump_version(k->rm);

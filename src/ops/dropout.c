@@ -40,6 +40,7 @@ static mt_tensor *dropout(mt_tensor *x, double p, bool training) {
     if (rc == 0 && mt_autograd_wanted(&xc, 1) &&
         !(node = mt_node_new(MT_OP_DROPOUT, dropout_backward, &xc, 1)))
         rc = MT_ERR_OOM;
+    if (rc == 0) rc = mt_scope_reserve();
     uint64_t seed, offset;
     if (rc == 0) {
         mt_rng_reserve((uint64_t)x->numel, &seed, &offset);

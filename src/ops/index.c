@@ -296,7 +296,8 @@ static mt_tensor *randperm(int64_t n, mt_device dev) {
     }
     /* the result exists before the draw: a failed call leaves the generator alone */
     mt_tensor *out = mt_tensor_new(name, 1, &n, MT_I64, dev);
-    if (!out) {
+    if (!out || mt_scope_reserve() < 0) {
+        mt_tensor_unref(out);
         free(p);
         return NULL;
     }

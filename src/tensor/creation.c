@@ -112,6 +112,10 @@ static mt_tensor *random_tensor(const char *op, int ndim, const int64_t *shape, 
     }
     mt_tensor *t = mt_tensor_new(op, ndim, shape, dt, dev);
     if (!t) return NULL;
+    if (mt_scope_reserve() < 0) { /* before the draw: a failed call leaves the generator */
+        mt_tensor_unref(t);
+        return NULL;
+    }
     uint64_t seed, offset;
     mt_rng_reserve((uint64_t)t->numel, &seed, &offset);
     if (mt_backend_get(dev)->random(t, normal, seed, offset) < 0) {

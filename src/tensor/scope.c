@@ -49,20 +49,32 @@ void mt_api_set_backward_op(const char *op_name) {
     api_backward_op = op_name;
 }
 
+/* Room for one more result in the innermost frame; false (with the OOM error) when it
+   cannot grow. */
+static bool frame_room(void) {
+    scope_frame *f = &frames[n_frames - 1];
+    if (f->len < f->cap) return true;
+    size_t cap = f->cap ? f->cap * 2 : 64;
+    mt_tensor **items = mt_heap_realloc(f->items, cap * sizeof *items);
+    if (!items) {
+        mt_error_set(MT_ERR_OOM, "mt_scope: out of memory tracking a result");
+        return false;
+    }
+    f->items = items;
+    f->cap = cap;
+    return true;
+}
+
+int mt_scope_reserve(void) {
+    if (api_depth != 1 || n_frames == 0) return 0; /* the result goes to no scope */
+    return frame_room() ? 0 : MT_ERR_OOM;
+}
+
 /* False when the scope cannot grow: the caller then gets NULL (and the OOM error) rather than
    a tensor nobody would release. */
 static bool scope_track(mt_tensor *t) {
+    if (!frame_room()) return false;
     scope_frame *f = &frames[n_frames - 1];
-    if (f->len == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 64;
-        mt_tensor **items = mt_heap_realloc(f->items, cap * sizeof *items);
-        if (!items) {
-            mt_error_set(MT_ERR_OOM, "mt_scope: out of memory tracking a result");
-            return false;
-        }
-        f->items = items;
-        f->cap = cap;
-    }
     f->items[f->len++] = t;
     atomic_fetch_add_explicit(&t->scope_refs, 1, memory_order_relaxed);
     return true;
@@ -94,7 +106,12 @@ static void report_kept(const mt_tensor *t) {
 
 mt_tensor *mt_api_exit(mt_tensor *result) {
     if (--api_depth == 0) api_backward_op = NULL;
-    if (api_depth == 0 && result && n_frames > 0 && !scope_track(result)) {
+    if (api_depth != 0 || !result) return result;
+    /* inside a scope that could not open and no other: nothing would release the result
+       (the caller counts on the scope), so the call fails; mt_scope_begin's error is
+       pending */
+    bool untracked = n_frames == 0 && lost_frames > 0;
+    if (untracked || (n_frames > 0 && !scope_track(result))) {
         mt_tensor_unref(result);
         return NULL;
     }

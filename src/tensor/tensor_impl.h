@@ -72,6 +72,12 @@ void mt_api_set_backward_op(const char *op_name);
 mt_tensor *mt_api_exit(mt_tensor *result);
 /* Leaves the API without a tensor result (int-returning functions). */
 int mt_api_exit_status(int status);
+/* Makes room in the open scope for the result of the outermost call now running, so that
+   mt_api_exit cannot fail to track it. Ops that change something they cannot take back
+   (batch norm's running statistics, the generator's counter) call it before that change:
+   otherwise a scope that cannot grow would fail the call after the change. 0, or
+   MT_ERR_OOM with the error set. */
+int mt_scope_reserve(void);
 /* The library's own references: mt_retain/mt_release are the user's, and check what the user
    may get wrong (releasing a reference an open scope holds, double releases in checked
    mode); code inside the library takes and drops references with these. */
