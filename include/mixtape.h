@@ -801,7 +801,12 @@ bool mt_dist_work_done(mt_dist_work *w);
    one CUDA device (NCCL): then the buckets live on that device, the initial broadcast and
    the averaging all-reduce (NCCL's average) are queued on its stream, and mt_ddp_wait never
    waits for the device. In a world of threads (mt_dist_init_thread) CUDA parameters only,
-   and the parameter lists are not compared across ranks (there is no MPI to do it). */
+   and the parameter lists are not compared across ranks (there is no MPI to do it).
+   A failed mt_ddp_wait changes no gradient (a device error while it writes them aside).
+   When it failed on this rank alone (out of memory filling the buckets or making the
+   gradients it writes) the step stays open: calling mt_ddp_wait again finishes it (the
+   peers wait for it, bounded). When a collective failed (a timeout, a dead rank) the step
+   is over. */
 typedef struct mt_ddp mt_ddp;
 /* How a CPU bucket's all-reduce advances while backward runs (MPI only moves a non-blocking
    collective inside MPI calls). HOOKS: every gradient-ready hook tests all buckets in flight

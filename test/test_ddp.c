@@ -437,6 +437,99 @@ static void test_new_out_of_memory(void **state) {
     }
 }
 
+/* One data-parallel step whose gradients mt_ddp_wait must make or replace: w1's gradient is
+   a transposed (not contiguous) tensor set beforehand, and b2 gets none (the loss leaves it
+   out). */
+static void wait_step_prepare(model *m) {
+    for (int k = 0; k < NP; k++) mt_zero_grad(m->p[k]);
+    mt_tensor *t = mt_transpose(mt_zeros(MT_SHAPE(IN, HID), MT_F32, MT_CPU), 0, 1);
+    assert_int_equal(mt_set_grad(m->p[0], t), 0);
+    int me = mt_dist_rank();
+    mt_tensor *x = mt_full(MT_SHAPE(B, IN), MT_F32, MT_CPU, 0.25 * (me + 1));
+    mt_tensor *h = mt_tanh(mt_linear(x, m->p[0], m->p[1]));
+    mt_tensor *y = mt_full(MT_SHAPE(B, OUT), MT_F32, MT_CPU, 0.5);
+    assert_int_equal(mt_backward(mt_mse_loss(mt_linear(h, m->p[2], NULL), y), NULL), 0);
+}
+
+/* The gradients' values as F64; NAN first marks a missing one. */
+static void grads_read(model *m, double g[NP][HID * IN]) {
+    for (int k = 0; k < NP; k++) {
+        mt_tensor *gk = mt_grad(m->p[k]);
+        g[k][0] = NAN;
+        if (gk) assert_int_equal(mt_copy_to_host(mt_cast(gk, MT_F64), g[k], sizeof g[k]), 0);
+    }
+}
+
+/* Every allocation of mt_ddp_wait failed in turn on the last rank (mt_debug_fail_nth_alloc):
+   each failure is MT_ERR_OOM naming mt_ddp_wait, changes no gradient bit for bit (the one it
+   would make stays missing, the one it would replace stays) and leaks nothing; calling
+   mt_ddp_wait again finishes the step, which ends exactly like the step of a twin that never
+   failed. CPU buckets allocate only after their all-reduces, so the failing rank's retry
+   needs no peer: the other ranks' waits succeed at once. */
+static void wait_walk(mt_ddp_progress progress) {
+    int me = mt_dist_rank(), last = mt_dist_world_size() - 1;
+    model m;
+    model_init(&m, 10);
+    /* 300 bytes: 2 buckets */
+    mt_ddp *d = mt_ddp_new(m.p, NP, &(mt_ddp_opts){.bucket_mb = 300e-6, .progress = progress});
+    assert_non_null(d);
+    static double twin[NP][HID * IN], before[NP][HID * IN], after[NP][HID * IN];
+    mt_scope_begin();
+    wait_step_prepare(&m);
+    assert_int_equal(mt_ddp_wait(d), 0);
+    grads_read(&m, twin);
+    mt_scope_end();
+    int64_t failures = 0, n = 1;
+    for (bool done = false; !done; n++) {
+        mt_scope_begin();
+        wait_step_prepare(&m);
+        grads_read(&m, before);
+        int64_t tensors = mt_live_tensors(), bytes = mt_live_bytes();
+        if (me == last) mt_debug_fail_nth_alloc(n);
+        int rc = mt_ddp_wait(d);
+        bool never_reached = mt_debug_fail_nth_alloc(0);
+        if (rc != 0) {
+            failures++;
+            assert_error(MT_ERR_OOM, "mt_ddp_wait");
+            mt_clear_error();
+            assert_int_equal(mt_live_tensors(), tensors);
+            assert_int_equal(mt_live_bytes(), bytes);
+            grads_read(&m, after);
+            for (int k = 0; k < NP; k++) {
+                if (isnan(before[k][0])) {
+                    assert_true(isnan(after[k][0]));
+                    continue;
+                }
+                assert_memory_equal(after[k], before[k], (size_t)mt_numel(m.p[k]) * sizeof(double));
+            }
+            assert_int_equal(mt_ddp_wait(d), 0);
+        }
+        grads_read(&m, after);
+        for (int k = 0; k < NP; k++)
+            assert_memory_equal(after[k], twin[k], (size_t)mt_numel(m.p[k]) * sizeof(double));
+        /* the last rank says when its walk is over */
+        mt_tensor *stop = mt_full(MT_SHAPE(1), MT_F32, MT_CPU, me == last && never_reached);
+        assert_int_equal(mt_all_reduce(stop, MT_REDUCE_MAX), 0);
+        done = mt_item(stop) != 0;
+        mt_scope_end();
+    }
+    printf("# mt_ddp_wait (rank %d, progress %d): %lld allocations walked, %lld failed "
+           "cleanly\n",
+           me, (int)progress, (long long)(n - 2), (long long)failures);
+    if (me == last) assert_true(failures > 0);
+    mt_ddp_stats st;
+    assert_int_equal(mt_ddp_stats_get(d, &st), 0);
+    assert_int_equal(st.steps, n);
+    mt_ddp_free(d);
+    model_free(&m);
+}
+
+static void test_wait_out_of_memory(void **state) {
+    (void)state;
+    wait_walk(MT_DDP_PROGRESS_HOOKS);
+    wait_walk(MT_DDP_PROGRESS_THREAD);
+}
+
 /* Ranks with different parameter lists: an error on every rank, no hang. */
 static void test_mismatch_across_ranks(void **state) {
     (void)state;
@@ -496,6 +589,7 @@ int main(void) {
         MT_TEST_ONE_RANK(
             test_new_out_of_memory,
             "a world of one only (a rank failing alone would leave its peers waiting)"),
+        MT_TEST(test_wait_out_of_memory),
         MT_TEST_MULTI_RANK(test_mismatch_across_ranks),
     };
     return mt_test_dist_end(MT_RUN_TESTS(tests));

@@ -434,6 +434,85 @@ static void test_threads_ddp_mismatch(void **state) {
     run_ranks(2, ddp_mismatch_body);
 }
 
+/* The gradients of ps as clones (NULL where none). */
+static void grads_clone(mt_tensor *const *ps, int n, mt_tensor **out) {
+    for (int k = 0; k < n; k++) {
+        mt_tensor *g = mt_grad(ps[k]);
+        out[k] = g ? mt_clone(g) : NULL;
+        mt_release(g);
+    }
+}
+
+static void grads_assert_equal(mt_tensor *const *ps, int n, mt_tensor *const *want) {
+    char why[512] = "";
+    for (int k = 0; k < n; k++) {
+        mt_tensor *g = mt_grad(ps[k]);
+        if (!want[k]) assert_null(g);
+        if (want[k] && (!g || same_values(g, want[k], why) < 0))
+            fail_msg("parameter %d: %s", k, g ? why : "no gradient");
+        mt_release(g);
+    }
+}
+
+static void grads_release(mt_tensor **g, int n) {
+    for (int k = 0; k < n; k++) mt_release(g[k]);
+}
+
+/* Every allocation of mt_ddp_wait on device buckets failed in turn, in a world of one: an
+   F32 and an F16 parameter with gradients and an F32 one without (its slot is filled with
+   zeros before the all-reduce, and the copy out makes its gradient). Each failure is
+   MT_ERR_OOM naming mt_ddp_wait, changes no gradient and leaks nothing; calling mt_ddp_wait
+   again finishes the step exactly like a twin step that never failed. */
+static void test_world1_ddp_wait_out_of_memory(void **state) {
+    (void)state;
+    assert_int_equal(mt_dist_init(), 0);
+    mt_tensor *d = filled(MT_SHAPE(6), 0.5);
+    mt_tensor *ps[3] = {cuda_param(MT_SHAPE(3, 4), 1.0), mt_cast(d, MT_F16),
+                        cuda_param(MT_SHAPE(3), 2.0)};
+    mt_set_requires_grad(ps[1], true);
+    mt_ddp *ddp = mt_ddp_new(ps, 3, NULL);
+    assert_non_null(ddp);
+    mt_tensor *x = filled(MT_SHAPE(2, 4), 1.5), *xf = mt_cast(x, MT_F32);
+    mt_tensor *twin[3], *before[3];
+    int64_t failures = 0, n = 0;
+    for (bool never_reached = false; !never_reached; n++) {
+        for (int k = 0; k < 3; k++) mt_zero_grad(ps[k]);
+        mt_scope_begin();
+        mt_tensor *y = mt_matmul(xf, mt_transpose(ps[0], 0, 1));
+        assert_int_equal(mt_backward(mt_add(mt_sum_all(mt_mul(y, y)),
+                                            mt_cast(mt_sum_all(mt_mul(ps[1], ps[1])), MT_F32)),
+                                     NULL),
+                         0);
+        mt_scope_end();
+        grads_clone(ps, 3, before);
+        int64_t tensors = mt_live_tensors(), bytes = mt_live_bytes();
+        mt_debug_fail_nth_alloc(n); /* n = 0: the twin, no failure */
+        int rc = mt_ddp_wait(ddp);
+        never_reached = n > 0 && mt_debug_fail_nth_alloc(0);
+        if (rc != 0) {
+            failures++;
+            assert_error(MT_ERR_OOM, "mt_ddp_wait");
+            mt_clear_error();
+            assert_int_equal(mt_live_tensors(), tensors);
+            assert_int_equal(mt_live_bytes(), bytes);
+            grads_assert_equal(ps, 3, before);
+            assert_int_equal(mt_ddp_wait(ddp), 0);
+        }
+        grads_release(before, 3);
+        if (n == 0) grads_clone(ps, 3, twin);
+        grads_assert_equal(ps, 3, twin);
+    }
+    printf("# mt_ddp_wait on cuda:0: %lld allocations walked, %lld failed cleanly\n",
+           (long long)(n - 2), (long long)failures);
+    assert_true(failures > 0);
+    grads_release(twin, 3);
+    mt_ddp_free(ddp);
+    mt_release(xf);
+    mt_release(x);
+    mt_release(d);
+    for (int k = 0; k < 3; k++) mt_release(ps[k]);
+}
+
 /* An FP16 parameter: its bucket is FP32 on the device, and in a world of one the gradient
    comes back exactly (widened, averaged over one rank, rounded back). */
 static void test_world1_ddp_half(void **state) {
@@ -497,6 +576,7 @@ int main(void) {
         NCCL_TEST(test_threads_ddp),
         NCCL_TEST(test_threads_ddp_mismatch),
         NCCL_TEST(test_world1_ddp_half),
+        NCCL_TEST(test_world1_ddp_wait_out_of_memory),
     };
     int failures = MT_RUN_TESTS(tests);
     return mt_dist_finalize() < 0 || failures ? 1 : 0;

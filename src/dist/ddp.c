@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../math/half.h"
+#include "../tensor/backend.h"
 #include "ddp_impl.h"
 
 #define DEFAULT_BUCKET_MB 25.0
@@ -63,40 +64,35 @@ static int status_or(int fallback) {
     return mt_last_status() ? (int)mt_last_status() : fallback;
 }
 
-/* A device bucket's slot of p as a view of p's shape; with to_grad, copied (converted) into
-   p's gradient, else filled from it (zeros when it has none). Outside autograd and autocast;
-   inner calls of the library return plain references, released here. */
-static int device_slot_copy(ddp_param *p, ddp_bucket *b, bool to_grad) {
+/* p's slot of device bucket b as a tensor of p's shape (a view of the bucket); NULL with
+   the error set when its headers cannot be made. Outside autograd; inner calls of the
+   library return plain references. */
+static mt_tensor *slot_view(const ddp_param *p, const ddp_bucket *b) {
     mt_api_enter();
     bool grad_mode = mt_set_grad_enabled(false);
     mt_tensor *flat = mt_narrow(b->dev, 0, p->offset, p->t->numel);
     mt_tensor *slot = flat ? mt_view(flat, p->t->ndim, p->t->shape) : NULL;
-    int rc = slot ? 0 : status_or(MT_ERR_INTERNAL);
-    mt_tensor *g = p->t->grad;
-    if (rc == 0 && to_grad) {
-        if (!g || !mt_is_contiguous(g) || g->dtype != p->t->dtype) {
-            g = mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, p->t->dtype, p->t->device);
-            if (!g) rc = status_or(MT_ERR_OOM);
-            mt_tensor_unref(p->t->grad);
-            p->t->grad = g;
-        }
-        if (rc == 0) rc = mt_copy(g, slot);
-    } else if (rc == 0 && g) {
-        rc = mt_copy(slot, g);
-    } else if (rc == 0) {
-        mt_tensor *zero = mt_scalar(0.0, b->dev->dtype, b->dev->device);
-        rc = zero ? mt_copy(slot, zero) : status_or(MT_ERR_OOM);
-        mt_tensor_unref(zero);
-    }
-    mt_tensor_unref(slot);
     mt_tensor_unref(flat);
     mt_set_grad_enabled(grad_mode);
-    return mt_api_exit_status(rc);
+    mt_api_exit_status(slot ? 0 : status_or(MT_ERR_INTERNAL));
+    return slot;
+}
+
+/* p's gradient g (zeros when NULL) into its slot of device bucket b: the backend's own copy
+   (converting dtype, any strides) and fill, which allocate nothing. */
+static int device_slot_fill(const ddp_param *p, const ddp_bucket *b, const mt_tensor *g) {
+    mt_tensor *slot = slot_view(p, b);
+    if (!slot) return status_or(MT_ERR_OOM);
+    const mt_backend *be = mt_backend_get(slot->device);
+    int rc = g ? be->copy(slot, g) : be->fill(slot, 0.0);
+    if (rc == 0) mt_tensor_bump_version(slot);
+    mt_tensor_unref(slot);
+    return rc;
 }
 
 /* The parameter's gradient (zeros when it has none) into its slot of the bucket. */
 static int copy_in(ddp_param *p, ddp_bucket *b) {
-    if (b->dev) return device_slot_copy(p, b, false);
+    if (b->dev) return device_slot_fill(p, b, p->t->grad);
     mt_tensor *g = p->t->grad;
     int64_t n = p->t->numel;
     char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
@@ -146,36 +142,80 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
     return rc;
 }
 
-/* The averaged bucket values into each parameter's gradient. */
-static int copy_out(mt_ddp *d, ddp_param *p, int world) {
-    ddp_bucket *b = &d->buckets[p->bucket];
-    if (b->dev) return device_slot_copy(p, b, true); /* NCCL averaged already */
-    mt_tensor *g = p->t->grad;
-    if (!g || !mt_is_contiguous(g) || g->dtype != b->dt) {
-        g = mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, b->dt, p->t->device);
-        if (!g) return mt_last_status();
-        mt_tensor_unref(p->t->grad);
-        p->t->grad = g;
+/* ---- the copy out of the buckets: made, then written. Making can fail (out of memory) and
+   changes nothing; writing cannot fail on the CPU and only by a device error on a GPU. */
+
+static bool grad_fits(const mt_tensor *g, mt_dtype dt) {
+    return g && mt_is_contiguous(g) && g->dtype == dt;
+}
+
+static void out_release(mt_ddp *d) {
+    for (int i = 0; i < d->n; i++) {
+        mt_tensor_unref(d->out[i].grad);
+        mt_tensor_unref(d->out[i].slot);
+        d->out[i] = (ddp_out){0};
     }
+}
+
+/* Each parameter's gradient-to-be (its .grad when it is contiguous and of the parameter's
+   dtype, else a new tensor) and its bucket slot on a device. */
+static int out_prepare(mt_ddp *d) {
+    for (int i = 0; i < d->n; i++) {
+        ddp_param *p = &d->params[i];
+        ddp_bucket *b = &d->buckets[p->bucket];
+        ddp_out *o = &d->out[i];
+        if (!grad_fits(p->t->grad, p->t->dtype)) {
+            o->grad =
+                mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, p->t->dtype, p->t->device);
+            if (!o->grad) return status_or(MT_ERR_OOM);
+        }
+        if (b->dev && !(o->slot = slot_view(p, b))) return status_or(MT_ERR_OOM);
+    }
+    return 0;
+}
+
+/* The averaged bucket values (NCCL averaged device buckets already) into the gradient. */
+static int out_write(const mt_ddp *d, const ddp_param *p, const ddp_out *o, mt_tensor *g,
+                     int world) {
+    const ddp_bucket *b = &d->buckets[p->bucket];
+    if (b->dev) return mt_backend_get(g->device)->copy(g, o->slot);
     int64_t n = p->t->numel;
     const char *src = (const char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
     if (b->dt == MT_F64) {
         const double *s = (const double *)src;
-        double *o = mt_tensor_data(g);
-        for (int64_t i = 0; i < n; i++) o[i] = s[i] / (double)world;
+        double *out = mt_tensor_data(g);
+        for (int64_t i = 0; i < n; i++) out[i] = s[i] / (double)world;
     } else if (b->dt == MT_F32) {
         const float *s = (const float *)src;
-        float *o = mt_tensor_data(g);
-        for (int64_t i = 0; i < n; i++) o[i] = s[i] / (float)world;
+        float *out = mt_tensor_data(g);
+        for (int64_t i = 0; i < n; i++) out[i] = s[i] / (float)world;
     } else {
         const float *s = (const float *)src;
-        uint16_t *o = mt_tensor_data(g);
+        uint16_t *out = mt_tensor_data(g);
         for (int64_t i = 0; i < n; i++)
-            o[i] = b->dt == MT_F16 ? mt_f32_to_f16(s[i] / (float)world)
-                                   : mt_f32_to_bf16(s[i] / (float)world);
+            out[i] = b->dt == MT_F16 ? mt_f32_to_f16(s[i] / (float)world)
+                                     : mt_f32_to_bf16(s[i] / (float)world);
     }
-    mt_tensor_bump_version(g);
     return 0;
+}
+
+/* Writes every gradient, then hands the new ones to their parameters. */
+static int out_install(mt_ddp *d, int world) {
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < d->n; i++) {
+        ddp_param *p = &d->params[i];
+        mt_tensor *g = d->out[i].grad ? d->out[i].grad : p->t->grad;
+        rc = out_write(d, p, &d->out[i], g, world);
+        if (rc == 0) mt_tensor_bump_version(g);
+    }
+    for (int i = 0; rc == 0 && i < d->n; i++) {
+        ddp_param *p = &d->params[i];
+        if (!d->out[i].grad) continue;
+        mt_tensor_unref(p->t->grad);
+        p->t->grad = d->out[i].grad;
+        d->out[i].grad = NULL;
+    }
+    return rc;
 }
 
 static void reset_step(mt_ddp *d) {
@@ -187,6 +227,7 @@ static void reset_step(mt_ddp *d) {
         b->start_time = b->done_time = 0;
     }
     if (d->threaded) mt_ddp_comm_reset(d);
+    d->reduced = false;
     d->next = 0;
     d->calls = d->calls_in_backward = 0;
     d->first_grad_time = d->last_grad_time = 0;
@@ -226,40 +267,63 @@ static void record_step(mt_ddp *d, double wait_begin) {
     }
 }
 
+/* Parameters no gradient reached this step take part with zeros. A failure (out of memory
+   for a device slot's header) leaves the ones done marked ready: a retry goes on from there. */
+static int fill_unready(mt_ddp *d) {
+    for (int i = 0; i < d->n; i++) {
+        ddp_param *p = &d->params[i];
+        if (p->ready) continue;
+        ddp_bucket *b = &d->buckets[p->bucket];
+        if (b->dev) {
+            int rc = device_slot_fill(p, b, NULL);
+            if (rc < 0) return rc;
+        } else {
+            char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+            memset(dst, 0, (size_t)p->t->numel * buf_esize(b->dt));
+        }
+        p->ready = true;
+        d->buckets[p->bucket].n_ready++;
+    }
+    return 0;
+}
+
+/* Starts what is left and waits (bounded) for every bucket's all-reduce. */
+static int reduce_all(mt_ddp *d) {
+    int rc = launch_ready(d, false);
+    if (rc == 0) rc = d->threaded ? mt_ddp_comm_wait(d, d->next) : wait_started(d);
+    if (rc == MT_ERR_TIMEOUT || (rc < 0 && d->threaded))
+        d->leak_buffers = true; /* MPI may still write into them */
+    if (rc == 0 && d->cuda)     /* the copies out of the buckets after their all-reduces */
+        rc = mt_dist_nccl_join("mt_ddp_wait", d->params[0].t->device.index);
+    return rc;
+}
+
+/* A failure before the all-reduces (filling the buckets) or after them (making the copy
+   out) changes no gradient and keeps the step: calling mt_ddp_wait again finishes it. A
+   failed collective ends the step (the ranks no longer agree on it). */
 static int ddp_wait(mt_ddp *d) {
     if (!d) return mt_error_set(MT_ERR_NULL, "mt_ddp_wait: arg 1: ddp is NULL");
     if (d->no_sync) return 0;
     int rc = mt_dist_ready("mt_ddp_wait");
     if (rc < 0) return rc;
     double t0 = mt_ddp_now();
-    /* parameters no gradient reached this step take part with zeros */
-    for (int i = 0; rc == 0 && i < d->n; i++) {
-        ddp_param *p = &d->params[i];
-        if (p->ready) continue;
-        ddp_bucket *b = &d->buckets[p->bucket];
-        if (b->dev) {
-            mt_tensor *keep = p->t->grad; /* none reached it: the slot gets zeros */
-            p->t->grad = NULL;
-            rc = device_slot_copy(p, b, false);
-            p->t->grad = keep;
-        } else {
-            char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
-            memset(dst, 0, (size_t)p->t->numel * buf_esize(b->dt));
+    if (!d->reduced) {
+        rc = fill_unready(d);
+        if (rc < 0) return rc;
+        rc = reduce_all(d);
+        if (rc < 0) {
+            reset_step(d);
+            return rc;
         }
-        p->ready = true;
-        b->n_ready++;
+        d->reduced = true;
     }
-    if (rc == 0) rc = launch_ready(d, false);
-    if (rc == 0) rc = d->threaded ? mt_ddp_comm_wait(d, d->next) : wait_started(d);
-    if (rc == MT_ERR_TIMEOUT || (rc < 0 && d->threaded))
-        d->leak_buffers = true; /* MPI may still write into them */
-    if (rc == 0 && d->cuda)     /* the copies out of the buckets after their all-reduces */
-        rc = mt_dist_nccl_join("mt_ddp_wait", d->params[0].t->device.index);
-    int world = mt_dist_world_size();
-    for (int i = 0; rc == 0 && i < d->n; i++) rc = copy_out(d, &d->params[i], world);
-    if (rc == 0) record_step(d, t0);
+    rc = out_prepare(d);
+    if (rc == 0) rc = out_install(d, mt_dist_world_size());
+    out_release(d);
+    if (rc < 0) return rc;
+    record_step(d, t0);
     reset_step(d);
-    return rc;
+    return 0;
 }
 
 int mt_ddp_wait(mt_ddp *d) {
@@ -428,6 +492,7 @@ static void ddp_destroy(mt_ddp *d) {
     free(d->reqs);
     free(d->done_idx);
     free(d->params);
+    free(d->out);
     free(d);
 }
 
@@ -484,7 +549,8 @@ static mt_ddp *ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts)
     int local = rc == 0 ? check_local(params, n) : rc;
     if (rc == 0 && d->mpi) rc = check_ranks(d->comm, params, n, local);
     if (rc == 0) rc = local;
-    if (rc == 0 && !(d->params = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->params)))
+    if (rc == 0 && (!(d->params = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->params)) ||
+                    !(d->out = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->out))))
         rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; rc == 0 && i < n; i++, d->n++)
         d->params[i] = (ddp_param){.ddp = d, .t = mt_tensor_ref(params[i]), .index = i};

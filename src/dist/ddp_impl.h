@@ -15,6 +15,12 @@ typedef struct {
     bool ready;     /* its gradient is in the bucket this step */
 } ddp_param;
 
+/* mt_ddp_wait's copy out of the buckets, made for every parameter before any gradient is
+   written: the tensor that will be its gradient (NULL: its own .grad, which fits) and, for
+   a device bucket, its slot as a view of the bucket. */
+typedef struct {
+    mt_tensor *grad, *slot;
+} ddp_out;
 typedef struct {
     mt_dtype dt; /* of the parameters; the buffer is FP32 for FP16/BF16 */
     void *buf;
@@ -43,6 +49,7 @@ typedef struct {
 
 struct mt_ddp {
     ddp_param *params;
+    ddp_out *out; /* per parameter, between a wait's prepare and install */
     int n;
     ddp_bucket *buckets;
     int nb, next;      /* buckets [0, next) are started (or handed over) this step */
@@ -53,6 +60,8 @@ struct mt_ddp {
     bool cuda;     /* the parameters are on one CUDA device: buckets there, through NCCL */
     bool threaded; /* a communication thread runs (comm_thread) */
     ddp_comm comm_thread;
+    bool reduced; /* this step's all-reduces are complete: a wait that failed after them
+                     (out of memory in the copy out) is retried from the copy out */
     int64_t calls, calls_in_backward;
     double first_grad_time, last_grad_time;
     mt_ddp_stats stats;
