@@ -83,9 +83,7 @@ static mt_tensor *slot_view(const ddp_param *p, const ddp_bucket *b) {
 static int device_slot_fill(const ddp_param *p, const ddp_bucket *b, const mt_tensor *g) {
     mt_tensor *slot = slot_view(p, b);
     if (!slot) return status_or(MT_ERR_OOM);
-    const mt_backend *be = mt_backend_get(slot->device);
-    int rc = g ? be->copy(slot, g) : be->fill(slot, 0.0);
-    if (rc == 0) mt_tensor_bump_version(slot);
+    int rc = g ? mt_tensor_overwrite(slot, g) : mt_backend_get(slot->device)->fill(slot, 0.0);
     mt_tensor_unref(slot);
     return rc;
 }
@@ -178,7 +176,7 @@ static int out_prepare(mt_ddp *d) {
 static int out_write(const mt_ddp *d, const ddp_param *p, const ddp_out *o, mt_tensor *g,
                      int world) {
     const ddp_bucket *b = &d->buckets[p->bucket];
-    if (b->dev) return mt_backend_get(g->device)->copy(g, o->slot);
+    if (b->dev) return mt_tensor_overwrite(g, o->slot);
     int64_t n = p->t->numel;
     const char *src = (const char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
     if (b->dt == MT_F64) {
@@ -196,6 +194,7 @@ static int out_write(const mt_ddp *d, const ddp_param *p, const ddp_out *o, mt_t
             out[i] = b->dt == MT_F16 ? mt_f32_to_f16(s[i] / (float)world)
                                      : mt_f32_to_bf16(s[i] / (float)world);
     }
+    mt_tensor_bump_version(g);
     return 0;
 }
 
@@ -206,7 +205,6 @@ static int out_install(mt_ddp *d, int world) {
         ddp_param *p = &d->params[i];
         mt_tensor *g = d->out[i].grad ? d->out[i].grad : p->t->grad;
         rc = out_write(d, p, &d->out[i], g, world);
-        if (rc == 0) mt_tensor_bump_version(g);
     }
     for (int i = 0; rc == 0 && i < d->n; i++) {
         ddp_param *p = &d->params[i];

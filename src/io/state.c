@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "state_impl.h"
-#include "../tensor/backend.h"
 
 #define META_KEY "__metadata__" /* safetensors' reserved header key */
 
@@ -340,11 +339,8 @@ int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params
     }
     /* the writes: the backend's copy between tensors of one shape and dtype on one device
        allocates nothing, so they cannot stop half way */
-    for (int i = 0; i < n && !rc; i++) {
-        if (!moved[i]) continue;
-        rc = mt_backend_get(params[i]->device)->copy(params[i], moved[i]);
-        if (rc == 0) mt_tensor_bump_version(params[i]);
-    }
+    for (int i = 0; i < n && !rc; i++)
+        if (moved[i]) rc = mt_tensor_overwrite(params[i], moved[i]);
     mt_set_grad_enabled(prev);
     for (int i = 0; moved && i < n; i++) mt_tensor_unref(moved[i]);
     free(moved);

@@ -104,9 +104,8 @@ int mt_copy(mt_tensor *dst, mt_tensor *src) {
     if (rc) return rc;
     mt_api_enter();
     mt_tensor *s = prepare_source("mt_copy", dst, src, src->dtype);
-    rc = s ? mt_backend_get(dst->device)->copy(dst, s) : mt_backward_failed();
+    rc = s ? mt_tensor_overwrite(dst, s) : mt_backward_failed();
     mt_tensor_unref(s);
-    if (rc == 0) mt_tensor_bump_version(dst);
     return mt_api_exit_status(rc);
 }
 

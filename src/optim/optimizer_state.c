@@ -233,12 +233,6 @@ static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char
     return rc;
 }
 
-static int install_copy(mt_tensor *dst, const mt_tensor *src) {
-    int rc = mt_backend_get(dst->device)->copy(dst, src);
-    if (rc == 0) mt_tensor_bump_version(dst);
-    return rc;
-}
-
 int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix) {
     static const char fn[] = "mt_optimizer_state_load";
     if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 1: optimizer is NULL", fn);
@@ -254,11 +248,11 @@ int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix) {
     /* everything is made: install it (masters and the step count keep their identity). The
        copies are the backend's own, between tensors of one shape, dtype and device, which
        allocate nothing, so the install cannot stop half way */
-    if (!rc && pd.step) rc = install_copy(o->step_count, pd.step);
+    if (!rc && pd.step) rc = mt_tensor_overwrite(o->step_count, pd.step);
     for (int k = 0; k < ns && !rc; k++)
         for (int i = 0; i < o->n && !rc; i++) {
             if (sl[k].arr == o->masters) {
-                if (o->masters[i]) rc = install_copy(o->masters[i], pd.fresh[k][i]);
+                if (o->masters[i]) rc = mt_tensor_overwrite(o->masters[i], pd.fresh[k][i]);
                 continue;
             }
             mt_tensor_unref(sl[k].arr[i]);

@@ -189,6 +189,12 @@ static mt_tensor *header_new(const char *op) {
     return t;
 }
 
+int mt_tensor_overwrite(mt_tensor *dst, const mt_tensor *src) {
+    int rc = mt_backend_get(dst->device)->copy(dst, src);
+    if (rc == 0) mt_tensor_bump_version(dst);
+    return rc;
+}
+
 mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
                          mt_device dev) {
     if (ndim < 0 || ndim > MT_MAX_DIMS) {

@@ -103,6 +103,10 @@ mt_tensor *mt_tensor_view_of(const mt_tensor *t, int ndim, const int64_t *shape,
    or a stack mt_storage over a host buffer). */
 void mt_tensor_header_init(mt_tensor *h, mt_storage *st, mt_dtype dt, int ndim,
                            const int64_t *shape, const int64_t *strides, int64_t offset);
+/* dst = src through dst's backend (one shape, one device, any strides, converting dtype;
+   allocates nothing), then dst's version moves on: a write into a tensor someone may have
+   saved for backward. 0 or the backend's error. */
+int mt_tensor_overwrite(mt_tensor *dst, const mt_tensor *src);
 /* Same storage and layout as t, no history: used to save outputs without cycles. */
 mt_tensor *mt_tensor_alias(const mt_tensor *t);
 void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
