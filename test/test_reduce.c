@@ -383,6 +383,49 @@ static void test_max_backward_ties(void **state) {
     mt_release(t);
 }
 
+/* Rows long enough for the vector lanes (the CPU's max looks for NaN beside its lanes and
+   redoes a row that has one): a NaN anywhere in a row (lane, fold or tail position) makes
+   the row's max NaN; inf and -inf together (whose sum is NaN) give inf; rows without NaN
+   give their exact maximum. A max over dims 0 and 2 also carries a NaN from one run into
+   the next. */
+static void test_max_nan_long_rows(void **state) {
+    (void)state;
+    static const int lengths[] = {64, 100, 200, 1024};
+    static double v[8 * 1024], want[8];
+    for (int li = 0; li < 4; li++) {
+        int n = lengths[li];
+        const int nan_at[6] = {0, 1, 17, 63, n - 1, n / 2 + 3};
+        for (int r = 0; r < 8; r++) {
+            want[r] = -1e30;
+            for (int i = 0; i < n; i++) {
+                v[r * n + i] = (double)((i * 37 + r * 11) % 101) - 50.0;
+                want[r] = fmax(want[r], v[r * n + i]);
+            }
+            if (r < 6) {
+                v[r * n + nan_at[r]] = NAN;
+                want[r] = NAN;
+            } else if (r == 6) {
+                v[r * n + 5] = INFINITY;
+                v[r * n + n - 2] = -INFINITY;
+                want[r] = INFINITY;
+            }
+        }
+        mt_tensor *t = mt_test_tensor(v, MT_F32, MT_SHAPE(8, n));
+        mt_tensor *m = mt_max(t, MT_DIMS(1), false);
+        assert_tensor_close(m, want, 8, 0, 0);
+        mt_tensor *t3 = mt_view(t, MT_SHAPE(2, 4, n)); /* rows 0-3 and 4-7 into one output each */
+        mt_tensor *m3 = mt_max(t3, MT_DIMS(0, 2), false);
+        double want3[4];
+        for (int k = 0; k < 4; k++)
+            want3[k] = isnan(want[k]) || isnan(want[4 + k]) ? NAN : fmax(want[k], want[4 + k]);
+        assert_tensor_close(m3, want3, 4, 0, 0);
+        mt_release(m3);
+        mt_release(t3);
+        mt_release(m);
+        mt_release(t);
+    }
+}
+
 static void test_max_nan_propagates(void **state) {
     (void)state;
     mt_tensor *t = mt_test_tensor((const double[]){1, NAN, 2, 7, 4, 3}, MT_F32, MT_SHAPE(2, 3));
@@ -761,6 +804,7 @@ int main(void) {
         MT_TEST(test_sum_mean_backward_values),
         MT_TEST(test_max_backward_ties),
         MT_TEST(test_max_nan_propagates),
+        MT_TEST(test_max_nan_long_rows),
         MT_TEST(test_gradcheck_reductions),
         MT_TEST(test_gradcheck_all_reductions),
         MT_TEST(test_softmax_forward),

@@ -62,9 +62,10 @@ MT_CPU_VEC_FN double mt_cpu_dot_f32(const float *restrict x, const float *restri
     return total;
 }
 
-/* max(m0, x[0..n)): the lanes are held in an array so that the loop vectoriser (not SLP)
-   takes the select with its NaN test. */
-MT_CPU_VEC_FN float mt_cpu_max_f32(const float *restrict x, int64_t n, float m0) {
+/* max(m0, x[0..n)) with the NaN test in every lane's select: the exact definition, used
+   when a NaN is present. The lanes are held in an array so that the loop vectoriser (not
+   SLP) takes the select with its NaN test. */
+MT_CPU_VEC_FN float mt_cpu_max_f32_nan(const float *restrict x, int64_t n, float m0) {
     float acc[MT_CPU_MAX_LANES];
     for (int j = 0; j < MT_CPU_MAX_LANES; j++) acc[j] = m0;
     int64_t i = 0;
@@ -74,6 +75,36 @@ MT_CPU_VEC_FN float mt_cpu_max_f32(const float *restrict x, int64_t n, float m0)
        the loop over a row of a thousand */
     for (int w = MT_CPU_MAX_LANES / 2; w > 0; w /= 2)
         for (int j = 0; j < w; j++) acc[j] = mt_cpu_maxf(acc[j], acc[j + w]);
+    float m = acc[0];
+    for (; i < n; i++) m = mt_cpu_maxf(m, x[i]);
+    return m;
+}
+
+/* max(m0, x[0..n)), NaN propagating. The lanes take a plain `x > m ? x : m` (one max
+   instruction; the lane's NaN test cost a compare, a mask or and a masked move on its
+   dependency chain), and NaNs are looked for beside it, four lanes' sums per test: a sum
+   is NaN when an addend is (or for inf + -inf, which only costs the slow path). Found, the
+   row is done again by mt_cpu_max_f32_nan. Without NaN both give the same bits (same lanes,
+   same ties kept, same fold). On a Zen 4 VM (2026-11-25), rows of 1024: 1.2-1.4x faster
+   in the AVX-512 clone, 1.2x in the AVX2 one; rows of 128 as fast as before. */
+MT_CPU_VEC_FN float mt_cpu_max_f32(const float *restrict x, int64_t n, float m0) {
+    enum { L = MT_CPU_MAX_LANES, Q = MT_CPU_MAX_LANES / 4 };
+    float acc[L], nan[Q];
+    for (int j = 0; j < L; j++) acc[j] = m0;
+    for (int j = 0; j < Q; j++) nan[j] = 0;
+    int64_t i = 0;
+    for (; i + L <= n; i += L) {
+        for (int j = 0; j < L; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+        for (int j = 0; j < Q; j++) {
+            float a = x[i + j] + x[i + j + Q], b = x[i + j + 2 * Q] + x[i + j + 3 * Q];
+            nan[j] = __builtin_isunordered(a, b) ? 1.0f : nan[j];
+        }
+    }
+    int any = 0;
+    for (int j = 0; j < Q; j++) any |= nan[j] != 0;
+    if (any) return mt_cpu_max_f32_nan(x, n, m0);
+    for (int w = L / 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] = acc[j + w] > acc[j] ? acc[j + w] : acc[j];
     float m = acc[0];
     for (; i < n; i++) m = mt_cpu_maxf(m, x[i]);
     return m;
