@@ -225,12 +225,65 @@ static void test_errors(void **state) {
     mt_release(x);
 }
 
+/* An op's error inside a layer's forward reads "<layer>_forward: <op>: ...", as errors inside
+   any public call start with the call's name. */
+static void assert_error_from(const char *layer_fn, const char *op) {
+    char want[128];
+    snprintf(want, sizeof want, "%s: %s: ", layer_fn, op);
+    if (strncmp(mt_last_error(), want, strlen(want)) != 0)
+        fail_msg("error \"%s\" does not start with \"%s\"", mt_last_error(), want);
+    mt_clear_error();
+}
+
+static void test_layer_errors_name_the_layer(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x3 = mt_zeros(MT_SHAPE(2, 3), MT_F32, dev),
+              *x4 = mt_zeros(MT_SHAPE(1, 3, 4, 4), MT_F32, dev);
+    mt_linear_layer lin;
+    assert_int_equal(mt_linear_layer_init(&lin, 4, 2, true, MT_F32, dev), 0);
+    assert_null(mt_linear_layer_forward(&lin, x3));
+    assert_error_from("mt_linear_layer_forward", "mt_linear");
+    mt_conv2d_layer conv;
+    assert_int_equal(mt_conv2d_layer_init(&conv, 2, 4, 3, 3, NULL, true, MT_F32, dev), 0);
+    assert_null(mt_conv2d_layer_forward(&conv, x4)); /* 3 channels into a 2-channel conv */
+    assert_error_from("mt_conv2d_layer_forward", "mt_conv2d");
+    mt_batch_norm2d_layer bn;
+    assert_int_equal(mt_batch_norm2d_layer_init(&bn, 5, MT_F32, dev), 0);
+    assert_null(mt_batch_norm2d_layer_forward(&bn, x4));
+    assert_error_from("mt_batch_norm2d_layer_forward", "mt_batch_norm");
+    mt_layer_norm_layer ln;
+    assert_int_equal(mt_layer_norm_layer_init(&ln, MT_SHAPE(3), true, MT_F32, dev), 0);
+    assert_null(mt_layer_norm_layer_forward(&ln, mt_zeros(MT_SHAPE(2, 3), MT_I64, dev)));
+    assert_error_from("mt_layer_norm_layer_forward", "mt_layer_norm");
+    mt_embedding_layer emb;
+    assert_int_equal(mt_embedding_layer_init(&emb, 5, 2, MT_F32, dev), 0);
+    assert_null(mt_embedding_layer_forward(&emb, x3)); /* float indices */
+    assert_error_from("mt_embedding_layer_forward", "mt_embedding");
+    mt_dropout_layer drop;
+    assert_int_equal(mt_dropout_layer_init(&drop, 0.5), 0);
+    assert_null(mt_dropout_layer_forward(&drop, mt_zeros(MT_SHAPE(2), MT_I64, dev)));
+    assert_error_from("mt_dropout_layer_forward", "mt_dropout");
+    mt_scope_end();
+    mt_linear_layer_free(&lin);
+    mt_conv2d_layer_free(&conv);
+    mt_batch_norm2d_layer_free(&bn);
+    mt_layer_norm_layer_free(&ln);
+    mt_embedding_layer_free(&emb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_init_shapes_and_flags), MT_TEST(test_init_distribution),
-        MT_TEST(test_init_seeded),           MT_TEST(test_forward_reference),
-        MT_TEST(test_gradcheck_layer),       MT_TEST(test_training_reduces_loss),
-        MT_TEST(test_autocast_layer),        MT_TEST(test_errors),
+        MT_TEST(test_init_shapes_and_flags),
+        MT_TEST(test_init_distribution),
+        MT_TEST(test_init_seeded),
+        MT_TEST(test_forward_reference),
+        MT_TEST(test_gradcheck_layer),
+        MT_TEST(test_training_reduces_loss),
+        MT_TEST(test_autocast_layer),
+        MT_TEST(test_errors),
+        MT_TEST(test_layer_errors_name_the_layer),
     };
     return MT_RUN_TESTS(tests);
 }

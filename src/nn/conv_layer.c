@@ -48,7 +48,8 @@ mt_tensor *mt_conv2d_layer_forward(mt_conv2d_layer *l, mt_tensor *x) {
                      "mt_conv2d_layer_forward: arg 1: layer is not initialised (or was freed)");
         return NULL;
     }
-    return mt_conv2d(x, l->weight, l->bias, &l->opts);
+    mt_api_enter(); /* errors inside read "mt_conv2d_layer_forward: mt_conv2d: ..." */
+    return mt_api_exit(mt_conv2d(x, l->weight, l->bias, &l->opts));
 }
 
 void mt_conv2d_layer_free(mt_conv2d_layer *l) {

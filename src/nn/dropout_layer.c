@@ -16,5 +16,6 @@ mt_tensor *mt_dropout_layer_forward(mt_dropout_layer *l, mt_tensor *x) {
         mt_error_set(MT_ERR_NULL, "mt_dropout_layer_forward: arg 1: layer is NULL");
         return NULL;
     }
-    return mt_dropout(x, l->p, l->training);
+    mt_api_enter();
+    return mt_api_exit(mt_dropout(x, l->p, l->training));
 }

@@ -37,7 +37,8 @@ mt_tensor *mt_embedding_layer_forward(mt_embedding_layer *l, mt_tensor *indices)
                      "mt_embedding_layer_forward: arg 1: layer is not initialised (or was freed)");
         return NULL;
     }
-    return mt_embedding(l->weight, indices);
+    mt_api_enter();
+    return mt_api_exit(mt_embedding(l->weight, indices));
 }
 
 void mt_embedding_layer_free(mt_embedding_layer *l) {

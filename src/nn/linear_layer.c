@@ -43,8 +43,9 @@ mt_tensor *mt_linear_layer_forward(mt_linear_layer *l, mt_tensor *x) {
                      "mt_linear_layer_forward: arg 1: layer is not initialised (or was freed)");
         return NULL;
     }
-    return l->act == MT_ACT_NONE ? mt_linear(x, l->weight, l->bias)
-                                 : mt_linear_act(x, l->weight, l->bias, l->act);
+    mt_api_enter();
+    return mt_api_exit(l->act == MT_ACT_NONE ? mt_linear(x, l->weight, l->bias)
+                                             : mt_linear_act(x, l->weight, l->bias, l->act));
 }
 
 void mt_linear_layer_free(mt_linear_layer *l) {

@@ -68,8 +68,9 @@ mt_tensor *mt_batch_norm2d_layer_forward(mt_batch_norm2d_layer *l, mt_tensor *x)
                      mt_ndim(x));
         return NULL;
     }
-    return mt_batch_norm(x, l->running_mean, l->running_var, l->weight, l->bias, l->training,
-                         l->momentum, l->eps);
+    mt_api_enter();
+    return mt_api_exit(mt_batch_norm(x, l->running_mean, l->running_var, l->weight, l->bias,
+                                     l->training, l->momentum, l->eps));
 }
 
 void mt_batch_norm2d_layer_free(mt_batch_norm2d_layer *l) {
@@ -134,7 +135,8 @@ mt_tensor *mt_layer_norm_layer_forward(mt_layer_norm_layer *l, mt_tensor *x) {
                      mt_dims_str(l->ndim, l->shape, want, sizeof want));
         return NULL;
     }
-    return mt_layer_norm(x, l->ndim, l->weight, l->bias, l->eps);
+    mt_api_enter();
+    return mt_api_exit(mt_layer_norm(x, l->ndim, l->weight, l->bias, l->eps));
 }
 
 void mt_layer_norm_layer_free(mt_layer_norm_layer *l) {
