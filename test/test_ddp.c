@@ -490,10 +490,7 @@ static void wait_walk(mt_ddp_progress progress) {
         bool never_reached = mt_debug_fail_nth_alloc(0);
         if (rc != 0) {
             failures++;
-            assert_error(MT_ERR_OOM, "mt_ddp_wait");
-            mt_clear_error();
-            assert_int_equal(mt_live_tensors(), tensors);
-            assert_int_equal(mt_live_bytes(), bytes);
+            assert_oom_left_nothing("mt_ddp_wait", tensors, bytes);
             grads_read(&m, after);
             for (int k = 0; k < NP; k++) {
                 if (isnan(before[k][0])) {

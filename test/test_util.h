@@ -210,6 +210,15 @@ static inline void mt_test_apply_filter(void) {
         mt_clear_error();                                                                          \
     } while (0)
 
+/* A call that failed out of memory: MT_ERR_OOM naming fn (cleared), and as many live tensors
+   and bytes as before it. */
+#define assert_oom_left_nothing(fn, tensors, bytes)                                                \
+    do {                                                                                           \
+        assert_error(MT_ERR_OOM, (fn));                                                            \
+        assert_int_equal(mt_live_tensors(), (tensors));                                            \
+        assert_int_equal(mt_live_bytes(), (bytes));                                                \
+    } while (0)
+
 /* Checks an error that only a kernel can see in the data (a cross-entropy label out of range).
    The CPU finds it in the op itself, which returns NULL with the error. A device finds it
    while running the queued kernel, so the op returns a tensor with no error, and the next
