@@ -806,7 +806,9 @@ bool mt_dist_work_done(mt_dist_work *w);
    When it failed on this rank alone (out of memory filling the buckets or making the
    gradients it writes) the step stays open: calling mt_ddp_wait again finishes it (the
    peers wait for it, bounded). When a collective failed (a timeout, a dead rank) the step
-   is over. */
+   is over. A backward that failed after some gradients reached their buckets cannot be run
+   again (those gradients are final, as a hooked leaf's are): call mt_ddp_wait all the same,
+   so that the ranks stay in step, then drop the gradients and skip the optimizer step. */
 typedef struct mt_ddp mt_ddp;
 /* How a CPU bucket's all-reduce advances while backward runs (MPI only moves a non-blocking
    collective inside MPI calls). HOOKS: every gradient-ready hook tests all buckets in flight
