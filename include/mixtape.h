@@ -803,9 +803,9 @@ bool mt_dist_work_done(mt_dist_work *w);
    waits for the device. In a world of threads (mt_dist_init_thread) CUDA parameters only,
    and the parameter lists are not compared across ranks (there is no MPI to do it).
    A failed mt_ddp_wait changes no gradient (a device error while it writes them aside).
-   When it failed on this rank alone (out of memory filling the buckets or making the
-   gradients it writes) the step stays open: calling mt_ddp_wait again finishes it (the
-   peers wait for it, bounded). When a collective failed (a timeout, a dead rank) the step
+   When it failed on this rank alone (out of memory making the gradients it writes) the
+   step stays open: calling mt_ddp_wait again finishes it. The gradient-ready hooks
+   allocate nothing. When a collective failed (a timeout, a dead rank) the step
    is over. A backward that failed after some gradients reached their buckets cannot be run
    again (those gradients are final, as a hooked leaf's are): call mt_ddp_wait all the same,
    so that the ranks stay in step, then drop the gradients and skip the optimizer step. */

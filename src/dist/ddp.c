@@ -64,57 +64,36 @@ static int status_or(int fallback) {
     return mt_last_status() ? (int)mt_last_status() : fallback;
 }
 
-/* p's slot of device bucket b as a tensor of p's shape (a view of the bucket); NULL with
-   the error set when its headers cannot be made. Outside autograd; inner calls of the
-   library return plain references. */
-static mt_tensor *slot_view(const ddp_param *p, const ddp_bucket *b) {
-    mt_api_enter();
-    bool grad_mode = mt_set_grad_enabled(false);
-    mt_tensor *flat = mt_narrow(b->dev, 0, p->offset, p->t->numel);
-    mt_tensor *slot = flat ? mt_view(flat, p->t->ndim, p->t->shape) : NULL;
-    mt_tensor_unref(flat);
-    mt_set_grad_enabled(grad_mode);
-    mt_api_exit_status(slot ? 0 : status_or(MT_ERR_INTERNAL));
-    return slot;
-}
-
-/* p's gradient g (zeros when NULL) into its slot of device bucket b: the backend's own copy
-   (converting dtype, any strides) and fill, which allocate nothing. */
-static int device_slot_fill(const ddp_param *p, const ddp_bucket *b, const mt_tensor *g) {
-    mt_tensor *slot = slot_view(p, b);
-    if (!slot) return status_or(MT_ERR_OOM);
-    int rc = g ? mt_tensor_overwrite(slot, g) : mt_backend_get(slot->device)->fill(slot, 0.0);
-    mt_tensor_unref(slot);
-    return rc;
-}
-
-/* The parameter's gradient (zeros when it has none) into its slot of the bucket. */
-static int copy_in(ddp_param *p, ddp_bucket *b) {
-    if (b->dev) return device_slot_fill(p, b, p->t->grad);
-    mt_tensor *g = p->t->grad;
-    int64_t n = p->t->numel;
-    char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
-    if (!g) {
-        memset(dst, 0, (size_t)n * buf_esize(b->dt));
-        return 0;
+/* p's slot of bucket b as a header of p's shape in *h, made on the stack: over the device
+   bucket's storage, or over the host buffer through the storage *st. It holds no reference
+   and must not outlive the bucket. */
+static void slot_header(const ddp_param *p, const ddp_bucket *b, mt_storage *st, mt_tensor *h) {
+    if (b->dev) {
+        mt_tensor_header_init(h, b->dev->storage, b->dev->dtype, p->t->ndim, p->t->shape, NULL,
+                              p->offset);
+        return;
     }
-    if (g->dtype != b->dt || g->numel != n)
+    *st = (mt_storage){
+        .data = b->buf, .nbytes = (size_t)b->numel * buf_esize(b->dt), .device = MT_CPU};
+    mt_tensor_header_init(h, st, is_half(b->dt) ? MT_F32 : b->dt, p->t->ndim, p->t->shape, NULL,
+                          p->offset);
+}
+
+/* g (zeros when NULL) into p's slot of bucket b: the backend's own copy (converting F16/BF16
+   to the FP32 bucket, any strides) or fill. Allocates nothing, so a gradient-ready hook
+   cannot run out of memory. */
+static int slot_write(const ddp_param *p, const ddp_bucket *b, const mt_tensor *g) {
+    if (g && !mt_same_shape(g, p->t)) {
+        char gs[MT_SHAPE_BUF], ps[MT_SHAPE_BUF];
         return mt_error_set(
-            MT_ERR_STATE, "mt_ddp: parameter %d has a %s gradient of %lld elements, expected %s",
-            p->index, mt_dtype_name(g->dtype), (long long)g->numel, mt_dtype_name(b->dt));
-    mt_tensor *c = mt_is_contiguous(g) ? mt_tensor_ref(g) : mt_contiguous(g);
-    if (!c) return mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
-    const void *src = mt_tensor_data(c);
-    if (is_half(b->dt)) {
-        const uint16_t *h = src;
-        float *f = (float *)dst;
-        for (int64_t i = 0; i < n; i++)
-            f[i] = b->dt == MT_F16 ? mt_f16_to_f32(h[i]) : mt_bf16_to_f32(h[i]);
-    } else {
-        memcpy(dst, src, (size_t)n * mt_dtype_size(b->dt));
+            MT_ERR_STATE, "mt_ddp: parameter %d has a gradient of shape %s, its shape is %s",
+            p->index, mt_shape_str(g, gs, sizeof gs), mt_shape_str(p->t, ps, sizeof ps));
     }
-    mt_tensor_unref(c);
-    return 0;
+    mt_storage st;
+    mt_tensor slot;
+    slot_header(p, b, &st, &slot);
+    const mt_backend *be = mt_backend_get(slot.device);
+    return g ? be->copy(&slot, g) : be->fill(&slot, 0.0);
 }
 
 static int on_grad_ready(mt_tensor *leaf, void *user) {
@@ -131,7 +110,7 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
     int rc = mt_dist_ready("mt_ddp");
     if (d->first_grad_time == 0) d->first_grad_time = mt_ddp_now();
     ddp_bucket *b = &d->buckets[p->bucket];
-    if (rc == 0) rc = copy_in(p, b);
+    if (rc == 0) rc = slot_write(p, b, p->t->grad);
     if (rc < 0) return rc;
     p->ready = true;
     b->n_ready++;
@@ -149,34 +128,32 @@ static bool grad_fits(const mt_tensor *g, mt_dtype dt) {
 
 static void out_release(mt_ddp *d) {
     for (int i = 0; i < d->n; i++) {
-        mt_tensor_unref(d->out[i].grad);
-        mt_tensor_unref(d->out[i].slot);
-        d->out[i] = (ddp_out){0};
+        mt_tensor_unref(d->made[i]);
+        d->made[i] = NULL;
     }
 }
 
-/* Each parameter's gradient-to-be (its .grad when it is contiguous and of the parameter's
-   dtype, else a new tensor) and its bucket slot on a device. */
+/* A new gradient for each parameter whose .grad is missing, not contiguous or not of its
+   dtype. */
 static int out_prepare(mt_ddp *d) {
     for (int i = 0; i < d->n; i++) {
         ddp_param *p = &d->params[i];
-        ddp_bucket *b = &d->buckets[p->bucket];
-        ddp_out *o = &d->out[i];
-        if (!grad_fits(p->t->grad, p->t->dtype)) {
-            o->grad =
-                mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, p->t->dtype, p->t->device);
-            if (!o->grad) return status_or(MT_ERR_OOM);
-        }
-        if (b->dev && !(o->slot = slot_view(p, b))) return status_or(MT_ERR_OOM);
+        if (grad_fits(p->t->grad, p->t->dtype)) continue;
+        d->made[i] =
+            mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, p->t->dtype, p->t->device);
+        if (!d->made[i]) return status_or(MT_ERR_OOM);
     }
     return 0;
 }
 
 /* The averaged bucket values (NCCL averaged device buckets already) into the gradient. */
-static int out_write(const mt_ddp *d, const ddp_param *p, const ddp_out *o, mt_tensor *g,
-                     int world) {
+static int out_write(const mt_ddp *d, const ddp_param *p, mt_tensor *g, int world) {
     const ddp_bucket *b = &d->buckets[p->bucket];
-    if (b->dev) return mt_tensor_overwrite(g, o->slot);
+    if (b->dev) {
+        mt_tensor slot;
+        slot_header(p, b, NULL, &slot);
+        return mt_tensor_overwrite(g, &slot);
+    }
     int64_t n = p->t->numel;
     const char *src = (const char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
     if (b->dt == MT_F64) {
@@ -203,15 +180,14 @@ static int out_install(mt_ddp *d, int world) {
     int rc = 0;
     for (int i = 0; rc == 0 && i < d->n; i++) {
         ddp_param *p = &d->params[i];
-        mt_tensor *g = d->out[i].grad ? d->out[i].grad : p->t->grad;
-        rc = out_write(d, p, &d->out[i], g, world);
+        rc = out_write(d, p, d->made[i] ? d->made[i] : p->t->grad, world);
     }
     for (int i = 0; rc == 0 && i < d->n; i++) {
         ddp_param *p = &d->params[i];
-        if (!d->out[i].grad) continue;
+        if (!d->made[i]) continue;
         mt_tensor_unref(p->t->grad);
-        p->t->grad = d->out[i].grad;
-        d->out[i].grad = NULL;
+        p->t->grad = d->made[i];
+        d->made[i] = NULL;
     }
     return rc;
 }
@@ -265,20 +241,13 @@ static void record_step(mt_ddp *d, double wait_begin) {
     }
 }
 
-/* Parameters no gradient reached this step take part with zeros. A failure (out of memory
-   for a device slot's header) leaves the ones done marked ready: a retry goes on from there. */
+/* Parameters no gradient reached this step take part with zeros. */
 static int fill_unready(mt_ddp *d) {
     for (int i = 0; i < d->n; i++) {
         ddp_param *p = &d->params[i];
         if (p->ready) continue;
-        ddp_bucket *b = &d->buckets[p->bucket];
-        if (b->dev) {
-            int rc = device_slot_fill(p, b, NULL);
-            if (rc < 0) return rc;
-        } else {
-            char *dst = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
-            memset(dst, 0, (size_t)p->t->numel * buf_esize(b->dt));
-        }
+        int rc = slot_write(p, &d->buckets[p->bucket], NULL);
+        if (rc < 0) return rc;
         p->ready = true;
         d->buckets[p->bucket].n_ready++;
     }
@@ -490,7 +459,7 @@ static void ddp_destroy(mt_ddp *d) {
     free(d->reqs);
     free(d->done_idx);
     free(d->params);
-    free(d->out);
+    free(d->made);
     free(d);
 }
 
@@ -548,7 +517,7 @@ static mt_ddp *ddp_new(mt_tensor *const *params, int n, const mt_ddp_opts *opts)
     if (rc == 0 && d->mpi) rc = check_ranks(d->comm, params, n, local);
     if (rc == 0) rc = local;
     if (rc == 0 && (!(d->params = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->params)) ||
-                    !(d->out = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->out))))
+                    !(d->made = mt_heap_calloc((size_t)(n ? n : 1), sizeof *d->made))))
         rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; rc == 0 && i < n; i++, d->n++)
         d->params[i] = (ddp_param){.ddp = d, .t = mt_tensor_ref(params[i]), .index = i};

@@ -15,12 +15,6 @@ typedef struct {
     bool ready;     /* its gradient is in the bucket this step */
 } ddp_param;
 
-/* mt_ddp_wait's copy out of the buckets, made for every parameter before any gradient is
-   written: the tensor that will be its gradient (NULL: its own .grad, which fits) and, for
-   a device bucket, its slot as a view of the bucket. */
-typedef struct {
-    mt_tensor *grad, *slot;
-} ddp_out;
 typedef struct {
     mt_dtype dt; /* of the parameters; the buffer is FP32 for FP16/BF16 */
     void *buf;
@@ -49,7 +43,8 @@ typedef struct {
 
 struct mt_ddp {
     ddp_param *params;
-    ddp_out *out; /* per parameter, between a wait's prepare and install */
+    mt_tensor **made; /* per parameter, during mt_ddp_wait: the new gradient it writes (NULL:
+                         the parameter's own .grad fits) */
     int n;
     ddp_bucket *buckets;
     int nb, next;      /* buckets [0, next) are started (or handed over) this step */
