@@ -7,7 +7,6 @@
    buckets progress during backward (hooks or a communication thread): ddp_progress.c. */
 #include <limits.h>
 #include <stdlib.h>
-#include <string.h>
 #include "../math/half.h"
 #include "../tensor/backend.h"
 #include "ddp_impl.h"
