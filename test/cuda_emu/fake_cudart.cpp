@@ -18,7 +18,9 @@
 #include "mtemu.h"
 #include "mtemu_internal.h"
 #include "mtemu_arena.h"
+#include "mtemu_cudart_counts.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -274,34 +276,75 @@ template <class T> cudaError_t destroy(const char *api, T *p, std::set<T *> &liv
 
 } // namespace
 
+// ---- call counters (mtemu_cudart_counts.h)
+namespace {
+struct call_counts {
+    std::atomic<int64_t> launches{0}, runtime_calls{0}, allocs{0}, frees{0}, syncs{0}, copies{0},
+        memsets{0};
+} counts;
+
+thread_local int uncounted; // mtemu_cudart_uncounted_begin depth
+
+// One more runtime call, and one more of each kind named.
+template <typename... K> void count_call(K *...kinds) {
+    if (uncounted) return;
+    counts.runtime_calls.fetch_add(1, std::memory_order_relaxed);
+    (kinds->fetch_add(1, std::memory_order_relaxed), ...);
+}
+} // namespace
+
+void mtemu::detail::count_launch() {
+    if (!uncounted) counts.launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+extern "C" void mtemu_cudart_uncounted_begin(void) {
+    uncounted++;
+}
+extern "C" void mtemu_cudart_uncounted_end(void) {
+    uncounted--;
+}
+
+extern "C" void mtemu_cudart_counts_get(mtemu_cudart_counts *out) {
+    *out = mtemu_cudart_counts{counts.launches.load(), counts.runtime_calls.load(),
+                               counts.allocs.load(),   counts.frees.load(),
+                               counts.syncs.load(),    counts.copies.load(),
+                               counts.memsets.load()};
+}
+
 // ---- the runtime API
 extern "C" {
 
 // -- errors and versions
 cudaError_t cudaGetLastError(void) {
+    count_call();
     cudaError_t e = last_error;
     last_error = cudaSuccess;
     return e;
 }
 cudaError_t cudaPeekAtLastError(void) {
+    count_call();
     return last_error;
 }
 
 const char *cudaGetErrorName(cudaError_t error) {
+    count_call();
     const error_text *t = find_error(error);
     return t ? t->name : "cudaErrorUnknown";
 }
 const char *cudaGetErrorString(cudaError_t error) {
+    count_call();
     const error_text *t = find_error(error);
     return t ? t->text : "unrecognized error code";
 }
 
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion) {
+    count_call();
     if (!runtimeVersion) return report(cudaErrorInvalidValue, "cudaRuntimeGetVersion: null");
     *runtimeVersion = runtime_version;
     return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int *driverVersion) {
+    count_call();
     if (!driverVersion) return report(cudaErrorInvalidValue, "cudaDriverGetVersion: null");
     *driverVersion = runtime_version;
     return cudaSuccess;
@@ -309,22 +352,26 @@ cudaError_t cudaDriverGetVersion(int *driverVersion) {
 
 // -- the device
 cudaError_t cudaGetDeviceCount(int *count) {
+    count_call();
     if (!count) return report(cudaErrorInvalidValue, "cudaGetDeviceCount: null");
     *count = device_count();
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
+    count_call();
     if (cudaError_t e = check_device(device)) return e;
     current_device = device;
     return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *device) {
+    count_call();
     if (!device) return report(cudaErrorInvalidValue, "cudaGetDevice: null");
     *device = current_device;
     return cudaSuccess;
 }
 // Every pair of distinct emulated devices can reach each other's memory.
 cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice) {
+    count_call();
     if (!canAccessPeer) return report(cudaErrorInvalidValue, "cudaDeviceCanAccessPeer: null");
     if (cudaError_t e = check_device(device)) return e;
     if (cudaError_t e = check_device(peerDevice)) return e;
@@ -333,6 +380,7 @@ cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevi
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device_index) {
+    count_call();
     if (!prop) return report(cudaErrorInvalidValue, "cudaGetDeviceProperties: null");
     if (cudaError_t e = check_device(device_index)) return e;
     std::lock_guard<std::recursive_mutex> g(state_lock);
@@ -364,6 +412,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device_inde
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device_index) {
+    count_call();
     if (!value) return report(cudaErrorInvalidValue, "cudaDeviceGetAttribute: null");
     if (cudaError_t e = check_device(device_index)) return e;
     switch (attr) {
@@ -423,11 +472,13 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 }
 
 cudaError_t cudaFuncSetAttribute(const void *, enum cudaFuncAttribute, int) {
+    count_call();
     return cudaSuccess;
 }
 
 // -- device memory
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
+    count_call(&counts.allocs);
     if (!devPtr) return report(cudaErrorInvalidValue, "cudaMalloc: null result pointer");
     *devPtr = nullptr;
     if (size == 0) return cudaSuccess;
@@ -443,6 +494,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 
 // Like the real one, waits for the device first.
 cudaError_t cudaFree(void *devPtr) {
+    count_call(&counts.frees, &counts.syncs);
     flush();
     if (!devPtr) return cudaSuccess;
     std::lock_guard<std::recursive_mutex> g(state_lock);
@@ -452,6 +504,7 @@ cudaError_t cudaFree(void *devPtr) {
 }
 
 cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+    count_call();
     if (!free || !total) return report(cudaErrorInvalidValue, "cudaMemGetInfo: null");
     std::lock_guard<std::recursive_mutex> g(state_lock);
     *total = device.capacity();
@@ -461,6 +514,7 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
 
 // -- pinned host memory
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+    count_call(&counts.allocs);
     if (!pHost) return report(cudaErrorInvalidValue, "cudaHostAlloc: null result pointer");
     *pHost = nullptr;
     if (flags & ~unsigned{cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined})
@@ -480,6 +534,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) {
 
 // Like the real one, waits for the device first (queued copies may use the block).
 cudaError_t cudaFreeHost(void *ptr) {
+    count_call(&counts.frees, &counts.syncs);
     flush();
     if (!ptr) return cudaSuccess;
     std::lock_guard<std::recursive_mutex> g(state_lock);
@@ -490,6 +545,7 @@ cudaError_t cudaFreeHost(void *ptr) {
 }
 
 cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags) {
+    count_call();
     if (!pDevice || flags != 0)
         return report(cudaErrorInvalidValue, "cudaHostGetDevicePointer: null result or flags");
     std::lock_guard<std::recursive_mutex> g(state_lock);
@@ -550,6 +606,7 @@ cudaError_t queue_copy(const char *api, void *dst, const void *src, size_t count
 // copy engine of either side may run it; the queue is one, so stream order holds).
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
                                 size_t count, cudaStream_t stream) {
+    count_call(&counts.copies);
     if (count == 0) return cudaSuccess;
     if (cudaError_t e = check_device(dstDevice)) return e;
     if (cudaError_t e = check_device(srcDevice)) return e;
@@ -571,19 +628,25 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int s
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
+    count_call(&counts.copies);
     bool device_to_device;
     return queue_copy("cudaMemcpyAsync", dst, src, count, kind, stream, &device_to_device);
 }
 
 // Synchronous, except device to device, as the real one.
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    count_call(&counts.copies);
     bool device_to_device;
     cudaError_t e = queue_copy("cudaMemcpy", dst, src, count, kind, nullptr, &device_to_device);
-    if (e == cudaSuccess && !device_to_device) flush();
+    if (e == cudaSuccess && !device_to_device) {
+        counts.syncs.fetch_add(1, std::memory_order_relaxed);
+        flush();
+    }
     return e;
 }
 
 cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream) {
+    count_call(&counts.memsets);
     if (count == 0) return cudaSuccess;
     std::lock_guard<std::recursive_mutex> g(state_lock);
     if (!stream_valid(stream))
@@ -602,6 +665,7 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
 
 // -- streams
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
+    count_call();
     return create("cudaStreamCreateWithFlags", pStream, flags, cudaStreamNonBlocking, streams,
                   CUstream_st{flags, current_device});
 }
@@ -610,10 +674,12 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    count_call();
     return destroy("cudaStreamDestroy", stream, streams);
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    count_call(&counts.syncs);
     {
         std::lock_guard<std::recursive_mutex> g(state_lock);
         if (!stream_valid(stream))
@@ -627,6 +693,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 // With work pending: lets the device run it and answers "not ready" this time, so that code
 // polling until ready terminates and code assuming completion does not pass by chance.
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    count_call();
     std::lock_guard<std::recursive_mutex> g(state_lock);
     if (!stream_valid(stream))
         return reportf(cudaErrorInvalidResourceHandle, "cudaStreamQuery(%p): not a stream",
@@ -637,12 +704,14 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    count_call(&counts.syncs);
     flush();
     return cudaSuccess;
 }
 
 // -- events
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    count_call();
     return create("cudaEventCreateWithFlags", event, flags,
                   cudaEventBlockingSync | cudaEventDisableTiming, events,
                   CUevent_st{flags, std::make_shared<event_state>()});
@@ -652,6 +721,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    count_call();
     std::lock_guard<std::recursive_mutex> g(state_lock);
     if (!events.count(event) || !stream_valid(stream))
         return report(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event or stream");
@@ -667,6 +737,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 // Unlike cudaStreamQuery it does not run the queue: work queued before the event stays
 // pending until something waits, so a caller's "still in flight" path runs in tests.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+    count_call();
     std::lock_guard<std::recursive_mutex> g(state_lock);
     if (!events.count(event))
         return report(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
@@ -675,6 +746,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    count_call(&counts.syncs);
     {
         std::lock_guard<std::recursive_mutex> g(state_lock);
         if (!events.count(event))
@@ -687,6 +759,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 // The queue is one, in order: work queued after the wait already runs after the event.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    count_call();
     std::lock_guard<std::recursive_mutex> g(state_lock);
     if (!events.count(event) || !stream_valid(stream))
         return report(cudaErrorInvalidResourceHandle,
@@ -697,6 +770,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    count_call();
     if (!ms) return report(cudaErrorInvalidValue, "cudaEventElapsedTime: null result pointer");
     std::lock_guard<std::recursive_mutex> g(state_lock);
     if (!events.count(start) || !events.count(end))
@@ -711,6 +785,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    count_call();
     return destroy("cudaEventDestroy", event, events);
 }
 

@@ -27,6 +27,11 @@ bool device_accessible(const void *p, size_t n);
 // what failed (the emulator is a test tool: a misuse must be loud). Returns e.
 cudaError_t report(cudaError_t e, const char *what);
 
+namespace detail {
+// One more kernel launch (mtemu_cudart_counts.h), from the launch that passed its checks.
+void count_launch();
+} // namespace detail
+
 } // namespace mtemu
 
 // In a function `(..., const char *fmt, ...)`: declares char what[512] holding fmt's text with
