@@ -38,6 +38,25 @@ static SFX(bn_consts) SFX(bn_consts_of)(const bn_ctx *c, int64_t ch, double s1, 
     return (SFX(bn_consts)){k, md, w ? w[ch] * rs : rs, b ? b[ch] : (T)0};
 }
 
+/* The m values of a contiguous run at p as T: p itself when the data is T, else converted
+   into buf. Copying F32 runs into a stack buffer (memcpy) made F32 NCHW batch norm 2.7x
+   slower than BF16 on a Zen 4 VM: [16, 64, 32, 32] forward 0.78 and backward 1.27 ms on one
+   thread, now 0.30 and 0.46. */
+MT_CPU_INLINE const T *SFX(bn_read)(const bn_ctx *c, const char *p, int64_t m, T *buf) {
+    if (c->dt == NATIVE) return (const T *)p;
+    LOAD(p, c->es, c->dt, m, buf);
+    return buf;
+}
+
+/* Where to compute the m values for the run at p: p itself when the data is T, else buf,
+   stored by SFX(bn_write). */
+MT_CPU_INLINE T *SFX(bn_target)(const bn_ctx *c, char *p, T *buf) {
+    return c->dt == NATIVE ? (T *)p : buf;
+}
+MT_CPU_INLINE void SFX(bn_write)(const bn_ctx *c, char *p, int64_t m, const T *v) {
+    if (c->dt != NATIVE) STORE(p, c->es, c->dt, m, v);
+}
+
 /* sum and sum of squares of (x - k) over channel ch: the shift by one of the channel's own
    values keeps the one-pass variance free of cancellation when |mean| >> std */
 MT_CPU_INLINE void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double *s1, double *s2) {
@@ -46,9 +65,9 @@ MT_CPU_INLINE void SFX(bn_shifted_sums)(const bn_ctx *c, int64_t ch, T k, double
     for (int64_t n = 0; n < c->N; n++)
         for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
             int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
-            LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, buf);
+            const T *x = SFX(bn_read)(c, bn_at(c->x, c, n, ch, s0), m, buf);
             T p1, p2;
-            SFX(sums2)(buf, k, buf, k, m, &p1, &p2);
+            SFX(sums2)(x, k, x, k, m, &p1, &p2);
             a1 += (double)p1;
             a2 += (double)p2;
         }
@@ -71,32 +90,35 @@ MT_CPU_CLONES static int SFX(bn_channels)(void *vctx, int64_t cb, int64_t ce, in
         }
         SFX(bn_consts) q = SFX(bn_consts_of)(c, ch, s1, s2, k0);
         T k = q.k, md = q.md, scale = q.scale, shift = q.shift;
-        T buf[CHUNK], res[CHUNK];
+        T xbuf[CHUNK], obuf[CHUNK], rbuf[CHUNK];
         for (int64_t n = 0; n < c->N; n++)
             for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                 int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
-                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, buf);
-                for (int64_t j = 0; j < m; j++) buf[j] = ((buf[j] - k) - md) * scale + shift;
+                const T *x = SFX(bn_read)(c, bn_at(c->x, c, n, ch, s0), m, xbuf);
+                char *at = bn_at(c->out, c, n, ch, s0);
+                T *o = SFX(bn_target)(c, at, obuf);
+                for (int64_t j = 0; j < m; j++) o[j] = ((x[j] - k) - md) * scale + shift;
                 if (c->res) {
-                    LOAD(bn_at(c->res, c, n, ch, s0), c->es, c->dt, m, res);
-                    for (int64_t j = 0; j < m; j++) buf[j] += res[j];
+                    const T *r = SFX(bn_read)(c, bn_at(c->res, c, n, ch, s0), m, rbuf);
+                    for (int64_t j = 0; j < m; j++) o[j] += r[j];
                 }
                 if (a->relu)
-                    for (int64_t j = 0; j < m; j++)
-                        buf[j] = buf[j] < 0 ? (T)0 : buf[j]; /* NaN stays */
-                STORE(bn_at(c->out, c, n, ch, s0), c->es, c->dt, m, buf);
+                    for (int64_t j = 0; j < m; j++) o[j] = o[j] < 0 ? (T)0 : o[j]; /* NaN stays */
+                SFX(bn_write)(c, at, m, o);
             }
     }
     return 0;
 }
 
-/* gz = gy, masked by y > 0 under relu, for one chunk */
-MT_CPU_INLINE void SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0, int64_t m,
-                                   T *gz, T *tmp) {
-    LOAD(bn_at(c->gy, c, n, ch, s0), c->es, c->dt, m, gz);
-    if (!c->y) return;
-    LOAD(bn_at(c->y, c, n, ch, s0), c->es, c->dt, m, tmp);
-    for (int64_t j = 0; j < m; j++) gz[j] = tmp[j] > 0 ? gz[j] : (T)0;
+/* gz = gy, masked by y > 0 under relu, for one chunk: gy itself when it needs no mask and is
+   T, else in gz */
+MT_CPU_INLINE const T *SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, int64_t s0,
+                                       int64_t m, T *gz, T *tmp) {
+    const T *gy = SFX(bn_read)(c, bn_at(c->gy, c, n, ch, s0), m, gz);
+    if (!c->y) return gy;
+    const T *y = SFX(bn_read)(c, bn_at(c->y, c, n, ch, s0), m, tmp);
+    for (int64_t j = 0; j < m; j++) gz[j] = y[j] > 0 ? gy[j] : (T)0;
+    return gz;
 }
 
 /* channels [cb, ce) of the backward: pass 1 sums gz and gz * xhat, pass 2 writes gx and
@@ -108,7 +130,7 @@ MT_CPU_CLONES static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64
     const T *w = c->w, *sm = c->sm, *sr = c->sr;
     T *gw = c->gw, *gb = c->gb;
     int64_t M = c->N * c->S;
-    T gz[CHUNK], tmp[CHUNK];
+    T gzbuf[CHUNK], tmp[CHUNK], xbuf[CHUNK], obuf[CHUNK];
     for (int64_t ch = cb; ch < ce; ch++) {
         T mean = sm[ch], rs = sr[ch];
         double sg = 0, sgx = 0;
@@ -116,10 +138,10 @@ MT_CPU_CLONES static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64
             for (int64_t n = 0; n < c->N; n++)
                 for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                     int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
-                    SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
-                    LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, tmp);
+                    const T *gz = SFX(bn_load_gz)(c, n, ch, s0, m, gzbuf, tmp);
+                    const T *x = SFX(bn_read)(c, bn_at(c->x, c, n, ch, s0), m, xbuf);
                     T p, px;
-                    SFX(sums2)(gz, 0, tmp, mean, m, &p, &px);
+                    SFX(sums2)(gz, 0, x, mean, m, &p, &px);
                     sg += (double)p;
                     sgx += (double)px * (double)rs;
                 }
@@ -133,13 +155,14 @@ MT_CPU_CLONES static int SFX(bn_backward_channels)(void *vctx, int64_t cb, int64
         for (int64_t n = 0; n < c->N; n++)
             for (int64_t s0 = 0; s0 < c->S; s0 += CHUNK) {
                 int64_t m = c->S - s0 < CHUNK ? c->S - s0 : CHUNK;
-                SFX(bn_load_gz)(c, n, ch, s0, m, gz, tmp);
+                const T *gz = SFX(bn_load_gz)(c, n, ch, s0, m, gzbuf, tmp);
                 if (a->gres) STORE(bn_at(c->gres, c, n, ch, s0), c->es, c->dt, m, gz);
                 if (!a->gx) continue;
-                LOAD(bn_at(c->x, c, n, ch, s0), c->es, c->dt, m, tmp);
-                for (int64_t j = 0; j < m; j++)
-                    gz[j] = k * (gz[j] - mg - (tmp[j] - mean) * rs * mgx);
-                STORE(bn_at(c->gx, c, n, ch, s0), c->es, c->dt, m, gz);
+                const T *x = SFX(bn_read)(c, bn_at(c->x, c, n, ch, s0), m, xbuf);
+                char *at = bn_at(c->gx, c, n, ch, s0);
+                T *g = SFX(bn_target)(c, at, obuf);
+                for (int64_t j = 0; j < m; j++) g[j] = k * (gz[j] - mg - (x[j] - mean) * rs * mgx);
+                SFX(bn_write)(c, at, m, g);
             }
     }
     return 0;

@@ -1,6 +1,8 @@
 /* Layer-norm row kernels for one accumulation type, included by cpu_layer_norm.c once with
    T = float (F32, F16 and BF16 activations) and once with T = double (F64), so the two
-   precisions share one text. The includer defines T, SFX(name), LOAD, STORE and SQRT. */
+   precisions share one text. The includer defines T, SFX(name), LOAD, STORE, SQRT and NATIVE.
+   Rows whose dtype is T are read and written in place, as batch norm's runs are (see
+   cpu_batch_norm_impl.h); other dtypes convert through row buffers. */
 #include "cpu_norm_sums_impl.h"
 
 /* rows [rb, re): y = (x - mean) * rstd * w + b, row statistics saved */
@@ -13,20 +15,27 @@ MT_CPU_CLONES static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int pa
     const T *w = c->w, *b = c->b;
     T *mean = c->mean, *rstd = c->rstd;
     for (int64_t r = rb; r < re; r++) {
-        LOAD(c->x + r * D * c->xes, c->xes, c->xdt, D, buf);
+        const char *xr = c->x + r * D * c->xes;
+        char *yr = c->y + r * D * c->yes;
+        const T *x = (const T *)xr;
+        if (c->xdt != NATIVE) {
+            LOAD(xr, c->xes, c->xdt, D, buf);
+            x = buf;
+        }
         /* Shifted by the row's first value k (x - k is exact for values near it): the
            mean of the shifted values md is small and accurate, so neither the one-pass
            variance nor x - mean cancels when |mean| >> std. The mean itself is never formed
            for y, only saved for the backward. */
-        T k = buf[0], s, s2;
-        SFX(sums2)(buf, k, buf, k, D, &s, &s2);
+        T k = x[0], s, s2;
+        SFX(sums2)(x, k, x, k, D, &s, &s2);
         T md = s / (T)D, var = s2 / (T)D - md * md;
         T rs = (T)1 / SQRT((var > 0 ? var : (T)0) + (T)c->eps);
+        T *y = c->ydt == NATIVE ? (T *)yr : buf; /* buf's x is read before its y is written */
         for (int64_t j = 0; j < D; j++) {
-            T h = ((buf[j] - k) - md) * rs;
-            buf[j] = (w ? h * w[j] : h) + (b ? b[j] : (T)0);
+            T h = ((x[j] - k) - md) * rs;
+            y[j] = (w ? h * w[j] : h) + (b ? b[j] : (T)0);
         }
-        STORE(c->y + r * D * c->yes, c->yes, c->ydt, D, buf);
+        if (c->ydt != NATIVE) STORE(yr, c->yes, c->ydt, D, y);
         mean[r] = k + md;
         rstd[r] = rs;
     }
@@ -48,23 +57,34 @@ MT_CPU_CLONES static int SFX(ln_backward_rows)(void *vctx, int64_t rb, int64_t r
     const T *w = c->w;
     for (int64_t r = rb; r < re; r++) {
         T m = ((const T *)c->mean)[r], rs = ((const T *)c->rstd)[r];
-        LOAD(c->x + r * D * c->xes, c->xes, c->xdt, D, xv);
-        LOAD(c->gy + r * D * c->gyes, c->gyes, c->gydt, D, g);
-        for (int64_t j = 0; j < D; j++) xv[j] = (xv[j] - m) * rs; /* xhat */
+        const char *xr = c->x + r * D * c->xes, *gyr = c->gy + r * D * c->gyes;
+        if (c->xdt == NATIVE) {
+            const T *x = (const T *)xr;
+            for (int64_t j = 0; j < D; j++) xv[j] = (x[j] - m) * rs; /* xhat */
+        } else {
+            LOAD(xr, c->xes, c->xdt, D, xv);
+            for (int64_t j = 0; j < D; j++) xv[j] = (xv[j] - m) * rs;
+        }
+        const T *gy = (const T *)gyr;
+        if (c->gydt != NATIVE) {
+            LOAD(gyr, c->gyes, c->gydt, D, g);
+            gy = g;
+        }
         if (pw)
             for (int64_t j = 0; j < D; j++) {
-                pw[j] += g[j] * xv[j];
-                pb[j] += g[j];
+                pw[j] += gy[j] * xv[j];
+                pb[j] += gy[j];
             }
         if (!c->gx) continue;
-        if (w)
-            for (int64_t j = 0; j < D; j++) g[j] *= w[j];
+        for (int64_t j = 0; j < D; j++) g[j] = w ? gy[j] * w[j] : gy[j];
         T s, sx;
         SFX(sums2)(g, 0, xv, 0, D, &s, &sx);
         s /= (T)D;
         sx /= (T)D;
-        for (int64_t j = 0; j < D; j++) g[j] = rs * (g[j] - s - xv[j] * sx);
-        STORE(c->gx + r * D * c->gxes, c->gxes, c->gxdt, D, g);
+        char *gxr = c->gx + r * D * c->gxes;
+        T *gx = c->gxdt == NATIVE ? (T *)gxr : g;
+        for (int64_t j = 0; j < D; j++) gx[j] = rs * (g[j] - s - xv[j] * sx);
+        if (c->gxdt != NATIVE) STORE(gxr, c->gxes, c->gxdt, D, gx);
     }
     mt_host_free(buf, (size_t)D * 2 * sizeof(T));
     return 0;
