@@ -35,12 +35,15 @@ MT_CPU_CLONES static int dropout_chunks(void *vctx, int64_t cb, int64_t ce, int 
             for (int64_t j = 0; j < m; j++)
                 v[j] = mt_uint_to_unit_float(bits[j]) >= c->p ? v[j] * c->scale : 0.0;
             mt_cpu_store_f64(dst, c->es, c->dt, m, v);
-        } else {
+        } else { /* F32 read and written in place; F16 and BF16 through v */
             float v[CHUNK], s = (float)c->scale;
-            mt_cpu_load_f32(src, c->es, c->dt, m, v);
+            bool f32 = c->dt == MT_F32;
+            const float *x = f32 ? (const float *)src : v;
+            float *y = f32 ? (float *)dst : v;
+            if (!f32) mt_cpu_load_f32(src, c->es, c->dt, m, v);
             for (int64_t j = 0; j < m; j++)
-                v[j] = mt_uint_to_unit_float(bits[j]) >= c->p ? v[j] * s : 0.0f;
-            mt_cpu_store_f32(dst, c->es, c->dt, m, v);
+                y[j] = mt_uint_to_unit_float(bits[j]) >= c->p ? x[j] * s : 0.0f;
+            if (!f32) mt_cpu_store_f32(dst, c->es, c->dt, m, v);
         }
     }
     return 0;
