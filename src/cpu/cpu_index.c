@@ -54,10 +54,14 @@ static int add_blocks(void *vctx, int64_t b, int64_t e, int part) {
                 double v[COLS], *dp = (double *)c->dst + d;
                 mt_cpu_load_f64(s, ses, c->sdt, m, v);
                 for (int64_t i = 0; i < m; i++) dp[i] += v[i];
-            } else {
+            } else { /* an F32 source read in place; others converted through v */
                 float v[COLS], *dp = (float *)c->dst + d;
-                mt_cpu_load_f32(s, ses, c->sdt, m, v);
-                for (int64_t i = 0; i < m; i++) dp[i] += v[i];
+                const float *sv = (const float *)s;
+                if (c->sdt != MT_F32) {
+                    mt_cpu_load_f32(s, ses, c->sdt, m, v);
+                    sv = v;
+                }
+                for (int64_t i = 0; i < m; i++) dp[i] += sv[i];
             }
         }
     }
