@@ -28,7 +28,10 @@ static inline void set_grad(mt_tensor *p, const double *g, double scale, double 
     int64_t n = mt_numel(p);
     double v[16];
     assert_true(n <= 16);
-    for (int64_t i = 0; i < n; i++) v[i] = g[i] * scale;
+    /* memcpy, then scale in place: GCC 12 at -O3 -march=native vectorises a loop reading g
+       with masked loads and warns that a one-element compound literal may be uninitialised */
+    memcpy(v, g, (size_t)n * sizeof *g);
+    for (int64_t i = 0; i < n; i++) v[i] *= scale;
     if (poison != 0) v[0] = poison;
     mt_tensor *c = mt_test_tensor(v, mt_dtype_of(p), 1, (const int64_t[]){n});
     assert_int_equal(mt_set_grad(p, c), 0);
