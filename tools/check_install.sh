@@ -10,7 +10,7 @@ meson install -C "$build" --destdir "$tmp/root" --no-rebuild --quiet >/dev/null
 pc=$(find "$tmp/root" -name mixtape.pc | head -1)
 [[ -n "$pc" ]] || { echo "error: no mixtape.pc installed" >&2; exit 1; }
 # the .pc file's paths are relative to its prefix: point that into the scratch root
-export PKG_CONFIG_PATH=$(dirname "$pc")
+export PKG_CONFIG_PATH=$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 prefix=$(pkg-config --variable=prefix mixtape)
 pc_args=(--define-variable=prefix="$tmp/root$prefix")
 flags=$(pkg-config "${pc_args[@]}" --cflags --libs mixtape)
