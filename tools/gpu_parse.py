@@ -7,6 +7,10 @@ summary line. tools/fixtures/gpu holds captured outputs that the rehearsal feeds
                                      per function registers, stack, local bytes, LDL/STL count
   gpu_parse.py ncu CSV               ncu --csv --metrics gpu__time_duration.sum: time per
                                      kernel name, GEMM kernels on tensor cores or not
+  gpu_parse.py breakdown CSV STEPS   the same CSV as milliseconds per step (the run's total
+                                     over STEPS): per kind of kernel (category()), then the
+                                     30 costliest kernels; tools/gpu_torch_profile.py prints
+                                     torch's step in the same form
 """
 import csv
 import re
@@ -74,7 +78,51 @@ TC = re.compile(r'gmma|hmma|h16816|h1688|s16816|xmma|tensorop|nvjet|sm90_|sm80_|
 GEMM = re.compile(r'gemm|nvjet|xmma|cutlass|gmma|matmul', re.I)
 
 
-def ncu(path):
+# The kind of a kernel, by name, for the per-step breakdowns (mixtape's and cuDNN's/cuBLAS's
+# names and torch's): the first pattern that matches.
+CATEGORIES = [
+    ('optimizer/scaler', re.compile(r'mta_|multi_tensor|amp_|unscale|_foreach|scale_update|sgd|adam',
+                                    re.I)),
+    ('cast/copy/fill', re.compile(r'convert|ew_conv_|copy|fill|cast|memset|transpose|nchwto|nhwcto',
+                                  re.I)),
+    ('batch norm', re.compile(r'bn_|batch_?norm|batchnorm|bn_fw|bn_bw|welford|norm_stat', re.I)),
+    ('convolution', re.compile(r'conv(?!ert)|fprop|dgrad|wgrad|implicit|xmma|cudnn|winograd|fft', re.I)),
+    ('GEMM', re.compile(r'gemm|nvjet|gmma|cutlass|matmul', re.I)),
+    ('pooling', re.compile(r'pool', re.I)),
+    ('softmax/loss', re.compile(r'softmax|cross_entropy|nll|log_sm', re.I)),
+    ('reduction', re.compile(r'reduce', re.I)),
+    ('elementwise', re.compile(r'elementwise|ew_|vectorized|unrolled|relu|add|mul', re.I)),
+]
+
+
+def category(name):
+    for label, pat in CATEGORIES:
+        if pat.search(name):
+            return label
+    return 'other'
+
+
+def print_breakdown(kernels, steps, title):
+    """kernels: name -> [calls, nanoseconds] over `steps` steps."""
+    total = sum(k[1] for k in kernels.values()) or 1.0
+    cats = {}
+    for name, (n, v) in kernels.items():
+        c = cats.setdefault(category(name), [0, 0.0])
+        c[0] += n
+        c[1] += v
+    print('%s: %.2f ms of kernels per step, %d launches per step' % (
+        title, total / 1e6 / steps, sum(k[0] for k in kernels.values()) // max(steps, 1)))
+    print('%-18s %9s %7s %8s' % ('kind', 'ms/step', 'share', 'calls'))
+    for label, (n, v) in sorted(cats.items(), key=lambda x: -x[1][1]):
+        print('%-18s %9.3f %6.1f%% %8d' % (label, v / 1e6 / steps, 100 * v / total, n // max(steps, 1)))
+    print('%9s %7s %6s  %s' % ('ms/step', 'share', 'calls', 'kernel (30 costliest)'))
+    for name, (n, v) in sorted(kernels.items(), key=lambda x: -x[1][1])[:30]:
+        print('%9.3f %6.1f%% %6d  %s' % (v / 1e6 / steps, 100 * v / total, n // max(steps, 1),
+                                        name[:140]))
+
+
+def ncu_kernels(path):
+    """name -> [calls, nanoseconds] from ncu's CSV (one metric: gpu__time_duration.sum)."""
     rows = [line for line in open(path, errors='replace') if line.startswith('"')]
     kernels = {}
     header = None
@@ -91,6 +139,11 @@ def ncu(path):
         k = kernels.setdefault(d.get('Kernel Name', '?'), [0, 0.0])
         k[0] += 1
         k[1] += v
+    return kernels
+
+
+def ncu(path):
+    kernels = ncu_kernels(path)
     total = sum(k[1] for k in kernels.values()) or 1.0
     gemm = tc = 0
     print('%6s %8s  %s' % ('calls', 'time %', 'kernel'))
@@ -108,5 +161,7 @@ if __name__ == '__main__':
         sass(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == 'ncu':
         ncu(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == 'breakdown':
+        print_breakdown(ncu_kernels(sys.argv[2]), int(sys.argv[3]), 'mixtape (ncu)')
     else:
         sys.exit(__doc__)

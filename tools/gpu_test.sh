@@ -30,12 +30,18 @@
 #   asan        (when time is left, MT_GPU_ASAN=auto; 1 forces, 0 skips) an ASan+UBSan build
 #               on the GPU with ASAN_OPTIONS=protect_shadow_gap=0 and LSan suppressions for
 #               the driver and cuBLAS
+#   profile     (only when MT_GPU_STEPS names it) where a ResNet-50 step spends its GPU time:
+#               mixtape's kernels under ncu beside torch's (CUPTI), per kind of kernel, and
+#               cuDNN's heuristics against its timed search; tools/gpu_steps_profile.sh
 #
 # Usage: tools/gpu_test.sh [--rehearse] [RESULTS_DIR]   (default $OUT when set, else gpu-results/)
 # When RESULTS_DIR is $OUT (the device tool brings back at most 8 files) the per-step logs are
 # packed into logs.tar.gz; summary.txt, console.log, tests.log, bench.log and resnet-bench.log
 # stay beside it.
-# Environment: MT_GPU_BUDGET_S (480), MT_GPU_BUILD_DIR (build-gpu), MT_GPU_PREFIX
+# Environment: MT_GPU_STEPS (the steps to run, in order; default every step above but
+#   profile: a later call on a machine that keeps nothing names deps and build too),
+#   MT_GPU_SAN_PROGS / MT_GPU_SAN_TOOLS (the test programs and compute-sanitizer tools of the
+#   sanitizer step; default all), MT_GPU_BUDGET_S (480), MT_GPU_BUILD_DIR (build-gpu), MT_GPU_PREFIX
 #   (/tmp/mt-gpu-prefix), MT_GPU_JOBS (parallel sanitizer runs, 6), MT_GPU_MESON_ARGS (extra
 #   setup options, split on spaces), MT_GPU_BENCH_ARGS (extra bench/simplenet options, default
 #   --repeat 1), MT_GPU_GEMM_ARGS, MT_GPU_OVERHEAD_ARGS (extra bench/gemm, bench/op_overhead
@@ -90,6 +96,8 @@ source "$root/tools/gpu_steps_tools.sh"
 source "$root/tools/gpu_steps_bench.sh"
 # shellcheck source=tools/gpu_steps_resnet.sh
 source "$root/tools/gpu_steps_resnet.sh"
+# shellcheck source=tools/gpu_steps_profile.sh
+source "$root/tools/gpu_steps_profile.sh"
 
 # The programs' sizes: the GPU's, or tiny ones that take seconds on the emulated device.
 bdir=${MT_GPU_BUILD_DIR:-build-gpu}
@@ -118,7 +126,8 @@ fi
 main() {
     echo "mixtape GPU check: results in $out; budget ${budget}s$(rehearsing && echo '; REHEARSAL on the emulated device')"
     local step
-    for step in probe deps build sass tests bench gpubench resnet sanitizer ncu asan; do
+    # shellcheck disable=SC2086 # a list of step names, split on spaces on purpose
+    for step in ${MT_GPU_STEPS:-probe deps build sass tests bench gpubench resnet sanitizer ncu asan}; do
         # a step file that failed to load would otherwise drop its lines without a trace
         if declare -F "step_$step" >/dev/null; then
             "step_$step"
