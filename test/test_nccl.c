@@ -3,7 +3,13 @@
    (mt_dist_init_thread); on the emulated device the fake NCCL of test/cuda_emu. Values for
    every dtype, no host wait inside a collective, ranks that disagree, refused tensors, the
    GradScaler's cross-rank skip, and (run with MT_TEST_NCCL_MISSING=1 and MT_NCCL_LIBRARY
-   naming no library) a missing NCCL. */
+   naming no library) a missing NCCL.
+   Devices: rank r puts its tensors on cuda:(r % the device count). The real NCCL refuses two
+   ranks on one GPU ("Duplicate GPU detected", seen on a one-GPU H200 machine), so a world
+   larger than the device count is reported skipped there. The fake NCCL lets ranks share a
+   device (it ignores devices: the emulated devices' memory and work queue are one), so on the
+   emulated device every world runs: all ranks on cuda:0 with one emulated device, and on
+   different devices with MTEMU_DEVICES=2 (ranks 0 and 2 of a world of 3 share cuda:0). */
 #include <pthread.h>
 #include "test_util.h"
 
@@ -15,10 +21,37 @@ static double value(mt_dtype dt, int r, int i) {
     return dt == MT_BOOL ? (double)((i + r) % 3 == 0) : (double)((r + 1) * (i + 1) % 7) - 2.0;
 }
 
+/* The CUDA device count and whether NCCL is the emulated device's fake (set by main). */
+static int gpus = 1;
+static bool fake_nccl;
+
+/* The fake NCCL's unique ids start with this tag (test/cuda_emu/fake_nccl.cpp). test_nccl runs
+   with no MT_TEST_DEVICE (test/meson.build), so mt_test_emulated_device() answers only when
+   the environment names the emulated device: the id tells the fake in every run. */
+static bool nccl_is_fake(void) {
+    if (mt_test_emulated_device()) return true;
+    mt_dist_id id;
+    static const char tag[] = "mtemu-nccl-id";
+    bool fake = mt_dist_id_new(&id) == 0 && memcmp(id.bytes, tag, sizeof tag - 1) == 0;
+    mt_clear_error();
+    return fake;
+}
+
+/* Rank r's device: one GPU per rank where there are enough (the real NCCL needs that). */
+static mt_device rank_device(int r) {
+    return MT_CUDA(r % gpus);
+}
+
+/* Whether a world of threads can run here: the fake NCCL takes any world, the real one a
+   GPU per rank. */
+static bool world_fits(int world) {
+    return fake_nccl || world <= gpus;
+}
+
 static mt_tensor *rank_tensor(mt_dtype dt, int r) {
     double v[N];
     for (int i = 0; i < N; i++) v[i] = value(dt, r, i);
-    mt_tensor *d = mt_from_data(v, MT_F64, MT_SHAPE(N), MT_CUDA(0));
+    mt_tensor *d = mt_from_data(v, MT_F64, MT_SHAPE(N), rank_device(r));
     mt_tensor *t = mt_cast(d, dt);
     mt_release(d);
     return t;
@@ -68,7 +101,12 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
+/* Runs body as every rank of a world of threads. main registers the tests whose world does not
+   fit (world_fits) as skipped, with the reason; a call that gets here with one fails. */
 static void run_ranks(int world, int (*body)(int, int, char *)) {
+    if (!world_fits(world))
+        fail_msg("real NCCL needs one GPU per rank: world %d, %d GPU%s", world, gpus,
+                 gpus == 1 ? "" : "s");
     mt_dist_id id;
     assert_int_equal(mt_dist_id_new(&id), 0);
     rank_run runs[4];
@@ -176,20 +214,29 @@ static void test_world1_process(void **state) {
 static void test_threads_all_reduce(void **state) {
     (void)state;
     run_ranks(2, all_reduce_body);
+}
+
+static void test_threads_all_reduce_world3(void **state) {
+    (void)state;
     run_ranks(3, all_reduce_body);
 }
 
 static void test_threads_broadcast_gather(void **state) {
     (void)state;
     run_ranks(2, broadcast_gather_body);
+}
+
+static void test_threads_broadcast_gather_world3(void **state) {
+    (void)state;
     run_ranks(3, broadcast_gather_body);
 }
 
 /* Rank 1 passes one element more: the fake NCCL sees the ranks disagree and every rank gets
-   the error (the real one would hang: mixtape's MPI worlds check first, mt_dist_agree). */
+   the error (the real one would hang: mixtape's MPI worlds check first, mt_dist_agree; main
+   runs this with the fake only). */
 static int mismatch_body(int rank, int world, char *why) {
     (void)world;
-    mt_tensor *t = mt_zeros(MT_SHAPE(4 + rank), MT_F32, MT_CUDA(0));
+    mt_tensor *t = mt_zeros(MT_SHAPE(4 + rank), MT_F32, rank_device(rank));
     RANK_CHECK(t != NULL);
     int rc = mt_all_reduce(t, MT_REDUCE_SUM);
     mt_release(t);
@@ -198,7 +245,7 @@ static int mismatch_body(int rank, int world, char *why) {
     RANK_CHECK(strstr(mt_last_error(), "the ranks disagree") != NULL);
     mt_clear_error();
     /* the world is still usable */
-    t = mt_ones(MT_SHAPE(3), MT_F32, MT_CUDA(0));
+    t = mt_ones(MT_SHAPE(3), MT_F32, rank_device(rank));
     RANK_CHECK(t != NULL && mt_all_reduce(t, MT_REDUCE_SUM) == 0);
     mt_scope_begin();
     double sum = mt_item(mt_sum_all(t));
@@ -216,21 +263,21 @@ static void test_threads_mismatch(void **state) {
 /* Refused before any communication: CPU tensors (no MPI in a world of threads), layouts,
    avg of integers, a barrier and mt_ddp. */
 static int refused_body(int rank, int world, char *why) {
-    (void)rank, (void)world;
+    (void)world;
     mt_tensor *c = mt_zeros(MT_SHAPE(2), MT_F32, MT_CPU);
     RANK_CHECK(mt_all_reduce(c, MT_REDUCE_SUM) == MT_ERR_UNSUPPORTED);
     RANK_CHECK(strstr(mt_last_error(), "a CPU tensor in a world of threads") != NULL);
     mt_clear_error();
-    mt_tensor *g = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CUDA(0));
+    mt_tensor *g = mt_zeros(MT_SHAPE(2, 3), MT_F32, rank_device(rank));
     mt_tensor *gt = mt_transpose(g, 0, 1);
     RANK_CHECK(mt_broadcast(gt, 0) == MT_ERR_INVALID);
     RANK_CHECK(strstr(mt_last_error(), "not contiguous") != NULL);
     mt_clear_error();
-    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I32, MT_CUDA(0));
+    mt_tensor *i = mt_zeros(MT_SHAPE(2), MT_I32, rank_device(rank));
     RANK_CHECK(mt_all_reduce(i, MT_REDUCE_AVG) == MT_ERR_DTYPE);
     mt_clear_error();
     mt_tensor *out = mt_zeros(MT_SHAPE(2, 2), MT_F32, MT_CPU);
-    mt_tensor *src = mt_zeros(MT_SHAPE(2), MT_F32, MT_CUDA(0));
+    mt_tensor *src = mt_zeros(MT_SHAPE(2), MT_F32, rank_device(rank));
     RANK_CHECK(mt_all_gather_async(out, src) == NULL);
     RANK_CHECK(mt_last_status() == MT_ERR_UNSUPPORTED);
     mt_clear_error();
@@ -265,7 +312,7 @@ static void test_threads_refused(void **state) {
    skips the step and backs off the scale (the found-inf flag is all-reduced on the device);
    without it, the clean rank steps. */
 static int scaler_step(bool dist, int rank, double *param, double *scale) {
-    mt_tensor *p = mt_full(MT_SHAPE(2), MT_F32, MT_CUDA(0), 1.0);
+    mt_tensor *p = mt_full(MT_SHAPE(2), MT_F32, rank_device(rank), 1.0);
     mt_set_requires_grad(p, true);
     mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(0.5)});
     mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 4.0});
@@ -300,16 +347,17 @@ static void test_threads_scaler_skip(void **state) {
 }
 
 /* ---- mt_ddp on CUDA parameters */
-static mt_tensor *filled(int ndim, const int64_t *shape, double base) {
+/* on rank r's device */
+static mt_tensor *filled(int r, int ndim, const int64_t *shape, double base) {
     double v[16];
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     for (int64_t i = 0; i < n; i++) v[i] = base + 0.25 * (double)(i * 7 % 5) - 0.5;
-    return mt_from_data(v, MT_F64, ndim, shape, MT_CUDA(0));
+    return mt_from_data(v, MT_F64, ndim, shape, rank_device(r));
 }
 
-static mt_tensor *cuda_param(int ndim, const int64_t *shape, double base) {
-    mt_tensor *d = filled(ndim, shape, base);
+static mt_tensor *cuda_param(int r, int ndim, const int64_t *shape, double base) {
+    mt_tensor *d = filled(r, ndim, shape, base);
     mt_tensor *p = mt_cast(d, MT_F32);
     mt_release(d);
     mt_set_requires_grad(p, true);
@@ -345,14 +393,15 @@ static int same_values(mt_tensor *a, mt_tensor *b, char *why) {
    the average over the ranks of the local gradients (reduced by mt_all_reduce in the same
    order), in 2 buckets: 2 all-reduces a step. In a world of one: exactly the local step. */
 static int ddp_body(int rank, int world, char *why) {
-    mt_tensor *W = cuda_param(MT_SHAPE(3, 4), rank), *b = cuda_param(MT_SHAPE(3), 2.0 * rank);
+    mt_tensor *W = cuda_param(rank, MT_SHAPE(3, 4), rank),
+              *b = cuda_param(rank, MT_SHAPE(3), 2.0 * rank);
     mt_tensor *ps[2] = {W, b};
     mt_ddp *d = mt_ddp_new(ps, 2, &(mt_ddp_opts){.bucket_mb = 40.0 / (1024 * 1024)});
     RANK_CHECK(d != NULL);
-    mt_tensor *W0 = cuda_param(MT_SHAPE(3, 4), 0), *b0 = cuda_param(MT_SHAPE(3), 0);
+    mt_tensor *W0 = cuda_param(rank, MT_SHAPE(3, 4), 0), *b0 = cuda_param(rank, MT_SHAPE(3), 0);
     int rc = same_values(W, W0, why);
     if (rc == 0) rc = same_values(b, b0, why);
-    mt_tensor *x = filled(MT_SHAPE(2, 4), 1.0 + rank);
+    mt_tensor *x = filled(rank, MT_SHAPE(2, 4), 1.0 + rank);
     mt_tensor *xf = mt_cast(x, MT_F32);
     /* the reference: the same parameters without DDP, reduced by hand */
     if (rc == 0) rc = loss_backward(W0, b0, xf);
@@ -413,10 +462,12 @@ static void test_threads_ddp(void **state) {
 }
 
 /* Rank 1's first parameter has one column more: the broadcast at creation fails on every
-   rank (the fake NCCL compares the ranks' calls; a world of threads has no MPI check). */
+   rank (the fake NCCL compares the ranks' calls; a world of threads has no MPI check, and the
+   real NCCL would hang: main runs this with the fake only). */
 static int ddp_mismatch_body(int rank, int world, char *why) {
     (void)world;
-    mt_tensor *W = cuda_param(MT_SHAPE(3, 4 + rank), 0), *b = cuda_param(MT_SHAPE(3), 0);
+    mt_tensor *W = cuda_param(rank, MT_SHAPE(3, 4 + rank), 0),
+              *b = cuda_param(rank, MT_SHAPE(3), 0);
     mt_tensor *ps[2] = {W, b};
     mt_ddp *d = mt_ddp_new(ps, 2, NULL);
     bool refused = d == NULL && mt_last_status() == MT_ERR_STATE &&
@@ -466,13 +517,13 @@ static void grads_release(mt_tensor **g, int n) {
 static void test_world1_ddp_wait_out_of_memory(void **state) {
     (void)state;
     assert_int_equal(mt_dist_init(), 0);
-    mt_tensor *d = filled(MT_SHAPE(6), 0.5);
-    mt_tensor *ps[3] = {cuda_param(MT_SHAPE(3, 4), 1.0), mt_cast(d, MT_F16),
-                        cuda_param(MT_SHAPE(3), 2.0)};
+    mt_tensor *d = filled(0, MT_SHAPE(6), 0.5);
+    mt_tensor *ps[3] = {cuda_param(0, MT_SHAPE(3, 4), 1.0), mt_cast(d, MT_F16),
+                        cuda_param(0, MT_SHAPE(3), 2.0)};
     mt_set_requires_grad(ps[1], true);
     mt_ddp *ddp = mt_ddp_new(ps, 3, NULL);
     assert_non_null(ddp);
-    mt_tensor *x = filled(MT_SHAPE(2, 4), 1.5), *xf = mt_cast(x, MT_F32);
+    mt_tensor *x = filled(0, MT_SHAPE(2, 4), 1.5), *xf = mt_cast(x, MT_F32);
     mt_tensor *twin[3], *before[3];
     int64_t failures = 0, n = 0;
     for (bool never_reached = false; !never_reached; n++) {
@@ -515,7 +566,7 @@ static void test_world1_ddp_wait_out_of_memory(void **state) {
 static void test_world1_ddp_half(void **state) {
     (void)state;
     assert_int_equal(mt_dist_init(), 0);
-    mt_tensor *d = filled(MT_SHAPE(6), 0.5);
+    mt_tensor *d = filled(0, MT_SHAPE(6), 0.5);
     mt_tensor *p = mt_cast(d, MT_F16);
     mt_set_requires_grad(p, true);
     mt_ddp *ddp = mt_ddp_new(&p, 1, NULL);
@@ -532,6 +583,19 @@ static void test_world1_ddp_half(void **state) {
     mt_ddp_free(ddp);
     mt_release(p);
     mt_release(d);
+}
+
+/* A test of a world that does not fit this machine's GPUs, reported skipped with the reason as
+   its TAP directive (cmocka 1.1.5's skip() would print "not ok", which meson counts as a
+   failure: test_util.h). */
+static struct CMUnitTest ranks_skipped(const char *fn, int world) {
+    static char names[16][160];
+    static int used;
+    char *name = names[used++ % 16];
+    snprintf(name, sizeof names[0],
+             "%s # SKIP real NCCL needs one GPU per rank: world %d, %d GPU%s", fn, world, gpus,
+             gpus == 1 ? "" : "s");
+    return (struct CMUnitTest){.name = name, .test_func = mt_test_not_run};
 }
 
 static void test_nccl_missing(void **state) {
@@ -560,18 +624,30 @@ int main(void) {
         int failures = MT_RUN_TESTS(tests);
         return mt_dist_finalize() < 0 || failures ? 1 : 0;
     }
+    if (cuda) {
+        gpus = mt_cuda_device_count();
+        fake_nccl = nccl_is_fake();
+    }
 #define NCCL_TEST(fn)                                                                              \
     (cuda ? (struct CMUnitTest)MT_TEST(fn) : MT_TEST_SKIPPED(fn, "no CUDA device"))
+#define RANKS_TEST(fn, world)                                                                      \
+    (!cuda || world_fits(world) ? NCCL_TEST(fn) : ranks_skipped(#fn, world))
+#define FAKE_NCCL_TEST(fn)                                                                         \
+    (!cuda || fake_nccl ? NCCL_TEST(fn)                                                            \
+                        : MT_TEST_SKIPPED(fn, "ranks that disagree hang the real NCCL; the fake "  \
+                                              "one of the emulated device checks them"))
     const struct CMUnitTest tests[] = {
         NCCL_TEST(test_world1_process),
-        NCCL_TEST(test_threads_all_reduce),
-        NCCL_TEST(test_threads_broadcast_gather),
-        NCCL_TEST(test_threads_mismatch),
-        NCCL_TEST(test_threads_refused),
-        NCCL_TEST(test_threads_scaler_skip),
+        RANKS_TEST(test_threads_all_reduce, 2),
+        RANKS_TEST(test_threads_all_reduce_world3, 3),
+        RANKS_TEST(test_threads_broadcast_gather, 2),
+        RANKS_TEST(test_threads_broadcast_gather_world3, 3),
+        FAKE_NCCL_TEST(test_threads_mismatch),
+        RANKS_TEST(test_threads_refused, 2),
+        RANKS_TEST(test_threads_scaler_skip, 2),
         NCCL_TEST(test_world1_ddp),
-        NCCL_TEST(test_threads_ddp),
-        NCCL_TEST(test_threads_ddp_mismatch),
+        RANKS_TEST(test_threads_ddp, 2),
+        FAKE_NCCL_TEST(test_threads_ddp_mismatch),
         NCCL_TEST(test_world1_ddp_half),
         NCCL_TEST(test_world1_ddp_wait_out_of_memory),
     };
