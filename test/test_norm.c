@@ -460,35 +460,69 @@ static void test_norm_errors(void **state) {
     mt_scope_end();
 }
 
-/* On CUDA the plain batch norm in training runs through cuDNN, forward and backward; eval and
-   the fused residual + ReLU run on own kernels. A fault injected into the fake cuDNN shows the
-   routing, becomes a clear error naming the op and the call, and changes nothing: the running
-   buffers keep their values and no gradient appears. */
+/* One fault injected into the fake cuDNN (MTEMU_CUDNN_FAIL) around a batch norm in training
+   and the backward of sum(y * y): returns the forward's result (NULL if it failed) and sets
+   *bwd to the backward's status. */
+static mt_tensor *bn_train_with(const char *fwd_fail, const char *bwd_fail, mt_tensor *x,
+                                mt_tensor *rm, mt_tensor *rv, int *bwd) {
+    setenv("MTEMU_CUDNN_FAIL", fwd_fail, 1);
+    mt_tensor *y = mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5);
+    setenv("MTEMU_CUDNN_FAIL", bwd_fail, 1);
+    *bwd = y ? mt_backward(mt_sum_all(mt_mul(y, y)), NULL) : -1;
+    unsetenv("MTEMU_CUDNN_FAIL");
+    return y;
+}
+
+/* On CUDA the plain batch norm in training runs through cuDNN on F16 activations, forward and
+   backward; F32 and F64 training run on the own kernels, whose statistics are sums of shifted
+   values in double (through cuDNN, FP32 statistics lost digits on offset data on an H200:
+   src/cuda/bn_cudnn.c); eval and the fused residual + ReLU on F32 do not call the training
+   entry points either. A fault injected into the fake cuDNN shows the routing (the fake's
+   numerics would not: it is more exact than the real one). On F32 and F64 the faults change
+   nothing, as cuDNN is never called; on F16 each is a clear error naming the op and the call,
+   and changes nothing: the running buffers keep their values and no gradient appears. */
 static void test_batch_norm_cudnn_routing(void **state) {
     (void)state;
+    const char *fwd = "cudnnBatchNormalizationForwardTraining=2000",
+               *bwd = "cudnnBatchNormalizationBackward=5000";
     mt_device d = mt_test_device();
     mt_scope_begin();
-    mt_tensor *x = random_tensor(MT_F32, 43, MT_SHAPE(4, 3, 5));
+    int rc;
+    const mt_dtype own[] = {MT_F32, MT_F64};
+    for (int k = 0; k < 2; k++) {
+        mt_tensor *x = random_tensor(own[k], 41 + (uint32_t)k, MT_SHAPE(4, 3, 5));
+        mt_set_requires_grad(x, true);
+        mt_tensor *rm = own[k] == MT_F32 ? mt_zeros(MT_SHAPE(3), MT_F32, d) : NULL;
+        mt_tensor *rv = own[k] == MT_F32 ? mt_ones(MT_SHAPE(3), MT_F32, d) : NULL;
+        if (!bn_train_with(fwd, bwd, x, rm, rv, &rc))
+            fail_msg("%s batch norm in training called cuDNN: %s", mt_dtype_name(own[k]),
+                     mt_last_error());
+        if (rc != 0)
+            fail_msg("%s batch norm backward called cuDNN: %s", mt_dtype_name(own[k]),
+                     mt_last_error());
+        mt_tensor *gx = mt_grad(x);
+        assert_non_null(gx);
+        mt_release(gx);
+    }
+    mt_tensor *x = random_tensor(MT_F16, 43, MT_SHAPE(4, 3, 5));
     mt_set_requires_grad(x, true);
     mt_tensor *rm = mt_zeros(MT_SHAPE(3), MT_F32, d), *rv = mt_ones(MT_SHAPE(3), MT_F32, d);
-    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationForwardTraining=2000", 1);
-    assert_null(mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5));
+    assert_null(bn_train_with(fwd, "", x, rm, rv, &rc));
     assert_error(MT_ERR_DEVICE, "mt_batch_norm: cuDNN error in "
                                 "cudnnBatchNormalizationForwardTraining: CUDNN_STATUS_BAD_PARAM");
     assert_tensor_close(rm, ((const double[]){0, 0, 0}), 3, 0, 0);
     assert_tensor_close(rv, ((const double[]){1, 1, 1}), 3, 0, 0);
+    setenv("MTEMU_CUDNN_FAIL", fwd, 1);
     assert_non_null(mt_batch_norm(x, rm, rv, NULL, NULL, false, 0.1, 1e-5)); /* eval: inference */
     mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, d), *b = mt_zeros(MT_SHAPE(3), MT_F32, d);
-    assert_non_null(mt_batch_norm_act(x, NULL, NULL, w, b, x, true, 0.1, 1e-5, MT_ACT_RELU));
+    mt_tensor *x32 = random_tensor(MT_F32, 44, MT_SHAPE(4, 3, 5));
+    assert_non_null(mt_batch_norm_act(x32, NULL, NULL, w, b, x32, true, 0.1, 1e-5, MT_ACT_RELU));
     unsetenv("MTEMU_CUDNN_FAIL");
-    mt_tensor *y = mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5);
-    assert_non_null(y);
-    setenv("MTEMU_CUDNN_FAIL", "cudnnBatchNormalizationBackward=5000", 1);
-    assert_int_not_equal(mt_backward(mt_sum_all(mt_mul(y, y)), NULL), 0);
+    assert_non_null(bn_train_with("", bwd, x, rm, rv, &rc));
+    assert_int_not_equal(rc, 0);
     assert_error(MT_ERR_DEVICE, "cuDNN error in cudnnBatchNormalizationBackward: "
                                 "CUDNN_STATUS_EXECUTION_FAILED");
     assert_null(mt_grad(x));
-    unsetenv("MTEMU_CUDNN_FAIL");
     mt_scope_end();
 }
 

@@ -105,8 +105,9 @@ bool mt_cudnn_pool_expressible(const mt_tensor *x, const mt_tensor *y, const mt_
 int mt_cudnn_pool2d(const char *op, mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
 
 /* ---- batch norm through cuDNN. bn_cudnn.c: the plain batch norm (no residual, no ReLU)
-   in training, forward and backward (cudnnBatchNormalization{ForwardTraining,Backward},
-   spatial), and in eval (cudnnBatchNormalizationForwardInference). bn_cudnn_ex.c: the fused
+   in training on F16, forward and backward (cudnnBatchNormalization{ForwardTraining,Backward},
+   spatial; F32 and F64 training run on the own kernels, whose statistics are the more exact),
+   and in eval (cudnnBatchNormalizationForwardInference). bn_cudnn_ex.c: the fused
    relu(bn(x) [+ residual]) in training on NHWC F16 (the Ex entry points, persistent spatial
    mode), its reserve space kept in the tape node. cuda_norm.c's own kernels run the rest. */
 bool mt_cudnn_bn_applies(const mt_bn_args *a);
