@@ -258,6 +258,36 @@ static void test_low_precision_panels(void **state) {
     check_low_vs_f64(MT_F16, 1, 3000, 900, true);     /* one row: split along N */
 }
 
+/* The same bound for mt_linear (with a bias: on CUDA the cuBLASLt GEMM with the BIAS
+   epilogue, whose split-K partial sums must not be reduced in FP16/BF16 either). */
+static void check_linear_low_vs_f64(mt_dtype dt, int64_t M, int64_t K, int64_t N) {
+    mt_tensor *x = make(dt, MT_SHAPE(M, K)), *w = make(dt, MT_SHAPE(N, K)),
+              *b = make(dt, MT_SHAPE(N));
+    mt_tensor *x64 = mt_cast(x, MT_F64), *w64 = mt_cast(w, MT_F64), *b64 = mt_cast(b, MT_F64);
+    mt_tensor *y = mt_linear(x, w, b), *y64 = mt_linear(x64, w64, b64);
+    assert_no_error();
+    assert_int_equal(mt_dtype_of(y), dt);
+    double *yv = mt_test_values(y), *rv = mt_test_values(y64);
+    double rel = dt == MT_F16 ? 0x1p-11 : 0x1p-8;
+    double acc = (double)(K + 1) * 0x1p-23; /* FP32 accumulation, the bias included */
+    for (int64_t i = 0; i < M * N; i++) {
+        double err = fabs(yv[i] - rv[i]);
+        if (err > rel * fabs(rv[i]) + acc + 1e-7)
+            fail_msg("linear %s %lldx%lldx%lld element %lld: %.8g vs %.8g", mt_dtype_name(dt),
+                     (long long)M, (long long)K, (long long)N, (long long)i, yv[i], rv[i]);
+    }
+    free(yv);
+    free(rv);
+    mt_tensor *rel_[] = {x, w, b, x64, w64, b64, y, y64};
+    for (size_t i = 0; i < 8; i++) mt_release(rel_[i]);
+}
+
+static void test_low_precision_linear(void **state) {
+    (void)state;
+    check_linear_low_vs_f64(MT_F16, 200, 700, 130);
+    check_linear_low_vs_f64(MT_BF16, 130, 600, 200);
+}
+
 static void test_long_dot_f16(void **state) {
     (void)state;
     int64_t K = 6000;
@@ -624,6 +654,7 @@ int main(void) {
         MT_TEST(test_noncontiguous),
         MT_TEST(test_many_small_batches),
         MT_TEST(test_low_precision_panels),
+        MT_TEST(test_low_precision_linear),
         MT_TEST(test_long_dot_f16),
         MT_TEST(test_linear_reference),
         MT_TEST(test_matmul_gradcheck),

@@ -16,6 +16,7 @@ static void load(void) {
     api.create = cublasCreate_v2;
     api.destroy = cublasDestroy_v2;
     api.set_stream = cublasSetStream_v2;
+    api.set_math_mode = cublasSetMathMode;
     api.gemm_ex = cublasGemmEx;
     api.gemm_strided_batched_ex = cublasGemmStridedBatchedEx;
     api.status_name = cublasGetStatusName;
@@ -44,6 +45,7 @@ static void load(void) {
         MT_DL_LOAD(lib, "libcublas", api.create, "cublasCreate_v2", load_error_buf);
         MT_DL_LOAD(lib, "libcublas", api.destroy, "cublasDestroy_v2", load_error_buf);
         MT_DL_LOAD(lib, "libcublas", api.set_stream, "cublasSetStream_v2", load_error_buf);
+        MT_DL_LOAD(lib, "libcublas", api.set_math_mode, "cublasSetMathMode", load_error_buf);
         MT_DL_LOAD(lib, "libcublas", api.gemm_ex, "cublasGemmEx", load_error_buf);
         MT_DL_LOAD(lib, "libcublas", api.gemm_strided_batched_ex, "cublasGemmStridedBatchedEx",
                    load_error_buf);

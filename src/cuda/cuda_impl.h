@@ -54,6 +54,7 @@ typedef struct {
     __typeof__(&cublasCreate_v2) create;
     __typeof__(&cublasDestroy_v2) destroy;
     __typeof__(&cublasSetStream_v2) set_stream;
+    __typeof__(&cublasSetMathMode) set_math_mode;
     __typeof__(&cublasGemmEx) gemm_ex;
     __typeof__(&cublasGemmStridedBatchedEx) gemm_strided_batched_ex;
     __typeof__(&cublasGetStatusName) status_name;

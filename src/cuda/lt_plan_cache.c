@@ -1,8 +1,9 @@
 /* The per-device cache of cuBLASLt plans for the fused linear (cuda_gemm.c's lt_matmul).
 
    A plan is what the key decides: the matmul descriptor with its transposes, epilogue, bias
-   and aux types and aux ld; the three matrix layouts; the preference (workspace limit and the
-   four operand alignments); and the heuristic's answer (algo + workspace size), or "no
+   and aux types and aux ld; the three matrix layouts; the preference (workspace limit, the
+   four operand alignments, and the reduction schemes allowed: none in the output type, see
+   plan_pick); and the heuristic's answer (algo + workspace size), or "no
    algorithm" (then no cuBLASLt object is kept: the caller falls back every time without
    asking again). Creating those and asking the heuristic costs microseconds of host time per
    call on a GPU, on the critical path of small GEMMs; a hit costs a look-up.
@@ -128,8 +129,12 @@ static int plan_describe(lt_plan *p, const void *bias, void *aux) {
 }
 
 /* An algorithm that assumes no more alignment than the key's and needs at most its workspace
-   limit (cublasLtMatmul with algo NULL would assume 256 bytes for every matrix). found false:
-   cuBLASLt has none (its NOT_SUPPORTED is not an error: the caller falls back). */
+   limit (cublasLtMatmul with algo NULL would assume 256 bytes for every matrix), and that
+   reduces split-K partial sums in the compute type (FP32) or not at all: the default allows
+   the INPLACE and OUTPUT_TYPE schemes, which add FP16/BF16 partials in FP16/BF16 (mixtape
+   accumulates in FP32 and rounds the output once; PyTorch sets the same mask unless
+   allow_fp16_reduced_precision_reduction). found false: cuBLASLt has none (its NOT_SUPPORTED
+   is not an error: the caller falls back). */
 static int plan_pick(mt_cuda_device_ctx *ctx, lt_plan *p) {
     const mt_cublas_api *api = mt_cublas();
     static const cublasLtMatmulPreferenceAttributes_t attr[4] = {
@@ -143,6 +148,12 @@ static int plan_pick(mt_cuda_device_ctx *ctx, lt_plan *p) {
     for (int i = 0; i < 4 && !rc; i++)
         rc = mt_cublas_check(
             LT_OP, api->lt_pref_set(p->pref, attr[i], &p->key.align[i], sizeof p->key.align[i]));
+    uint32_t reduction =
+        (uint32_t)(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_NONE);
+    if (!rc)
+        rc = mt_cublas_check(LT_OP,
+                             api->lt_pref_set(p->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                              &reduction, sizeof reduction));
     if (rc) return rc;
     int n = 0;
     memset(&p->r, 0, sizeof p->r);

@@ -16,8 +16,17 @@
 // - alpha and beta are host pointers (the pointer mode is host), read as the compute type's
 //   scalar: float for COMPUTE_32F even with half C, double for 64F;
 // - C must not overlap A or B, nor its own batch entries; beta == 0 never reads C (fresh
-//   device memory is NaN, so a read would show).
-// Not modelled: cuBLAS's numerics (tensor-core summation order), workspaces, algorithms.
+//   device memory is NaN, so a read would show);
+// - cublasSetMathMode: a live handle, and a mode of DEFAULT, TENSOR_OP, PEDANTIC or
+//   TF32_TENSOR_OP, optionally | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION.
+// Reduced-precision reduction, as the real library may do it: a handle whose math mode lacks
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION (the default) lets cuBLAS pick a split-K
+// algorithm that adds the partial sums in C's type. Here an F16/BF16 C with k >= 256
+// (split_k_min) on such a handle is computed so: the two halves of K each summed in FP32 and
+// rounded to C's type (alpha applied), their sum rounded again. On an H200 this showed as 3
+// FP16 ulps off an FP32-accumulated 300x700x530 product; mixtape disallows it.
+// Not modelled otherwise: cuBLAS's numerics (tensor-core summation order), workspaces,
+// algorithms.
 #include "mtemu_internal.h"
 
 #include <cstdarg>
@@ -114,6 +123,15 @@ bool algo_valid(cublasGemmAlgo_t algo) {
 
 // ---------------------------------------------------------------- the computation
 
+// The smallest K for which a handle that allows reduced-precision reduction splits K in two
+// with the partial sums rounded to C's type (see the header).
+constexpr long long split_k_min = 256;
+
+// v rounded to the storage type t (F16 or BF16), back as float.
+float round_to(cudaDataType t, float v) {
+    return t == CUDA_R_16F ? mt_f16_to_f32(mt_f32_to_f16(v)) : mt_bf16_to_f32(mt_f32_to_bf16(v));
+}
+
 // A GEMM as queued: plain values, nothing that refers to the handle or the caller's stack.
 struct job {
     cublasOperation_t ta, tb;
@@ -124,6 +142,7 @@ struct job {
     long long lda, ldb, ldc, sa, sb, sc;
     bool f64;
     input_round round;
+    bool split_k; // the partial sums of two halves of K reduced in C's type (F16/BF16)
     double alpha, beta;
 };
 
@@ -161,7 +180,7 @@ void gather(std::vector<T> &dst, const char *x, cudaDataType t, bool x_rows_firs
 }
 
 // C = alpha * op(A) op(B) + beta * C per batch entry, accumulating in T (float or double),
-// the epilogue in T too, the output rounded once.
+// the epilogue in T too, the output rounded once (split_k: twice, see the header).
 template <typename T> void run(const job &j) {
     std::vector<T> a, b;
     long long ea = static_cast<long long>(type_size(j.at));
@@ -175,10 +194,19 @@ template <typename T> void run(const job &j) {
         for (long long col = 0; col < j.n; col++)
             for (long long row = 0; row < j.m; row++) {
                 const T *ar = a.data() + row * j.k, *bc = b.data() + col * j.k;
-                T acc = 0;
-                for (long long l = 0; l < j.k; l++) acc += ar[l] * bc[l];
+                T acc = 0, v;
+                if (j.split_k) { // float only: C is F16/BF16
+                    long long half = j.k / 2;
+                    T lo = 0;
+                    for (long long l = 0; l < half; l++) lo += ar[l] * bc[l];
+                    for (long long l = half; l < j.k; l++) acc += ar[l] * bc[l];
+                    v = static_cast<T>(round_to(j.ct, static_cast<float>(alpha * lo))) +
+                        static_cast<T>(round_to(j.ct, static_cast<float>(alpha * acc)));
+                } else {
+                    for (long long l = 0; l < j.k; l++) acc += ar[l] * bc[l];
+                    v = alpha * acc;
+                }
                 long long ci = row + col * j.ldc;
-                T v = alpha * acc;
                 if (beta != 0) v += beta * static_cast<T>(load(c, j.ct, ci)); // beta 0: not read
                 store(c, j.ct, ci, static_cast<double>(v));
             }
@@ -200,7 +228,8 @@ struct gemm_args {
 };
 
 // The scalar checks: handle, ops, sizes, types, algorithm, scalars in host memory.
-cublasStatus_t check_scalars(const gemm_args &g, bool *f64, input_round *r, cudaStream_t *s) {
+cublasStatus_t check_scalars(const gemm_args &g, bool *f64, input_round *r, cudaStream_t *s,
+                             cublasMath_t *math_out) {
     cublasMath_t math;
     {
         std::lock_guard<std::mutex> lk(handles_lock);
@@ -208,6 +237,7 @@ cublasStatus_t check_scalars(const gemm_args &g, bool *f64, input_round *r, cuda
         math = g.h->math;
         *s = g.h->stream;
     }
+    *math_out = math;
     for (cublasOperation_t op : {g.ta, g.tb})
         if (op != CUBLAS_OP_N && op != CUBLAS_OP_T)
             return fail(CUBLAS_STATUS_INVALID_VALUE, "%s: op %d (only CUBLAS_OP_N, CUBLAS_OP_T)",
@@ -258,7 +288,8 @@ cublasStatus_t gemm(const gemm_args &g) {
     bool f64 = false;
     input_round r = input_round::none;
     cudaStream_t stream = nullptr;
-    cublasStatus_t st = check_scalars(g, &f64, &r, &stream);
+    cublasMath_t math = CUBLAS_DEFAULT_MATH;
+    cublasStatus_t st = check_scalars(g, &f64, &r, &stream, &math);
     if (st == CUBLAS_STATUS_SUCCESS) st = check_operands(g);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (g.m == 0 || g.n == 0 || g.batch == 0) return CUBLAS_STATUS_SUCCESS;
@@ -283,6 +314,9 @@ cublasStatus_t gemm(const gemm_args &g) {
     j.sc = g.c.stride;
     j.f64 = f64;
     j.round = r;
+    j.split_k = (g.c.type == CUDA_R_16F || g.c.type == CUDA_R_16BF) && g.k >= split_k_min &&
+                !(static_cast<int>(math) &
+                  static_cast<int>(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
     // host pointer mode: the scalars are read now, typed by the compute type
     j.alpha = f64 ? *static_cast<const double *>(g.alpha) : *static_cast<const float *>(g.alpha);
     j.beta = f64 ? *static_cast<const double *>(g.beta) : *static_cast<const float *>(g.beta);

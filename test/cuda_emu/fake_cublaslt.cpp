@@ -32,6 +32,14 @@
 //   MTEMU_CUBLASLT_NO_ALGO=1 in the environment makes the heuristic find no algorithm
 //   (NOT_SUPPORTED, count 0), as the real one may for a shape or alignment, so that the
 //   caller's fallback is tested.
+// - CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: a uint32_t of CUBLASLT_REDUCTION_SCHEME_* bits
+//   only (others INVALID_VALUE); default CUBLASLT_REDUCTION_SCHEME_MASK, as cuBLASLt's.
+// Reduced-precision reduction, as the real library may do it: an algorithm from a preference
+// whose mask allows INPLACE or OUTPUT_TYPE (the default, and algo NULL) may split K and add
+// the partial sums in D's type. Here a F16/BF16 D with k >= 256 (split_k_min) under such an
+// algorithm is computed so: the two halves of K each summed in FP32 and rounded to D's type
+// (alpha applied), then added in FP32 for the epilogue and the final rounding. mixtape allows
+// only COMPUTE_TYPE | NONE (lt_plan_cache.c), which keeps the FP32 sum.
 // Fault injection for tests of the library's error paths: MTEMU_CUBLASLT_FAIL="name=status"
 // makes the entry point `name` (a create, set, heuristic or matmul) return `status` (a
 // number) without doing anything.
@@ -70,16 +78,24 @@ struct lt_layout {
     int64_t ld;
 };
 
-// What the caller promises the heuristic (cuBLASLt's defaults: no workspace, 256 bytes).
+// What the caller promises the heuristic (cuBLASLt's defaults: no workspace, 256 bytes,
+// every reduction scheme allowed).
 struct lt_pref {
     uint64_t max_workspace = 0;
     uint32_t align[4] = {256, 256, 256, 256}; // A, B, C, D
+    uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
+// The schemes that reduce split-K partial sums in D's type, and the smallest K that the
+// heuristic splits when one of them is allowed (see the header).
+constexpr uint32_t output_type_reduction =
+    CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+constexpr long long split_k_min = 256;
 constexpr uint32_t default_alignment = 256;
 constexpr uintptr_t epilogue_alignment = 16; // bias and aux pointers
 // An algorithm from the heuristic: data[0] this tag, data[1..4] the alignments of A, B, C, D
 // it was chosen for, data[5] the workspace it needs: algo_workspace bytes when the preference
-// allows that much (so that callers' workspace path runs), else none.
+// allows that much (so that callers' workspace path runs), else none; data[6] 1 when the
+// preference let it reduce in D's type.
 constexpr size_t algo_workspace = 4096;
 constexpr uintptr_t workspace_alignment = 256; // as cublasSetWorkspace requires
 constexpr uint64_t algo_tag = 0x6d74656d756c7401ull;
@@ -121,6 +137,7 @@ struct lt_job {
     cudaDataType at, dt;
     float alpha;
     uint32_t epilogue;
+    bool split_k; // the partial sums of two halves of K reduced in D's type (F16/BF16)
 };
 
 float gelu_tanh(float x) { // cuBLASLt's GELU: the tanh approximation
@@ -128,17 +145,24 @@ float gelu_tanh(float x) { // cuBLASLt's GELU: the tanh approximation
     return 0.5f * x * (1.0f + std::tanh(inner));
 }
 
+// v rounded to the storage type t (F16 or BF16), back as float.
+float round_to(cudaDataType t, float v) {
+    return t == CUDA_R_16F ? mt_f16_to_f32(mt_f32_to_f16(v)) : mt_bf16_to_f32(mt_f32_to_bf16(v));
+}
+
 void lt_run(const lt_job &j) {
+    long long half = j.split_k ? j.k / 2 : 0;
     for (long long col = 0; col < j.n; col++)
         for (long long row = 0; row < j.m; row++) {
-            float acc = 0;
+            float lo = 0, acc = 0;
             for (long long l = 0; l < j.k; l++) {
                 long long ai = j.ta == CUBLAS_OP_N ? row + l * j.lda : l + row * j.lda;
                 long long bi = j.tb == CUBLAS_OP_N ? l + col * j.ldb : col + l * j.ldb;
-                acc += static_cast<float>(load(j.a, j.at, ai)) *
-                       static_cast<float>(load(j.b, j.at, bi));
+                (l < half ? lo : acc) += static_cast<float>(load(j.a, j.at, ai)) *
+                                         static_cast<float>(load(j.b, j.at, bi));
             }
-            float v = j.alpha * acc;
+            float v = j.split_k ? round_to(j.dt, j.alpha * lo) + round_to(j.dt, j.alpha * acc)
+                                : j.alpha * acc;
             if (j.epilogue & EP_BIAS) v += static_cast<float>(load(j.bias, j.dt, row));
             if (j.epilogue & EP_AUX) store(j.aux, j.dt, row + col * j.aux_ld, v);
             if (j.epilogue & EP_RELU) v = v > 0 ? v : (v == v ? 0.0f : v);
@@ -450,23 +474,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     lt_job j{d.transa == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
-             d.transb == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
-             m,
-             n,
-             k,
-             la.ld,
-             lb.ld,
-             ld.ld,
-             d.aux_ld,
-             static_cast<const char *>(A),
-             static_cast<const char *>(B),
-             static_cast<const char *>(d.bias),
-             static_cast<char *>(D),
-             static_cast<char *>(d.aux),
-             la.type,
-             ld.type,
-             a32,
-             d.epilogue};
+             d.transb == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, la.ld, lb.ld, ld.ld,
+             d.aux_ld, static_cast<const char *>(A), static_cast<const char *>(B),
+             static_cast<const char *>(d.bias), static_cast<char *>(D), static_cast<char *>(d.aux),
+             la.type, ld.type, a32, d.epilogue,
+             // algo NULL: the default preference, which allows every reduction scheme
+             (!algo || algo->data[6] != 0) && (ld.type == CUDA_R_16F || ld.type == CUDA_R_16BF) &&
+                 k >= split_k_min};
     mtemu::enqueue(stream, [j] { lt_run(j); });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -492,7 +506,8 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) 
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// The workspace limit and the four minimum alignments (a power of two each); nothing else.
+// The workspace limit, the four minimum alignments (a power of two each) and the reduction
+// scheme mask; nothing else.
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void *buf, size_t sizeInBytes) {
@@ -509,6 +524,18 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     int a = static_cast<int>(attr);
     if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
         return set_value(&it->second.max_workspace, buf, sizeInBytes, a);
+    if (attr == CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK) {
+        uint32_t m = 0;
+        cublasStatus_t st = set_value(&m, buf, sizeInBytes, a);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+        if (m & ~static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK))
+            return fail(CUBLAS_STATUS_INVALID_VALUE,
+                        "%s: reduction scheme mask 0x%x has bits outside "
+                        "CUBLASLT_REDUCTION_SCHEME_MASK",
+                        api, m);
+        it->second.reduction_mask = m;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     int slot = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES   ? 0
                : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES ? 1
                : attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES ? 2
@@ -570,6 +597,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     for (int i = 0; i < 4; i++) r.algo.data[1 + i] = p.align[i];
     r.workspaceSize = p.max_workspace >= algo_workspace ? algo_workspace : 0;
     r.algo.data[5] = r.workspaceSize;
+    r.algo.data[6] = (p.reduction_mask & output_type_reduction) != 0;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.0f;
     heuristicResultsArray[0] = r;

@@ -3,7 +3,10 @@
 // and the argument checks refuse what the real library refuses (a BIAS epilogue without a
 // bias pointer, a bias of the wrong type, an aux ld that is not a multiple of 8, a host
 // pointer, layouts that do not fit, dead descriptors, pointers less aligned than the chosen
-// algorithm assumes) without queueing anything.
+// algorithm assumes) without queueing anything. The reduction scheme mask is checked, and a
+// preference that allows reducing in D's type gives the split-K result of an FP16 D (two
+// halves of K rounded to FP16, then added), one that allows only COMPUTE_TYPE | NONE the FP32
+// sum rounded once.
 #include <cmath>
 #include <cstdarg>
 #include <cstddef>
@@ -15,6 +18,8 @@
 extern "C" {
 #include <cmocka.h>
 }
+// half.h before the toolkit headers: its locals named `half` would shadow cuda_fp16.h's type
+#include "../../src/math/half.h"
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -266,14 +271,104 @@ void test_alignment(void **state) {
     cudaFree(bias4);
 }
 
+// FP16 operands and D, K = 512: the default preference (every reduction scheme) may reduce
+// split-K partial sums in FP16, modelled as two halves of K each rounded to FP16; a mask of
+// COMPUTE_TYPE | NONE (what mixtape sets) keeps the FP32 sum, rounded once. A mask with bits
+// outside CUBLASLT_REDUCTION_SCHEME_MASK, or of the wrong size, is refused.
+void test_reduction_scheme(void **state) {
+    (void)state;
+    const long long m = 4, n = 3, k = 512;
+    cublasLtHandle_t h = nullptr;
+    cudaStream_t s = nullptr;
+    assert_int_equal(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cudaStreamCreate(&s), cudaSuccess);
+    std::vector<uint16_t> ha(m * k), hb(k * n);
+    std::vector<float> fa(m * k), fb(k * n);
+    for (long long i = 0; i < m * k; i++) {
+        ha[i] = mt_f32_to_f16(0.0625f * static_cast<float>((i * 7) % 13) - 0.33f);
+        fa[i] = mt_f16_to_f32(ha[i]);
+    }
+    for (long long i = 0; i < k * n; i++) {
+        hb[i] = mt_f32_to_f16(0.125f * static_cast<float>((i * 5) % 11) - 0.47f);
+        fb[i] = mt_f16_to_f32(hb[i]);
+    }
+    void *a = nullptr, *b = nullptr, *d = nullptr;
+    assert_int_equal(cudaMalloc(&a, ha.size() * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&b, hb.size() * 2), cudaSuccess);
+    assert_int_equal(cudaMalloc(&d, m * n * 2), cudaSuccess);
+    assert_int_equal(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    assert_int_equal(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    assert_int_equal(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), 0);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, m, k, m), 0);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, k, n, k), 0);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16F, m, n, m), 0);
+    // the expected bits: FP32 sums in order, rounded once or per half
+    std::vector<uint16_t> once(m * n), split(m * n);
+    for (long long c = 0; c < n; c++)
+        for (long long r = 0; r < m; r++) {
+            float lo = 0, hi = 0, all = 0;
+            for (long long l = 0; l < k; l++) {
+                float p = fa[r + l * m] * fb[l + c * k];
+                all += p;
+                (l < k / 2 ? lo : hi) += p;
+            }
+            once[r + c * m] = mt_f32_to_f16(all);
+            split[r + c * m] =
+                mt_f32_to_f16(mt_f16_to_f32(mt_f32_to_f16(lo)) + mt_f16_to_f32(mt_f32_to_f16(hi)));
+        }
+    assert_memory_not_equal(once.data(), split.data(),
+                            once.size() * 2); // the inputs tell them apart
+    cublasLtMatmulPreference_t p = nullptr;
+    assert_int_equal(cublasLtMatmulPreferenceCreate(&p), CUBLAS_STATUS_SUCCESS);
+    uint32_t bad = 8;
+    uint16_t small = CUBLASLT_REDUCTION_SCHEME_NONE;
+    assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                         p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &bad, sizeof bad),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                         p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &small, sizeof small),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    float one = 1.0f, zero = 0.0f;
+    std::vector<uint16_t> got(m * n);
+    for (int strict = 0; strict < 2; strict++) {
+        if (strict) {
+            uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_NONE;
+            assert_int_equal(cublasLtMatmulPreferenceSetAttribute(
+                                 p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask),
+                             CUBLAS_STATUS_SUCCESS);
+        }
+        cublasLtMatmulHeuristicResult_t r;
+        int count = 0;
+        assert_int_equal(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, p, 1, &r, &count),
+                         CUBLAS_STATUS_SUCCESS);
+        assert_int_equal(count, 1);
+        assert_int_equal(cublasLtMatmul(h, desc, &one, a, la, b, lb, &zero, d, ld, d, ld, &r.algo,
+                                        nullptr, 0, s),
+                         CUBLAS_STATUS_SUCCESS);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        assert_int_equal(cudaMemcpy(got.data(), d, got.size() * 2, cudaMemcpyDeviceToHost),
+                         cudaSuccess);
+        assert_memory_equal(got.data(), strict ? once.data() : split.data(), got.size() * 2);
+    }
+    assert_int_equal(cublasLtMatmulPreferenceDestroy(p), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    for (void *q : {a, b, d}) cudaFree(q);
+    cudaStreamDestroy(s);
+    cublasLtDestroy(h);
+}
+
 } // namespace
 
 int main() {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_relu_bias),
-        cmocka_unit_test(test_gelu_aux_bias),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_alignment),
+        cmocka_unit_test(test_relu_bias),        cmocka_unit_test(test_gelu_aux_bias),
+        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_alignment),
+        cmocka_unit_test(test_reduction_scheme),
     };
     cmocka_set_message_output(CM_OUTPUT_TAP);
     return cmocka_run_group_tests(tests, nullptr, nullptr);
