@@ -146,7 +146,7 @@ static void test_reference(void **state) {
    the unfused path (the emulated cuBLASLt refuses a pointer its algorithm cannot take). */
 static const lin_case offset_cases[] = {
     {2, {5, 6}, 7, true, false, false, true},
-    {2, {4, 8}, 8, true, false, false, true}, /* rows of 8: the GELU aux ld is fusable */
+    {2, {4, 8}, 8, true, false, false, true}, /* rows of 8 */
     {2, {3, 6}, 5, false, false, false, true},
 };
 

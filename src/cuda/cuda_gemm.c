@@ -234,21 +234,25 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
 
 /* ------------------------------------------------------------------ the epilogue GEMM
 
-   c = act(a @ b + bias) as one cublasLtMatmul whose epilogue adds the bias and applies the
-   activation to the FP32 sums before the one rounding (the BIAS, RELU(_BIAS), GELU(_BIAS)
-   epilogues; GELU_AUX(_BIAS) writes the pre-activation that the backward of GELU reads).
-   cuBLASLt's GELU is the tanh form, so MT_ACT_GELU_TANH is fused and MT_ACT_GELU (erf) is
-   the BIAS epilogue followed by the gelu kernel. F64, TF32-allowed F32 and K == 0 take
-   cuBLAS plus kernels instead (cuBLASLt's epilogues are for the tensor-core types). */
+   c = act(a @ b + bias) on cuBLASLt. Without an activation, or RELU without a
+   pre-activation to keep, it is one cublasLtMatmul whose epilogue adds the bias (and clamps)
+   the FP32 sums before the one rounding (the BIAS, RELU(_BIAS) epilogues). Every other
+   activation is computed by mixtape's own kernel (the src/math formula both backends share):
+   F32 takes the BIAS epilogue into c (or pre), then the activation kernel; F16/BF16 take the
+   GEMM and bias into an FP32 scratch, then the activation in FP32 and each output rounded
+   once (epilogue_via_f32). cuBLASLt's GELU epilogues (the tanh form, GELU_AUX for the
+   pre-activation) are not used: on an H200 they measured up to 4 FP16 ulps from the formula,
+   where mixtape promises one rounding of the FP32 result. F64, TF32-allowed F32 and K == 0
+   take cuBLAS plus kernels instead (cuBLASLt's epilogues are for the tensor-core types). */
 #define EPI_OP "mt_linear"
 
 /* The most workspace an algorithm may ask for: NVIDIA's recommendation for Hopper (4 MiB
    before it), taken from the caching allocator per call, only as much as the chosen
    algorithm needs. */
 #define LT_MAX_WORKSPACE ((uint64_t)32 << 20)
-/* What a bias or aux pointer needs for the fused epilogue: the preference describes only A,
-   B, C and D, and kernels assume 16 bytes for the others ("misaligned address" faults seen
-   with sliced biases; PyTorch falls back to the unfused path there too). */
+/* What a bias pointer needs for the fused epilogue: the preference describes only A, B, C
+   and D, and kernels assume 16 bytes for the others ("misaligned address" faults seen with
+   sliced biases; PyTorch falls back to the unfused path there too). */
 #define LT_EPILOGUE_ALIGN 16u
 
 /* The largest power of two, up to cuBLASLt's default assumption of 256, dividing p's
@@ -261,13 +265,13 @@ static uint32_t lt_alignment(const void *p) {
 }
 
 /* d[M, N] (row-major, dense) = epilogue(a @ b) as column-major d^T = b^T a^T (cuBLASLt's A is
-   our b, m = N, n = M, as gemm_run), bias per row of d^T, aux (ld N) the pre-activation. d,
-   bias and aux have the operands' dtype, or FP32 when d32. The descriptors and algorithm come
-   from the device's plan cache (lt_plan_cache.c), keyed by all that decides them: the shapes,
-   layouts, types, epilogue, the operands' alignments and the workspace limit. *no_algo:
-   cuBLASLt found no algorithm and nothing was queued (the caller takes the cuBLAS path). */
+   our b, m = N, n = M, as gemm_run), bias per row of d^T. d and bias have the operands'
+   dtype, or FP32 when d32. The descriptors and algorithm come from the device's plan cache
+   (lt_plan_cache.c), keyed by all that decides them: the shapes, layouts, types, epilogue,
+   the operands' alignments and the workspace limit. *no_algo: cuBLASLt found no algorithm
+   and nothing was queued (the caller takes the cuBLAS path). */
 static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bool d32,
-                     const void *bias, void *aux, cublasLtEpilogue_t ep, bool *no_algo) {
+                     const void *bias, cublasLtEpilogue_t ep, bool *no_algo) {
     int64_t lda = 0, ldb = 0;
     int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
     int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
@@ -279,7 +283,6 @@ static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bo
     k.a_rows = opa ? K : N, k.a_cols = opa ? N : K, k.a_ld = ldb;
     k.b_rows = opb ? M : K, k.b_cols = opb ? K : M, k.b_ld = lda;
     k.d_rows = N, k.d_cols = M, k.d_ld = (int64_t)N;
-    k.aux_ld = aux ? (int64_t)N : 0;
     k.max_workspace = LT_MAX_WORKSPACE;
     k.type_ab = (int32_t)t, k.type_d = (int32_t)(d32 ? CUDA_R_32F : t);
     k.opa = opa, k.opb = opb;
@@ -287,8 +290,8 @@ static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bo
     /* cuBLASLt's A and B are our b and a; C is D */
     k.align[0] = lt_alignment(g->b.p), k.align[1] = lt_alignment(g->a.p);
     k.align[2] = k.align[3] = lt_alignment(d);
-    k.has_bias = bias != NULL, k.has_aux = aux != NULL;
-    return mt_lt_plan_run(ctx, &k, g->a.p, g->b.p, d, bias, aux, no_algo);
+    k.has_bias = bias != NULL;
+    return mt_lt_plan_run(ctx, &k, g->a.p, g->b.p, d, bias, no_algo);
 }
 
 /* out = op(in) with an elementwise kernel (the activation after a GEMM that had none). */
@@ -315,10 +318,9 @@ static int gemm_bias_blas(mt_cuda_device_ctx *ctx, mt_tensor *dst, const mt_tens
     return rc ? rc : mt_cuda_gemm(dst, a, b, 1.0, 1.0);
 }
 
-/* F16/BF16 with an activation cuBLASLt cannot fuse here (GELU's erf form; GELU_TANH with a
-   pre-activation whose ld N is not a multiple of 8): the GEMM and bias into an FP32 scratch,
-   then pre and c each rounded once from it (as the fused epilogue would), the activation in
-   FP32 between. */
+/* F16/BF16 with an activation not fused on cuBLASLt (GELU in either form; RELU with a
+   pre-activation to keep): the GEMM and bias into an FP32 scratch, then pre and c each
+   rounded once from it (as a fused epilogue would), the activation in FP32 between. */
 static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e,
                             const mt_gemm_geom *g, bool *no_algo) {
     mt_tensor *z = mt_tensor_new(EPI_OP, 2, e->c->shape, MT_F32, e->c->device), *b32 = NULL;
@@ -328,7 +330,7 @@ static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args
         rc = b32 ? copy_kernel(ctx, EPI_OP, b32, e->bias) : MT_ERR_OOM;
     }
     if (!rc)
-        rc = lt_matmul(ctx, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL, NULL,
+        rc = lt_matmul(ctx, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL,
                        b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
     bool queued = !rc && !*no_algo; /* else: an error, or nothing ran and the caller falls back */
     if (queued && e->pre) rc = copy_kernel(ctx, EPI_OP, e->pre, z);
@@ -348,23 +350,15 @@ static int epilogue_lt(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e, 
     const void *bias = e->bias ? mt_tensor_data(e->bias) : NULL;
     bool b = bias != NULL;
     char *c = mt_tensor_data(e->c), *pre = e->pre ? mt_tensor_data(e->pre) : NULL;
-    /* the aux ld (N) must be a multiple of 8, the aux pointer as aligned as a bias */
-    bool tanh_fused = e->act == MT_ACT_GELU_TANH &&
-                      (!pre || (g->N % 8 == 0 && lt_alignment(pre) >= LT_EPILOGUE_ALIGN));
     if (rc) {
     } else if (e->act == MT_ACT_NONE) {
-        rc = lt_matmul(ctx, g, c, false, bias, NULL,
+        rc = lt_matmul(ctx, g, c, false, bias,
                        b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
     } else if (e->act == MT_ACT_RELU && !pre) {
-        rc = lt_matmul(ctx, g, c, false, bias, NULL,
+        rc = lt_matmul(ctx, g, c, false, bias,
                        b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, no_algo);
-    } else if (tanh_fused) {
-        cublasLtEpilogue_t ep =
-            pre ? (b ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                : (b ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
-        rc = lt_matmul(ctx, g, c, false, bias, pre, ep, no_algo);
     } else if (g->dt == MT_F32) { /* the bias epilogue, then the activation kernel */
-        rc = lt_matmul(ctx, g, pre ? pre : c, false, bias, NULL,
+        rc = lt_matmul(ctx, g, pre ? pre : c, false, bias,
                        b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
         if (!rc && !*no_algo) rc = act_kernel(ctx, e->act, e->c, pre ? e->pre : e->c);
     } else {

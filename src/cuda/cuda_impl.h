@@ -132,14 +132,13 @@ int mt_cuda_gemm_epilogue(const mt_gemm_epilogue_args *e);
    before filling it; fields are ordered so that it has no padding. */
 typedef struct {
     uint64_t a_rows, a_cols, b_rows, b_cols, d_rows, d_cols;
-    int64_t a_ld, b_ld, d_ld, aux_ld;
+    int64_t a_ld, b_ld, d_ld;
     uint64_t max_workspace;
-    int32_t type_ab, type_d; /* cudaDataType; bias and aux have D's type */
+    int32_t type_ab, type_d; /* cudaDataType; the bias has D's type */
     int32_t opa, opb;        /* cublasOperation_t */
     uint32_t epilogue;       /* cublasLtEpilogue_t */
     uint32_t align[4];       /* what the algorithm may assume of A, B, C and D (bytes) */
-    int32_t has_bias, has_aux;
-    int32_t reserved; /* 0: keeps the size a multiple of 8 without padding */
+    int32_t has_bias;        /* the size is a multiple of 8 with it: no padding */
 } mt_lt_plan_key;
 mt_lt_plan_cache *mt_lt_plan_cache_new(void);    /* NULL when out of memory */
 void mt_lt_plan_cache_free(mt_lt_plan_cache *c); /* NULL: nothing */
@@ -149,7 +148,7 @@ int mt_lt_plan_cache_size(mt_lt_plan_cache *c);
    stream. *no_algo: cuBLASLt has no algorithm for key and nothing was queued (the caller
    takes another path). */
 int mt_lt_plan_run(mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key, const void *a, const void *b,
-                   void *d, const void *bias, void *aux, bool *no_algo);
+                   void *d, const void *bias, bool *no_algo);
 /* Test hooks for the emulated device's tests: device's plans dropped (their number) or
    counted; -1 with an error when the device has no context. */
 int mt_cuda_lt_plans_clear(int device);

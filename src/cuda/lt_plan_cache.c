@@ -1,16 +1,16 @@
 /* The per-device cache of cuBLASLt plans for the fused linear (cuda_gemm.c's lt_matmul).
 
-   A plan is what the key decides: the matmul descriptor with its transposes, epilogue, bias
-   and aux types and aux ld; the three matrix layouts; the preference (workspace limit, the
-   four operand alignments, and the reduction schemes allowed: none in the output type, see
-   plan_pick); and the heuristic's answer (algo + workspace size), or "no
-   algorithm" (then no cuBLASLt object is kept: the caller falls back every time without
-   asking again). Creating those and asking the heuristic costs microseconds of host time per
-   call on a GPU, on the critical path of small GEMMs; a hit costs a look-up.
+   A plan is what the key decides: the matmul descriptor with its transposes, epilogue and
+   bias type; the three matrix layouts; the preference (workspace limit, the four operand
+   alignments, and the reduction schemes allowed: none in the output type, see plan_pick);
+   and the heuristic's answer (algo + workspace size), or "no algorithm" (then no cuBLASLt
+   object is kept: the caller falls back every time without asking again). Creating those
+   and asking the heuristic costs microseconds of host time per call on a GPU, on the
+   critical path of small GEMMs; a hit costs a look-up.
 
-   Pointers are not in the key. The bias and aux pointers are descriptor attributes, so they
-   are set on the cached descriptor on every call (cheap); A, B and D are arguments of
-   cublasLtMatmul, and their alignments (what the algorithm may assume) are in the key. The
+   Pointers are not in the key. The bias pointer is a descriptor attribute, so it is set on
+   the cached descriptor on every call (cheap); A, B and D are arguments of cublasLtMatmul,
+   and their alignments (what the algorithm may assume) are in the key. The
    cache's lock is held from the look-up to the queued cublasLtMatmul, so two threads never
    set pointers on one descriptor at once (host work only; the device runs it later).
 
@@ -22,6 +22,9 @@
 #include "cuda_impl.h"
 
 #define LT_OP "mt_linear"
+
+/* Keys are compared with memcmp: every byte of one is a field (no padding). */
+_Static_assert(sizeof(mt_lt_plan_key) == 10 * 8 + 5 * 4 + 4 * 4 + 4, "mt_lt_plan_key has padding");
 
 typedef struct {
     mt_lt_plan_key key;
@@ -87,14 +90,11 @@ static int desc_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
     return mt_cublas_check(LT_OP, mt_cublas()->lt_desc_set(d, attr, v, n));
 }
 
-/* The per-call attributes: the bias and aux pointers. */
-static int set_pointers(const lt_plan *p, const void *bias, void *aux) {
-    int rc = 0;
-    if (p->key.has_bias)
-        rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (!rc && p->key.has_aux)
-        rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
-    return rc;
+/* The per-call attribute: the bias pointer. */
+static int set_pointers(const lt_plan *p, const void *bias) {
+    return p->key.has_bias
+               ? desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)
+               : 0;
 }
 
 static int layout(cublasLtMatrixLayout_t *l, int32_t type, uint64_t rows, uint64_t cols,
@@ -106,7 +106,7 @@ static int layout(cublasLtMatrixLayout_t *l, int32_t type, uint64_t rows, uint64
 /* The descriptor and layouts of k (the pointers of this call set too: the heuristic sees
    the descriptor as the matmul will). Compute and scale types are always FP32 (the
    epilogue's tensor-core types), so they are not in the key. */
-static int plan_describe(lt_plan *p, const void *bias, void *aux) {
+static int plan_describe(lt_plan *p, const void *bias) {
     const mt_lt_plan_key *k = &p->key;
     int rc = mt_cublas_check(LT_OP,
                              mt_cublas()->lt_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -118,13 +118,9 @@ static int plan_describe(lt_plan *p, const void *bias, void *aux) {
     if (!rc) rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &k->opb, sizeof k->opb);
     if (!rc)
         rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue, sizeof k->epilogue);
-    if (!rc) rc = set_pointers(p, bias, aux);
+    if (!rc) rc = set_pointers(p, bias);
     if (!rc && k->has_bias)
         rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty, sizeof ty);
-    if (!rc && k->has_aux)
-        rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k->aux_ld, sizeof k->aux_ld);
-    if (!rc && k->has_aux)
-        rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &ty, sizeof ty);
     return rc;
 }
 
@@ -166,10 +162,10 @@ static int plan_pick(mt_cuda_device_ctx *ctx, lt_plan *p) {
 /* A new plan for key in *p; on failure nothing is left created. A plan without an algorithm
    keeps no object (it is never run). */
 static int plan_create(mt_cuda_device_ctx *ctx, lt_plan *p, const mt_lt_plan_key *key,
-                       const void *bias, void *aux) {
+                       const void *bias) {
     memset(p, 0, sizeof *p);
     p->key = *key;
-    int rc = plan_describe(p, bias, aux);
+    int rc = plan_describe(p, bias);
     if (!rc) rc = plan_pick(ctx, p);
     if (rc || !p->found) plan_objs_free(p);
     return rc;
@@ -179,17 +175,17 @@ static int plan_create(mt_cuda_device_ctx *ctx, lt_plan *p, const mt_lt_plan_key
    recently used slot; NULL with the error of a failed create (the cache unchanged). Under
    the cache's lock. */
 static lt_plan *plan_get(mt_cuda_device_ctx *ctx, mt_lt_plan_cache *c, const mt_lt_plan_key *key,
-                         const void *bias, void *aux, int *rc) {
+                         const void *bias, int *rc) {
     c->tick++;
     for (int i = 0; i < c->n; i++) {
         lt_plan *p = &c->plans[i];
         if (memcmp(&p->key, key, sizeof *key) != 0) continue;
         p->last_use = c->tick;
-        *rc = p->found ? set_pointers(p, bias, aux) : 0;
+        *rc = p->found ? set_pointers(p, bias) : 0;
         return *rc ? NULL : p;
     }
     lt_plan fresh;
-    *rc = plan_create(ctx, &fresh, key, bias, aux);
+    *rc = plan_create(ctx, &fresh, key, bias);
     if (*rc) return NULL;
     int slot = c->n;
     if (c->n == MT_LT_PLAN_CAP) {
@@ -206,12 +202,12 @@ static lt_plan *plan_get(mt_cuda_device_ctx *ctx, mt_lt_plan_cache *c, const mt_
 }
 
 int mt_lt_plan_run(mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key, const void *a, const void *b,
-                   void *d, const void *bias, void *aux, bool *no_algo) {
+                   void *d, const void *bias, bool *no_algo) {
     const mt_cublas_api *api = mt_cublas();
     mt_lt_plan_cache *c = ctx->lt_plans;
     int rc = 0;
     mtx_lock(&c->lock);
-    lt_plan *p = plan_get(ctx, c, key, bias, aux, &rc);
+    lt_plan *p = plan_get(ctx, c, key, bias, &rc);
     *no_algo = p && !p->found;
     size_t wss = p && p->found ? p->r.workspaceSize : 0;
     void *ws = NULL;
