@@ -36,4 +36,4 @@ libdir=$(pkg-config "${pc_args[@]}" --variable=libdir mixtape)
 soname=$(readelf -d "$tmp/use" | sed -n 's/.*(NEEDED).*\[\(libmixtape[^]]*\)\]/\1/p')
 echo "the program needs $soname"
 [[ "$soname" =~ ^libmixtape\.so\.[0-9]+$ ]] || { echo "error: unversioned soname '$soname'" >&2; exit 1; }
-LD_LIBRARY_PATH="$libdir" "$tmp/use"
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$tmp/use"
