@@ -60,12 +60,12 @@ step_profile() {
     if ((t >= 20)); then
         echo "### torch" >>"$logs/profile.log"
         if timeout -k 10 "$t" "$python" "$root/tools/gpu_torch_profile.py" --mode o1-fp16 \
-            >"$logs/profile-torch.txt" 2>&1; then
+            >"$logs/profile-torch.txt" 2>>"$logs/profile.log"; then
             cat "$logs/profile-torch.txt" >>"$logs/profile.log"
             head -n 12 "$logs/profile-torch.txt"
             record INFO profile-torch "$(head -n 1 "$logs/profile-torch.txt" | cut -c1-100); $(kinds_line "$logs/profile-torch.txt")"
         else
-            record INFO profile-torch "tools/gpu_torch_profile.py failed: $(tail -n 1 "$logs/profile-torch.txt" | head -c 200)"
+            record INFO profile-torch "tools/gpu_torch_profile.py failed: $(tail -n 1 "$logs/profile.log" | head -c 200)"
         fi
     fi
     t=$(limit 40 30)
