@@ -1,11 +1,34 @@
 /* Convolution on the CPU: forward, backward-data and backward-weight through oneDNN in F32
-   and BF16 (BF16 natively: FP32 accumulation, AVX512-BF16/AMX where the CPU has them). F16
-   runs through F32 copies (oneDNN 2.6 has no F16 convolution on CPUs); F64 through the plain
-   reference loops of cpu_conv_ref.c, so that FP64 gradchecks work (oneDNN has no F64).
+   and BF16 (BF16 natively: FP32 accumulation, AVX512-BF16/AMX where the CPU has them, emulated
+   on other AVX-512 CPUs). Where oneDNN has no BF16 implementation (oneDNN 2.6 on a CPU without
+   AVX-512, e.g. AVX2 only), the primitive query answers dnnl_unimplemented: the call then runs
+   in F32 copies, FP32 accumulation and one rounding of the output as the native route, and the
+   answer is remembered per shape (mt_dnnl_cache_put_none). MT_CPU_BF16_CONV=convert makes
+   every BF16 query answer so (the tests run that on every machine). F16 always runs through F32
+   copies (oneDNN 2.6 has no F16 convolution on CPUs); F64 through the plain reference loops of
+   cpu_conv_ref.c, so that FP64 gradchecks work (oneDNN has no F64).
    Channels-last tensors are handed to oneDNN as they are (NHWC); NCHW ones and the weights are
    reordered per call into the blocked layouts oneDNN prefers. */
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include "cpu_dnnl.h"
+
+/* MT_CPU_BF16_CONV=convert, read once per process (0 unknown, 1 native first, 2 convert):
+   every BF16 primitive query then answers dnnl_unimplemented, as oneDNN 2.6 does on a CPU
+   without AVX-512, so that the fallback runs on every machine. Threads that race to fill it
+   compute the same answer. */
+static atomic_int bf16_route;
+
+static bool bf16_convert_forced(void) {
+    int r = atomic_load_explicit(&bf16_route, memory_order_relaxed);
+    if (r == 0) {
+        const char *v = getenv("MT_CPU_BF16_CONV");
+        r = v && strcmp(v, "convert") == 0 ? 2 : 1;
+        atomic_store_explicit(&bf16_route, r, memory_order_relaxed);
+    }
+    return r == 2;
+}
 
 typedef enum { CONV_FWD = 1, CONV_BWD_DATA, CONV_BWD_WEIGHT } conv_kind;
 
@@ -49,10 +72,32 @@ static int conv_descs(const char *op, const conv_key *k, dnnl_memory_desc_t *src
                          "describing the weights");
 }
 
-/* The primitive for k, from the cache or made now. */
-static dnnl_primitive_t conv_prim(const char *op, const conv_key *k) {
+/* A primitive descriptor for desc. A BF16 one that oneDNN has no implementation for sets no
+   error: *none tells the caller to compute in F32. Nonzero when there is no descriptor. */
+static int pd_create(const char *op, const conv_key *k, dnnl_primitive_desc_t *pd, const void *desc,
+                     dnnl_engine_t e, const_dnnl_primitive_desc_t hint, const char *what,
+                     bool *none) {
+    bool bf16 = k->dtype == (int)dnnl_bf16;
+    dnnl_status_t st = bf16 && bf16_convert_forced()
+                           ? dnnl_unimplemented /* the answer of oneDNN 2.6 on AVX2 */
+                           : dnnl_primitive_desc_create(pd, desc, NULL, e, hint);
+    if (st == dnnl_unimplemented && bf16) {
+        *none = true;
+        return 1;
+    }
+    return mt_dnnl_check(op, st, what);
+}
+
+/* The primitive for k, from the cache or made now; NULL with an error, or NULL with *none set
+   (no error) when oneDNN has no BF16 implementation for k. */
+static dnnl_primitive_t conv_prim(const char *op, const conv_key *k, bool *none) {
+    *none = false;
     dnnl_primitive_t prim = mt_dnnl_cache_get(k, sizeof *k);
     if (prim) return prim;
+    if (mt_dnnl_cache_none(k, sizeof *k)) {
+        *none = true;
+        return NULL;
+    }
     dnnl_engine_t e = mt_dnnl_engine(op);
     dnnl_memory_desc_t src, wei, bia, dst;
     if (!e || conv_descs(op, k, &src, &wei, &bia, &dst)) return NULL;
@@ -67,9 +112,7 @@ static dnnl_primitive_t conv_prim(const char *op, const conv_key *k) {
                                &fd, dnnl_forward_training, dnnl_convolution_direct, &src, &wei,
                                k->bias ? &bia : NULL, &dst, st, dil, pad, pad),
                            "a convolution descriptor");
-    if (rc == 0)
-        rc = mt_dnnl_check(op, dnnl_primitive_desc_create(&hint, &fd, NULL, e, NULL),
-                           "a forward convolution");
+    if (rc == 0) rc = pd_create(op, k, &hint, &fd, e, NULL, "a forward convolution", none);
     if (rc == 0 && k->kind == CONV_FWD) {
         pd = hint;
         hint = NULL;
@@ -78,9 +121,7 @@ static dnnl_primitive_t conv_prim(const char *op, const conv_key *k) {
                            dnnl_dilated_convolution_backward_data_desc_init(
                                &bd, dnnl_convolution_direct, &src, &wei, &dst, st, dil, pad, pad),
                            "a backward-data descriptor");
-        if (rc == 0)
-            rc = mt_dnnl_check(op, dnnl_primitive_desc_create(&pd, &bd, NULL, e, hint),
-                               "a backward-data convolution");
+        if (rc == 0) rc = pd_create(op, k, &pd, &bd, e, hint, "a backward-data convolution", none);
     } else if (rc == 0) {
         rc = mt_dnnl_check(
             op,
@@ -88,10 +129,10 @@ static dnnl_primitive_t conv_prim(const char *op, const conv_key *k) {
                 &bd, dnnl_convolution_direct, &src, &wei, NULL, &dst, st, dil, pad, pad),
             "a backward-weight descriptor");
         if (rc == 0)
-            rc = mt_dnnl_check(op, dnnl_primitive_desc_create(&pd, &bd, NULL, e, hint),
-                               "a backward-weight convolution");
+            rc = pd_create(op, k, &pd, &bd, e, hint, "a backward-weight convolution", none);
     }
     if (hint) dnnl_primitive_desc_destroy(hint);
+    if (*none) mt_dnnl_cache_put_none(k, sizeof *k);
     return rc ? NULL : mt_dnnl_cache_put(op, k, sizeof *k, pd);
 }
 
@@ -128,7 +169,7 @@ static int conv_run(const char *op, dnnl_primitive_t prim, int n, const mt_tenso
     return rc;
 }
 
-/* ---- F16 through F32 copies */
+/* ---- F16, and BF16 where oneDNN has no BF16 convolution, through F32 copies */
 
 typedef struct {
     mt_storage st;
@@ -180,7 +221,9 @@ static int conv_forward(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, co
     if (x->dtype == MT_F16) return via_f32(conv_forward, y, x, w, b, p);
     conv_key k;
     key_init(&k, CONV_FWD, x, w, y, b != NULL, mt_prefers_channels_last(y), p);
-    dnnl_primitive_t prim = conv_prim(op, &k);
+    bool none;
+    dnnl_primitive_t prim = conv_prim(op, &k, &none);
+    if (none) return via_f32(conv_forward, y, x, w, b, p);
     if (!prim) return mt_last_status();
     const mt_tensor *ts[4] = {x, w, y, b};
     const int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
@@ -202,7 +245,9 @@ static int conv_bwd_data(mt_tensor *gx, const mt_tensor *gy, const mt_tensor *w,
     if (gy->dtype == MT_F16) return via_f32(conv_bwd_data, gx, gy, w, NULL, p);
     conv_key k;
     key_init(&k, CONV_BWD_DATA, gx, w, gy, false, mt_prefers_channels_last(gx), p);
-    dnnl_primitive_t prim = conv_prim(op, &k);
+    bool none;
+    dnnl_primitive_t prim = conv_prim(op, &k, &none);
+    if (none) return via_f32(conv_bwd_data, gx, gy, w, NULL, p);
     if (!prim) return mt_last_status();
     const mt_tensor *ts[3] = {gy, w, gx};
     const int kinds[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
@@ -224,7 +269,9 @@ static int conv_bwd_weight(mt_tensor *gw, const mt_tensor *gy, const mt_tensor *
     if (gy->dtype == MT_F16) return via_f32(conv_bwd_weight, gw, gy, x, NULL, p);
     conv_key k;
     key_init(&k, CONV_BWD_WEIGHT, x, gw, gy, false, mt_prefers_channels_last(x), p);
-    dnnl_primitive_t prim = conv_prim(op, &k);
+    bool none;
+    dnnl_primitive_t prim = conv_prim(op, &k, &none);
+    if (none) return via_f32(conv_bwd_weight, gw, gy, x, NULL, p);
     if (!prim) return mt_last_status();
     const mt_tensor *ts[3] = {gy, x, gw};
     const int kinds[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS};

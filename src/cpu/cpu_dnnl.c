@@ -9,10 +9,13 @@
 
 #define CACHE_SLOTS 64
 
+/* A slot holds a primitive, or (prim NULL, none true) the answer that oneDNN has no
+   implementation for the key, so that a caller with a fallback asks oneDNN once. */
 typedef struct {
     size_t nbytes;
     unsigned char *key; /* malloc'd */
     dnnl_primitive_t prim;
+    bool none;
 } cache_slot;
 
 /* Two caches, so that the reorders an op runs never evict the op's own primitive while the
@@ -99,6 +102,16 @@ static dnnl_primitive_t cache_get(prim_cache *c, const void *key, size_t nbytes)
     return NULL;
 }
 
+/* Stores prim (or, when NULL, the answer "no implementation") under the key copy. */
+static void cache_store(prim_cache *c, unsigned char *copy, size_t nbytes, dnnl_primitive_t prim) {
+    thread_register();
+    cache_slot *s = &c->slot[c->next]; /* round robin: the oldest entry goes */
+    c->next = (c->next + 1) % CACHE_SLOTS;
+    if (s->prim) dnnl_primitive_destroy(s->prim);
+    free(s->key);
+    *s = (cache_slot){nbytes, copy, prim, prim == NULL};
+}
+
 static dnnl_primitive_t cache_put(prim_cache *c, const char *op, const void *key, size_t nbytes,
                                   dnnl_primitive_desc_t pd) {
     dnnl_primitive_t prim = NULL;
@@ -112,12 +125,7 @@ static dnnl_primitive_t cache_put(prim_cache *c, const char *op, const void *key
         return NULL;
     }
     memcpy(copy, key, nbytes);
-    thread_register();
-    cache_slot *s = &c->slot[c->next]; /* round robin: the oldest entry goes */
-    c->next = (c->next + 1) % CACHE_SLOTS;
-    if (s->prim) dnnl_primitive_destroy(s->prim);
-    free(s->key);
-    *s = (cache_slot){nbytes, copy, prim};
+    cache_store(c, copy, nbytes, prim);
     return prim;
 }
 
@@ -128,6 +136,21 @@ dnnl_primitive_t mt_dnnl_cache_get(const void *key, size_t nbytes) {
 dnnl_primitive_t mt_dnnl_cache_put(const char *op, const void *key, size_t nbytes,
                                    dnnl_primitive_desc_t pd) {
     return cache_put(&op_cache, op, key, nbytes, pd);
+}
+
+bool mt_dnnl_cache_none(const void *key, size_t nbytes) {
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        cache_slot *s = &op_cache.slot[i];
+        if (s->none && s->nbytes == nbytes && memcmp(s->key, key, nbytes) == 0) return true;
+    }
+    return false;
+}
+
+void mt_dnnl_cache_put_none(const void *key, size_t nbytes) {
+    unsigned char *copy = mt_heap_alloc(nbytes);
+    if (!copy) return; /* only a memo: the next call asks oneDNN again */
+    memcpy(copy, key, nbytes);
+    cache_store(&op_cache, copy, nbytes, NULL);
 }
 
 const dnnl_memory_desc_t *mt_dnnl_query_md(dnnl_primitive_t prim, dnnl_query_t what) {

@@ -16,6 +16,12 @@ dnnl_primitive_t mt_dnnl_cache_get(const void *key, size_t nbytes);
    NULL with an error. */
 dnnl_primitive_t mt_dnnl_cache_put(const char *op, const void *key, size_t nbytes,
                                    dnnl_primitive_desc_t pd);
+/* Whether key was stored with mt_dnnl_cache_put_none: oneDNN has no implementation for it
+   (on this CPU), and the caller takes its fallback without asking again. */
+bool mt_dnnl_cache_none(const void *key, size_t nbytes);
+/* Remembers that oneDNN answered dnnl_unimplemented for key (sets no error; out of memory
+   just skips the memo). */
+void mt_dnnl_cache_put_none(const void *key, size_t nbytes);
 /* The memory descriptor of one of a cached primitive's arguments (dnnl_query_*_md). */
 const dnnl_memory_desc_t *mt_dnnl_query_md(dnnl_primitive_t prim, dnnl_query_t what);
 
