@@ -45,10 +45,17 @@ static bool pool_case(pool_key *k, const mt_tensor *x, const mt_tensor *y,
     return true;
 }
 
-/* The primitive for k (cached), or NULL when oneDNN has no implementation (no error set). */
-static dnnl_primitive_t pool_prim(const char *op, const pool_key *k) {
+/* The primitive for k (cached); NULL with an error, or NULL with *none set and no error when
+   oneDNN has no implementation (BF16 on a CPU without AVX-512), which is remembered per key so
+   that the loops of cpu_pool.c take the next call without asking oneDNN again. */
+static dnnl_primitive_t pool_prim(const char *op, const pool_key *k, bool *none) {
+    *none = false;
     dnnl_primitive_t prim = mt_dnnl_cache_get(k, sizeof *k);
     if (prim) return prim;
+    if (mt_dnnl_cache_none(k, sizeof *k)) {
+        *none = true;
+        return NULL;
+    }
     dnnl_engine_t e = mt_dnnl_engine(op);
     dnnl_memory_desc_t src, dst;
     dnnl_data_type_t dt = (dnnl_data_type_t)k->dtype;
@@ -61,19 +68,22 @@ static dnnl_primitive_t pool_prim(const char *op, const pool_key *k) {
     dnnl_pooling_v2_desc_t fd, bd;
     dnnl_primitive_desc_t hint = NULL, pd = NULL;
     dnnl_prop_kind_t prop = k->backward ? dnnl_forward_training : dnnl_forward_inference;
-    bool ok = dnnl_pooling_v2_forward_desc_init(&fd, prop, alg, &src, &dst, st, ker, dil, pl, pr) ==
-                  dnnl_success &&
-              dnnl_primitive_desc_create(&hint, &fd, NULL, e, NULL) == dnnl_success;
-    if (ok && !k->backward) {
+    dnnl_status_t rc =
+        dnnl_pooling_v2_forward_desc_init(&fd, prop, alg, &src, &dst, st, ker, dil, pl, pr);
+    if (rc == dnnl_success) rc = dnnl_primitive_desc_create(&hint, &fd, NULL, e, NULL);
+    if (rc == dnnl_success && !k->backward) {
         pd = hint;
         hint = NULL;
-    } else if (ok) {
-        ok = dnnl_pooling_v2_backward_desc_init(&bd, alg, &src, &dst, st, ker, dil, pl, pr) ==
-                 dnnl_success &&
-             dnnl_primitive_desc_create(&pd, &bd, NULL, e, hint) == dnnl_success;
+    } else if (rc == dnnl_success) {
+        rc = dnnl_pooling_v2_backward_desc_init(&bd, alg, &src, &dst, st, ker, dil, pl, pr);
+        if (rc == dnnl_success) rc = dnnl_primitive_desc_create(&pd, &bd, NULL, e, hint);
     }
     if (hint) dnnl_primitive_desc_destroy(hint);
-    if (!ok) return NULL;
+    if (rc != dnnl_success) { /* the loops take any case oneDNN refuses */
+        *none = true;
+        if (rc == dnnl_unimplemented) mt_dnnl_cache_put_none(k, sizeof *k);
+        return NULL;
+    }
     return mt_dnnl_cache_put(op, k, sizeof *k, pd);
 }
 
@@ -103,8 +113,9 @@ int mt_cpu_pool2d_dnnl(mt_tensor *y, const mt_tensor *x, const mt_pool2d_params 
     pool_key k;
     *done = false;
     if (!pool_case(&k, x, y, p, false)) return 0;
-    dnnl_primitive_t prim = pool_prim(op_name(p), &k);
-    if (!prim) return mt_last_status() ? (int)mt_last_status() : 0;
+    bool none;
+    dnnl_primitive_t prim = pool_prim(op_name(p), &k, &none);
+    if (!prim) return none ? 0 : (int)mt_last_status(); /* not a user's earlier error */
     *done = true;
     return pool_run(op_name(p), prim, x, DNNL_ARG_SRC, dnnl_query_src_md, y, DNNL_ARG_DST,
                     dnnl_query_dst_md);
@@ -116,8 +127,9 @@ int mt_cpu_pool2d_backward_dnnl(mt_tensor *gx, const mt_tensor *gy, const mt_poo
     *done = false;
     if (gy->dtype != gx->dtype || !pool_case(&k, gx, gy, p, true)) return 0;
     k.channels_last = mt_prefers_channels_last(gx);
-    dnnl_primitive_t prim = pool_prim(op_name(p), &k);
-    if (!prim) return mt_last_status() ? (int)mt_last_status() : 0;
+    bool none;
+    dnnl_primitive_t prim = pool_prim(op_name(p), &k, &none);
+    if (!prim) return none ? 0 : (int)mt_last_status();
     *done = true;
     return pool_run(op_name(p), prim, gy, DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, gx,
                     DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md);
