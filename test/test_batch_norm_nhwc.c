@@ -1,11 +1,11 @@
 /* Batch norm on channels-last input: the same values as on NCHW input (outputs, running
    statistics, saved statistics through the gradients, every gradient) for F64/F32/F16/BF16,
    training and eval, with and without affine parameters, the fused residual add and relu;
-   shapes with more rows than one accumulation block and than one thread's range; inputs whose
-   mean is far from zero (the shifted sums); an FP64 gradient check through a channels-last
-   input; F16 shapes that take cuDNN's fused NHWC path on CUDA. Both backends have
-   channels-last kernels: the output and the input gradient stay channels-last, no NCHW
-   copy. */
+   shapes with more rows than one accumulation block and than one thread's range, and whose
+   channels take several blocks (splits) on CUDA; inputs whose mean is far from zero (the
+   shifted sums); an FP64 gradient check through a channels-last input; F16 shapes that take
+   cuDNN's fused NHWC path on CUDA. Both backends have channels-last kernels: the output and
+   the input gradient stay channels-last, no NCHW copy. */
 #include "test_util.h"
 
 #define S4(a, b, c, d) ((const int64_t[]){a, b, c, d})
@@ -128,6 +128,18 @@ static void test_nhwc_matches_nchw(void **state) {
         }
 }
 
+/* Channels that take several blocks on CUDA in both layouts: NCHW runs shorter and longer
+   than a block's 256 values, splits ending inside a run; forward and every gradient. */
+static void test_nhwc_splits(void **state) {
+    (void)state;
+    const bn_opts opts[] = {{true, true, true, true}, {true, false, false, false}};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        compare(MT_F32, S4(160, 2, 7, 8), &opts[k], 0.5);
+        compare(MT_F32, S4(8, 2, 32, 33), &opts[k], 0.0);
+        compare(MT_BF16, S4(160, 2, 7, 8), &opts[k], 0.0);
+    }
+}
+
 /* F16 with C a multiple of 4: on CUDA the fused training cases run through cuDNN's Ex calls
    (persistent NHWC batch norm, the ReLU mask in the reserve space) on NHWC input, the own
    kernels on NCHW input; both agree, gradients of the residual included. */
@@ -180,10 +192,8 @@ static void test_nhwc_gradcheck(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_nhwc_matches_nchw),
-        MT_TEST(test_nhwc_large_mean),
-        MT_TEST(test_nhwc_cudnn_shapes),
-        MT_TEST(test_nhwc_gradcheck),
+        MT_TEST(test_nhwc_matches_nchw), MT_TEST(test_nhwc_large_mean), MT_TEST(test_nhwc_splits),
+        MT_TEST(test_nhwc_cudnn_shapes), MT_TEST(test_nhwc_gradcheck),
     };
     MT_RUN_TESTS(tests);
 }

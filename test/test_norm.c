@@ -210,6 +210,53 @@ static void test_batch_norm_reference(void **state) {
         }
 }
 
+/* Channels that take several blocks on CUDA (partial sums per split, finished per channel):
+   NCHW runs shorter than a block's 256 values (S = 56) and longer (S = 1056), splits that
+   end inside a run, and the same inputs channels-last; training with the running update,
+   weight, bias, residual and relu, against the double reference. */
+static void check_bn_split(mt_dtype dt, const int64_t *dims, bool cl) {
+    mt_scope_begin();
+    bn_shape s = {dims[0], dims[1], dims[2] * dims[3]};
+    int64_t n = s.N * s.C * s.S, C = s.C;
+    mt_dtype pdt = dt == MT_F64 ? MT_F64 : MT_F32;
+    mt_tensor *x = random_tensor(dt, 71, 4, dims), *res = random_tensor(dt, 72, 4, dims);
+    if (cl) {
+        x = mt_to_channels_last(x);
+        res = mt_to_channels_last(res);
+    }
+    mt_tensor *w = random_tensor(pdt, 73, 1, &C), *b = random_tensor(pdt, 74, 1, &C);
+    double rm0[2] = {0.25, -0.5}, rv0[2] = {1.5, 0.75};
+    mt_tensor *rm = mt_test_tensor(rm0, pdt, 1, &C), *rv = mt_test_tensor(rv0, pdt, 1, &C);
+    for (int relu = 0; relu < 2; relu++) {
+        mt_tensor *y = mt_batch_norm_act(x, rm, rv, w, b, relu ? res : NULL, true, 0.1, 1e-5,
+                                         relu ? MT_ACT_RELU : MT_ACT_NONE);
+        assert_no_error();
+        double *xv = mt_test_values(x), *wv = mt_test_values(w), *bv = mt_test_values(b);
+        double *resv = relu ? mt_test_values(res) : NULL, *ref = malloc((size_t)n * sizeof *ref);
+        batch_norm_ref(s, xv, rm0, rv0, wv, bv, resv, true, 0.1, 1e-5, relu, ref);
+        assert_tensor_close(y, ref, n, tol_for(dt), tol_for(dt));
+        double t = dt == MT_F64 ? 1e-12 : 1e-5;
+        assert_tensor_close(rm, rm0, 2, t, t);
+        assert_tensor_close(rv, rv0, 2, t, t);
+        free(xv);
+        free(wv);
+        free(bv);
+        free(resv);
+        free(ref);
+    }
+    mt_scope_end();
+}
+
+static void test_batch_norm_splits(void **state) {
+    (void)state;
+    const mt_dtype dts[] = {MT_F32, MT_F64, MT_BF16};
+    for (int k = 0; k < 3; k++)
+        for (int cl = 0; cl < 2; cl++) {
+            check_bn_split(dts[k], (const int64_t[]){160, 2, 7, 8}, cl);
+            check_bn_split(dts[k], (const int64_t[]){8, 2, 32, 33}, cl);
+        }
+}
+
 /* Large mean against a small spread: the one-pass statistics must not cancel. */
 static void test_batch_norm_offset(void **state) {
     (void)state;
@@ -639,6 +686,7 @@ int main(void) {
         MT_TEST(test_layer_norm_empty),
         MT_TEST(test_batch_norm_reference),
         MT_TEST(test_batch_norm_offset),
+        MT_TEST(test_batch_norm_splits),
         MT_TEST(test_batch_norm_large_batch),
         MT_TEST(test_batch_norm_gradcheck),
         MT_TEST(test_batch_norm_act_residual_grad),
