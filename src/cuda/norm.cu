@@ -143,7 +143,7 @@ extern "C" int mt_cuda_layer_norm_backward(const mt_cuda_ctx *c, const mt_cuda_l
 // ---------------------------------------------------------------- batch norm
 
 // Each direction is three launches that walk memory in order:
-// 1. sums: a grid (channel groups, splits); split sp of a channel is a contiguous range of
+// 1. sums: a block per (channel group, split); split sp of a channel is a contiguous range of
 //    its M = N * S values; each block writes its channels' two partial sums (double) to a
 //    scratch, part[(q * splits + sp) * C + ch] for quantity q;
 // 2. finish: a thread column per channel adds its splits' partials (a fixed tree), then the
@@ -168,9 +168,11 @@ extern "C" int mt_cuda_layer_norm_backward(const mt_cuda_ctx *c, const mt_cuda_l
 struct bn_plan {
     int64_t C, S, M;       // M = N * S values per channel
     bool nhwc;             // channel stride 1 (S = 1 or dense NHWC)
-    int cw, rw;            // block shape (NCHW: 1 x NORM_THREADS)
-    int64_t gx;            // grid x: channel groups (NHWC) or channels (NCHW)
-    int64_t splits, chunk; // grid y, and rows (NHWC) or values (NCHW) of a split
+    int cw, rw, lg_rw;     // block shape (NCHW: 1 x NORM_THREADS), log2(rw)
+    int64_t gx;            // channel groups (NHWC) or channels (NCHW)
+    int64_t splits, chunk; // and the splits of each, rows (NHWC) or values (NCHW) per split
+    int64_t q, rem;        // NCHW: a step of rw values is q whole runs of S and rem values
+    double inv_s;          // NCHW: 1 / S, for a division-free first (n, s)
 };
 
 constexpr int BN_MAX_SPLITS = 1024, BN_UNROLL = 4;
@@ -192,6 +194,11 @@ static bn_plan bn_make_plan(const mt_cuda_ctx *c, int64_t N, int64_t C, int64_t 
         p.gx = C;
     }
     int64_t lanes = p.rw; // threads of a block on one channel
+    for (p.lg_rw = 0; (1 << p.lg_rw) < p.rw; p.lg_rw++) {
+    }
+    p.q = lanes / S;
+    p.rem = lanes - p.q * S;
+    p.inv_s = 1.0 / (double)S;
     int64_t target = (int64_t)(c->sm_count > 0 ? c->sm_count : 1) * 8;
     int64_t sp = (target + p.gx - 1) / p.gx, most = p.M / (lanes * 16);
     if (sp > most) sp = most;
@@ -205,8 +212,10 @@ static bn_plan bn_make_plan(const mt_cuda_ctx *c, int64_t N, int64_t C, int64_t 
 static dim3 bn_block(const bn_plan &p) {
     return dim3((unsigned)p.cw, (unsigned)p.rw);
 }
+// One block per (channel group, split), group fastest: blocks running together read the same
+// rows. At most max(gx, about twice the 8 per SM) blocks: within grid.x's 2^31 - 1.
 static dim3 bn_grid(const bn_plan &p) {
-    return dim3((unsigned)p.gx, (unsigned)p.splits);
+    return dim3((unsigned)(p.gx * p.splits));
 }
 // The finish pass: 32 channels by 8 lanes over the splits.
 constexpr int BN_FIN_CW = 32, BN_FIN_RW = NORM_THREADS / BN_FIN_CW;
@@ -214,10 +223,14 @@ static dim3 bn_fin_grid(const bn_plan &p) {
     return dim3((unsigned)((p.C + BN_FIN_CW - 1) / BN_FIN_CW));
 }
 
-// This thread's channel and its lane among the block's threads on that channel.
-MT_DEV int64_t bn_channel(const bn_plan &p, int *lane) {
+// This thread's channel, its lane among the block's threads on that channel, and the split.
+// (Device code divides 32-bit numbers only: a 64-bit division is a subroutine call in SASS,
+// whose saved registers made ptxas spill.)
+MT_DEV int64_t bn_channel(const bn_plan &p, int *lane, int64_t *sp) {
+    int64_t b = blockIdx.x;
+    *sp = (unsigned)b / (unsigned)p.gx; // both below 2^31
     *lane = (int)threadIdx.y;
-    return (int64_t)blockIdx.x * p.cw + threadIdx.x;
+    return (b - *sp * p.gx) * p.cw + threadIdx.x;
 }
 
 // Where channel ch's value 0 lies (the shift of the sums).
@@ -236,17 +249,24 @@ MT_DEV bn_cursor bn_cursor_at(const bn_plan &p, int64_t ch, int64_t sp, int lane
     bn_cursor c;
     int64_t lanes = p.rw;
     int64_t b = sp * p.chunk, end = b + p.chunk < p.M ? b + p.chunk : p.M, i = b + lane;
-    c.left = i < end ? (end - i + lanes - 1) / lanes : 0;
+    c.left = i < end ? (end - i + lanes - 1) >> p.lg_rw : 0;
     if (p.nhwc) {
         c.e = i * p.C + ch;
         c.step = lanes * p.C;
         c.s = c.rem = 0;
-    } else { // i = n S + s; a step of `lanes` values is q whole runs and rem more
-        int64_t n = i / p.S, q = lanes / p.S;
-        c.s = i - n * p.S;
-        c.rem = lanes - q * p.S;
-        c.e = (n * p.C + ch) * p.S + c.s;
-        c.step = q * p.C * p.S + c.rem;
+    } else { // i = n S + s: n through 1 / S, off by at most one below 2^52 values
+        int64_t n = (int64_t)((double)i * p.inv_s), s = i - n * p.S;
+        if (s < 0) {
+            s += p.S;
+            n--;
+        } else if (s >= p.S) {
+            s -= p.S;
+            n++;
+        }
+        c.s = s;
+        c.rem = p.rem;
+        c.e = (n * p.C + ch) * p.S + s;
+        c.step = p.q * p.C * p.S + p.rem;
     }
     return c;
 }
@@ -317,9 +337,10 @@ MT_DEV void bn_tree_y(double &a, double &b, double *sa, double *sb) {
     b = sb[threadIdx.x];
 }
 
-MT_DEV void bn_put_partials(const bn_plan &p, double *part, int64_t ch, double a, double b) {
-    part[(int64_t)blockIdx.y * p.C + ch] = a;
-    part[(p.splits + blockIdx.y) * p.C + ch] = b;
+MT_DEV void bn_put_partials(const bn_plan &p, double *part, int64_t ch, int64_t sp, double a,
+                            double b) {
+    part[sp * p.C + ch] = a;
+    part[(p.splits + sp) * p.C + ch] = b;
 }
 
 // The finish pass's sums of channel ch's partials (every thread takes part in the tree).
@@ -343,14 +364,13 @@ __global__ void __launch_bounds__(NORM_THREADS)
     MT_SHARED(double, sa, NORM_THREADS);
     MT_SHARED(double, sb, NORM_THREADS);
     int lane;
-    int64_t ch = bn_channel(p, &lane);
+    int64_t sp, ch = bn_channel(p, &lane, &sp);
     bool active = ch < p.C;
     double s1 = 0, s2 = 0;
     if (active) {
         A k = bn_ld<A, D>(a.x, a.xdt, bn_first(p, ch));
         bn_walk<bn_unroll<D>::value>(
-            p, bn_cursor_at(p, ch, blockIdx.y, lane),
-            [&](int64_t e) { return bn_ld<A, D>(a.x, a.xdt, e); },
+            p, bn_cursor_at(p, ch, sp, lane), [&](int64_t e) { return bn_ld<A, D>(a.x, a.xdt, e); },
             [&](int64_t, A v) {
                 A d = v - k;
                 s1 += (double)d;
@@ -358,7 +378,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
             });
     }
     bn_tree_y(s1, s2, sa, sb);
-    if (active && lane == 0) bn_put_partials(p, part, ch, s1, s2);
+    if (active && lane == 0) bn_put_partials(p, part, ch, sp, s1, s2);
 }
 
 // Pass 2 forward: the statistics (training: from the sums; eval: the running ones), saved
@@ -406,11 +426,11 @@ template <typename A, int D>
 __global__ void __launch_bounds__(NORM_THREADS)
     bn_fwd_apply(mt_cuda_batch_norm_args a, bn_plan p, const double *cst) {
     int lane;
-    int64_t ch = bn_channel(p, &lane), C = p.C;
+    int64_t sp, ch = bn_channel(p, &lane, &sp), C = p.C;
     if (ch >= C) return;
     A k = (A)cst[ch], md = (A)cst[C + ch], scale = (A)cst[2 * C + ch], shift = (A)cst[3 * C + ch];
     bn_walk<bn_unroll<D>::value>(
-        p, bn_cursor_at(p, ch, blockIdx.y, lane),
+        p, bn_cursor_at(p, ch, sp, lane),
         [&](int64_t e) {
             return bn_xr<A>{bn_ld<A, D>(a.x, a.xdt, e),
                             a.residual ? bn_ld<A, D>(a.residual, a.xdt, e) : (A)0};
@@ -439,13 +459,13 @@ __global__ void __launch_bounds__(NORM_THREADS)
     MT_SHARED(double, sa, NORM_THREADS);
     MT_SHARED(double, sb, NORM_THREADS);
     int lane;
-    int64_t ch = bn_channel(p, &lane);
+    int64_t sp, ch = bn_channel(p, &lane, &sp);
     bool active = ch < p.C;
     double sg = 0, sgx = 0;
     if (active) {
         A mean = ((const A *)a.save_mean)[ch], rs = ((const A *)a.save_rstd)[ch];
         bn_walk<bn_unroll<D>::value>(
-            p, bn_cursor_at(p, ch, blockIdx.y, lane),
+            p, bn_cursor_at(p, ch, sp, lane),
             [&](int64_t e) {
                 return bn_gx<A>{bn_gz<A, D>(a, e), bn_ld<A, D>(a.x, a.xdt, e)};
             },
@@ -455,7 +475,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
             });
     }
     bn_tree_y(sg, sgx, sa, sb);
-    if (active && lane == 0) bn_put_partials(p, part, ch, sg, sgx);
+    if (active && lane == 0) bn_put_partials(p, part, ch, sp, sg, sgx);
 }
 
 // Pass 2 backward: gw = sum(gz xhat), gb = sum(gz), and the constants of pass 3 in
@@ -484,12 +504,12 @@ template <typename A, int D>
 __global__ void __launch_bounds__(NORM_THREADS)
     bn_bwd_apply(mt_cuda_batch_norm_backward_args a, bn_plan p, const double *cst) {
     int lane;
-    int64_t ch = bn_channel(p, &lane), C = p.C;
+    int64_t sp, ch = bn_channel(p, &lane, &sp), C = p.C;
     if (ch >= C) return;
     A mean = ((const A *)a.save_mean)[ch], rs = ((const A *)a.save_rstd)[ch];
     A k = (A)cst[ch], mg = (A)cst[C + ch], mgx = (A)cst[2 * C + ch];
     bn_walk<bn_unroll<D>::value>(
-        p, bn_cursor_at(p, ch, blockIdx.y, lane),
+        p, bn_cursor_at(p, ch, sp, lane),
         [&](int64_t e) {
             return bn_gx<A>{bn_gz<A, D>(a, e), a.gx ? bn_ld<A, D>(a.x, a.xdt, e) : (A)0};
         },
