@@ -678,6 +678,89 @@ static void test_batch_norm_cudnn_ex(void **state) {
     mt_scope_end();
 }
 
+/* The plain batch norm (no activation, no residual) in training on NHWC F16 with C a multiple
+   of 4 runs through the Ex entry points too (bnOps BN: cuDNN's NHWC kernels, where the legacy
+   plain calls run its NCHW ones on the strided data), forward and backward, for mt_batch_norm
+   and mt_batch_norm_act with MT_ACT_NONE: a fault injected into the Ex call is the op's error
+   and leaves the running statistics as they were, one injected into the legacy call changes
+   nothing. NCHW F16, C = 6, and a configuration the Ex size queries decline take the legacy
+   calls. */
+static void test_batch_norm_cudnn_ex_plain(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    const char *fwd_ex = "cudnnBatchNormalizationForwardTrainingEx=3000",
+               *bwd_ex = "cudnnBatchNormalizationBackwardEx=5000",
+               *fwd = "cudnnBatchNormalizationForwardTraining=2000",
+               *bwd = "cudnnBatchNormalizationBackward=5000";
+    mt_tensor *x = nhwc_f16(61);
+    mt_tensor *rm = mt_zeros(MT_SHAPE(8), MT_F32, d), *rv = mt_ones(MT_SHAPE(8), MT_F32, d);
+    mt_set_requires_grad(x, true);
+    int rc;
+    assert_null(bn_train_with(fwd_ex, "", x, rm, rv, &rc));
+    assert_error(MT_ERR_UNSUPPORTED, "mt_batch_norm: cuDNN error in "
+                                     "cudnnBatchNormalizationForwardTrainingEx");
+    assert_tensor_close(rm, ((const double[]){0, 0, 0, 0, 0, 0, 0, 0}), 8, 0, 0);
+    assert_tensor_close(rv, ((const double[]){1, 1, 1, 1, 1, 1, 1, 1}), 8, 0, 0);
+    setenv("MTEMU_CUDNN_FAIL", fwd_ex, 1);
+    assert_null(mt_batch_norm_act(x, rm, rv, NULL, NULL, NULL, true, 0.1, 1e-5, MT_ACT_NONE));
+    unsetenv("MTEMU_CUDNN_FAIL");
+    assert_error(MT_ERR_UNSUPPORTED, "cudnnBatchNormalizationForwardTrainingEx");
+    /* the legacy entry points are not called, forward or backward */
+    mt_tensor *y = bn_train_with(fwd, bwd, x, rm, rv, &rc);
+    assert_non_null(y);
+    assert_true(mt_is_channels_last(y) && !mt_is_contiguous(y));
+    assert_int_equal(rc, 0);
+    mt_tensor *gx = mt_grad(x);
+    assert_non_null(gx);
+    assert_true(mt_is_channels_last(gx) && !mt_is_contiguous(gx));
+    mt_release(gx);
+    mt_zero_grad(x);
+    double *m = mt_test_values(rm);
+    double moved = 0;
+    for (int c = 0; c < 8; c++) moved += fabs(m[c]);
+    free(m);
+    assert_true(moved > 0);
+    /* the backward of an Ex forward is BackwardEx */
+    assert_non_null(bn_train_with("", bwd_ex, x, rm, rv, &rc));
+    assert_int_not_equal(rc, 0);
+    assert_error(MT_ERR_DEVICE, "mt_batch_norm: cuDNN error in cudnnBatchNormalizationBackwardEx: "
+                                "CUDNN_STATUS_EXECUTION_FAILED");
+    assert_null(mt_grad(x));
+    /* with weight and bias, gradients for all three (values: test_batch_norm_nhwc) */
+    mt_tensor *w = mt_ones(MT_SHAPE(8), MT_F32, d), *b = mt_zeros(MT_SHAPE(8), MT_F32, d);
+    mt_set_requires_grad(w, true);
+    mt_set_requires_grad(b, true);
+    setenv("MTEMU_CUDNN_FAIL", bwd, 1);
+    y = mt_batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5);
+    assert_int_equal(mt_backward(mt_sum_all(mt_mul(y, y)), NULL), 0);
+    unsetenv("MTEMU_CUDNN_FAIL");
+    mt_tensor *gw = mt_grad(w), *gb = mt_grad(b);
+    assert_true(gw && gb);
+    mt_release(gw);
+    mt_release(gb);
+    mt_zero_grad(x);
+    /* not the Ex path: NCHW F16, C = 6 */
+    assert_null(
+        bn_train_with(fwd, "", random_tensor(MT_F16, 62, MT_SHAPE(2, 8, 3, 3)), NULL, NULL, &rc));
+    assert_error(MT_ERR_DEVICE, "cudnnBatchNormalizationForwardTraining: CUDNN_STATUS_BAD_PARAM");
+    mt_tensor *x6 = mt_to_channels_last(random_tensor(MT_F16, 63, MT_SHAPE(2, 6, 3, 3)));
+    mt_set_requires_grad(x6, true);
+    assert_null(bn_train_with(fwd, "", x6, NULL, NULL, &rc));
+    assert_error(MT_ERR_DEVICE, "cudnnBatchNormalizationForwardTraining: CUDNN_STATUS_BAD_PARAM");
+    assert_non_null(bn_train_with(fwd_ex, bwd_ex, x6, NULL, NULL, &rc));
+    assert_int_equal(rc, 0);
+    /* a configuration the size queries call NOT_SUPPORTED takes the legacy calls, forward and
+       backward */
+    y = bn_train_with("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize=3000", bwd, x, NULL,
+                      NULL, &rc);
+    assert_non_null(y);
+    assert_int_not_equal(rc, 0);
+    assert_error(MT_ERR_DEVICE, "cuDNN error in cudnnBatchNormalizationBackward: "
+                                "CUDNN_STATUS_EXECUTION_FAILED");
+    mt_scope_end();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_layer_norm_reference),
@@ -705,6 +788,10 @@ int main(void) {
         mt_test_emulated_device()
             ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_ex)
             : MT_TEST_SKIPPED(test_batch_norm_cudnn_ex,
+                              "fault injection needs the emulated CUDA device"),
+        mt_test_emulated_device()
+            ? (struct CMUnitTest)MT_TEST(test_batch_norm_cudnn_ex_plain)
+            : MT_TEST_SKIPPED(test_batch_norm_cudnn_ex_plain,
                               "fault injection needs the emulated CUDA device"),
     };
     return MT_RUN_TESTS(tests);

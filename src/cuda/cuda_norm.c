@@ -1,10 +1,11 @@
 /* The host side of the normalisation, dropout and indexing families on CUDA: the tensors of
    the backend call (contiguous, checked by the op) become the plain launch arguments of
    kernels.h (norm.cu, index.cu). Batch norm runs through cuDNN where cuDNN computes it as
-   torch does: in training on F16 the fused NHWC residual + ReLU (bn_cudnn_ex.c) and the plain
-   one, in eval the plain one (bn_cudnn.c); the own kernels run the rest, F32 and F64 training
-   included: their statistics are sums of shifted values in double, where cuDNN's FP32 sums
-   lost digits on offset data on an H200 (bn_cudnn.c says more). */
+   torch does: in training on F16, NHWC with C a multiple of 4 through the Ex calls
+   (bn_cudnn_ex.c: the fused residual + ReLU, the ReLU alone, and the plain one) and the rest
+   through the legacy plain calls, in eval the plain one (bn_cudnn.c); the own kernels run the
+   rest, F32 and F64 training included: their statistics are sums of shifted values in double,
+   where cuDNN's FP32 sums lost digits on offset data on an H200 (bn_cudnn.c says more). */
 #include "cudnn_impl.h"
 
 static mt_cuda_device_ctx *ctx_for(const char *op, const mt_tensor *t) {

@@ -105,11 +105,13 @@ bool mt_cudnn_pool_expressible(const mt_tensor *x, const mt_tensor *y, const mt_
 int mt_cudnn_pool2d(const char *op, mt_tensor *y, const mt_tensor *x, const mt_pool2d_params *p);
 
 /* ---- batch norm through cuDNN. bn_cudnn.c: the plain batch norm (no residual, no ReLU)
-   in training on F16, forward and backward (cudnnBatchNormalization{ForwardTraining,Backward},
-   spatial; F32 and F64 training run on the own kernels, whose statistics are the more exact),
-   and in eval (cudnnBatchNormalizationForwardInference). bn_cudnn_ex.c: the fused
-   relu(bn(x) [+ residual]) in training on NHWC F16 (the Ex entry points, persistent spatial
-   mode), its reserve space kept in the tape node. cuda_norm.c's own kernels run the rest. */
+   in training on F16 where the Ex calls do not take it, forward and backward
+   (cudnnBatchNormalization{ForwardTraining,Backward}, spatial; F32 and F64 training run on the
+   own kernels, whose statistics are the more exact), and in eval
+   (cudnnBatchNormalizationForwardInference). bn_cudnn_ex.c: training on NHWC F16 with C a
+   multiple of 4 (the Ex entry points, persistent spatial mode): the fused
+   relu(bn(x) [+ residual]) and the plain bn(x) (bnOps BN), the reserve space kept in the
+   tape node. cuda_norm.c's own kernels run the rest. */
 bool mt_cudnn_bn_applies(const mt_bn_args *a);
 int mt_cudnn_batch_norm(const mt_bn_args *a);
 bool mt_cudnn_bn_backward_applies(const mt_bn_backward_args *a);
@@ -123,7 +125,7 @@ bool mt_cudnn_bn_ex_applies(const mt_bn_args *a);
 #define MT_CUDNN_BN_EX_DECLINED 1
 int mt_cudnn_batch_norm_ex(const mt_bn_args *a);
 /* The backward of a forward that ran mt_cudnn_batch_norm_ex (a->state is its state): gy,
-   and the gradients wanted, in x's dtype and layout. */
+   and the gradients wanted, in x's dtype and layout (y saved under the ReLU only). */
 bool mt_cudnn_bn_ex_backward_applies(const mt_bn_backward_args *a);
 int mt_cudnn_batch_norm_ex_backward(const mt_bn_backward_args *a);
 

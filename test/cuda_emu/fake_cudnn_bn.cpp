@@ -5,9 +5,14 @@
 // calls enforce what cuDNN documents for bnOps with an activation: persistent spatial mode, NHWC
 // fully packed HALF x, z and y, C a multiple of 4, a RELU descriptor, z given exactly for
 // BN_ADD_ACTIVATION; a workspace and a reserve space at least the sizes the queries return.
+// bnOps BN (the plain batch norm through the Ex calls) takes any layout and mode, no z or dz,
+// and may pass NULL for the activation descriptor and, in the backward, for y and the bias
+// (a y given must match x). The persistent mode's backward needs the saved mean and inverse
+// variance (cuDNN documents them as not NULL there).
 // The forward keeps the ReLU mask in the reserve space, one bit per element, and the backward
-// reads it from there (as cuDNN's does), so a reserve space not carried from the forward to
-// the backward gives wrong results.
+// reads it from there (as cuDNN's does); under bnOps BN in persistent mode the reserve space
+// holds the batch statistics in double and the backward takes them from there. Either way a
+// reserve space not carried from the forward to the backward gives wrong results.
 #include "fake_cudnn_internal.h"
 
 using namespace fakednn;
@@ -153,15 +158,22 @@ cudnnStatus_t ex_check(const char *api, cudnnBatchNormMode_t mode, cudnnBatchNor
     return CUDNN_STATUS_SUCCESS;
 }
 
-// The sizes the queries answer: per-channel partial sums, and the ReLU mask (one bit per
-// element, in 32-bit words) for the ops with an activation.
+// The sizes the queries answer: per-channel partial sums for the workspaces; for an Ex call's
+// reserve space the ReLU mask (one bit per element, in 32-bit words) with an activation, or the
+// batch mean and inverse variance (double) per channel under bnOps BN in persistent mode.
 size_t fwd_workspace(const cudnnTensorStruct *x) {
     return static_cast<size_t>(x->dims[1]) * 2 * sizeof(double);
 }
 size_t bwd_workspace(const cudnnTensorStruct *x) {
     return static_cast<size_t>(x->dims[1]) * 4 * sizeof(double);
 }
-size_t reserve_size(cudnnBatchNormOps_t ops, const cudnnTensorStruct *x) {
+bool stats_in_reserve(bool ex, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops) {
+    return ex && ops == CUDNN_BATCHNORM_OPS_BN && mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
+}
+size_t reserve_size(bool ex, cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops,
+                    const cudnnTensorStruct *x) {
+    if (stats_in_reserve(ex, mode, ops))
+        return static_cast<size_t>(x->dims[1]) * 2 * sizeof(double);
     if (ops == CUDNN_BATCHNORM_OPS_BN) return 0;
     size_t n = 1;
     for (int i = 0; i < x->nd; i++) n *= static_cast<size_t>(x->dims[i]);
@@ -177,14 +189,14 @@ cudnnStatus_t sized(const char *api, const char *name, const void *p, size_t giv
     return need ? check_memory(api, name, p, given) : CUDNN_STATUS_SUCCESS;
 }
 
-// An Ex call's workspace (at least need bytes; a plain call needs none) and reserve space (at
-// least what the query answers for bnOps).
-cudnnStatus_t spaces(const char *api, void *ws, size_t ws_bytes, size_t need,
-                     cudnnBatchNormOps_t ops, const cudnnTensorStruct *x, void *rs,
-                     size_t rs_bytes) {
-    cudnnStatus_t st = sized(api, "workspace", ws, ws_bytes, need);
+// An Ex call's workspace (at least the query's bytes; a plain call needs none) and reserve
+// space (at least what the query answers for mode and bnOps; none for a plain call).
+cudnnStatus_t spaces(const char *api, bool ex, void *ws, size_t ws_bytes, size_t need,
+                     cudnnBatchNormMode_t mode, cudnnBatchNormOps_t ops, const cudnnTensorStruct *x,
+                     void *rs, size_t rs_bytes) {
+    cudnnStatus_t st = sized(api, "workspace", ws, ws_bytes, ex ? need : 0);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    return sized(api, "reserveSpace", rs, rs_bytes, reserve_size(ops, x));
+    return sized(api, "reserveSpace", rs, rs_bytes, reserve_size(ex, mode, ops, x));
 }
 
 bool mask_bit(const char *r, int64_t i) {
@@ -196,13 +208,15 @@ int64_t logical(const bn_shape &b, int n, int c, int h, int w) {
     return ((static_cast<int64_t>(n) * b.c + c) * b.h + h) * b.w + w;
 }
 
-// A backward's descriptors besides bn_check's: dx as x, and y as x with an activation.
+// A backward's descriptors besides bn_check's: dx as x, and y as x with an activation (or
+// when given: bnOps BN may pass NULL).
 cudnnStatus_t bwd_descs(const char *api, bool act, cudnnTensorDescriptor_t x,
                         cudnnTensorDescriptor_t y, cudnnTensorDescriptor_t dx) {
+    bool with_y = act || y != nullptr;
     cudnnStatus_t st = check_tensor(api, "dx", dx);
-    if (st == CUDNN_STATUS_SUCCESS && act) st = check_tensor(api, "y", y);
+    if (st == CUDNN_STATUS_SUCCESS && with_y) st = check_tensor(api, "y", y);
     if (st != CUDNN_STATUS_SUCCESS) return st;
-    if (!same_desc(dx, x) || (act && !same_desc(y, x)))
+    if (!same_desc(dx, x) || (with_y && !same_desc(y, x)))
         return fail(CUDNN_STATUS_BAD_PARAM, "%s: dx (or y) and x descriptors differ", api);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -235,11 +249,11 @@ struct fwd_data {
     const char *x, *z, *scale, *bias;
     char *y, *running_mean, *running_var, *save_mean, *save_inv_var, *reserve;
 };
-// Its scalars: the blend factors, the running average's factor, epsilon, and the activation
-// (a ReLU, propagating NaN or not).
+// Its scalars: the blend factors, the running average's factor, epsilon, the activation
+// (a ReLU, propagating NaN or not), and whether the statistics go to the reserve space.
 struct fwd_math {
     double alpha, beta, factor, eps;
-    bool act, nan;
+    bool act, nan, stats_reserve;
 };
 
 // The forward's pointers: the statistics given in pairs, each pointer device memory of its
@@ -272,6 +286,10 @@ void fwd_channel(const bn_shape &b, const fwd_math &m, const fwd_data &d, int c)
     double inv = 1.0 / std::sqrt(var + m.eps), g = load(d.scale, b.pdt, c),
            sh = load(d.bias, b.pdt, c);
     char *rs = d.reserve;
+    if (m.stats_reserve) {
+        reinterpret_cast<double *>(rs)[2 * c] = mean;
+        reinterpret_cast<double *>(rs)[2 * c + 1] = inv;
+    }
     for (int n = 0; n < b.n; n++)
         for (int h = 0; h < b.h; h++)
             for (int w = 0; w < b.w; w++) {
@@ -330,7 +348,7 @@ cudnnStatus_t forward_training(
                         bytes(reserveSpace)};
     if (st == CUDNN_STATUS_SUCCESS) st = fwd_check_data(api, b, d);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = spaces(api, workspace, workSpaceSizeInBytes, ex ? fwd_workspace(xDesc) : 0, bnOps,
+        st = spaces(api, ex, workspace, workSpaceSizeInBytes, fwd_workspace(xDesc), mode, bnOps,
                     xDesc, reserveSpace, reserveSpaceSizeInBytes);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     bool f64 = b.dt == CUDNN_DATA_DOUBLE, act = bnOps != CUDNN_BATCHNORM_OPS_BN;
@@ -339,7 +357,8 @@ cudnnStatus_t forward_training(
                         exponentialAverageFactor,
                         epsilon,
                         act,
-                        act && activationDesc->nan == CUDNN_PROPAGATE_NAN};
+                        act && activationDesc->nan == CUDNN_PROPAGATE_NAN,
+                        stats_in_reserve(ex, mode, bnOps)};
     mtemu::enqueue(handle->stream, [=] {
         for (int c = 0; c < b.c; c++) fwd_channel(b, m, d, c);
     });
@@ -349,30 +368,37 @@ cudnnStatus_t forward_training(
 // ---- the training backward
 
 // A training backward's data, by value: the inputs (y and the bias only with an activation;
-// the saved statistics optional), the reserve space the forward left, and the outputs (dz only
-// for BN_ADD_ACTIVATION).
+// the saved statistics optional but in persistent mode), the reserve space the forward left,
+// and the outputs (dz only for BN_ADD_ACTIVATION).
 struct bwd_data {
     const char *x, *y, *dy, *scale, *bias, *saved_mean, *saved_inv_var, *reserve;
     char *dz, *dx, *dscale, *dbias;
 };
-// Its scalars: the blend factors of the data and parameter gradients, epsilon, and whether
-// dy goes through the forward's ReLU mask.
+// Its scalars: the blend factors of the data and parameter gradients, epsilon, whether dy
+// goes through the forward's ReLU mask, and whether the statistics come from the reserve space.
 struct bwd_math {
     double alpha_data, beta_data, alpha_param, beta_param, eps;
-    bool act;
+    bool act, stats_reserve;
 };
 
-// The backward's pointers: the saved statistics given as a pair, each pointer device memory
-// of its size.
-cudnnStatus_t bwd_check_data(const char *api, const bn_shape &b, bool act, const bwd_data &d) {
+// The backward's pointers: the saved statistics given as a pair (and given in persistent
+// mode), each pointer device memory of its size.
+cudnnStatus_t bwd_check_data(const char *api, const bn_shape &b, cudnnBatchNormMode_t mode,
+                             bool act, const bwd_data &d) {
     cudnnStatus_t st =
         both_or_none(api, d.saved_mean, d.saved_inv_var, "saved mean and inverse variance");
+    if (st == CUDNN_STATUS_SUCCESS && !d.saved_mean && mode == CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
+        return fail(CUDNN_STATUS_BAD_PARAM,
+                    "%s: SPATIAL_PERSISTENT mode needs the saved mean and inverse variance", api);
     if (st == CUDNN_STATUS_SUCCESS)
         st = bn_memory(
             api, b, {{"x", d.x}, {"dy", d.dy}, {"dx", d.dx}},
             {{"bnScale", d.scale}, {"dBnScaleResult", d.dscale}, {"dBnBiasResult", d.dbias}});
     if (st == CUDNN_STATUS_SUCCESS && act) // y and the bias: needed with an activation
         st = bn_memory(api, b, {{"y", d.y}}, {{"bnBias", d.bias}});
+    if (st == CUDNN_STATUS_SUCCESS && !act && d.y) st = bn_memory(api, b, {{"y", d.y}}, {});
+    if (st == CUDNN_STATUS_SUCCESS && !act && d.bias)
+        st = bn_memory(api, b, {}, {{"bnBias", d.bias}});
     if (st == CUDNN_STATUS_SUCCESS && d.dz) st = bn_memory(api, b, {{"dz", d.dz}}, {});
     if (st == CUDNN_STATUS_SUCCESS && d.saved_mean)
         st = bn_memory(api, b, {},
@@ -387,12 +413,16 @@ double bwd_grad(const bn_shape &b, const bwd_math &m, const bwd_data &d, int n, 
     return m.act && !mask_bit(d.reserve, logical(b, n, c, h, w)) ? 0.0 : g;
 }
 
-// Channel c of the backward: the statistics (saved, or computed again), the sums of dy and
-// dy * x_hat, then dx (and dz), and the parameter gradients, each blended.
+// Channel c of the backward: the statistics (the forward's in the reserve space, saved, or
+// computed again), the sums of dy and dy * x_hat, then dx (and dz), and the parameter
+// gradients, each blended.
 void bwd_channel(const bn_shape &b, const bwd_math &m, const bwd_data &d, int c) {
     int64_t cnt = (int64_t)b.n * b.h * b.w;
     double mean, inv;
-    if (d.saved_mean) {
+    if (m.stats_reserve) {
+        mean = reinterpret_cast<const double *>(d.reserve)[2 * c];
+        inv = reinterpret_cast<const double *>(d.reserve)[2 * c + 1];
+    } else if (d.saved_mean) {
         mean = load(d.saved_mean, b.pdt, c);
         inv = load(d.saved_inv_var, b.pdt, c);
     } else {
@@ -454,9 +484,9 @@ backward(const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mo
         bytes(xData),      bytes(yData),     bytes(dyData),           bytes(bnScaleData),
         bytes(bnBiasData), bytes(savedMean), bytes(savedInvVariance), bytes(reserveSpace),
         bytes(dzData),     bytes(dxData),    bytes(dBnScaleData),     bytes(dBnBiasData)};
-    if (st == CUDNN_STATUS_SUCCESS) st = bwd_check_data(api, b, act, d);
+    if (st == CUDNN_STATUS_SUCCESS) st = bwd_check_data(api, b, mode, act, d);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = spaces(api, workSpace, workSpaceSizeInBytes, ex ? bwd_workspace(xDesc) : 0, bnOps,
+        st = spaces(api, ex, workSpace, workSpaceSizeInBytes, bwd_workspace(xDesc), mode, bnOps,
                     xDesc, reserveSpace, reserveSpaceSizeInBytes);
     if (st != CUDNN_STATUS_SUCCESS) return st;
     bool f64 = b.dt == CUDNN_DATA_DOUBLE;
@@ -465,7 +495,8 @@ backward(const char *api, bool ex, cudnnHandle_t handle, cudnnBatchNormMode_t mo
                         scalar(alphaParamDiff, f64),
                         scalar(betaParamDiff, f64),
                         epsilon,
-                        act};
+                        act,
+                        stats_in_reserve(ex, mode, bnOps)};
     mtemu::enqueue(handle->stream, [=] {
         for (int c = 0; c < b.c; c++) bwd_channel(b, m, d, c);
     });
@@ -609,7 +640,9 @@ cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
     bool add = bnOps == CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION; // z is not part of this query
     if (st == CUDNN_STATUS_SUCCESS)
         st = ex_check(api, mode, bnOps, xDesc, add ? xDesc : nullptr, add, activationDesc);
-    return st != CUDNN_STATUS_SUCCESS ? st : answer(api, sizeInBytes, reserve_size(bnOps, xDesc));
+    return st != CUDNN_STATUS_SUCCESS
+               ? st
+               : answer(api, sizeInBytes, reserve_size(true, mode, bnOps, xDesc));
 }
 
 // y = scale (x - mean) / sqrt(var + eps) + bias with the given (running) statistics

@@ -3,7 +3,9 @@
 // mask travelling in the reserve space), the inference, and the argument checks that make a
 // wrong call fail as cuDNN would: a workspace or reserve space smaller than the queries said
 // or missing, NCHW or FLOAT x or C not a multiple of 4 with an activation, the wrong mode, z
-// against bnOps, no activation descriptor, no y in the backward.
+// against bnOps, no activation descriptor, no y in the backward. bnOps BN through the Ex calls
+// (the plain batch norm, as PyTorch runs it for channels-last half): no activation descriptor,
+// z, dz, y or bias, the statistics travelling in the reserve space in persistent mode.
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +33,7 @@ constexpr int N = 2, C = 4, H = 1, W = 3, E = N * C * H * W;
 constexpr cudnnBatchNormMode_t PERSIST = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
 constexpr cudnnBatchNormOps_t ADD = CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION;
 constexpr cudnnBatchNormOps_t ACT = CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+constexpr cudnnBatchNormOps_t BN = CUDNN_BATCHNORM_OPS_BN;
 
 void set_nhwc(cudnnTensorDescriptor_t d, cudnnDataType_t dt, int n, int c, int h, int w) {
     int dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c};
@@ -263,6 +266,89 @@ void test_ex_refusals(void **) {
     teardown(&f);
 }
 
+// bnOps BN through the Ex calls: y = bn(x) and the backward against loops here, with no
+// activation descriptor, z, dz, y or bias; then what the plain op refuses.
+void test_plain_ex(void **) {
+    fixture f;
+    setup(&f);
+    size_t fws = 0, bws = 0, rsb = 0;
+    CHECK(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(f.h, PERSIST, BN, f.x, nullptr,
+                                                                   f.x, f.p, nullptr, &fws));
+    CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(f.h, PERSIST, BN, f.x, f.x, f.x,
+                                                            nullptr, f.x, f.p, nullptr, &bws));
+    CHECK(
+        cudnnGetBatchNormalizationTrainingExReserveSpaceSize(f.h, PERSIST, BN, nullptr, f.x, &rsb));
+    assert_true(fws > 0 && fws <= f.fws && bws > 0 && bws <= f.bws && rsb > 0);
+    void *rs = nullptr;
+    assert_int_equal(cudaMalloc(&rs, rsb), cudaSuccess);
+    CHECK(forward(&f, PERSIST, BN, f.x, nullptr, nullptr, nullptr, fws, rs, rsb));
+    auto plain_backward = [&](const void *y, void *dz, void *r, const float *sm) {
+        return cudnnBatchNormalizationBackwardEx(
+            f.h, PERSIST, BN, &one, &zero, &one, &zero, f.x, f.dx, y ? f.x : nullptr, y, f.x, f.dgy,
+            dz ? f.x : nullptr, dz, f.x, f.dgx, f.p, f.dw, nullptr, f.dgw, f.dgb, 1e-5, sm,
+            sm ? f.dsi : nullptr, nullptr, f.ws, bws, r, rsb);
+    };
+    CHECK(plain_backward(nullptr, nullptr, rs, f.dsm));
+    std::vector<uint16_t> y = host(f.dy, E), gx = host(f.dgx, E);
+    std::vector<float> gw = host(f.dgw, C), gb = host(f.dgb, C);
+    const int m = N * H * W;
+    for (int c = 0; c < C; c++) {
+        double mean = 0, var = 0;
+        for (int n = 0; n < N; n++)
+            for (int w = 0; w < W; w++) mean += f.hx[at(n, c, w)] / m;
+        for (int n = 0; n < N; n++)
+            for (int w = 0; w < W; w++) var += std::pow(f.hx[at(n, c, w)] - mean, 2) / m;
+        double inv = 1 / std::sqrt(var + 1e-5), sg = 0, sgx = 0;
+        for (int n = 0; n < N; n++)
+            for (int w = 0; w < W; w++) {
+                int i = at(n, c, w);
+                double xh = (f.hx[i] - mean) * inv, v = xh * f.hw[c] + f.hb[c];
+                if (std::fabs(mt_f16_to_f32(y[i]) - v) > 2e-3 * (1 + std::fabs(v)))
+                    fail_msg("y[%d] %g, expected %g", i, mt_f16_to_f32(y[i]), v);
+                sg += f.hdy[i];
+                sgx += f.hdy[i] * xh;
+            }
+        assert_true(std::fabs(gw[c] - sgx) < 1e-3 && std::fabs(gb[c] - sg) < 1e-5);
+        for (int n = 0; n < N; n++)
+            for (int w = 0; w < W; w++) {
+                int i = at(n, c, w);
+                double xh = (f.hx[i] - mean) * inv;
+                double e = f.hw[c] * inv * (f.hdy[i] - sg / m - xh * sgx / m);
+                if (std::fabs(mt_f16_to_f32(gx[i]) - e) > 5e-3 * (1 + std::fabs(e)))
+                    fail_msg("dx[%d] %g, expected %g", i, mt_f16_to_f32(gx[i]), e);
+            }
+    }
+    // with no activation y may be NULL (above) or given
+    CHECK(plain_backward(f.dy, nullptr, rs, f.dsm));
+    // z or dz with bnOps BN; no reserve space; no saved statistics in persistent mode
+    assert_int_equal(forward(&f, PERSIST, BN, f.x, f.x, f.dz, nullptr, fws, rs, rsb),
+                     CUDNN_STATUS_BAD_PARAM);
+    assert_int_equal(plain_backward(nullptr, f.dgz, rs, f.dsm), CUDNN_STATUS_BAD_PARAM);
+    assert_int_equal(forward(&f, PERSIST, BN, f.x, nullptr, nullptr, nullptr, fws, nullptr, 0),
+                     CUDNN_STATUS_BAD_PARAM);
+    assert_int_equal(plain_backward(nullptr, nullptr, nullptr, f.dsm),
+                     CUDNN_STATUS_BAD_PARAM_NULL_POINTER);
+    assert_int_equal(plain_backward(nullptr, nullptr, rs, nullptr), CUDNN_STATUS_BAD_PARAM);
+    // the statistics come from the reserve space: one the forward did not fill gives others
+    void *other = nullptr;
+    assert_int_equal(cudaMalloc(&other, rsb), cudaSuccess);
+    assert_int_equal(cudaMemset(other, 0, rsb), cudaSuccess);
+    CHECK(plain_backward(nullptr, nullptr, other, f.dsm));
+    std::vector<uint16_t> gx0 = host(f.dgx, E);
+    assert_true(std::memcmp(gx0.data(), gx.data(), E * sizeof(uint16_t)) != 0);
+    // spatial mode keeps no reserve space, and the plain calls take none
+    size_t none = 1;
+    CHECK(cudnnGetBatchNormalizationTrainingExReserveSpaceSize(f.h, CUDNN_BATCHNORM_SPATIAL, BN,
+                                                               nullptr, f.x, &none));
+    assert_int_equal(none, 0);
+    CHECK(cudnnBatchNormalizationForwardTraining(f.h, PERSIST, &one, &zero, f.x, f.dx, f.x, f.dy,
+                                                 f.p, f.dw, f.db, 0.5, f.drm, f.drv, 1e-5, f.dsm,
+                                                 f.dsi));
+    cudaFree(rs);
+    cudaFree(other);
+    teardown(&f);
+}
+
 // The inference: y = w (x - mean) / sqrt(var + eps) + b with the given statistics.
 void test_inference(void **) {
     fixture f;
@@ -295,6 +381,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_relu),
         cmocka_unit_test(test_ex_refusals),
+        cmocka_unit_test(test_plain_ex),
         cmocka_unit_test(test_inference),
     };
     unsetenv("MTEMU_CUDNN_FAIL");
