@@ -4,16 +4,17 @@
    size queries decline; on NHWC data these calls run cuDNN's NCHW-oriented kernels, many
    times slower), in eval cudnnBatchNormalizationForwardInference (spatial mode). x [N, C,
    inner...] contiguous (or dense NHWC) is described as [N, C, S, 1]; statistics, weight and
-   bias in FP32 (F64 for F64 x), cuDNN's parameter type. cuDNN's definitions are the backend's: the
-   batch mean and 1/sqrt(biased var + eps) saved, running buffers (either may be absent) updated
-   with the unbiased variance by the factor momentum. A missing weight or bias is a temporary of
-   ones or zeros, a gradient not wanted a temporary, since cuDNN writes them all. F32 and F64
-   training stay on the own kernels (norm.cu), forward and backward: cuDNN's training statistics are
-   FP32 sums that lose digits on offset data, where the own kernels sum values shifted by the
-   channel's first one in double, as the CPU backend does. Measured on an H200 (cuDNN 9): the golden
-   case batch_norm offset_train_f32 (inputs 100 +- 0.01) came out 3.68e-06 off through cuDNN against
-   an F32 tolerance of 2.65e-06. F16 keeps cuDNN (its own rounding dwarfs that), and so does eval,
-   which computes no statistics. */
+   bias in FP32 (F64 for F64 x), cuDNN's parameter type. cuDNN's definitions are the
+   backend's: the batch mean and 1/sqrt(biased var + eps) saved, running buffers (either may
+   be absent) updated with the unbiased variance by the factor momentum. A missing weight or
+   bias is a temporary of ones or zeros, a gradient not wanted a temporary, since cuDNN writes
+   them all.
+   F32 and F64 training stay on the own kernels (norm.cu), forward and backward: cuDNN's
+   training statistics are FP32 sums that lose digits on offset data, where the own kernels
+   sum values shifted by the channel's first one in double, as the CPU backend does. Measured
+   on an H200 (cuDNN 9): the golden case batch_norm offset_train_f32 (inputs 100 +- 0.01) came
+   out 3.68e-06 off through cuDNN against an F32 tolerance of 2.65e-06. F16 keeps cuDNN (its
+   own rounding dwarfs that), and so does eval, which computes no statistics. */
 #include <limits.h>
 #include <math.h>
 #include "cudnn_impl.h"
