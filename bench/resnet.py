@@ -83,6 +83,18 @@ def cuda_unavailable(torch):
     return None
 
 
+def cuda_train_step(torch, F, model, x, y, opt, scaler, dtype):
+    """One training step on CUDA (autocast to dtype unless None, the scaler's FP16 loss
+    scaling); returns the detached loss. tools/gpu_torch_profile.py profiles this step."""
+    with torch.autocast('cuda', dtype=dtype or torch.float16, enabled=dtype is not None):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def run_one_cuda(args, torch, F):
     mode = args.one
     why = cuda_unavailable(torch)
@@ -113,13 +125,7 @@ def run_one_cuda(args, torch, F):
         if step == warmup and step > 0:
             torch.cuda.synchronize()  # the warm-up steps (cuDNN's search) are done
             t0 = time.perf_counter()
-        with torch.autocast('cuda', dtype=dtype or torch.float16, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        losses.append(cuda_train_step(torch, F, model, x, y, opt, scaler, dtype))
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     timed = args.steps - warmup

@@ -222,6 +222,22 @@ static void test_many_small_batches(void **state) {
     }
 }
 
+/* Every element of the [M, N] low-precision y within one rounding of the output (2^-11
+   relative for F16, 2^-8 for BF16) plus `acc` of its F64 reference y64. */
+static void assert_rounded_once(const char *what, mt_dtype dt, int64_t M, int64_t K, int64_t N,
+                                mt_tensor *y, mt_tensor *y64, double acc) {
+    double *yv = mt_test_values(y), *rv = mt_test_values(y64);
+    double rel = dt == MT_F16 ? 0x1p-11 : 0x1p-8;
+    for (int64_t i = 0; i < M * N; i++) {
+        double err = fabs(yv[i] - rv[i]);
+        if (err > rel * fabs(rv[i]) + acc + 1e-7)
+            fail_msg("%s%s %lldx%lldx%lld element %lld: %.8g vs %.8g", what, mt_dtype_name(dt),
+                     (long long)M, (long long)K, (long long)N, (long long)i, yv[i], rv[i]);
+    }
+    free(yv);
+    free(rv);
+}
+
 /* Low precision over several FP32 panels in M, N and K, against an F64 reference with an
    error bound of one rounding of the output plus FP32 accumulation. */
 static void check_low_vs_f64(mt_dtype dt, int64_t M, int64_t K, int64_t N, bool transpose_b) {
@@ -232,17 +248,8 @@ static void check_low_vs_f64(mt_dtype dt, int64_t M, int64_t K, int64_t N, bool 
     mt_tensor *y = mt_matmul(a, b), *y64 = mt_matmul(a64, b64);
     assert_no_error();
     assert_int_equal(mt_dtype_of(y), dt);
-    double *yv = mt_test_values(y), *rv = mt_test_values(y64);
-    double rel = dt == MT_F16 ? 0x1p-11 : 0x1p-8;
-    double acc = (double)K * 0x1p-23; /* FP32 accumulation of terms of magnitude <= 1 */
-    for (int64_t i = 0; i < M * N; i++) {
-        double err = fabs(yv[i] - rv[i]);
-        if (err > rel * fabs(rv[i]) + acc + 1e-7)
-            fail_msg("%s %lldx%lldx%lld element %lld: %.8g vs %.8g", mt_dtype_name(dt),
-                     (long long)M, (long long)K, (long long)N, (long long)i, yv[i], rv[i]);
-    }
-    free(yv);
-    free(rv);
+    /* FP32 accumulation of terms of magnitude <= 1 */
+    assert_rounded_once("", dt, M, K, N, y, y64, (double)K * 0x1p-23);
     mt_tensor *rel_[] = {a, braw, b, a64, b64, y, y64};
     for (size_t i = 0; i < 7; i++) mt_release(rel_[i]);
 }
@@ -267,17 +274,8 @@ static void check_linear_low_vs_f64(mt_dtype dt, int64_t M, int64_t K, int64_t N
     mt_tensor *y = mt_linear(x, w, b), *y64 = mt_linear(x64, w64, b64);
     assert_no_error();
     assert_int_equal(mt_dtype_of(y), dt);
-    double *yv = mt_test_values(y), *rv = mt_test_values(y64);
-    double rel = dt == MT_F16 ? 0x1p-11 : 0x1p-8;
-    double acc = (double)(K + 1) * 0x1p-23; /* FP32 accumulation, the bias included */
-    for (int64_t i = 0; i < M * N; i++) {
-        double err = fabs(yv[i] - rv[i]);
-        if (err > rel * fabs(rv[i]) + acc + 1e-7)
-            fail_msg("linear %s %lldx%lldx%lld element %lld: %.8g vs %.8g", mt_dtype_name(dt),
-                     (long long)M, (long long)K, (long long)N, (long long)i, yv[i], rv[i]);
-    }
-    free(yv);
-    free(rv);
+    /* FP32 accumulation, the bias included */
+    assert_rounded_once("linear ", dt, M, K, N, y, y64, (double)(K + 1) * 0x1p-23);
     mt_tensor *rel_[] = {x, w, b, x64, w64, b64, y, y64};
     for (size_t i = 0; i < 8; i++) mt_release(rel_[i]);
 }

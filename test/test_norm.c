@@ -169,6 +169,16 @@ static void batch_norm_ref(bn_shape s, const double *x, double *rm, double *rv, 
     }
 }
 
+/* y against batch_norm_ref's output and the running statistics against its update (FP32 for
+   every low dtype, F64 for F64). */
+static void assert_bn_matches(mt_dtype dt, mt_tensor *y, const double *ref, int64_t n,
+                              mt_tensor *rm, const double *rm0, mt_tensor *rv, const double *rv0) {
+    assert_tensor_close(y, ref, n, tol_for(dt), tol_for(dt));
+    double t = dt == MT_F64 ? 1e-12 : 1e-5;
+    assert_tensor_close(rm, rm0, 2, t, t);
+    assert_tensor_close(rv, rv0, 2, t, t);
+}
+
 static void check_bn(mt_dtype dt, bool training, bool with_res, bool relu) {
     mt_scope_begin();
     bn_shape s = {3, 2, 6};
@@ -187,10 +197,7 @@ static void check_bn(mt_dtype dt, bool training, bool with_res, bool relu) {
     double *xv = mt_test_values(x), *wv = mt_test_values(w), *bv = mt_test_values(b);
     double *resv = res ? mt_test_values(res) : NULL, ref[36];
     batch_norm_ref(s, xv, rm0, rv0, wv, bv, resv, training, 0.1, 1e-5, relu, ref);
-    assert_tensor_close(y, ref, 36, tol_for(dt), tol_for(dt));
-    double t = dt == MT_F64 ? 1e-12 : 1e-5; /* running stats are FP32 for every low dtype */
-    assert_tensor_close(rm, rm0, 2, t, t);
-    assert_tensor_close(rv, rv0, 2, t, t);
+    assert_bn_matches(dt, y, ref, 36, rm, rm0, rv, rv0);
     free(xv);
     free(wv);
     free(bv);
@@ -234,10 +241,7 @@ static void check_bn_split(mt_dtype dt, const int64_t *dims, bool cl) {
         double *xv = mt_test_values(x), *wv = mt_test_values(w), *bv = mt_test_values(b);
         double *resv = relu ? mt_test_values(res) : NULL, *ref = malloc((size_t)n * sizeof *ref);
         batch_norm_ref(s, xv, rm0, rv0, wv, bv, resv, true, 0.1, 1e-5, relu, ref);
-        assert_tensor_close(y, ref, n, tol_for(dt), tol_for(dt));
-        double t = dt == MT_F64 ? 1e-12 : 1e-5;
-        assert_tensor_close(rm, rm0, 2, t, t);
-        assert_tensor_close(rv, rv0, 2, t, t);
+        assert_bn_matches(dt, y, ref, n, rm, rm0, rv, rv0);
         free(xv);
         free(wv);
         free(bv);

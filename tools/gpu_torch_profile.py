@@ -18,7 +18,7 @@ sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, '..', 'bench'))
 
 from gpu_parse import print_breakdown  # noqa: E402
-from resnet import make_resnet  # noqa: E402
+from resnet import cuda_train_step, make_resnet  # noqa: E402
 
 
 def main():
@@ -49,12 +49,7 @@ def main():
     scaler = torch.amp.GradScaler('cuda', init_scale=1024, enabled=dtype == torch.float16)
 
     def step():
-        with torch.autocast('cuda', dtype=dtype or torch.float16, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        cuda_train_step(torch, F, model, x, y, opt, scaler, dtype)
 
     for _ in range(args.warmup):
         step()
