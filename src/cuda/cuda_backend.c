@@ -16,11 +16,6 @@ static int launched(const char *op, int status) {
     return mt_cuda_check(op, (cudaError_t)status);
 }
 
-static const char *op_text(mt_op_id op, char *buf, size_t cap) {
-    snprintf(buf, cap, "mt_%s", mt_op_name(op));
-    return buf;
-}
-
 /* ---- memory */
 static void *cuda_alloc(int index, size_t nbytes) {
     return mt_cuda_alloc(index, nbytes);
@@ -139,8 +134,8 @@ static int cuda_copy_peer(mt_tensor *dst, const mt_tensor *src) {
 /* ---- elementwise */
 static int cuda_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p) {
     if (out->numel == 0) return 0;
-    char name[48];
-    mt_cuda_device_ctx *c = ctx_of(op_text(op, name, sizeof name), out);
+    const char *name = mt_op_api_name(op);
+    mt_cuda_device_ctx *c = ctx_of(name, out);
     if (!c) return MT_ERR_DEVICE;
     const mt_tensor *ops[2] = {out, a};
     mt_cuda_iter it;
@@ -150,8 +145,8 @@ static int cuda_unary(mt_op_id op, mt_tensor *out, const mt_tensor *a, double p)
 
 static int cuda_binary(mt_op_id op, mt_tensor *out, const mt_tensor *a, const mt_tensor *b) {
     if (out->numel == 0) return 0;
-    char name[48];
-    mt_cuda_device_ctx *c = ctx_of(op_text(op, name, sizeof name), out);
+    const char *name = mt_op_api_name(op);
+    mt_cuda_device_ctx *c = ctx_of(name, out);
     if (!c) return MT_ERR_DEVICE;
     const mt_tensor *ops[3] = {out, a, b};
     mt_cuda_iter it;
@@ -204,8 +199,8 @@ static int cuda_has_nonfinite(const mt_tensor *t, bool *out) {
 /* ---- reductions, softmax, cross entropy */
 static int cuda_reduce(mt_op_id op, mt_tensor *out, const mt_tensor *a, uint32_t mask) {
     if (out->numel == 0) return 0;
-    char name[48];
-    mt_cuda_device_ctx *c = ctx_of(op_text(op, name, sizeof name), out);
+    const char *name = mt_op_api_name(op);
+    mt_cuda_device_ctx *c = ctx_of(name, out);
     if (!c) return MT_ERR_DEVICE;
     mt_cuda_array o, x;
     mt_cuda_array_of(out, &o);

@@ -7,6 +7,14 @@ static const char *const op_names[MT_OP_COUNT] = {
 #undef MT_OP
 };
 
+/* the names users see in messages, "mt_add": static, so a backend names its op without
+   formatting a string on every call */
+static const char *const op_api_names[MT_OP_COUNT] = {
+#define MT_OP(id, name, rule, saves, fused) [MT_OP_##id] = "mt_" #name,
+#include "ops.def"
+#undef MT_OP
+};
+
 static const mt_amp_rule op_rules[MT_OP_COUNT] = {
 #define MT_OP(id, name, rule, saves, fused) [MT_OP_##id] = MT_RULE_##rule,
 #include "ops.def"
@@ -27,6 +35,10 @@ static const int op_fused_backward[MT_OP_COUNT] = {
 
 const char *mt_op_name(mt_op_id op) {
     return (unsigned)op < MT_OP_COUNT ? op_names[op] : "?";
+}
+
+const char *mt_op_api_name(mt_op_id op) {
+    return (unsigned)op < MT_OP_COUNT ? op_api_names[op] : "mt_?";
 }
 
 mt_amp_rule mt_op_rule(mt_op_id op) {

@@ -32,7 +32,8 @@ typedef enum {
     MT_SAVES_OWN            /* not elementwise: the entry point saves what it needs */
 } mt_op_saves;
 
-const char *mt_op_name(mt_op_id op); /* "add" */
+const char *mt_op_name(mt_op_id op);     /* "add" */
+const char *mt_op_api_name(mt_op_id op); /* "mt_add" */
 mt_amp_rule mt_op_rule(mt_op_id op);
 mt_op_saves mt_op_saved(mt_op_id op);
 /* The fused backward kernel op of op, or MT_OP_NONE. */
