@@ -5,8 +5,8 @@
    the part of the host overhead that can be checked without one: after warm-up calls, an
    op or a step allocates and frees no device memory (the caching allocator serves it), never
    waits for the device, copies nothing between host and device, makes no runtime call but
-   its memsets and one error check per launch or memset, and (a step) asks cuBLASLt for no
-   new plan. The counts are printed for the README. */
+   its memsets and one error check per launch or memset, and (a step, a tiny matmul) asks
+   cuBLASLt for no new plan. The counts are printed for the README. */
 #include "mtemu_cublaslt_counts.h"
 #include "mtemu_cudart_counts.h"
 #include "test_util.h"
@@ -89,6 +89,35 @@ static void test_tiny_ops(void **state) {
     mt_release(b);
 }
 
+/* A tiny plain matmul (8x8 @ 8x8) in F32 and F16: after a warm-up call, each call is one
+   cuBLASLt matmul from the cached plan (no descriptor, preference or heuristic: what
+   cublasGemmEx would redo on every call) and nothing else but its error checks. */
+static void test_tiny_matmul(void **state) {
+    (void)state;
+    static const mt_dtype dts[] = {MT_F32, MT_F16};
+    mt_device dev = mt_test_device();
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        mt_tensor *a = mt_full(MT_SHAPE(8, 8), dts[k], dev, 0.5),
+                  *b = mt_full(MT_SHAPE(8, 8), dts[k], dev, 0.25);
+        mt_release(mt_matmul(a, b)); /* warm-up: the plan and the allocator's cache */
+        mtemu_cudart_counts before = counts();
+        mtemu_cublaslt_counts lt0, lt1;
+        mtemu_cublaslt_counts_get(&lt0);
+        for (int i = 0; i < CALLS; i++) mt_release(mt_matmul(a, b));
+        mtemu_cublaslt_counts_get(&lt1);
+        assert_no_error();
+        char what[32];
+        snprintf(what, sizeof what, "matmul 8x8 %s", mt_dtype_name(dts[k]));
+        assert_lean(what, delta(before, counts()), CALLS);
+        assert_int_equal(lt1.matmuls - lt0.matmuls, CALLS);
+        assert_int_equal(lt1.heuristics - lt0.heuristics, 0);
+        assert_int_equal(lt1.creates - lt0.creates, 0);
+        assert_int_equal(lt1.sets - lt0.sets, 0); /* no bias: no pointer to set */
+        mt_release(a);
+        mt_release(b);
+    }
+}
+
 /* One AMP training step of a 2-layer MLP (O1 FP16, GradScaler, SGD with momentum): forward,
    backward, unscale + inf check, step, scale update, zero_grad. */
 static void step(mt_tensor *const *p, mt_tensor *x, mt_tensor *y, mt_optimizer *o,
@@ -147,6 +176,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         MT_TEST(test_tiny_ops),
+        MT_TEST(test_tiny_matmul),
         MT_TEST(test_training_step),
     };
     return MT_RUN_TESTS(tests);

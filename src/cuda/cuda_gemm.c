@@ -6,7 +6,10 @@
    are a host loop of such calls. An operand whose matrix strides cuBLAS cannot express is
    first copied to a contiguous device temporary. F16/BF16 run on tensor cores with FP32
    accumulation (alpha/beta as float), F32 in FP32 (TF32 only when allowed), F64 in FP64.
-   Everything is queued on the device's stream: nothing here waits for the device. */
+   A plain product (alpha 1, beta 0, one matrix once the batch folds) in those tensor-core
+   types or FP32 takes a cached cuBLASLt plan instead (lt_plain_eligible), as the linear's
+   epilogue GEMMs do. Everything is queued on the device's stream: nothing here waits for the
+   device. */
 #include <limits.h>
 #include <string.h>
 #include "../tensor/gemm_geom.h"
@@ -192,6 +195,65 @@ static int operand_prepare(mt_cuda_device_ctx *ctx, mt_gemm_geom *g, const mt_te
     return 0;
 }
 
+/* ------------------------------------------------------------------ cuBLASLt plans */
+
+/* The most workspace an algorithm may ask for: NVIDIA's recommendation for Hopper (4 MiB
+   before it), taken from the caching allocator per call, only as much as the chosen
+   algorithm needs. */
+#define LT_MAX_WORKSPACE ((uint64_t)32 << 20)
+/* What a bias pointer needs for the fused epilogue: the preference describes only A, B, C
+   and D, and kernels assume 16 bytes for the others ("misaligned address" faults seen with
+   sliced biases; PyTorch falls back to the unfused path there too). */
+#define LT_EPILOGUE_ALIGN 16u
+
+/* The largest power of two, up to cuBLASLt's default assumption of 256, dividing p's
+   address: what the heuristic may assume of the operand. Sliced or offset tensors have less. */
+static uint32_t lt_alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 1;
+    while (al < 256 && a % (2u * al) == 0) al *= 2;
+    return al;
+}
+
+/* d[M, N] (row-major, dense) = epilogue(a @ b) as column-major d^T = b^T a^T (cuBLASLt's A is
+   our b, m = N, n = M, as gemm_run), bias per row of d^T. d and bias have the operands'
+   dtype, or FP32 when d32. The descriptors and algorithm come from the device's plan cache
+   (lt_plan_cache.c), keyed by all that decides them: the shapes, layouts, types, epilogue,
+   the operands' alignments and the workspace limit; errors name op. *no_algo: cuBLASLt found no
+   algorithm and nothing was queued (the caller takes the cuBLAS path). */
+static int lt_matmul(mt_cuda_device_ctx *ctx, const char *op, const mt_gemm_geom *g, char *d,
+                     bool d32, const void *bias, cublasLtEpilogue_t ep, bool *no_algo) {
+    int64_t lda = 0, ldb = 0;
+    int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
+    int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
+    cudaDataType t = blas_type(g->dt);
+    int32_t opa = bl ? CUBLAS_OP_T : CUBLAS_OP_N, opb = al ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t M = (uint64_t)g->M, N = (uint64_t)g->N, K = (uint64_t)g->K;
+    mt_lt_plan_key k;
+    memset(&k, 0, sizeof k); /* compared with memcmp */
+    k.a_rows = opa ? K : N, k.a_cols = opa ? N : K, k.a_ld = ldb;
+    k.b_rows = opb ? M : K, k.b_cols = opb ? K : M, k.b_ld = lda;
+    k.d_rows = N, k.d_cols = M, k.d_ld = (int64_t)N;
+    k.max_workspace = LT_MAX_WORKSPACE;
+    k.type_ab = (int32_t)t, k.type_d = (int32_t)(d32 ? CUDA_R_32F : t);
+    k.opa = opa, k.opb = opb;
+    k.epilogue = (uint32_t)ep;
+    /* cuBLASLt's A and B are our b and a; C is D */
+    k.align[0] = lt_alignment(g->b.p), k.align[1] = lt_alignment(g->a.p);
+    k.align[2] = k.align[3] = lt_alignment(d);
+    k.has_bias = bias != NULL;
+    return mt_lt_plan_run(op, ctx, &k, g->a.p, g->b.p, d, bias, no_algo);
+}
+
+/* A plain GEMM (alpha 1, beta 0, one matrix product once batch dims are folded) in a
+   tensor-core type, or FP32 without TF32, takes a cached cuBLASLt plan: cublasGemmEx sets up
+   its descriptors and asks its heuristic on every call, host time on the critical path of
+   small matmuls (8x8 F32 took 7.95 us per call on an H200 through cublasGemmEx, an add 4.83). */
+static bool lt_plain_eligible(const mt_gemm_geom *g, double alpha, double beta) {
+    return alpha == 1.0 && beta == 0.0 && g->count == 1 &&
+           (g->dt == MT_F16 || g->dt == MT_BF16 || (g->dt == MT_F32 && !mt_cuda_allow_tf32()));
+}
+
 /* ------------------------------------------------------------------ entry */
 
 int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta) {
@@ -225,7 +287,11 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
             g.count = 1;
             g.nb = 0;
         }
-        rc = gemm_run(ctx, &g, alpha, beta);
+        bool no_algo = true;
+        if (lt_plain_eligible(&g, alpha, beta))
+            rc = lt_matmul(ctx, GEMM_OP, &g, mt_tensor_data(c), false, NULL,
+                           CUBLASLT_EPILOGUE_DEFAULT, &no_algo);
+        if (!rc && no_algo) rc = gemm_run(ctx, &g, alpha, beta);
     }
     mt_tensor_unref(ta); /* stream order keeps them alive for the queued GEMMs */
     mt_tensor_unref(tb);
@@ -245,54 +311,6 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
    where mixtape promises one rounding of the FP32 result. F64, TF32-allowed F32 and K == 0
    take cuBLAS plus kernels instead (cuBLASLt's epilogues are for the tensor-core types). */
 #define EPI_OP "mt_linear"
-
-/* The most workspace an algorithm may ask for: NVIDIA's recommendation for Hopper (4 MiB
-   before it), taken from the caching allocator per call, only as much as the chosen
-   algorithm needs. */
-#define LT_MAX_WORKSPACE ((uint64_t)32 << 20)
-/* What a bias pointer needs for the fused epilogue: the preference describes only A, B, C
-   and D, and kernels assume 16 bytes for the others ("misaligned address" faults seen with
-   sliced biases; PyTorch falls back to the unfused path there too). */
-#define LT_EPILOGUE_ALIGN 16u
-
-/* The largest power of two, up to cuBLASLt's default assumption of 256, dividing p's
-   address: what the heuristic may assume of the operand. Sliced or offset tensors have less. */
-static uint32_t lt_alignment(const void *p) {
-    uintptr_t a = (uintptr_t)p;
-    uint32_t al = 1;
-    while (al < 256 && a % (2u * al) == 0) al *= 2;
-    return al;
-}
-
-/* d[M, N] (row-major, dense) = epilogue(a @ b) as column-major d^T = b^T a^T (cuBLASLt's A is
-   our b, m = N, n = M, as gemm_run), bias per row of d^T. d and bias have the operands'
-   dtype, or FP32 when d32. The descriptors and algorithm come from the device's plan cache
-   (lt_plan_cache.c), keyed by all that decides them: the shapes, layouts, types, epilogue,
-   the operands' alignments and the workspace limit. *no_algo: cuBLASLt found no algorithm
-   and nothing was queued (the caller takes the cuBLAS path). */
-static int lt_matmul(mt_cuda_device_ctx *ctx, const mt_gemm_geom *g, char *d, bool d32,
-                     const void *bias, cublasLtEpilogue_t ep, bool *no_algo) {
-    int64_t lda = 0, ldb = 0;
-    int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
-    int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
-    cudaDataType t = blas_type(g->dt);
-    int32_t opa = bl ? CUBLAS_OP_T : CUBLAS_OP_N, opb = al ? CUBLAS_OP_T : CUBLAS_OP_N;
-    uint64_t M = (uint64_t)g->M, N = (uint64_t)g->N, K = (uint64_t)g->K;
-    mt_lt_plan_key k;
-    memset(&k, 0, sizeof k); /* compared with memcmp */
-    k.a_rows = opa ? K : N, k.a_cols = opa ? N : K, k.a_ld = ldb;
-    k.b_rows = opb ? M : K, k.b_cols = opb ? K : M, k.b_ld = lda;
-    k.d_rows = N, k.d_cols = M, k.d_ld = (int64_t)N;
-    k.max_workspace = LT_MAX_WORKSPACE;
-    k.type_ab = (int32_t)t, k.type_d = (int32_t)(d32 ? CUDA_R_32F : t);
-    k.opa = opa, k.opb = opb;
-    k.epilogue = (uint32_t)ep;
-    /* cuBLASLt's A and B are our b and a; C is D */
-    k.align[0] = lt_alignment(g->b.p), k.align[1] = lt_alignment(g->a.p);
-    k.align[2] = k.align[3] = lt_alignment(d);
-    k.has_bias = bias != NULL;
-    return mt_lt_plan_run(ctx, &k, g->a.p, g->b.p, d, bias, no_algo);
-}
 
 /* out = op(in) with an elementwise kernel (the activation after a GEMM that had none). */
 static int act_kernel(mt_cuda_device_ctx *ctx, mt_activation act, mt_tensor *out,
@@ -330,7 +348,7 @@ static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args
         rc = b32 ? copy_kernel(ctx, EPI_OP, b32, e->bias) : MT_ERR_OOM;
     }
     if (!rc)
-        rc = lt_matmul(ctx, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL,
+        rc = lt_matmul(ctx, EPI_OP, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL,
                        b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
     bool queued = !rc && !*no_algo; /* else: an error, or nothing ran and the caller falls back */
     if (queued && e->pre) rc = copy_kernel(ctx, EPI_OP, e->pre, z);
@@ -352,13 +370,13 @@ static int epilogue_lt(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e, 
     char *c = mt_tensor_data(e->c), *pre = e->pre ? mt_tensor_data(e->pre) : NULL;
     if (rc) {
     } else if (e->act == MT_ACT_NONE) {
-        rc = lt_matmul(ctx, g, c, false, bias,
+        rc = lt_matmul(ctx, EPI_OP, g, c, false, bias,
                        b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
     } else if (e->act == MT_ACT_RELU && !pre) {
-        rc = lt_matmul(ctx, g, c, false, bias,
+        rc = lt_matmul(ctx, EPI_OP, g, c, false, bias,
                        b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, no_algo);
     } else if (g->dt == MT_F32) { /* the bias epilogue, then the activation kernel */
-        rc = lt_matmul(ctx, g, pre ? pre : c, false, bias,
+        rc = lt_matmul(ctx, EPI_OP, g, pre ? pre : c, false, bias,
                        b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
         if (!rc && !*no_algo) rc = act_kernel(ctx, e->act, e->c, pre ? e->pre : e->c);
     } else {

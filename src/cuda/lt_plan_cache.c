@@ -1,4 +1,5 @@
-/* The per-device cache of cuBLASLt plans for the fused linear (cuda_gemm.c's lt_matmul).
+/* The per-device cache of cuBLASLt plans for the fused linear and the plain 2-D matmul
+   (cuda_gemm.c's lt_matmul).
 
    A plan is what the key decides: the matmul descriptor with its transposes, epilogue and
    bias type; the three matrix layouts; the preference (workspace limit, the four operand
@@ -20,8 +21,6 @@
 #include <string.h>
 #include <threads.h>
 #include "cuda_impl.h"
-
-#define LT_OP "mt_linear"
 
 /* Keys are compared with memcmp: every byte of one is a field (no padding). */
 _Static_assert(sizeof(mt_lt_plan_key) == 10 * 8 + 5 * 4 + 4 * 4 + 4, "mt_lt_plan_key has padding");
@@ -85,42 +84,42 @@ int mt_lt_plan_cache_size(mt_lt_plan_cache *c) {
     return n;
 }
 
-static int desc_set(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const void *v,
-                    size_t n) {
-    return mt_cublas_check(LT_OP, mt_cublas()->lt_desc_set(d, attr, v, n));
+static int desc_set(const char *op, cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                    const void *v, size_t n) {
+    return mt_cublas_check(op, mt_cublas()->lt_desc_set(d, attr, v, n));
 }
 
 /* The per-call attribute: the bias pointer. */
-static int set_pointers(const lt_plan *p, const void *bias) {
+static int set_pointers(const char *op, const lt_plan *p, const void *bias) {
     return p->key.has_bias
-               ? desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)
+               ? desc_set(op, p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)
                : 0;
 }
 
-static int layout(cublasLtMatrixLayout_t *l, int32_t type, uint64_t rows, uint64_t cols,
-                  int64_t ld) {
-    return mt_cublas_check(LT_OP,
+static int layout(const char *op, cublasLtMatrixLayout_t *l, int32_t type, uint64_t rows,
+                  uint64_t cols, int64_t ld) {
+    return mt_cublas_check(op,
                            mt_cublas()->lt_layout_create(l, (cudaDataType)type, rows, cols, ld));
 }
 
 /* The descriptor and layouts of k (the pointers of this call set too: the heuristic sees
    the descriptor as the matmul will). Compute and scale types are always FP32 (the
    epilogue's tensor-core types), so they are not in the key. */
-static int plan_describe(lt_plan *p, const void *bias) {
+static int plan_describe(const char *op, lt_plan *p, const void *bias) {
     const mt_lt_plan_key *k = &p->key;
-    int rc = mt_cublas_check(LT_OP,
-                             mt_cublas()->lt_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    if (!rc) rc = layout(&p->la, k->type_ab, k->a_rows, k->a_cols, k->a_ld);
-    if (!rc) rc = layout(&p->lb, k->type_ab, k->b_rows, k->b_cols, k->b_ld);
-    if (!rc) rc = layout(&p->ld, k->type_d, k->d_rows, k->d_cols, k->d_ld);
+    int rc =
+        mt_cublas_check(op, mt_cublas()->lt_desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (!rc) rc = layout(op, &p->la, k->type_ab, k->a_rows, k->a_cols, k->a_ld);
+    if (!rc) rc = layout(op, &p->lb, k->type_ab, k->b_rows, k->b_cols, k->b_ld);
+    if (!rc) rc = layout(op, &p->ld, k->type_d, k->d_rows, k->d_cols, k->d_ld);
     int32_t ty = k->type_d;
-    if (!rc) rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &k->opa, sizeof k->opa);
-    if (!rc) rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &k->opb, sizeof k->opb);
+    if (!rc) rc = desc_set(op, p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &k->opa, sizeof k->opa);
+    if (!rc) rc = desc_set(op, p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &k->opb, sizeof k->opb);
     if (!rc)
-        rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue, sizeof k->epilogue);
-    if (!rc) rc = set_pointers(p, bias);
+        rc = desc_set(op, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue, sizeof k->epilogue);
+    if (!rc) rc = set_pointers(op, p, bias);
     if (!rc && k->has_bias)
-        rc = desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty, sizeof ty);
+        rc = desc_set(op, p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty, sizeof ty);
     return rc;
 }
 
@@ -131,23 +130,23 @@ static int plan_describe(lt_plan *p, const void *bias) {
    accumulates in FP32 and rounds the output once; PyTorch sets the same mask unless
    allow_fp16_reduced_precision_reduction). found false: cuBLASLt has none (its NOT_SUPPORTED
    is not an error: the caller falls back). */
-static int plan_pick(mt_cuda_device_ctx *ctx, lt_plan *p) {
+static int plan_pick(const char *op, mt_cuda_device_ctx *ctx, lt_plan *p) {
     const mt_cublas_api *api = mt_cublas();
     static const cublasLtMatmulPreferenceAttributes_t attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    int rc = mt_cublas_check(LT_OP, api->lt_pref_create(&p->pref));
+    int rc = mt_cublas_check(op, api->lt_pref_create(&p->pref));
     if (!rc)
-        rc = mt_cublas_check(LT_OP,
+        rc = mt_cublas_check(op,
                              api->lt_pref_set(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                               &p->key.max_workspace, sizeof p->key.max_workspace));
     for (int i = 0; i < 4 && !rc; i++)
         rc = mt_cublas_check(
-            LT_OP, api->lt_pref_set(p->pref, attr[i], &p->key.align[i], sizeof p->key.align[i]));
+            op, api->lt_pref_set(p->pref, attr[i], &p->key.align[i], sizeof p->key.align[i]));
     uint32_t reduction =
         (uint32_t)(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_NONE);
     if (!rc)
-        rc = mt_cublas_check(LT_OP,
+        rc = mt_cublas_check(op,
                              api->lt_pref_set(p->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                               &reduction, sizeof reduction));
     if (rc) return rc;
@@ -156,17 +155,17 @@ static int plan_pick(mt_cuda_device_ctx *ctx, lt_plan *p) {
     cublasStatus_t s =
         api->lt_heuristic(ctx->blas_lt, p->desc, p->la, p->lb, p->ld, p->ld, p->pref, 1, &p->r, &n);
     p->found = s == CUBLAS_STATUS_SUCCESS && n > 0 && p->r.state == CUBLAS_STATUS_SUCCESS;
-    return s == CUBLAS_STATUS_NOT_SUPPORTED ? 0 : mt_cublas_check(LT_OP, s);
+    return s == CUBLAS_STATUS_NOT_SUPPORTED ? 0 : mt_cublas_check(op, s);
 }
 
 /* A new plan for key in *p; on failure nothing is left created. A plan without an algorithm
    keeps no object (it is never run). */
-static int plan_create(mt_cuda_device_ctx *ctx, lt_plan *p, const mt_lt_plan_key *key,
-                       const void *bias) {
+static int plan_create(const char *op, mt_cuda_device_ctx *ctx, lt_plan *p,
+                       const mt_lt_plan_key *key, const void *bias) {
     memset(p, 0, sizeof *p);
     p->key = *key;
-    int rc = plan_describe(p, bias);
-    if (!rc) rc = plan_pick(ctx, p);
+    int rc = plan_describe(op, p, bias);
+    if (!rc) rc = plan_pick(op, ctx, p);
     if (rc || !p->found) plan_objs_free(p);
     return rc;
 }
@@ -174,18 +173,18 @@ static int plan_create(mt_cuda_device_ctx *ctx, lt_plan *p, const mt_lt_plan_key
 /* The cached plan of key (pointers set for this call), or a new one stored in the least
    recently used slot; NULL with the error of a failed create (the cache unchanged). Under
    the cache's lock. */
-static lt_plan *plan_get(mt_cuda_device_ctx *ctx, mt_lt_plan_cache *c, const mt_lt_plan_key *key,
-                         const void *bias, int *rc) {
+static lt_plan *plan_get(const char *op, mt_cuda_device_ctx *ctx, mt_lt_plan_cache *c,
+                         const mt_lt_plan_key *key, const void *bias, int *rc) {
     c->tick++;
     for (int i = 0; i < c->n; i++) {
         lt_plan *p = &c->plans[i];
         if (memcmp(&p->key, key, sizeof *key) != 0) continue;
         p->last_use = c->tick;
-        *rc = p->found ? set_pointers(p, bias) : 0;
+        *rc = p->found ? set_pointers(op, p, bias) : 0;
         return *rc ? NULL : p;
     }
     lt_plan fresh;
-    *rc = plan_create(ctx, &fresh, key, bias);
+    *rc = plan_create(op, ctx, &fresh, key, bias);
     if (*rc) return NULL;
     int slot = c->n;
     if (c->n == MT_LT_PLAN_CAP) {
@@ -201,25 +200,24 @@ static lt_plan *plan_get(mt_cuda_device_ctx *ctx, mt_lt_plan_cache *c, const mt_
     return &c->plans[slot];
 }
 
-int mt_lt_plan_run(mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key, const void *a, const void *b,
-                   void *d, const void *bias, bool *no_algo) {
+int mt_lt_plan_run(const char *op, mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key,
+                   const void *a, const void *b, void *d, const void *bias, bool *no_algo) {
     const mt_cublas_api *api = mt_cublas();
     mt_lt_plan_cache *c = ctx->lt_plans;
     int rc = 0;
     mtx_lock(&c->lock);
-    lt_plan *p = plan_get(ctx, c, key, bias, &rc);
+    lt_plan *p = plan_get(op, ctx, c, key, bias, &rc);
     *no_algo = p && !p->found;
     size_t wss = p && p->found ? p->r.workspaceSize : 0;
     void *ws = NULL;
     if (wss > 0 && !(ws = mt_cuda_alloc(ctx->device, wss)))
-        rc = mt_error_set(MT_ERR_OOM,
-                          "%s: out of device memory for a cuBLASLt workspace of %zu bytes", LT_OP,
-                          wss);
+        rc = mt_error_set(
+            MT_ERR_OOM, "%s: out of device memory for a cuBLASLt workspace of %zu bytes", op, wss);
     float one = 1.0f, zero = 0.0f;
     /* cuBLASLt's A is our b (column-major d^T = b^T a^T, see lt_matmul); beta 0: C (given as
        D) is not read */
     if (!rc && p && p->found)
-        rc = mt_cublas_check(LT_OP,
+        rc = mt_cublas_check(op,
                              api->lt_matmul(ctx->blas_lt, p->desc, &one, b, p->la, a, p->lb, &zero,
                                             d, p->ld, d, p->ld, &p->r.algo, ws, wss, ctx->stream));
     mtx_unlock(&c->lock);
@@ -229,11 +227,11 @@ int mt_lt_plan_run(mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key, const voi
 
 /* ---- test hooks (the emulated device's tests): by device index, the context made if need be */
 int mt_cuda_lt_plans_clear(int device) {
-    mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(LT_OP, device);
+    mt_cuda_device_ctx *ctx = mt_cuda_ctx_get("mt_linear", device);
     return ctx ? mt_lt_plan_cache_clear(ctx->lt_plans) : -1;
 }
 
 int mt_cuda_lt_plans_count(int device) {
-    mt_cuda_device_ctx *ctx = mt_cuda_ctx_get(LT_OP, device);
+    mt_cuda_device_ctx *ctx = mt_cuda_ctx_get("mt_linear", device);
     return ctx ? mt_lt_plan_cache_size(ctx->lt_plans) : -1;
 }
