@@ -2,6 +2,7 @@
    PyTorch in one run.
 
    usage: op_overhead [--device cpu|cuda[:N]] [--iters N (calls per run)] [--reps N]
+                      [--burst N (CUDA: calls per host-time burst, default 32)]
                       [--python PATH (with PyTorch)] [--no-torch] [path/to/op_overhead.py]
 
    --device cuda[:N]: tiny ops on a CUDA device instead, host time per call against PyTorch on
@@ -22,7 +23,7 @@
 #include "bench_util.h"
 #include "mixtape.h"
 
-int op_overhead_cuda(const char *device, int iters, int reps, const char *python,
+int op_overhead_cuda(const char *device, int iters, int burst, int reps, const char *python,
                      const char *script);
 
 static double clock_s(clockid_t id) {
@@ -181,6 +182,7 @@ static void row(const char *name, double ours, double torch, bool have_torch) {
 
 int main(int argc, char **argv) {
     int iters = 0, reps = 10; /* calls per run (20000; CUDA 2000); runs per op (CUDA) */
+    int burst = 32;           /* CUDA: calls per host-time burst (bench/op_overhead_cuda.c) */
     bool want_torch = true;
     const char *device = "cpu", *python = MT_TORCH_PYTHON;
     /* the PyTorch script: from the repository root (build/bench/op_overhead) or from the
@@ -190,6 +192,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--burst") && i + 1 < argc)
+            burst = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--python") && i + 1 < argc)
@@ -204,8 +208,9 @@ int main(int argc, char **argv) {
     if (iters == 0) iters = strcmp(device, "cpu") != 0 ? 2000 : 20000;
     if (iters < 10) iters = 10;
     if (reps < 1) reps = 1;
+    if (burst < 1) burst = 1;
     if (strcmp(device, "cpu") != 0)
-        return op_overhead_cuda(device, iters, reps, want_torch ? python : NULL, script);
+        return op_overhead_cuda(device, iters, burst, reps, want_torch ? python : NULL, script);
 
     a = mt_rand(MT_SHAPE(8), MT_F32, MT_CPU);
     b = mt_rand(MT_SHAPE(8), MT_F32, MT_CPU);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of the CUDA benchmarks (meson test bench_gpu_smoke): bench/gemm and
 # bench/op_overhead with --device cuda at tiny sizes, without PyTorch. Each must exit 0 and
-# print its JSON lines (every figure of mixtape's side measured; gemm: every case agreeing with
-# cuBLAS) and its table. Without a CUDA device both exit 77, and so does this (meson: skipped).
+# print its JSON lines (every figure of mixtape's side measured, op_overhead's host and wall
+# times both; gemm: every case agreeing with cuBLAS) and its table. Without a CUDA device both
+# exit 77, and so does this (meson: skipped).
 # On the emulated device the timings are meaningless: this checks that the programs work.
 # Usage: check_gpu_benches.sh GEMM OP_OVERHEAD
 set -uo pipefail
@@ -34,9 +35,16 @@ grep -q '"emulated": true' "$out" && { grep -q 'EMULATED' "$out" || fail "gemm: 
 cat "$out"
 
 rc=0
-"$overhead" --device cuda --iters 10 --reps 1 --no-torch >"$out" 2>&1 || rc=$?
+"$overhead" --device cuda --iters 10 --burst 4 --reps 1 --no-torch >"$out" 2>&1 || rc=$?
 ((rc == 0)) || fail "op_overhead --device cuda exited with $rc"
 n=$(grep '^{"bench": "op_overhead"' "$out" | grep -c '"mixtape_us": [0-9]')
 ((n == 7)) || fail "op_overhead: $n JSON lines with mixtape's time, expected 7"
-grep -q '^| op | mixtape us |' "$out" || fail "op_overhead: no table"
+# the host figure (mixtape_us, a burst of calls) and the wall figure (iters calls + a sync);
+# torch's are null here (--no-torch) but their keys must be there
+n=$(grep '^{"bench": "op_overhead"' "$out" | grep '"mixtape_wall_us": [0-9]' |
+    grep '"torch_us": ' | grep -c '"torch_wall_us": ')
+((n == 7)) || fail "op_overhead: $n JSON lines with mixtape's wall time and torch's keys, expected 7"
+grep -q '^| op | mixtape us |.*| mixtape wall us (10 calls + sync) |' "$out" ||
+    fail "op_overhead: no table with the wall columns"
+grep -q '^host: 4 calls' "$out" || fail "op_overhead: --burst 4 not used"
 cat "$out"

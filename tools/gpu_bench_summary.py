@@ -61,8 +61,11 @@ def gemm(rows):
 def overhead(rows):
     for r in rows:
         op = r["op"]
-        figs = "mixtape %s us, torch %s us per call" % (fmt(r["mixtape_us"], "%.2f"),
-                                                        fmt(r["torch_us"], "%.2f"))
+        # mixtape_us, torch_us and ratio: host time per call of a short burst (the goal's
+        # figure); the *_wall_us: a long run plus a synchronize, device-bound when well above
+        figs = "host: mixtape %s us, torch %s us per call; wall: mixtape %s us, torch %s us" % (
+            fmt(r["mixtape_us"], "%.2f"), fmt(r["torch_us"], "%.2f"),
+            fmt(r.get("mixtape_wall_us"), "%.2f"), fmt(r.get("torch_wall_us"), "%.2f"))
         if r.get("emulated"):
             yield EMULATED, "op-overhead", "%s: emulated device, not a GPU figure" % op
         elif r["mixtape_us"] is None:
