@@ -20,16 +20,19 @@
 #include "mtemu_arena.h"
 #include "mtemu_cudart_counts.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 struct CUstream_st {
@@ -293,8 +296,57 @@ template <typename... K> void count_call(K *...kinds) {
 }
 } // namespace
 
-void mtemu::detail::count_launch() {
-    if (!uncounted) counts.launches.fetch_add(1, std::memory_order_relaxed);
+// MTEMU_LAUNCH_CENSUS=PATH ("-": stderr): at exit, one line per kernel as MT_LAUNCH names it,
+// "launches threads name", the most launched first: which kernels a program (a training
+// step, say) queues and how often, to find launches a GPU would pay for in host time.
+namespace {
+struct census_entry {
+    int64_t launches = 0, threads = 0;
+};
+std::mutex census_lock;
+std::map<std::string, census_entry> *census; // NULL: off
+const char *census_path;
+
+void census_write() {
+    std::lock_guard<std::mutex> g(census_lock);
+    std::vector<std::pair<std::string, census_entry>> rows(census->begin(), census->end());
+    std::sort(rows.begin(), rows.end(), [](const auto &x, const auto &y) {
+        return x.second.launches != y.second.launches ? x.second.launches > y.second.launches
+                                                      : x.first < y.first;
+    });
+    bool to_stderr = std::strcmp(census_path, "-") == 0;
+    std::FILE *f = to_stderr ? stderr : std::fopen(census_path, "w");
+    if (!f) {
+        std::fprintf(stderr, "mtemu: MTEMU_LAUNCH_CENSUS: cannot write %s\n", census_path);
+        return;
+    }
+    for (const auto &r : rows)
+        std::fprintf(f, "%lld %lld %s\n", (long long)r.second.launches,
+                     (long long)r.second.threads, r.first.c_str());
+    if (!to_stderr) std::fclose(f);
+}
+
+void census_count(const char *kernel, uint64_t threads) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        census_path = std::getenv("MTEMU_LAUNCH_CENSUS");
+        if (!census_path || !*census_path) return;
+        census = new std::map<std::string, census_entry>;
+        std::atexit(census_write);
+    });
+    if (!census) return;
+    std::lock_guard<std::mutex> g(census_lock);
+    census_entry &e = (*census)[kernel];
+    e.launches++;
+    e.threads += (int64_t)threads;
+}
+} // namespace
+
+void mtemu::detail::count_launch(const launch_config &cfg) {
+    if (uncounted) return;
+    counts.launches.fetch_add(1, std::memory_order_relaxed);
+    census_count(cfg.kernel, uint64_t{cfg.grid.x} * cfg.grid.y * cfg.grid.z * cfg.block.x *
+                                 cfg.block.y * cfg.block.z);
 }
 
 extern "C" void mtemu_cudart_uncounted_begin(void) {

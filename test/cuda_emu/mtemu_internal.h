@@ -28,8 +28,10 @@ bool device_accessible(const void *p, size_t n);
 cudaError_t report(cudaError_t e, const char *what);
 
 namespace detail {
-// One more kernel launch (mtemu_cudart_counts.h), from the launch that passed its checks.
-void count_launch();
+struct launch_config; // mtemu.h
+// One more kernel launch (mtemu_cudart_counts.h), from the launch that passed its checks (and one more
+// in the MTEMU_LAUNCH_CENSUS of its kernel, when asked for).
+void count_launch(const launch_config &cfg);
 } // namespace detail
 
 } // namespace mtemu

@@ -724,7 +724,7 @@ bool configure(launch_config &cfg, const char *kernel, dim_arg grid, dim_arg blo
 }
 
 void launch(const launch_config &cfg, std::function<void()> thread_body) {
-    count_launch();
+    count_launch(cfg);
     enqueue(cfg.stream, [cfg, body = std::move(thread_body)] {
         static thread_local std::unique_ptr<scheduler> sched; // freed at thread exit
         if (!sched) sched = std::make_unique<scheduler>();
