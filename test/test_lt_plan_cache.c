@@ -3,8 +3,9 @@
    calls (test/cuda_emu/mtemu_cublaslt_counts.h). Repeated calls give the bits of the first
    (uncached) call and ask the heuristic once per distinct key; operands of other alignments
    get their own plan; "no algorithm" is cached and still falls back; the least recently used
-   plan is evicted past the capacity; every cuBLASLt object of a dropped plan is destroyed; a
-   failed create caches nothing and leaks nothing. */
+   plan is evicted past the capacity (a plain matmul's new shape evicts nothing: it takes
+   cuBLAS); every cuBLASLt object of a dropped plan is destroyed; a failed create caches
+   nothing and leaks nothing. */
 #include <pthread.h>
 #include "mtemu_cublaslt_counts.h"
 #include "test_util.h"
@@ -162,6 +163,27 @@ static void test_no_algo_cached(void **state) {
 
 /* Past the capacity the least recently used plan goes (its objects destroyed): the count
    stays at the capacity, the first key is asked again, a recent one is not. */
+/* c = a @ b for a [3, 5], b [5, 2] in F32 against the product in double. */
+static void check_plain_matmul(void) {
+    mt_tensor *a = make(MT_F32, MT_SHAPE(3, 5)), *b = make(MT_F32, MT_SHAPE(5, 2));
+    mt_tensor *c = mt_matmul(a, b);
+    assert_no_error();
+    double *va = mt_test_values(a), *vb = mt_test_values(b), *vc = mt_test_values(c);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            double ref = 0;
+            for (int k = 0; k < 5; k++) ref += va[i * 5 + k] * vb[k * 2 + j];
+            if (fabs(vc[i * 2 + j] - ref) > 1e-6 * (1 + fabs(ref)))
+                fail_msg("c[%d][%d] = %g, expected %g", i, j, vc[i * 2 + j], ref);
+        }
+    free(va);
+    free(vb);
+    free(vc);
+    mt_release(a);
+    mt_release(b);
+    mt_release(c);
+}
+
 static void test_eviction(void **state) {
     (void)state;
     clear_plans();
@@ -197,6 +219,16 @@ static void test_eviction(void **state) {
         mt_release(wk);
     }
     assert_int_equal(mt_cuda_lt_plans_count(dev()), PLAN_CAP);
+    /* a plain matmul of a new shape in the full cache evicts nothing and asks nothing: it
+       takes cublasGemmEx; in an empty cache it makes its plan */
+    for (int round = 0; round < 2; round++) {
+        int64_t h = counts().heuristics, m = counts().matmuls;
+        check_plain_matmul();
+        assert_int_equal(counts().heuristics - h, round);
+        assert_int_equal(counts().matmuls - m, round);
+        assert_int_equal(mt_cuda_lt_plans_count(dev()), round ? 1 : PLAN_CAP);
+        if (round == 0) clear_plans();
+    }
     clear_plans();
     mt_release(x);
     mt_release(w);

@@ -219,10 +219,12 @@ static uint32_t lt_alignment(const void *p) {
    our b, m = N, n = M, as gemm_run), bias per row of d^T. d and bias have the operands'
    dtype, or FP32 when d32. The descriptors and algorithm come from the device's plan cache
    (lt_plan_cache.c), keyed by all that decides them: the shapes, layouts, types, epilogue,
-   the operands' alignments and the workspace limit; errors name op. *no_algo: cuBLASLt found no
-   algorithm and nothing was queued (the caller takes the cuBLAS path). */
+   the operands' alignments and the workspace limit; errors name op. A new key in a full cache
+   evicts the least recently used plan only when `evict`. *no_algo: no plan with an algorithm
+   (cuBLASLt found none, or the cache was full and !evict) and nothing was queued (the caller
+   takes the cuBLAS path). */
 static int lt_matmul(mt_cuda_device_ctx *ctx, const char *op, const mt_gemm_geom *g, char *d,
-                     bool d32, const void *bias, cublasLtEpilogue_t ep, bool *no_algo) {
+                     bool d32, const void *bias, cublasLtEpilogue_t ep, bool evict, bool *no_algo) {
     int64_t lda = 0, ldb = 0;
     int al = mt_gemm_layout(g->M, g->K, g->a.rs, g->a.cs, &lda);
     int bl = mt_gemm_layout(g->K, g->N, g->b.rs, g->b.cs, &ldb);
@@ -242,13 +244,16 @@ static int lt_matmul(mt_cuda_device_ctx *ctx, const char *op, const mt_gemm_geom
     k.align[0] = lt_alignment(g->b.p), k.align[1] = lt_alignment(g->a.p);
     k.align[2] = k.align[3] = lt_alignment(d);
     k.has_bias = bias != NULL;
-    return mt_lt_plan_run(op, ctx, &k, g->a.p, g->b.p, d, bias, no_algo);
+    return mt_lt_plan_run(op, ctx, &k, g->a.p, g->b.p, d, bias, evict, no_algo);
 }
 
 /* A plain GEMM (alpha 1, beta 0, one matrix product once batch dims are folded) in a
    tensor-core type, or FP32 without TF32, takes a cached cuBLASLt plan: cublasGemmEx sets up
    its descriptors and asks its heuristic on every call, host time on the critical path of
-   small matmuls (8x8 F32 took 7.95 us per call on an H200 through cublasGemmEx, an add 4.83). */
+   small matmuls (8x8 F32 took 7.95 us per call on an H200 through cublasGemmEx, an add 4.83).
+   They never evict: once the cache is full, a new shape takes cublasGemmEx (whose own
+   heuristic cache holds thousands of shapes), so a program cycling through more shapes than
+   the cache holds does not pay a heuristic query per call; the linears' plans do evict. */
 static bool lt_plain_eligible(const mt_gemm_geom *g, double alpha, double beta) {
     return alpha == 1.0 && beta == 0.0 && g->count == 1 &&
            (g->dt == MT_F16 || g->dt == MT_BF16 || (g->dt == MT_F32 && !mt_cuda_allow_tf32()));
@@ -290,7 +295,7 @@ int mt_cuda_gemm(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double al
         bool no_algo = true;
         if (lt_plain_eligible(&g, alpha, beta))
             rc = lt_matmul(ctx, GEMM_OP, &g, mt_tensor_data(c), false, NULL,
-                           CUBLASLT_EPILOGUE_DEFAULT, &no_algo);
+                           CUBLASLT_EPILOGUE_DEFAULT, false, &no_algo);
         if (!rc && no_algo) rc = gemm_run(ctx, &g, alpha, beta);
     }
     mt_tensor_unref(ta); /* stream order keeps them alive for the queued GEMMs */
@@ -349,7 +354,7 @@ static int epilogue_via_f32(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args
     }
     if (!rc)
         rc = lt_matmul(ctx, EPI_OP, g, mt_tensor_data(z), true, b32 ? mt_tensor_data(b32) : NULL,
-                       b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
+                       b32 ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, true, no_algo);
     bool queued = !rc && !*no_algo; /* else: an error, or nothing ran and the caller falls back */
     if (queued && e->pre) rc = copy_kernel(ctx, EPI_OP, e->pre, z);
     if (queued && !rc) rc = act_kernel(ctx, e->act, z, z);
@@ -371,13 +376,13 @@ static int epilogue_lt(mt_cuda_device_ctx *ctx, const mt_gemm_epilogue_args *e, 
     if (rc) {
     } else if (e->act == MT_ACT_NONE) {
         rc = lt_matmul(ctx, EPI_OP, g, c, false, bias,
-                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
+                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, true, no_algo);
     } else if (e->act == MT_ACT_RELU && !pre) {
         rc = lt_matmul(ctx, EPI_OP, g, c, false, bias,
-                       b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, no_algo);
+                       b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU, true, no_algo);
     } else if (g->dt == MT_F32) { /* the bias epilogue, then the activation kernel */
         rc = lt_matmul(ctx, EPI_OP, g, pre ? pre : c, false, bias,
-                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, no_algo);
+                       b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, true, no_algo);
         if (!rc && !*no_algo) rc = act_kernel(ctx, e->act, e->c, pre ? e->pre : e->c);
     } else {
         rc = epilogue_via_f32(ctx, e, g, no_algo);

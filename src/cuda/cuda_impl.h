@@ -145,10 +145,12 @@ void mt_lt_plan_cache_free(mt_lt_plan_cache *c); /* NULL: nothing */
 int mt_lt_plan_cache_clear(mt_lt_plan_cache *c); /* the number of plans dropped */
 int mt_lt_plan_cache_size(mt_lt_plan_cache *c);
 /* d = epilogue(a @ b) with key's plan (cached, or made and cached): queued on the device's
-   stream; errors name `op`. *no_algo: cuBLASLt has no algorithm for key and nothing was
-   queued (the caller takes another path). */
+   stream; errors name `op`. A new key in a full cache evicts the least recently used plan
+   when `evict`; without it nothing is made (*no_algo). *no_algo: no plan with an algorithm
+   for key, and nothing was queued (the caller takes another path). */
 int mt_lt_plan_run(const char *op, mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key,
-                   const void *a, const void *b, void *d, const void *bias, bool *no_algo);
+                   const void *a, const void *b, void *d, const void *bias, bool evict,
+                   bool *no_algo);
 /* Test hooks for the emulated device's tests: device's plans dropped (their number) or
    counted; -1 with an error when the device has no context. */
 int mt_cuda_lt_plans_clear(int device);

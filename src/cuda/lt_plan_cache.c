@@ -171,10 +171,11 @@ static int plan_create(const char *op, mt_cuda_device_ctx *ctx, lt_plan *p,
 }
 
 /* The cached plan of key (pointers set for this call), or a new one stored in the least
-   recently used slot; NULL with the error of a failed create (the cache unchanged). Under
-   the cache's lock. */
+   recently used slot; NULL with the error of a failed create (the cache unchanged), or, when
+   the key is absent, the cache full and !evict, NULL with *rc 0 (nothing made). Under the
+   cache's lock. */
 static lt_plan *plan_get(const char *op, mt_cuda_device_ctx *ctx, mt_lt_plan_cache *c,
-                         const mt_lt_plan_key *key, const void *bias, int *rc) {
+                         const mt_lt_plan_key *key, const void *bias, bool evict, int *rc) {
     c->tick++;
     for (int i = 0; i < c->n; i++) {
         lt_plan *p = &c->plans[i];
@@ -182,6 +183,10 @@ static lt_plan *plan_get(const char *op, mt_cuda_device_ctx *ctx, mt_lt_plan_cac
         p->last_use = c->tick;
         *rc = p->found ? set_pointers(op, p, bias) : 0;
         return *rc ? NULL : p;
+    }
+    if (c->n == MT_LT_PLAN_CAP && !evict) {
+        *rc = 0;
+        return NULL;
     }
     lt_plan fresh;
     *rc = plan_create(op, ctx, &fresh, key, bias);
@@ -201,13 +206,14 @@ static lt_plan *plan_get(const char *op, mt_cuda_device_ctx *ctx, mt_lt_plan_cac
 }
 
 int mt_lt_plan_run(const char *op, mt_cuda_device_ctx *ctx, const mt_lt_plan_key *key,
-                   const void *a, const void *b, void *d, const void *bias, bool *no_algo) {
+                   const void *a, const void *b, void *d, const void *bias, bool evict,
+                   bool *no_algo) {
     const mt_cublas_api *api = mt_cublas();
     mt_lt_plan_cache *c = ctx->lt_plans;
     int rc = 0;
     mtx_lock(&c->lock);
-    lt_plan *p = plan_get(op, ctx, c, key, bias, &rc);
-    *no_algo = p && !p->found;
+    lt_plan *p = plan_get(op, ctx, c, key, bias, evict, &rc);
+    *no_algo = !rc && (!p || !p->found);
     size_t wss = p && p->found ? p->r.workspaceSize : 0;
     void *ws = NULL;
     if (wss > 0 && !(ws = mt_cuda_alloc(ctx->device, wss)))
