@@ -92,33 +92,20 @@ static tiny_op OPS[] = {
 };
 enum { N_OPS = sizeof OPS / sizeof OPS[0] };
 
-/* Host microseconds per call: `burst` calls after a synchronize, the clock stopped when the
-   last call returns (no synchronize inside), then a synchronize outside the timed region; NAN
-   on an error. */
-static double time_burst(const tiny_op *op, mt_device dev, int burst) {
+/* Microseconds per call of `n` calls made after a synchronize, followed by another one; NAN
+   on an error. with_sync: the clock runs through that last synchronize (the wall figure);
+   else it stops when the last call returns (the host figure of a burst). */
+static double time_calls(const tiny_op *op, mt_device dev, int n, bool with_sync) {
     if (mt_synchronize(dev) != MT_OK) return NAN;
     double t0 = mt_bench_now_s();
-    for (int i = 0; i < burst; i++) {
+    for (int i = 0; i < n; i++) {
         mt_tensor *y = op->fn();
         if (!y) return NAN;
         mt_release(y);
     }
-    double s = mt_bench_now_s() - t0;
+    double host = mt_bench_now_s() - t0;
     if (mt_synchronize(dev) != MT_OK) return NAN;
-    return s / burst * 1e6;
-}
-
-/* Wall microseconds per call: `iters` calls, one synchronization, both timed; NAN on an error. */
-static double time_wall(const tiny_op *op, mt_device dev, int iters) {
-    if (mt_synchronize(dev) != MT_OK) return NAN;
-    double t0 = mt_bench_now_s();
-    for (int i = 0; i < iters; i++) {
-        mt_tensor *y = op->fn();
-        if (!y) return NAN;
-        mt_release(y);
-    }
-    if (mt_synchronize(dev) != MT_OK) return NAN;
-    return (mt_bench_now_s() - t0) / iters * 1e6;
+    return (with_sync ? mt_bench_now_s() - t0 : host) / n * 1e6;
 }
 
 static bool setup(mt_device dev) {
@@ -241,11 +228,11 @@ int op_overhead_cuda(const char *device, int iters, int burst, int reps, const c
     for (int pass = 0; pass < (torch ? 2 : 1); pass++) {
         for (int i = 0; i < N_OPS; i++) {
             tiny_op *o = &OPS[i];
-            time_wall(o, dev, iters / 10 + 1); /* warm the caching allocator */
+            time_calls(o, dev, iters / 10 + 1, true); /* warm the caching allocator */
             for (int r = 0; r < reps * 20; r++)
-                o->mt_us = fmin(o->mt_us, time_burst(o, dev, burst));
+                o->mt_us = fmin(o->mt_us, time_calls(o, dev, burst, false));
             for (int r = 0; r < reps; r++)
-                o->mt_wall_us = fmin(o->mt_wall_us, time_wall(o, dev, iters));
+                o->mt_wall_us = fmin(o->mt_wall_us, time_calls(o, dev, iters, true));
         }
         if (torch && pass == 0 &&
             run_torch(python, script, device, iters, burst, reps, torch_gpu, sizeof torch_gpu) == 0)
