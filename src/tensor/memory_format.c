@@ -1,6 +1,7 @@
 /* Memory formats of 4-d tensors: NCHW logical shape with either row-major (contiguous) or
    NHWC (channels-last) strides, like torch.memory_format. */
 #include "tensor_impl.h"
+#include "../math/dense_layout.h"
 
 void mt_channels_last_strides(const int64_t *shape, int64_t *strides) {
     strides[1] = 1;
@@ -39,6 +40,28 @@ mt_tensor *mt_tensor_new_format(const char *op, const int64_t *shape, mt_dtype d
     int64_t strides[4];
     mt_channels_last_strides(shape, strides);
     mt_tensor *out = mt_tensor_view_of(base, 4, shape, strides, base->offset);
+    mt_tensor_unref(base);
+    if (!out) mt_error_set(MT_ERR_OOM, "%s: out of memory for a tensor header", op);
+    return out;
+}
+
+_Static_assert(MT_MAX_DIMS <= 16, "mt_dims_dense sorts at most 16 dims");
+
+bool mt_is_dense(const mt_tensor *t) {
+    return mt_dims_dense(t->ndim, t->shape, t->strides);
+}
+
+bool mt_same_strides(const mt_tensor *a, const mt_tensor *b) {
+    return mt_same_shape(a, b) && mt_dims_same_strides(a->ndim, a->shape, a->strides, b->strides);
+}
+
+mt_tensor *mt_tensor_new_layout_of(const char *op, const mt_tensor *like, mt_dtype dt,
+                                   mt_device dev) {
+    if (mt_is_contiguous(like) || !mt_is_dense(like))
+        return mt_tensor_new(op, like->ndim, like->shape, dt, dev);
+    mt_tensor *base = mt_tensor_new(op, 1, &like->numel, dt, dev);
+    if (!base) return NULL;
+    mt_tensor *out = mt_tensor_view_of(base, like->ndim, like->shape, like->strides, base->offset);
     mt_tensor_unref(base);
     if (!out) mt_error_set(MT_ERR_OOM, "%s: out of memory for a tensor header", op);
     return out;

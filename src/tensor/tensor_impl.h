@@ -150,6 +150,18 @@ bool mt_prefers_channels_last(const mt_tensor *t);
 mt_tensor *mt_tensor_new_format(const char *op, const int64_t *shape, mt_dtype dt, mt_device dev,
                                 bool channels_last);
 
+/* torch's non-overlapping-and-dense: the elements fill numel consecutive slots from element
+   0, in some dim order (row-major, channels-last, a dense permutation). */
+bool mt_is_dense(const mt_tensor *t);
+/* Same shape and the same strides on every dim of size > 1: element i of one and of the other
+   sit at the same memory position. */
+bool mt_same_strides(const mt_tensor *a, const mt_tensor *b);
+/* A new tensor of like's shape in dtype dt on dev, with like's strides when like is dense
+   (torch's empty_like with preserve_format), else contiguous: parameter-shaped state
+   (gradients, masters, moments, casts in place) keeps a channels-last parameter's layout. */
+mt_tensor *mt_tensor_new_layout_of(const char *op, const mt_tensor *like, mt_dtype dt,
+                                   mt_device dev);
+
 /* A new tensor of the shape: channels-last when it is 4-d and the first of like[0..n) with
    that shape prefers channels-last (elementwise results keep their inputs' format, as
    torch's), else contiguous. */
