@@ -38,7 +38,9 @@ static double run_spans(mt_tensor *const *ts, int n, span_fn fn, const void *ctx
     for (int i = 0; i < n; i++) {
         const mt_tensor *t = ts[i];
         if (!t || t->numel == 0) continue;
-        if (!mt_is_contiguous(t)) { /* rare (user-set grads): the strided iterator */
+        /* dense tensors (row-major or channels-last) are walked in memory order; others
+           (rare: user-set grads) through the strided iterator */
+        if (!mt_is_dense(t)) {
             const mt_tensor *ops[1] = {t};
             mt_cpu_iter it;
             mt_cpu_iter_init(&it, 1, ops);
@@ -54,7 +56,7 @@ static double run_spans(mt_tensor *const *ts, int n, span_fn fn, const void *ctx
     if (threads <= 1 || dense_total * cost < MT_CPU_PARALLEL_MIN) {
         for (int i = 0; i < n; i++) {
             const mt_tensor *t = ts[i];
-            if (!t || t->numel == 0 || !mt_is_contiguous(t)) continue;
+            if (!t || t->numel == 0 || !mt_is_dense(t)) continue;
             acc += fn(mt_tensor_data(t), (int64_t)mt_dtype_size(t->dtype), t->dtype, t->numel, ctx);
         }
         return acc;
@@ -66,7 +68,7 @@ static double run_spans(mt_tensor *const *ts, int n, span_fn fn, const void *ctx
         int64_t small_seen = 0; /* every thread walks the list identically */
         for (int i = 0; i < n; i++) {
             const mt_tensor *t = ts[i];
-            if (!t || t->numel == 0 || !mt_is_contiguous(t)) continue;
+            if (!t || t->numel == 0 || !mt_is_dense(t)) continue;
             int64_t es = (int64_t)mt_dtype_size(t->dtype), m = t->numel;
             char *base = mt_tensor_data(t);
             if (m < SPLIT_MIN) {

@@ -1,8 +1,10 @@
 /* The fused multi-tensor optimizer step: one pass over every parameter (and its gradient,
    master and moments), split into fixed-size chunks that one OpenMP loop shares out, so many
    small parameters and a few large ones both keep every thread busy. The update runs in FP32
-   registers (F64 for F64 parameters) on blocks of BLOCK elements; contiguous FP32/F64 data is
-   updated where it lies, anything else goes through a stack buffer. */
+   registers (F64 for F64 parameters) on blocks of BLOCK elements, in memory order when the
+   parameter and its state share one dense layout (row-major or channels-last); FP32/F64 data
+   laid out in that order is updated where it lies, anything else goes through a stack
+   buffer. */
 #include <math.h>
 #include <stdlib.h>
 #include "../math/optim_math.h"
@@ -54,16 +56,16 @@ typedef struct {
 DEFINE_UPDATE(float, f)
 DEFINE_UPDATE(double, d)
 
-/* Loads (store false) or stores elements [begin, begin + n) of t, in flat row-major order,
-   from/to buf (float, or double when wide), converting dtype. Strided layouts are walked one
-   innermost run at a time. */
-static void transfer(const mt_tensor *t, int64_t begin, int64_t n, void *buf, bool wide,
-                     bool store) {
+/* Loads (store false) or stores elements [begin, begin + n) of t from/to buf (float, or double
+   when wide), converting dtype: in memory order when flat (t is dense), else in row-major
+   order, strided layouts walked one innermost run at a time. */
+static void transfer(const mt_tensor *t, int64_t begin, int64_t n, void *buf, bool wide, bool store,
+                     bool flat) {
     char *base = mt_tensor_data(t);
     int64_t es = (int64_t)mt_dtype_size(t->dtype);
     int64_t idx[MT_MAX_DIMS] = {0};
     int nd = t->ndim, last = nd - 1;
-    bool contiguous = mt_is_contiguous(t);
+    bool contiguous = flat || mt_is_contiguous(t);
     if (contiguous && !wide && (t->dtype == MT_F16 || t->dtype == MT_BF16)) {
         /* the unit-stride converters vectorise (F16C for F16) */
         uint16_t *h = (uint16_t *)base + begin;
@@ -128,33 +130,41 @@ static void transfer(const mt_tensor *t, int64_t begin, int64_t n, void *buf, bo
     }
 }
 
-/* Updates elements [b, e) of one parameter. The working copy of the parameter is, in order
-   of preference: its FP32 master (then rounded into the parameter), the parameter's own
-   memory (contiguous, compute dtype), or a block buffer loaded and stored back. */
+/* Element i of an operand, in the chunk's order (memory order when flat, else row-major),
+   lies at data + i: the operand is updated where it lies, not through a block buffer. */
+static bool in_place(const mt_tensor *t, mt_dtype dt, bool flat) {
+    return t->dtype == dt && (flat || mt_is_contiguous(t));
+}
+
+/* Updates elements [b, e) of one parameter, in memory order when flat (every operand is
+   dense with the parameter's strides: a channels-last parameter and its state), else in
+   row-major order. The working copy of the parameter is its FP32 master when it has one
+   (then rounded into the parameter), else the parameter itself; each operand is used where
+   it lies (in_place) or through a block buffer loaded and stored back. */
 #define DEFINE_CHUNK(T, S, DT, WIDE)                                                               \
     static void chunk_##S(const optim_consts *c, mt_tensor *p, const mt_tensor *g,                 \
-                          mt_tensor *master, mt_tensor *m1, mt_tensor *m2, int64_t b, int64_t e) { \
-        T pbuf[BLOCK], gbuf[BLOCK];                                                                \
-        bool p_direct = !master && p->dtype == DT && mt_is_contiguous(p);                          \
-        bool g_direct = g->dtype == DT && mt_is_contiguous(g);                                     \
-        T *pd = master ? (T *)mt_tensor_data(master) : p_direct ? (T *)mt_tensor_data(p) : NULL;   \
-        const T *gd = g_direct ? (const T *)mt_tensor_data(g) : NULL;                              \
-        T *m1d = m1 ? (T *)mt_tensor_data(m1) : NULL;                                              \
-        T *m2d = m2 ? (T *)mt_tensor_data(m2) : NULL;                                              \
+                          mt_tensor *master, mt_tensor *m1, mt_tensor *m2, bool flat, int64_t b,   \
+                          int64_t e) {                                                             \
+        T pbuf[BLOCK], gbuf[BLOCK], m1buf[BLOCK], m2buf[BLOCK];                                    \
+        mt_tensor *w = master ? master : p; /* the working copy */                                 \
+        T *wd = in_place(w, DT, flat) ? (T *)mt_tensor_data(w) : NULL;                             \
+        const T *gd = in_place(g, DT, flat) ? (const T *)mt_tensor_data(g) : NULL;                 \
+        T *m1d = m1 && in_place(m1, DT, flat) ? (T *)mt_tensor_data(m1) : NULL;                    \
+        T *m2d = m2 && in_place(m2, DT, flat) ? (T *)mt_tensor_data(m2) : NULL;                    \
         for (int64_t i = b; i < e; i += BLOCK) {                                                   \
             int64_t m = e - i < BLOCK ? e - i : BLOCK;                                             \
-            T *pp = pbuf;                                                                          \
-            if (pd)                                                                                \
-                pp = pd + i;                                                                       \
-            else                                                                                   \
-                transfer(p, i, m, pbuf, WIDE, false);                                              \
-            const T *gg = gbuf;                                                                    \
-            if (gd)                                                                                \
-                gg = gd + i;                                                                       \
-            else                                                                                   \
-                transfer(g, i, m, gbuf, WIDE, false);                                              \
-            update_##S(c, pp, gg, m1d ? m1d + i : NULL, m2d ? m2d + i : NULL, m);                  \
-            if (!p_direct) transfer(p, i, m, pp, WIDE, true);                                      \
+            T *pp = wd ? wd + i : pbuf, *mm1 = m1d ? m1d + i : m1buf,                              \
+              *mm2 = m2d ? m2d + i : m2buf;                                                        \
+            const T *gg = gd ? gd + i : gbuf;                                                      \
+            if (!wd) transfer(w, i, m, pbuf, WIDE, false, flat);                                   \
+            if (!gd) transfer(g, i, m, gbuf, WIDE, false, flat);                                   \
+            if (m1 && !m1d) transfer(m1, i, m, m1buf, WIDE, false, flat);                          \
+            if (m2 && !m2d) transfer(m2, i, m, m2buf, WIDE, false, flat);                          \
+            update_##S(c, pp, gg, m1 ? mm1 : NULL, m2 ? mm2 : NULL, m);                            \
+            if (!wd) transfer(w, i, m, pp, WIDE, true, flat);                                      \
+            if (master) transfer(p, i, m, pp, WIDE, true, flat);                                   \
+            if (m1 && !m1d) transfer(m1, i, m, m1buf, WIDE, true, flat);                           \
+            if (m2 && !m2d) transfer(m2, i, m, m2buf, WIDE, true, flat);                           \
         }                                                                                          \
     }
 
@@ -174,10 +184,16 @@ static void run_chunk(const step_ctx *s, int k, int64_t local) {
     mt_tensor *master = a->masters ? a->masters[k] : NULL;
     mt_tensor *m1 = a->moment1 ? a->moment1[k] : NULL;
     mt_tensor *m2 = a->moment2 ? a->moment2[k] : NULL;
+    const mt_tensor *g = a->grads[k];
+    /* memory order when every operand shares the parameter's dense layout (a contiguous
+       parameter and its state are the row-major case of it) */
+    bool flat = mt_is_dense(p) && mt_same_strides(p, g) &&
+                (!master || mt_same_strides(p, master)) && (!m1 || mt_same_strides(p, m1)) &&
+                (!m2 || mt_same_strides(p, m2));
     if (p->dtype == MT_F64)
-        chunk_d(s->c, p, a->grads[k], NULL, m1, m2, b, e);
+        chunk_d(s->c, p, g, NULL, m1, m2, flat, b, e);
     else
-        chunk_f(s->c, p, a->grads[k], master, m1, m2, b, e);
+        chunk_f(s->c, p, g, master, m1, m2, flat, b, e);
 }
 
 /* The parameter owning global chunk ch: the last k with prefix[k] <= ch. */

@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "kernels.h"
+#include "../math/dense_layout.h"
 #include "../math/half.h"
 
 #ifdef __CUDACC__
@@ -103,7 +104,8 @@ template <int D, class Take, class Launch> void mta_apply(int n, Take take, Laun
     if (nb > 0) launch(tl, nb);
 }
 
-// Row-major with no gaps (size-1 dims may have any stride): element i is at data + i.
+// Row-major with no gaps (size-1 dims may have any stride): element i in row-major order is at
+// data + i (the strided kernels' flat index).
 __host__ __device__ bool mta_dense(const mt_cuda_array &a) {
     int64_t s = 1;
     for (int d = a.ndim - 1; d >= 0; d--) {
@@ -111,6 +113,17 @@ __host__ __device__ bool mta_dense(const mt_cuda_array &a) {
         s *= a.shape[d];
     }
     return true;
+}
+
+// Dense in any dim order (row-major, channels-last): element i in memory order is data + i.
+bool mta_packed(const mt_cuda_array &a) {
+    return mt_dims_dense(a.ndim, a.shape, a.strides);
+}
+
+// b has a's shape and strides: memory position i of both is the same element.
+bool mta_same_layout(const mt_cuda_array &a, const mt_cuda_array &b) {
+    return a.ndim == b.ndim && memcmp(a.shape, b.shape, (size_t)a.ndim * sizeof *a.shape) == 0 &&
+           mt_dims_same_strides(a.ndim, a.shape, a.strides, b.strides);
 }
 
 bool mta_floating(mt_dtype dt) {
@@ -325,7 +338,7 @@ template <class S>
 void mta_unscale_pass(const mt_cuda_ctx *c, const mt_cuda_array *g, int n, const float *inv,
                       float *found_inf) {
     auto take = [&](int i, char **addr, int64_t *numel) {
-        if (!g[i].data || g[i].dtype != S::dtype || !mta_dense(g[i])) return false;
+        if (!g[i].data || g[i].dtype != S::dtype || !mta_packed(g[i])) return false;
         addr[0] = g[i].data;
         *numel = g[i].numel;
         return true;
@@ -566,15 +579,16 @@ bool mta_optim_valid(const mt_cuda_optim_args *a) {
     return true;
 }
 
-// Whether (active) parameter i goes through the MTA kernels: every operand dense, the
-// gradient in the parameter's dtype.
+// Whether (active) parameter i goes through the MTA kernels: the parameter dense (in any dim
+// order: channels-last too) and every operand in its layout, so the kernels walk them all in
+// memory order; the gradient in the parameter's dtype.
 bool mta_optim_fast(const mt_cuda_optim_args *a, int i, int moments) {
     const mt_cuda_array &p = a->params[i], &g = a->grads[i];
     const mt_cuda_array *w = mta_entry(a->masters, i);
-    bool ok = g.dtype == p.dtype && mta_dense(p) && mta_dense(g);
-    if (p.dtype != MT_F64) ok = ok && mta_dense(*w); // an absent master is dense (ndim 0)
-    if (moments >= 1) ok = ok && mta_dense(*mta_entry(a->moment1, i));
-    if (moments >= 2) ok = ok && mta_dense(*mta_entry(a->moment2, i));
+    bool ok = g.dtype == p.dtype && mta_packed(p) && mta_same_layout(p, g);
+    if (p.dtype != MT_F64 && w->data) ok = ok && mta_same_layout(p, *w);
+    if (moments >= 1) ok = ok && mta_same_layout(p, *mta_entry(a->moment1, i));
+    if (moments >= 2) ok = ok && mta_same_layout(p, *mta_entry(a->moment2, i));
     return ok;
 }
 
@@ -646,7 +660,7 @@ extern "C" int mt_cuda_unscale(const mt_cuda_ctx *c, const mt_cuda_array *grads,
     mta_unscale_pass<mta_f64>(c, grads, n, inv_scale, found_inf);
     for (int i = 0; i < n; i++) {
         const mt_cuda_array &g = grads[i];
-        if (!g.data || g.numel <= 0 || mta_dense(g)) continue;
+        if (!g.data || g.numel <= 0 || mta_packed(g)) continue;
         int64_t blocks = (g.numel + MTA_CHUNK - 1) / MTA_CHUNK;
         MT_LAUNCH(mta_unscale_strided, blocks, MTA_THREADS, 0, c->stream, g, inv_scale, found_inf);
     }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "element_access.cuh"
+#include "../math/dense_layout.h"
 #include "../tensor/reduce_geom.h"
 
 // Threads to aim for when splitting a reduction (132 SMs x 2048: a full H100). A constant,
@@ -437,13 +438,9 @@ __global__ void __launch_bounds__(1024)
     if (threadIdx.x == 0) mt_store<double>(out, odt, 0, acc);
 }
 
+// Dense in any dim order (row-major, channels-last): a sum of squares reads it in memory order.
 static bool mt_dense(const mt_cuda_array *t) {
-    int64_t s = 1;
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        if (t->shape[d] != 1 && t->strides[d] != s) return false;
-        s *= t->shape[d];
-    }
-    return true;
+    return mt_dims_dense(t->ndim, t->shape, t->strides);
 }
 
 static int64_t mt_sq_blocks(const mt_cuda_array *t) {

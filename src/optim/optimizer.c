@@ -171,10 +171,10 @@ static void optimizer_free_state(mt_optimizer *o) {
     free(o);
 }
 
-/* A zero-filled contiguous tensor, outside any scope. */
-static mt_tensor *state_zeros(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
-                              mt_device dev) {
-    mt_tensor *t = mt_tensor_new(op, ndim, shape, dt, dev);
+/* A zero-filled tensor in the layout of like (NULL: 0-d), outside any scope. */
+static mt_tensor *state_zeros(const char *op, const mt_tensor *like, mt_dtype dt, mt_device dev) {
+    mt_tensor *t =
+        like ? mt_tensor_new_layout_of(op, like, dt, dev) : mt_tensor_new(op, 0, NULL, dt, dev);
     if (t && mt_backend_get(dev)->fill(t, 0.0) < 0) {
         mt_tensor_unref(t);
         return NULL;
@@ -219,12 +219,12 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
             mt_tensor *p = params[i];
             if (!is_low(p->dtype)) continue;
             /* a plain copy through the backend: the master has no autograd history */
-            o->masters[i] = mt_tensor_new(op, p->ndim, p->shape, MT_F32, dev);
+            o->masters[i] = mt_tensor_new_layout_of(op, p, MT_F32, dev);
             if (!o->masters[i] || be->copy(o->masters[i], p) < 0) goto fail;
         }
     }
     if (m2) {
-        o->step_count = state_zeros(op, 0, NULL, MT_F32, dev);
+        o->step_count = state_zeros(op, NULL, MT_F32, dev);
         if (!o->step_count) goto fail;
     }
     return o;
@@ -358,7 +358,7 @@ static int moments_make(const char *op, mt_optimizer *o, new_moments *nm) {
         mt_dtype md = p->dtype == MT_F64 ? MT_F64 : MT_F32;
         for (int k = 0; k < 2 && !failed; k++) {
             if (!needs_moment(o, moments[k], i)) continue;
-            nm->made[nm->n] = state_zeros(op, p->ndim, p->shape, md, o->device);
+            nm->made[nm->n] = state_zeros(op, p, md, o->device);
             failed = !nm->made[nm->n];
             nm->n += !failed;
         }

@@ -158,8 +158,10 @@ typedef struct {
     mt_tensor **fresh[4]; /* per slot, per parameter: new tensor on the device, or NULL */
 } pending;
 
-static mt_tensor *device_copy(const char *fn, const mt_tensor *src, mt_device dev) {
-    mt_tensor *t = mt_tensor_new(fn, src->ndim, src->shape, src->dtype, dev);
+/* A copy of src on dev in the layout of like (a parameter, or src itself). */
+static mt_tensor *device_copy(const char *fn, const mt_tensor *src, const mt_tensor *like,
+                              mt_device dev) {
+    mt_tensor *t = mt_tensor_new_layout_of(fn, like, src->dtype, dev);
     if (t && mt_copy(t, (mt_tensor *)src) < 0) {
         mt_tensor_unref(t);
         return NULL;
@@ -190,7 +192,7 @@ static int load_slot(const char *fn, mt_optimizer *o, mt_state *s, const char *p
         rc = mt_error_set(MT_ERR_SHAPE, "%s: entry '%s%s' is %s %s, expected %s %s (params[%d])",
                           fn, prefix, name, mt_dtype_name(t->dtype), mt_shape_str(t, b1, sizeof b1),
                           mt_dtype_name(want), mt_shape_str(p, b2, sizeof b2), i);
-    } else if (!(*out = device_copy(fn, t, o->device)))
+    } else if (!(*out = device_copy(fn, t, p, o->device)))
         rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_INTERNAL;
     mt_tensor_unref(t);
     return rc;
@@ -220,7 +222,7 @@ static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char
         else if (t->dtype != MT_F32 || t->numel != 1)
             rc =
                 mt_error_set(MT_ERR_INVALID, "%s: entry '%sstep' is not an f32 scalar", fn, prefix);
-        else if (!(pd->step = device_copy(fn, t, o->device)))
+        else if (!(pd->step = device_copy(fn, t, t, o->device)))
             rc = mt_last_status();
         mt_tensor_unref(t);
     }
