@@ -590,6 +590,14 @@ int mt_amp_decorate(mt_tensor *const *params, int n, mt_dtype low, const bool *k
    mark its parameters the same way). */
 void mt_set_amp_keep_fp32(mt_tensor *t, bool on);
 bool mt_amp_keep_fp32(const mt_tensor *t);
+/* torch's model.to(memory_format=torch.channels_last), in place: every 4-d parameter among
+   params[0..n) (and its .grad) gets channels-last storage holding the same values, keeping
+   its identity; other parameters are left as they are. Convolutions under channels-last
+   activations then read their weights and write the weight gradients without layout copies,
+   and a parameter's gradient, masters and moments take its layout. Call it before making the
+   optimizer (state made earlier keeps working, on a slower strided path). Leaf tensors only;
+   on error nothing changes. */
+int mt_params_to_channels_last(mt_tensor *const *params, int n);
 
 /* ---------------------------------------------------------------- nn */
 

@@ -83,8 +83,12 @@ static void blob_put(blob *b, const void *p, size_t n) {
 }
 
 static void blob_tensor(blob *b, const mt_tensor *t) {
-    int64_t head[2 + MT_MAX_DIMS] = {t ? (int64_t)mt_dtype_of(t) : -1, t ? mt_ndim(t) : -1};
-    for (int d = 0; t && d < mt_ndim(t); d++) head[2 + d] = mt_dim(t, d);
+    /* dtype, shape and layout (a failed in-place conversion must not change one) */
+    int64_t head[2 + 2 * MT_MAX_DIMS] = {t ? (int64_t)mt_dtype_of(t) : -1, t ? mt_ndim(t) : -1};
+    for (int d = 0; t && d < mt_ndim(t); d++) {
+        head[2 + d] = mt_dim(t, d);
+        head[2 + MT_MAX_DIMS + d] = mt_dim(t, d) > 1 ? mt_strides(t)[d] : 0;
+    }
     blob_put(b, head, sizeof head);
     if (!t) return;
     size_t nbytes = (size_t)mt_numel(t) * mt_dtype_size(mt_dtype_of(t));
@@ -463,6 +467,18 @@ static int call_decorate(oom_ctx *c) {
     return mt_amp_decorate(c->watch, 2, MT_BF16, NULL);
 }
 
+/* two 3x3 filters with gradients and a bias, to channels-last */
+static void setup_filters(oom_ctx *c) {
+    mt_manual_seed(17);
+    watch(c, random_tensor(4, (int64_t[]){4, 3, 3, 3}, MT_F32, true));
+    watch(c, random_tensor(4, (int64_t[]){2, 3, 3, 3}, MT_BF16, true));
+    set_random_grads(c);
+    watch(c, random_tensor(1, (int64_t[]){4}, MT_F32, true));
+}
+static int call_params_to_channels_last(oom_ctx *c) {
+    return mt_params_to_channels_last(c->watch, 3);
+}
+
 /* checkpoints: the optimizer's and the scaler's state into a state dict, and back */
 static void setup_saved(oom_ctx *c) {
     setup_scaler(c);
@@ -762,6 +778,7 @@ static const scenario scenarios[] = {
     {"multiply by a scalar in place", setup_inplace, call_inplace, NULL, 1, false},
     {"copy in place", setup_inplace, call_inplace, NULL, 2, false},
     {"amp decorate", setup_params, call_decorate, NULL, 0, false},
+    {"params to channels-last", setup_filters, call_params_to_channels_last, NULL, 0, false},
     {"optimizer state save", setup_saved, call_state_save, NULL, 0, false},
     {"scaler state save", setup_saved, call_state_save, NULL, 1, false},
     {"optimizer state load", setup_saved, call_state_load, call_minimize, 0, false},

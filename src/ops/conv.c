@@ -1,6 +1,7 @@
 /* mt_conv2d: 2-d convolution with torch.nn.functional.conv2d's semantics (NCHW logical
    shapes, stride, padding, dilation, groups), on the backend's three convolution families.
-   The output keeps the input's memory format (channels-last in, channels-last out). The tape
+   The output is channels-last when the input or the weight is (torch's rule), the input's
+   gradient in the output's format and the weight's gradient in the weight's. The tape
    node keeps the geometry as its state, the input (for the weight's gradient) and the weight
    (for the input's gradient); the bias gradient is a reduction of the output gradient. */
 #include <stdlib.h>
@@ -89,7 +90,7 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     const mt_conv2d_params *p = n->state;
     const mt_backend *be = mt_backend_get(g->device);
     const mt_input_meta *mx = &n->inputs[0], *mw = &n->inputs[1];
-    bool cl = n->ints[0] != 0;
+    bool cl = n->ints[0] != 0, weight_cl = n->ints[1] != 0;
     mt_tensor *gc = grad_as(g, mx->dtype);
     mt_tensor *gy = gc ? mt_dense_4d(name, gc, cl) : NULL;
     mt_tensor_unref(gc);
@@ -107,7 +108,9 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             gi[0] = gx;
     }
     if (rc == 0 && mt_node_needs(n, 1)) {
-        mt_tensor *gw = mt_tensor_new(name, 4, mw->shape, mw->dtype, g->device);
+        /* in the weight's format: a channels-last parameter's gradient then needs no copy
+           (cuDNN computes it in x's format) and accumulates in the parameter's layout */
+        mt_tensor *gw = mt_tensor_new_format(name, mw->shape, mw->dtype, g->device, weight_cl);
         rc = !gw     ? mt_backward_failed()
              : empty ? be->fill(gw, 0.0)
                      : be->conv2d_backward_weight(gw, gy, n->saved[0], p);
@@ -135,10 +138,13 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 
 /* Runs the forward on cast inputs c[] (x and w dense) and records the node. */
 static mt_tensor *conv_run(mt_tensor **c, mt_tensor *const *in, const int64_t *shape,
-                           const mt_conv2d_params *p) {
+                           const mt_conv2d_params *p, bool weight_cl) {
     const char *name = "mt_conv2d";
     const mt_backend *be = mt_backend_get(c[0]->device);
-    bool cl = mt_prefers_channels_last(c[0]);
+    /* channels-last when the input or the weight is (torch's cudnn and mkldnn rule): a
+       channels-last model then stays channels-last where an activation is both formats at
+       once (1x1 spatial) and needs no weight copy there */
+    bool cl = mt_prefers_channels_last(c[0]) || weight_cl;
     mt_tensor *out = mt_tensor_new_format(name, shape, c[0]->dtype, c[0]->device, cl);
     int rc = out ? 0 : mt_backward_failed();
     if (rc == 0) rc = out->numel == 0 ? 0 : be->conv2d(out, c[0], c[1], c[2], p);
@@ -147,7 +153,8 @@ static mt_tensor *conv_run(mt_tensor **c, mt_tensor *const *in, const int64_t *s
         if (node) rc = mt_node_copy_state(node, p, sizeof *p, name);
         if (node && rc == 0) {
             node->ints[0] = cl;
-            node->n_ints = 1;
+            node->ints[1] = weight_cl;
+            node->n_ints = 2;
             /* dW needs x and dx needs W: save only what a needed gradient uses */
             if (mt_node_needs(node, 1)) rc = mt_node_save(node, 0, c[0]);
             if (rc == 0 && mt_node_needs(node, 0)) rc = mt_node_save(node, 1, c[1]);
@@ -173,7 +180,8 @@ static mt_tensor *conv_impl(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_c
        the node's edges still lead to the cast inputs */
     mt_tensor *d[3] = {mt_dense_4d(name, c[0], false), mt_dense_4d(name, c[1], false),
                        c[2] && !mt_is_contiguous(c[2]) ? mt_contiguous(c[2]) : mt_tensor_ref(c[2])};
-    mt_tensor *out = d[0] && d[1] && (d[2] || !c[2]) ? conv_run(d, c, shape, &p) : NULL;
+    bool weight_cl = mt_prefers_channels_last(c[1]);
+    mt_tensor *out = d[0] && d[1] && (d[2] || !c[2]) ? conv_run(d, c, shape, &p, weight_cl) : NULL;
     mt_dispatch_done(MT_OP_CONV2D, (mt_dtype)compute, out, in, 3);
     mt_dispatch_release(d, 3);
     mt_dispatch_release(c, 3);
