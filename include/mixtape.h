@@ -804,7 +804,8 @@ bool mt_dist_work_done(mt_dist_work *w);
    scaler's unscale), starts what is left (a parameter no gradient reached this step takes
    part with zeros, so unused parameters never hang the job), waits (bounded), and writes the
    average over the ranks into each parameter's gradient (the division by the world size is
-   folded into that copy). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
+   folded into that copy), in the parameter's layout (parameters are dense: contiguous or
+   channels-last). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
    number of backward + mt_ddp_wait steps. The parameters are all on the CPU (MPI) or all on
    one CUDA device (NCCL): then the buckets live on that device, the initial broadcast and
    the averaging all-reduce (NCCL's average) are queued on its stream, and mt_ddp_wait never

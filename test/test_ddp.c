@@ -573,6 +573,48 @@ static void test_adamw_amp_o2(void **state) {
     check_equivalence(&(config){.adamw = true, .amp = true, .o2 = true, .overflow_step = -1}, 2e-3);
 }
 
+/* rank r's loss on a channels-last convolution: sum(conv(x_r, w) * x-dependent weights) */
+static mt_tensor *conv_loss(mt_tensor *w, int r) {
+    double x[3 * 5 * 5];
+    for (int i = 0; i < 75; i++) x[i] = sin(r * 11.0 + i * 0.7);
+    mt_tensor *xt =
+        mt_to_channels_last(mt_cast(mt_from_data(x, MT_F64, MT_SHAPE(1, 3, 5, 5), MT_CPU), MT_F32));
+    mt_tensor *y = mt_conv2d(xt, w, NULL, &(mt_conv2d_opts){.padding = {1, 1}});
+    return mt_sum_all(mt_mul(y, mt_tanh(y)));
+}
+
+/* Channels-last parameters (mt_params_to_channels_last) are averaged as contiguous ones are:
+   the gradient comes back channels-last and equals the mean of every rank's own. */
+static void test_channels_last_params(void **state) {
+    (void)state;
+    int W = mt_dist_world_size(), me = mt_dist_rank();
+    double v[4 * 3 * 3 * 3];
+    for (int i = 0; i < 108; i++) v[i] = cos(i * 1.3) * 0.3;
+    mt_tensor *v64 = mt_from_data(v, MT_F64, MT_SHAPE(4, 3, 3, 3), MT_CPU);
+    mt_tensor *w = mt_cast(v64, MT_F32);
+    mt_release(v64);
+    mt_tensor *ref = mt_clone(w);
+    mt_set_requires_grad(w, true);
+    mt_set_requires_grad(ref, true);
+    assert_int_equal(mt_params_to_channels_last(&w, 1), 0);
+    mt_ddp *ddp = mt_ddp_new(&w, 1, NULL);
+    assert_non_null(ddp);
+    mt_scope_begin();
+    for (int r = 0; r < W; r++) assert_int_equal(mt_backward(conv_loss(ref, r), NULL), 0);
+    assert_int_equal(mt_backward(conv_loss(w, me), NULL), 0);
+    assert_int_equal(mt_ddp_wait(ddp), 0);
+    mt_tensor *g = mt_grad(w), *want = mt_mul_scalar(mt_grad(ref), 1.0 / W);
+    assert_true(mt_is_channels_last(g) && !mt_is_contiguous(g));
+    double *wv = mt_test_values(want);
+    assert_tensor_close(g, wv, 108, 1e-5, 1e-5);
+    free(wv);
+    mt_release(g);
+    mt_scope_end();
+    mt_ddp_free(ddp);
+    mt_release(ref);
+    mt_release(w);
+}
+
 int main(void) {
     mt_test_dist_begin();
     const struct CMUnitTest tests[] = {
@@ -592,6 +634,7 @@ int main(void) {
         MT_TEST(test_unused_parameter),
         MT_TEST(test_ready_twice_refused),
         MT_TEST(test_argument_errors),
+        MT_TEST(test_channels_last_params),
         MT_TEST_ONE_RANK(
             test_new_out_of_memory,
             "a world of one only (a rank failing alone would leave its peers waiting)"),

@@ -65,7 +65,9 @@ static int status_or(int fallback) {
 
 /* p's slot of bucket b as a header of p's shape in *h, made on the stack: over the device
    bucket's storage, or over the host buffer through the storage *st. It holds no reference
-   and must not outlive the bucket. */
+   and must not outlive the bucket. Slots are row-major whatever p's layout (a channels-last
+   parameter's gradient is copied in and out through the strided copy), so ranks whose
+   parameters differ in layout still reduce matching elements. */
 static void slot_header(const ddp_param *p, const ddp_bucket *b, mt_storage *st, mt_tensor *h) {
     if (b->dev) {
         mt_tensor_header_init(h, b->dev->storage, b->dev->dtype, p->t->ndim, p->t->shape, NULL,
@@ -121,8 +123,11 @@ static int on_grad_ready(mt_tensor *leaf, void *user) {
 /* ---- the copy out of the buckets: made, then written. Making can fail (out of memory) and
    changes nothing; writing cannot fail on the CPU and only by a device error on a GPU. */
 
-static bool grad_fits(const mt_tensor *g, mt_dtype dt) {
-    return g && mt_is_contiguous(g) && g->dtype == dt;
+/* g can take p's averaged gradient in place: p's dtype, and contiguous or dense in p's layout
+   (a channels-last parameter's gradient). */
+static bool grad_fits(const mt_tensor *g, const mt_tensor *p) {
+    return g && g->dtype == p->dtype &&
+           (mt_is_contiguous(g) || (mt_is_dense(g) && mt_same_strides(g, p)));
 }
 
 static void out_release(mt_ddp *d) {
@@ -132,14 +137,12 @@ static void out_release(mt_ddp *d) {
     }
 }
 
-/* A new gradient for each parameter whose .grad is missing, not contiguous or not of its
-   dtype. */
+/* A new gradient, in the parameter's layout, for each parameter whose .grad does not fit. */
 static int out_prepare(mt_ddp *d) {
     for (int i = 0; i < d->n; i++) {
         ddp_param *p = &d->params[i];
-        if (grad_fits(p->t->grad, p->t->dtype)) continue;
-        d->made[i] =
-            mt_tensor_new("mt_ddp_wait", p->t->ndim, p->t->shape, p->t->dtype, p->t->device);
+        if (grad_fits(p->t->grad, p->t)) continue;
+        d->made[i] = mt_tensor_new_layout_of("mt_ddp_wait", p->t, p->t->dtype, p->t->device);
         if (!d->made[i]) return status_or(MT_ERR_OOM);
     }
     return 0;
@@ -154,7 +157,17 @@ static int out_write(const mt_ddp *d, const ddp_param *p, mt_tensor *g, int worl
         return mt_tensor_overwrite(g, &slot);
     }
     int64_t n = p->t->numel;
-    const char *src = (const char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+    char *src = (char *)b->buf + p->offset * (int64_t)buf_esize(b->dt);
+    if (!mt_is_contiguous(g)) { /* channels-last: average in the slot, copy out in g's layout */
+        if (b->dt == MT_F64)
+            for (int64_t i = 0; i < n; i++) ((double *)src)[i] /= (double)world;
+        else
+            for (int64_t i = 0; i < n; i++) ((float *)src)[i] /= (float)world;
+        mt_storage st;
+        mt_tensor slot;
+        slot_header(p, b, &st, &slot);
+        return mt_tensor_overwrite(g, &slot);
+    }
     if (b->dt == MT_F64) {
         const double *s = (const double *)src;
         double *out = mt_tensor_data(g);
@@ -315,8 +328,10 @@ static int check_local(mt_tensor *const *params, int n) {
         if (t->device.type != MT_DEVICE_CPU && t->device.type != MT_DEVICE_CUDA)
             return mt_error_set(MT_ERR_UNSUPPORTED, "%s: parameter %d is on %s", fn, i,
                                 mt_dist_device_str(t->device, dev, sizeof dev));
-        if (!mt_is_contiguous(t))
-            return mt_error_set(MT_ERR_INVALID, "%s: parameter %d is not contiguous", fn, i);
+        if (!mt_is_dense(t))
+            return mt_error_set(MT_ERR_INVALID,
+                                "%s: parameter %d is not dense (contiguous or channels-last)", fn,
+                                i);
         if (t->grad_fn || !t->requires_grad)
             return mt_error_set(MT_ERR_STATE, "%s: parameter %d must be a leaf that requires grad",
                                 fn, i);
