@@ -286,6 +286,10 @@ static void train(const config *c, const mode_spec *m, mt_tensor *x, mt_tensor *
         exit(1);
     }
     resnet_init(r, c);
+    /* channels-last weights under channels-last activations, as torch's
+       model.to(memory_format=torch.channels_last): no layout copies in the convolutions */
+    mt_params_to_channels_last(r->params, r->n_params);
+    check("mt_params_to_channels_last");
     if (m->master_weights) {
         mt_amp_decorate(r->params, r->n_params, m->low, NULL); /* batch norm's stay FP32 */
         check("mt_amp_decorate");
