@@ -2,14 +2,14 @@
    F32/F64/F16/BF16 (low precision with FP32 compute and tensor-op math; F32 with FMA math
    unless TF32 is allowed, so F32 results match the CPU's), groups (depthwise included),
    stride, padding and dilation. Each call runs in one memory format (compute_format:
-   channels-last when any of its tensors is; NCHW for F64): every tensor is described with the
-   canonical NCHW or NHWC strides of that format, and an operand of the other format is copied
-   (stream-ordered temporaries of the caching allocator).
-   The algorithm comes from cuDNN's heuristics (cudnnGet*Algorithm_v7), or, with
-   MT_CUDNN_FIND=1 in the environment, from an exhaustive timed search (cudnnFind*AlgorithmEx,
-   which waits for the device: counted as a host sync, once per problem); the choice is
-   cached per problem in the device's cuDNN state. Workspaces come from the caching
-   allocator and are given back right after the call is queued (stream order). */
+   channels-last when its input image, output image or filter is; NCHW for F64): every tensor is
+   described with the canonical NCHW or NHWC strides of that format, and an operand of the other
+   format is copied (stream-ordered temporaries of the caching allocator). The algorithm comes from
+   cuDNN's heuristics (cudnnGet*Algorithm_v7), or, with MT_CUDNN_FIND=1 in the environment, from an
+   exhaustive timed search (cudnnFind*AlgorithmEx, which waits for the device: counted as a host
+   sync, once per problem); the choice is cached per problem in the device's cuDNN state. Workspaces
+   come from the caching allocator and are given back right after the call is queued (stream order).
+ */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -360,14 +360,15 @@ static int fill_bias(mt_tensor *y, const mt_tensor *b) {
 
 /* ---- the three families */
 
-/* The format a call computes in: channels-last when any of its three tensors prefers it (as
-   torch's cudnn_conv_suggest_memory_format looks at input and weight), so nothing is copied
-   where an operand is both formats at once (1x1 filters, 1x1 spatial maps); F64 always runs
-   NCHW (cuDNN's double convolutions are its NCHW kernels; channels-last is a tensor-core
-   layout). */
-static bool compute_format(const mt_tensor *a, const mt_tensor *b, const mt_tensor *c) {
-    return a->dtype != MT_F64 && (mt_prefers_channels_last(a) || mt_prefers_channels_last(b) ||
-                                  mt_prefers_channels_last(c));
+/* The format a call computes in: channels-last when the input image (x, or gx), the output
+   image (y; NULL for the backward calls) or the filter (w, or gw) prefers it, as torch's
+   cudnn_conv_suggest_memory_format looks at input and weight, so nothing is copied where a
+   tensor is both formats at once (1x1 filters, 1x1 spatial maps). The output gradient is not
+   asked: mt_conv2d makes it in the forward's format. F64 always runs NCHW (cuDNN's double
+   convolutions are its NCHW kernels; channels-last is a tensor-core layout). */
+static bool compute_format(const mt_tensor *x, const mt_tensor *y, const mt_tensor *w) {
+    return x->dtype != MT_F64 && (mt_prefers_channels_last(x) || mt_prefers_channels_last(y) ||
+                                  mt_prefers_channels_last(w));
 }
 
 /* t itself when it is dense in the format, else a new tensor in it (*tmp holds it: the caller
@@ -393,7 +394,7 @@ int mt_cuda_conv2d(mt_tensor *y, const mt_tensor *x, const mt_tensor *w, const m
                    const mt_conv2d_params *p) {
     const char *op = "mt_conv2d";
     if (y->numel == 0) return 0;
-    bool cl = compute_format(y, x, w);
+    bool cl = compute_format(x, y, w);
     mt_tensor *ty, *tx = NULL, *tw = NULL;
     mt_tensor *yo = out_format(op, y, cl, &ty);
     int rc = !yo ? mt_last_status() : b ? fill_bias(yo, b) : 0;
@@ -411,7 +412,7 @@ int mt_cuda_conv2d_backward_data(mt_tensor *gx, const mt_tensor *gy, const mt_te
                                  const mt_conv2d_params *p) {
     const char *op = "mt_conv2d";
     if (gx->numel == 0) return 0;
-    bool cl = compute_format(gx, gy, w);
+    bool cl = compute_format(gx, NULL, w);
     mt_tensor *tx, *tg = NULL, *tw = NULL;
     mt_tensor *xo = out_format(op, gx, cl, &tx);
     const mt_tensor *gi = xo ? in_format(op, gy, cl, &tg) : NULL;
@@ -426,7 +427,7 @@ int mt_cuda_conv2d_backward_weight(mt_tensor *gw, const mt_tensor *gy, const mt_
                                    const mt_conv2d_params *p) {
     const char *op = "mt_conv2d";
     if (gw->numel == 0) return 0;
-    bool cl = compute_format(x, gy, gw);
+    bool cl = compute_format(x, NULL, gw);
     mt_tensor *tw, *tg = NULL, *tx = NULL;
     mt_tensor *wo = out_format(op, gw, cl, &tw);
     const mt_tensor *gi = wo ? in_format(op, gy, cl, &tg) : NULL;

@@ -109,7 +109,7 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     }
     if (rc == 0 && mt_node_needs(n, 1)) {
         /* in the weight's format: a channels-last parameter's gradient then needs no copy
-           (cuDNN computes it in x's format) and accumulates in the parameter's layout */
+           and accumulates in the parameter's layout */
         mt_tensor *gw = mt_tensor_new_format(name, mw->shape, mw->dtype, g->device, weight_cl);
         rc = !gw     ? mt_backward_failed()
              : empty ? be->fill(gw, 0.0)
