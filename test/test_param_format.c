@@ -3,6 +3,7 @@
    weight gradient in the weight's format, decorate, masters and moments keeping the layout,
    and the optimizers' and GradScaler's results equal, bit for bit, to those of the same model
    with NCHW parameters. */
+#include <unistd.h>
 #include "test_util.h"
 #include "../src/optim/optimizer_impl.h" /* the state's layout: o->masters, o->moment1/2 */
 
@@ -324,6 +325,58 @@ static void test_clip_channels_last_grads(void **state) {
     model_free(&ref);
 }
 
+/* Checkpoints of a channels-last model: the file holds the NCHW values torch reads, and a
+   resumed optimizer loads its state in the parameters' layout and goes on bit for bit. */
+static void test_checkpoint_channels_last(void **state) {
+    (void)state;
+    model a, b, ref;
+    model_init(&a, 2, MT_BF16, true);    /* Adam, BF16 parameters, FP32 masters */
+    model_init(&ref, 2, MT_BF16, false); /* the same training in NCHW */
+    for (int s = 0; s < 2; s++) {
+        set_grads(&a, s, false);
+        set_grads(&ref, s, false);
+        assert_int_equal(mt_optimizer_step(a.opt), 0);
+        assert_int_equal(mt_optimizer_step(ref.opt), 0);
+    }
+    char dir[] = "/tmp/mt_param_format_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    static const char *const names[N_PARAMS] = {"w", "w1", "b"};
+    mt_state *st = mt_state_new();
+    for (int i = 0; i < N_PARAMS; i++) assert_int_equal(mt_state_put(st, names[i], a.p[i]), 0);
+    assert_int_equal(mt_optimizer_state_save(a.opt, st, "opt."), 0);
+    assert_int_equal(mt_state_save(st, path), 0);
+    mt_state_free(st);
+    st = mt_state_load(path, mt_test_device());
+    assert_non_null(st);
+    mt_tensor *w = mt_state_get(st, "w");
+    assert_true(mt_is_contiguous(w));
+    assert_same_bits(w, ref.p[0]);
+    mt_release(w);
+
+    model_init(&b, 2, MT_BF16, true);
+    assert_int_equal(mt_state_load_into(st, NULL, b.p, names, N_PARAMS, false), 0);
+    assert_int_equal(mt_optimizer_state_load(b.opt, st, "opt."), 0);
+    assert_state_layout(&b, true);
+    model *ms[3] = {&a, &b, &ref};
+    for (int k = 0; k < 3; k++) {
+        set_grads(ms[k], 2, false);
+        assert_int_equal(mt_optimizer_step(ms[k]->opt), 0);
+    }
+    for (int i = 0; i < N_PARAMS; i++) {
+        assert_same_bits(b.p[i], a.p[i]);
+        assert_same_bits(b.p[i], ref.p[i]);
+    }
+    assert_true(channels_last_only(b.p[0]));
+    mt_state_free(st);
+    remove(path);
+    rmdir(dir);
+    model_free(&b);
+    model_free(&ref);
+    model_free(&a);
+    assert_no_error();
+}
+
 /* Decorate casts a channels-last parameter in its layout. */
 static void test_decorate_keeps_channels_last(void **state) {
     (void)state;
@@ -347,6 +400,7 @@ int main(void) {
         MT_TEST(test_conv_channels_last_weight_gradcheck),
         MT_TEST(test_optimizers_channels_last_match),
         MT_TEST(test_clip_channels_last_grads),
+        MT_TEST(test_checkpoint_channels_last),
         MT_TEST(test_decorate_keeps_channels_last),
     };
     return MT_RUN_TESTS(tests);
