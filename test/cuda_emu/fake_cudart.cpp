@@ -18,6 +18,7 @@
 #include "mtemu.h"
 #include "mtemu_internal.h"
 #include "mtemu_arena.h"
+#include "mtemu_coalesce.h"
 #include "mtemu_cudart_counts.h"
 
 #include <algorithm>
@@ -321,8 +322,8 @@ void census_write() {
         return;
     }
     for (const auto &r : rows)
-        std::fprintf(f, "%lld %lld %s\n", (long long)r.second.launches,
-                     (long long)r.second.threads, r.first.c_str());
+        std::fprintf(f, "%lld %lld %s\n", (long long)r.second.launches, (long long)r.second.threads,
+                     r.first.c_str());
     if (!to_stderr) std::fclose(f);
 }
 
@@ -341,6 +342,11 @@ void census_count(const char *kernel, uint64_t threads) {
     e.threads += (int64_t)threads;
 }
 } // namespace
+
+bool mtemu::device_arena_bounds(uintptr_t *lo, uintptr_t *hi) {
+    std::lock_guard<std::recursive_mutex> g(state_lock);
+    return device.bounds(lo, hi);
+}
 
 void mtemu::detail::count_launch(const launch_config &cfg) {
     if (uncounted) return;

@@ -5,6 +5,7 @@
 #ifndef MTEMU_ARENA_H
 #define MTEMU_ARENA_H
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,6 +133,13 @@ class arena {
         if (off - it->first >= it->second.bytes) return nullptr;
         *offset_in_block = off - it->first;
         return &it->second;
+    }
+    // [lo, hi) of the whole arena; false before the first allocation reserved it.
+    bool bounds(uintptr_t *lo, uintptr_t *hi) const {
+        if (!base_) return false;
+        *lo = reinterpret_cast<uintptr_t>(base_);
+        *hi = *lo + capacity_;
+        return true;
     }
     bool contains(const void *p) const {
         const char *c = static_cast<const char *>(p);

@@ -3,6 +3,7 @@
 // access of kernel code (defined only with -DMTEMU_RACECHECK: in a build with the real
 // AddressSanitizer, libasan defines them).
 #include "mtemu_racecheck.h"
+#include "mtemu_coalesce.h"
 #include "mtemu.h"
 
 #include <cstdio>
@@ -159,11 +160,17 @@ void racecheck::report(hazard h, size_t offset, unsigned other) const {
 namespace {
 
 // The fast path, inlined in every callback: an access outside the running block's shared
-// memory (or with no block running) returns after the range check.
+// memory (or with no block running) returns after the range check, and one compare more when
+// no coalescing census records device memory (mtemu_coalesce.h).
 __attribute__((always_inline)) inline void on_access(const void *p, size_t n, bool write) {
+    using mtemu::detail::t_coalesce;
     using mtemu::detail::t_range;
     uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    if (__builtin_expect(a >= t_range.hi || a + n <= t_range.lo, 1)) return;
+    if (__builtin_expect(a >= t_range.hi || a + n <= t_range.lo, 1)) {
+        if (__builtin_expect(a < t_coalesce.hi, 0) && a >= t_coalesce.lo)
+            t_coalesce.census->access(a, n);
+        return;
+    }
     t_range.rc->access(a, n, write);
 }
 

@@ -33,6 +33,7 @@
 #include "mtemu.h"
 #include "mtemu_internal.h"
 #include "mtemu_sanitizer_hooks.h"
+#include "mtemu_coalesce.h"
 #include "mtemu_racecheck.h"
 
 #include <cstdarg>
@@ -319,6 +320,8 @@ class scheduler {
         static_cast<scheduler *>(self)->fail(t, "%s", what);
     }
     detail::racecheck race_{fail_race, this};
+    detail::coalesce coalesce_; // MTEMU_COALESCE_CENSUS
+    bool coalescing_ = false;   // this block is recorded
 };
 
 __thread scheduler *t_sched; // the scheduler running a grid on this OS thread, if any
@@ -390,6 +393,9 @@ void scheduler::run_block() {
     asan_unpoison(shared_->bytes, dyn);
     std::memset(shared_->bytes, poison_byte, dyn);
     race_.begin_block(shared_->bytes, shared_capacity, dyn, view_.block_dim);
+    uintptr_t dev_lo, dev_hi;
+    coalescing_ = detail::coalesce::enabled() && device_arena_bounds(&dev_lo, &dev_hi);
+    if (coalescing_) coalesce_.begin_block(cfg_->kernel, nthreads_, dev_lo, dev_hi);
 
     detail::t_block = &view_;
     for (;;) {
@@ -414,6 +420,7 @@ void scheduler::run_block() {
         if (f->finished) pool_.release(f);
     }
     race_.end_block();
+    if (coalescing_) coalesce_.end_block();
     detail::t_block = nullptr;
     detail::t_thread_idx = nullptr;
 }
@@ -421,7 +428,10 @@ void scheduler::run_block() {
 void scheduler::resume(fiber *f) {
     current_ = f;
     detail::t_thread_idx = f->thread >= 0 ? &threads_[f->thread].idx : nullptr;
-    if (f->thread >= 0) race_.set_thread(static_cast<unsigned>(f->thread));
+    if (f->thread >= 0) {
+        race_.set_thread(static_cast<unsigned>(f->thread));
+        coalesce_.set_thread(static_cast<unsigned>(f->thread));
+    }
     sched_tsan_fiber_ = tsan_current_fiber();
     tsan_switch(f->tsan_fiber);
     asan_start_switch(&sched_fake_stack_, f->stack_lo, stack_bytes);
@@ -460,6 +470,7 @@ void scheduler::run_threads() {
         threads_[t].on = current_;
         detail::t_thread_idx = &threads_[t].idx;
         race_.set_thread(t);
+        coalesce_.set_thread(t);
         (*body_)();
         thread_exited(t);
     }
@@ -500,6 +511,7 @@ void scheduler::syncthreads(const char *file, int line) {
     if (++at_barrier_ == nthreads_) {
         at_barrier_ = 0;
         race_.barrier();
+        if (coalescing_) coalesce_.barrier();
         for (unsigned i = 0; i < nthreads_; i++) {
             cuda_thread &o = threads_[order(i)];
             o.wait = wait_kind::none;
@@ -558,6 +570,7 @@ void scheduler::try_complete(unsigned warp, unsigned group) {
     ws.groups[group] = ws.groups[--ws.ngroups];
     unsigned base = warp * 32, lanes = lanes_in_warp(base), ballot = 0;
     race_.warp_sync(warp, g.arrived, lanes == 32 ? ~0u : ~(~0u << lanes));
+    if (coalescing_) coalesce_.warp_sync(warp);
     for (unsigned j = 0; j < 32; j++)
         if ((g.arrived >> j & 1) && threads_[base + j].value) ballot |= 1u << j;
     unsigned w = static_cast<unsigned>(g.width);

@@ -192,6 +192,18 @@ __global__ void misaligned_vector_load(int *out) {
 // ---- helpers
 namespace {
 
+// The coalescing census's probes (check_coalesce.sh): lane i reads element i (a warp's 32
+// floats are 4 sectors), or element 8 i (32 sectors for the same 128 bytes); both write
+// element i.
+__global__ void copy_coalesced(const float *x, float *y) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = x[i];
+}
+__global__ void copy_strided(const float *x, float *y) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    y[i] = x[8 * i];
+}
+
 #if defined(MTEMU_RACECHECK)
 constexpr bool racecheck_on = true;
 #else
@@ -225,6 +237,22 @@ void test_block_reduction(void **) {
     }
     assert_cuda(cudaFree(dx));
     assert_cuda(cudaFree(dout));
+}
+
+void test_coalescing_probes(void **) {
+    const unsigned blocks = 4, threads = 256, n = blocks * threads;
+    std::vector<float> x(8 * size_t(n));
+    for (size_t i = 0; i < x.size(); i++) x[i] = float(i);
+    float *dx = device_alloc<float>(x.size()), *dy = device_alloc<float>(n);
+    upload(dx, x);
+    MT_LAUNCH(copy_coalesced, blocks, threads, 0, 0, dx, dy);
+    std::vector<float> y = download(dy, n);
+    for (unsigned i = 0; i < n; i++) assert_true(y[i] == float(i));
+    MT_LAUNCH(copy_strided, blocks, threads, 0, 0, dx, dy);
+    y = download(dy, n);
+    for (unsigned i = 0; i < n; i++) assert_true(y[i] == float(8 * i));
+    assert_cuda(cudaFree(dx));
+    assert_cuda(cudaFree(dy));
 }
 
 void test_warp_shuffles(void **) {
@@ -611,6 +639,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_reduction),
         cmocka_unit_test(test_warp_shuffles),
+        cmocka_unit_test(test_coalescing_probes),
         cmocka_unit_test(test_divergent_warps),
         cmocka_unit_test(test_atomics),
         cmocka_unit_test(test_3d_grid_and_blocks),
