@@ -638,25 +638,37 @@ extern "C" int mt_cuda_bn_eval_stats(const mt_cuda_ctx *c, bool wide, int64_t C,
 
 // ---------------------------------------------------------------- dropout
 
-// Thread per Philox block: elements 4q .. 4q + 3 use the four lanes of draw q.
+// Element i keeps or drops by lane i % 4 of Philox draw i / 4 (the CPU's stream). A warp takes
+// 128 consecutive elements per step: lane L makes draw 32 w + L and puts its four lanes in
+// shared memory, then handles elements 128 w + 32 k + L (k = 0..3), reading draw lane
+// 32 k + L back. Consecutive lanes touch consecutive elements, so every load and store is
+// coalesced in any dtype (one thread per draw walking its four elements made each access of a
+// warp span four times the sectors), and each draw is made once.
 template <typename A>
 __global__ void __launch_bounds__(NORM_THREADS)
     dropout_kernel(char *out, const char *x, mt_dtype dt, int64_t n, float p, A scale,
                    uint64_t seed, uint64_t offset) {
-    int64_t blocks = (n + 3) / 4;
-    for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < blocks;
-         q += (int64_t)gridDim.x * blockDim.x) {
-        mt_philox_block blk = mt_philox4x32(offset + (uint64_t)q, seed);
-        // lanes by constant index (a variable one would put blk in local memory)
-        uint32_t lanes[4] = {blk.v[0], blk.v[1], blk.v[2], blk.v[3]};
+    MT_SHARED(uint32_t, draws, NORM_THREADS * 4);
+    unsigned lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    uint32_t *mine = draws + threadIdx.x / 32 * 128;
+    int64_t chunks = (n + 127) / 128;
+    for (int64_t w = blockIdx.x * (int64_t)warps + threadIdx.x / 32; w < chunks;
+         w += (int64_t)gridDim.x * warps) { // the same trip count for every lane of a warp
+        mt_philox_block blk = mt_philox4x32(offset + (uint64_t)(32 * w + lane), seed);
+        mine[4 * lane] = blk.v[0];
+        mine[4 * lane + 1] = blk.v[1];
+        mine[4 * lane + 2] = blk.v[2];
+        mine[4 * lane + 3] = blk.v[3];
+        __syncwarp();
         MT_UNROLL
-        for (int l = 0; l < 4; l++) {
-            int64_t i = 4 * q + l;
+        for (int k = 0; k < 4; k++) {
+            int64_t i = 128 * w + 32 * k + lane;
             if (i >= n) break;
-            bool keep = mt_uint_to_unit_float(lanes[l]) >= p;
+            bool keep = mt_uint_to_unit_float(mine[32 * k + lane]) >= p;
             A v = mt_load<A>(x, dt, i);
             mt_store<A>(out, dt, i, keep ? v * scale : (A)0);
         }
+        __syncwarp(); // every lane has read its draws before the next step writes
     }
 }
 
@@ -664,7 +676,7 @@ extern "C" int mt_cuda_dropout(const mt_cuda_ctx *c, char *out, const char *x, m
                                int64_t n, double p, uint64_t seed, uint64_t offset) {
     if (n == 0) return 0;
     int64_t work = (n + 3) / 4, cap = (int64_t)(c->sm_count > 0 ? c->sm_count : 1) * 32;
-    int64_t blocks = (work + NORM_THREADS - 1) / NORM_THREADS;
+    int64_t blocks = (work + NORM_THREADS - 1) / NORM_THREADS; // a draw per thread
     unsigned grid = (unsigned)(blocks < cap ? blocks : cap);
     double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
     if (dt == MT_F64)
