@@ -20,7 +20,7 @@ namespace {
 constexpr uintptr_t sector_bytes = 32;
 
 struct totals {
-    int64_t requests = 0, sectors = 0, ideal = 0, bytes = 0;
+    int64_t requests = 0, sectors = 0, ideal = 0;
 };
 std::mutex lock;
 std::map<std::string, totals> *by_kernel; // NULL: no census
@@ -72,7 +72,7 @@ void coalesce::begin_block(const char *kernel, unsigned nthreads, uintptr_t lo, 
     nthreads_ = nthreads;
     if (trace_.size() < nthreads) trace_.resize(nthreads);
     for (unsigned t = 0; t < nthreads; t++) trace_[t].clear();
-    requests_ = sectors_total_ = ideal_ = bytes_ = 0;
+    requests_ = sectors_total_ = ideal_ = 0;
     t_coalesce = coalesce_range{lo, hi, this};
 }
 
@@ -84,7 +84,6 @@ void coalesce::end_block() {
     t.requests += requests_;
     t.sectors += sectors_total_;
     t.ideal += ideal_;
-    t.bytes += bytes_;
 }
 
 void coalesce::barrier() {
@@ -113,7 +112,6 @@ void coalesce::flush_warp(unsigned w) {
         requests_++;
         sectors_total_ += std::unique(sectors_.begin(), sectors_.end()) - sectors_.begin();
         ideal_ += static_cast<int64_t>((bytes + sector_bytes - 1) / sector_bytes);
-        bytes_ += static_cast<int64_t>(bytes);
     }
     for (unsigned t = lo; t < hi; t++) trace_[t].clear();
 }

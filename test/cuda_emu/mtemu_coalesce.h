@@ -11,10 +11,10 @@
 // warp one after another between synchronisation points; at each point (a __syncthreads, a
 // warp collective of that warp, the block's end) the census lines up the k-th access of every
 // lane of the warp (adjacent parts of one aligned 16-byte chunk joined: see access) as one
-// warp-wide request (lanes that made fewer accesses sit it out: a
-// model of divergence that is exact for uniform control flow) and counts the distinct
-// sectors it touches. Per kernel, at exit: requests, sectors, the ideal sectors
-// (ceil(bytes / 32) per request) and their ratio.
+// warp-wide request, and counts the distinct sectors it touches. Lanes that made fewer
+// accesses sit it out: a model of divergence that is exact for uniform control flow. Per
+// kernel, at exit: requests, sectors, the ideal sectors (ceil(bytes / 32) per request) and
+// their ratio.
 #ifndef MTEMU_COALESCE_H
 #define MTEMU_COALESCE_H
 
@@ -65,9 +65,9 @@ class coalesce {
 
     const char *kernel_ = nullptr;
     unsigned nthreads_ = 0, thread_ = 0;
-    std::vector<std::vector<access_rec>> trace_; // per thread, since its warp's last sync
-    std::vector<uintptr_t> sectors_;             // scratch of flush_warp
-    int64_t requests_ = 0, sectors_total_ = 0, ideal_ = 0, bytes_ = 0; // this block's
+    std::vector<std::vector<access_rec>> trace_;           // per thread, since its warp's last sync
+    std::vector<uintptr_t> sectors_;                       // scratch of flush_warp
+    int64_t requests_ = 0, sectors_total_ = 0, ideal_ = 0; // this block's
 };
 
 // The running block's census and the device memory it records (hi == 0: none), read by the
