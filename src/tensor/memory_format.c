@@ -31,12 +31,10 @@ bool mt_prefers_channels_last(const mt_tensor *t) {
     return mt_is_channels_last(t) && !mt_is_contiguous(t);
 }
 
-/* A fresh tensor of `shape` laid out with `strides` (dense: they cover numel elements once),
-   as a view of a flat allocation. */
-static mt_tensor *new_with_strides(const char *op, int ndim, const int64_t *shape,
-                                   const int64_t *strides, int64_t numel, mt_dtype dt,
-                                   mt_device dev) {
-    mt_tensor *base = mt_tensor_new(op, 1, &numel, dt, dev);
+/* base (fresh, owned; NULL after a failed allocation) seen with `shape` and `strides`, which
+   cover its elements once. */
+static mt_tensor *view_fresh(const char *op, mt_tensor *base, int ndim, const int64_t *shape,
+                             const int64_t *strides) {
     if (!base) return NULL;
     mt_tensor *out = mt_tensor_view_of(base, ndim, shape, strides, base->offset);
     mt_tensor_unref(base);
@@ -47,10 +45,10 @@ static mt_tensor *new_with_strides(const char *op, int ndim, const int64_t *shap
 mt_tensor *mt_tensor_new_format(const char *op, const int64_t *shape, mt_dtype dt, mt_device dev,
                                 bool channels_last) {
     if (!channels_last) return mt_tensor_new(op, 4, shape, dt, dev);
-    int64_t strides[4], numel;
-    if (mt_shape_numel_checked(op, 4, shape, &numel) < 0) return NULL;
+    const int64_t nhwc[4] = {shape[0], shape[2], shape[3], shape[1]};
+    int64_t strides[4];
     mt_channels_last_strides(shape, strides);
-    return new_with_strides(op, 4, shape, strides, numel, dt, dev);
+    return view_fresh(op, mt_tensor_new(op, 4, nhwc, dt, dev), 4, shape, strides);
 }
 
 _Static_assert(MT_MAX_DIMS <= 16, "mt_dims_dense sorts at most 16 dims");
@@ -67,7 +65,8 @@ mt_tensor *mt_tensor_new_layout_of(const char *op, const mt_tensor *like, mt_dty
                                    mt_device dev) {
     if (mt_is_contiguous(like) || !mt_is_dense(like))
         return mt_tensor_new(op, like->ndim, like->shape, dt, dev);
-    return new_with_strides(op, like->ndim, like->shape, like->strides, like->numel, dt, dev);
+    return view_fresh(op, mt_tensor_new(op, 1, &like->numel, dt, dev), like->ndim, like->shape,
+                      like->strides);
 }
 
 mt_tensor *mt_tensor_new_like(const char *op, int ndim, const int64_t *shape, mt_dtype dt,
