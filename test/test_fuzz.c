@@ -437,11 +437,21 @@ static void check_unchanged(const fuzz_case *c, const char *op, mt_tensor *t, do
     free(before);
 }
 
-/* How many seeds a test runs: MT_FUZZ_SEEDS when set (a longer search by hand), else the
-   suite's count. */
-static uint64_t fuzz_seeds(uint64_t suite) {
+/* The seeds a test runs, [*first, *last]: MT_FUZZ_SEEDS when set (a longer search by hand:
+   "N" for 1..N, "A-B" for A..B, so that a search can go on where an earlier one stopped),
+   else 1..suite. */
+static void fuzz_seeds(uint64_t suite, uint64_t *first, uint64_t *last) {
     const char *env = getenv("MT_FUZZ_SEEDS");
-    return env && atoll(env) > 0 ? (uint64_t)atoll(env) : suite;
+    unsigned long long a = 0, b = 0;
+    *first = 1;
+    *last = suite;
+    if (!env) return;
+    if (sscanf(env, "%llu-%llu", &a, &b) == 2 && a >= 1 && b >= a) {
+        *first = a;
+        *last = b;
+    } else if (sscanf(env, "%llu", &a) == 1 && a >= 1) {
+        *last = a;
+    }
 }
 
 /* One sequence of calls from one seed, each in its own scope. */
@@ -510,8 +520,9 @@ static void test_fuzz_ops(void **state) {
     (void)state;
     /* seeds 1..40, 150 calls each (about 6000 calls, a second even under ASan); MT_FUZZ_SEEDS
        asks for more, for a longer search by hand */
-    uint64_t seeds = fuzz_seeds(40);
-    for (uint64_t seed = 1; seed <= seeds; seed++) fuzz_run(seed, 150);
+    uint64_t first, last;
+    fuzz_seeds(40, &first, &last);
+    for (uint64_t seed = first; seed <= last; seed++) fuzz_run(seed, 150);
 }
 
 /* ---- random graphs through autograd: gradients checked by finite differences
@@ -590,8 +601,9 @@ static mt_tensor *graph_fn(mt_tensor *const *in, void *vctx) {
 
 static void test_fuzz_gradcheck(void **state) {
     (void)state;
-    uint64_t seeds = fuzz_seeds(30);
-    for (uint64_t seed = 1; seed <= seeds; seed++) {
+    uint64_t first, last;
+    fuzz_seeds(30, &first, &last);
+    for (uint64_t seed = first; seed <= last; seed++) {
         mt_scope_begin();
         mt_manual_seed(seed);
         mt_tensor *in[3] = {mt_randn(MT_SHAPE(3, 4), MT_F64, mt_test_device()),
