@@ -19,6 +19,7 @@
 #include "mtemu_internal.h"
 #include "mtemu_arena.h"
 #include "mtemu_coalesce.h"
+#include "mtemu_census.h"
 #include "mtemu_cudart_counts.h"
 
 #include <algorithm>
@@ -310,21 +311,13 @@ const char *census_path;
 
 void census_write() {
     std::lock_guard<std::mutex> g(census_lock);
-    std::vector<std::pair<std::string, census_entry>> rows(census->begin(), census->end());
-    std::sort(rows.begin(), rows.end(), [](const auto &x, const auto &y) {
-        return x.second.launches != y.second.launches ? x.second.launches > y.second.launches
-                                                      : x.first < y.first;
-    });
-    bool to_stderr = std::strcmp(census_path, "-") == 0;
-    std::FILE *f = to_stderr ? stderr : std::fopen(census_path, "w");
-    if (!f) {
-        std::fprintf(stderr, "mtemu: MTEMU_LAUNCH_CENSUS: cannot write %s\n", census_path);
-        return;
-    }
-    for (const auto &r : rows)
-        std::fprintf(f, "%lld %lld %s\n", (long long)r.second.launches, (long long)r.second.threads,
-                     r.first.c_str());
-    if (!to_stderr) std::fclose(f);
+    mtemu_census_write(
+        "MTEMU_LAUNCH_CENSUS", census_path, *census,
+        [](const census_entry &e) { return e.launches; },
+        [](std::FILE *f, const std::string &name, const census_entry &e) {
+            std::fprintf(f, "%lld %lld %s\n", (long long)e.launches, (long long)e.threads,
+                         name.c_str());
+        });
 }
 
 void census_count(const char *kernel, uint64_t threads) {

@@ -1,6 +1,7 @@
 // The coalescing census (mtemu_coalesce.h): per warp, the k-th accesses of its lanes as one
 // request; per kernel, the totals, written at exit.
 #include "mtemu_coalesce.h"
+#include "mtemu_census.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -29,24 +30,13 @@ const char *path;
 // Most sectors first: where the memory traffic goes.
 void write_census() {
     std::lock_guard<std::mutex> g(lock);
-    std::vector<std::pair<std::string, totals>> rows(by_kernel->begin(), by_kernel->end());
-    std::sort(rows.begin(), rows.end(), [](const auto &x, const auto &y) {
-        return x.second.sectors != y.second.sectors ? x.second.sectors > y.second.sectors
-                                                    : x.first < y.first;
-    });
-    bool to_stderr = std::strcmp(path, "-") == 0;
-    std::FILE *f = to_stderr ? stderr : std::fopen(path, "w");
-    if (!f) {
-        std::fprintf(stderr, "mtemu: MTEMU_COALESCE_CENSUS: cannot write %s\n", path);
-        return;
-    }
-    for (const auto &r : rows) {
-        const totals &t = r.second;
-        std::fprintf(f, "%lld %lld %lld %.3f %s\n", (long long)t.requests, (long long)t.sectors,
-                     (long long)t.ideal, t.sectors ? (double)t.ideal / (double)t.sectors : 1.0,
-                     r.first.c_str());
-    }
-    if (!to_stderr) std::fclose(f);
+    mtemu_census_write(
+        "MTEMU_COALESCE_CENSUS", path, *by_kernel, [](const totals &t) { return t.sectors; },
+        [](std::FILE *f, const std::string &name, const totals &t) {
+            std::fprintf(f, "%lld %lld %lld %.3f %s\n", (long long)t.requests, (long long)t.sectors,
+                         (long long)t.ideal, t.sectors ? (double)t.ideal / (double)t.sectors : 1.0,
+                         name.c_str());
+        });
 }
 
 } // namespace
