@@ -399,6 +399,49 @@ static void test_batch_norm_act_nan(void **state) {
     }
 }
 
+/* An inf among a channel's (or a row's) values makes its variance NaN (inf - inf), as in torch:
+   every output of that channel or row is NaN, and so is the running variance. The variance's
+   clamp at 0 once turned that NaN into 0 on the CPU and in the own CUDA kernels, which gave
+   -inf outputs (0 after a ReLU) and a finite running variance, unlike cuDNN. NCHW and
+   channels-last, F32 and F16, batch norm and layer norm. */
+static void test_norm_inf_makes_nan(void **state) {
+    (void)state;
+    const mt_dtype dts[2] = {MT_F32, MT_F16};
+    for (int i = 0; i < 4; i++) {
+        mt_scope_begin();
+        double v[32];
+        fill_values(v, 32, 67);
+        v[5] = INFINITY; /* [0, 1, 0, 1] in NCHW: channel 1; in layer norm's [8, 4]: row 1 */
+        mt_tensor *x = mt_test_tensor(v, dts[i % 2], MT_SHAPE(2, 4, 2, 2));
+        if (i >= 2) x = mt_to_channels_last(x);
+        mt_tensor *rm = mt_zeros(MT_SHAPE(4), MT_F32, mt_test_device());
+        mt_tensor *rv = mt_ones(MT_SHAPE(4), MT_F32, mt_test_device());
+        mt_tensor *y = mt_batch_norm(x, rm, rv, NULL, NULL, true, 0.1, 1e-5);
+        assert_non_null(y);
+        double *yv = mt_test_values(mt_contiguous(y)), *mv = mt_test_values(rm),
+               *vv = mt_test_values(rv);
+        for (int n = 0; n < 2; n++)
+            for (int c = 0; c < 4; c++)
+                for (int s = 0; s < 4; s++)
+                    assert_true(c == 1 ? isnan(yv[(n * 4 + c) * 4 + s])
+                                       : isfinite(yv[(n * 4 + c) * 4 + s]));
+        for (int c = 0; c < 4; c++) {
+            assert_true(c == 1 ? isnan(vv[c]) : isfinite(vv[c]));
+            assert_true(c == 1 ? !isfinite(mv[c]) : isfinite(mv[c]));
+        }
+        free(yv);
+        free(mv);
+        free(vv);
+        mt_tensor *z =
+            mt_layer_norm(mt_test_tensor(v, dts[i % 2], MT_SHAPE(8, 4)), 1, NULL, NULL, 1e-5);
+        double *zv = mt_test_values(z);
+        for (int k = 0; k < 32; k++) assert_true(k / 4 == 1 ? isnan(zv[k]) : isfinite(zv[k]));
+        free(zv);
+        assert_no_error();
+        mt_scope_end();
+    }
+}
+
 /* O1 and O2 BF16: the activation stays BF16, weight, bias and statistics stay FP32, and the
    gradients come back in each input's dtype. */
 static void test_norm_autocast(void **state) {
@@ -778,6 +821,7 @@ int main(void) {
         MT_TEST(test_batch_norm_gradcheck),
         MT_TEST(test_batch_norm_act_residual_grad),
         MT_TEST(test_batch_norm_act_nan),
+        MT_TEST(test_norm_inf_makes_nan),
         MT_TEST(test_norm_autocast),
         MT_TEST(test_batch_norm_running_buffers),
         MT_TEST(test_norm_errors),

@@ -11,7 +11,8 @@
 typedef struct {
     double shifted_mean; /* mean of x - k: subtracted after k, so x - mean stays exact */
     double mean;         /* k + shifted_mean */
-    double var;          /* biased, clamped at 0 (rounding can make it slightly negative) */
+    double var;          /* biased, clamped at 0 (rounding can make it slightly negative); a
+                            NaN (an inf among the values) stays NaN, as in torch */
 } mt_bn_moments;
 
 /* From s1 = sum(x - k) and s2 = sum((x - k)^2) over the M values of a channel. */
@@ -20,7 +21,7 @@ MT_HD mt_bn_moments mt_bn_moments_from_sums(double s1, double s2, double k, int6
     m.shifted_mean = s1 / (double)M;
     double dv = s2 / (double)M - m.shifted_mean * m.shifted_mean;
     m.mean = k + m.shifted_mean;
-    m.var = dv > 0 ? dv : 0;
+    m.var = dv < 0 ? 0 : dv; /* not dv > 0 ? dv : 0, which would turn NaN into 0 */
     return m;
 }
 
