@@ -437,23 +437,6 @@ static void check_unchanged(const fuzz_case *c, const char *op, mt_tensor *t, do
     free(before);
 }
 
-/* The seeds a test runs, [*first, *last]: MT_FUZZ_SEEDS when set (a longer search by hand:
-   "N" for 1..N, "A-B" for A..B, so that a search can go on where an earlier one stopped),
-   else 1..suite. */
-static void fuzz_seeds(uint64_t suite, uint64_t *first, uint64_t *last) {
-    const char *env = getenv("MT_FUZZ_SEEDS");
-    unsigned long long a = 0, b = 0;
-    *first = 1;
-    *last = suite;
-    if (!env) return;
-    if (sscanf(env, "%llu-%llu", &a, &b) == 2 && a >= 1 && b >= a) {
-        *first = a;
-        *last = b;
-    } else if (sscanf(env, "%llu", &a) == 1 && a >= 1) {
-        *last = a;
-    }
-}
-
 /* One sequence of calls from one seed, each in its own scope. */
 static void fuzz_run(uint64_t seed, int steps) {
     fuzz_rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
@@ -521,7 +504,7 @@ static void test_fuzz_ops(void **state) {
     /* seeds 1..40, 150 calls each (about 6000 calls, a second even under ASan); MT_FUZZ_SEEDS
        asks for more, for a longer search by hand */
     uint64_t first, last;
-    fuzz_seeds(40, &first, &last);
+    mt_test_seed_range(40, &first, &last);
     for (uint64_t seed = first; seed <= last; seed++) fuzz_run(seed, 150);
 }
 
@@ -602,7 +585,7 @@ static mt_tensor *graph_fn(mt_tensor *const *in, void *vctx) {
 static void test_fuzz_gradcheck(void **state) {
     (void)state;
     uint64_t first, last;
-    fuzz_seeds(30, &first, &last);
+    mt_test_seed_range(30, &first, &last);
     for (uint64_t seed = first; seed <= last; seed++) {
         mt_scope_begin();
         mt_manual_seed(seed);

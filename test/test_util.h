@@ -333,6 +333,23 @@ static inline double mt_test_urand(uint64_t *state, double lo, double hi) {
     return lo + (hi - lo) * (double)(*state >> 11) * 0x1.0p-53;
 }
 
+/* The seeds a seeded search runs, [*first, *last]: MT_FUZZ_SEEDS when set (a longer search by
+   hand: "N" for 1..N, "A-B" for A..B, so that a search can go on where an earlier one
+   stopped), else 1..suite. test_fuzz and test_train_parity read it. */
+static inline void mt_test_seed_range(uint64_t suite, uint64_t *first, uint64_t *last) {
+    const char *env = getenv("MT_FUZZ_SEEDS");
+    unsigned long long a = 0, b = 0;
+    *first = 1;
+    *last = suite;
+    if (!env) return;
+    if (sscanf(env, "%llu-%llu", &a, &b) == 2 && a >= 1 && b >= a) {
+        *first = a;
+        *last = b;
+    } else if (sscanf(env, "%llu", &a) == 1 && a >= 1) {
+        *last = a;
+    }
+}
+
 /* A tensor of dtype dt on the device under test with values offset + [-1, 1) from *state. */
 static inline mt_tensor *mt_test_uniform(uint64_t *state, mt_dtype dt, int nd, const int64_t *shape,
                                          double offset) {
