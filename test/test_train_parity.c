@@ -42,7 +42,8 @@ typedef struct {
     uint64_t seed;
     arch_kind arch;
     bool channels_last, fused_bn, max_pool; /* CNN */
-    bool layer_norm, linear_act;            /* MLP */
+    bool layer_norm, linear_act, embed;     /* MLP (embed: plus an embedding of 3 ids a row) */
+    mt_activation act;                      /* MLP: RELU, GELU or GELU_TANH */
     double dropout;                         /* 0: none */
     bool cross_entropy;                     /* else MSE against a target */
     mt_dtype low;                           /* MT_F32: no autocast */
@@ -52,10 +53,11 @@ typedef struct {
     bool scaler;
     double init_scale;
     int growth_interval;
-    int bad_step;    /* the step whose input holds an inf, -1 for none */
-    double clip;     /* max_norm after unscale; 0: no clipping */
-    bool clip_async; /* mt_clip_grad_norm_async (no host wait) instead of mt_clip_grad_norm */
-    bool accumulate; /* two backward passes per step (gradient accumulation) */
+    int bad_step;        /* the step whose input holds an inf, -1 for none */
+    double clip;         /* max_norm after unscale; 0: no clipping */
+    bool clip_async;     /* mt_clip_grad_norm_async (no host wait) instead of mt_clip_grad_norm */
+    bool accumulate;     /* two backward passes per step (gradient accumulation) */
+    bool two_optimizers; /* the parameters split between two optimizers of one scaler */
 } config;
 
 /* ------------------------------------------------------------------ random configurations */
@@ -95,14 +97,22 @@ static config config_draw(uint64_t seed) {
     c.clip = draw_bool(&s) ? mt_test_urand(&s, 0.05, 2.0) : 0.0;
     c.clip_async = c.clip > 0 && draw_bool(&s);
     c.accumulate = draw_int(&s, 0, 3) == 0;
+    static const mt_activation acts[3] = {MT_ACT_RELU, MT_ACT_GELU, MT_ACT_GELU_TANH};
+    c.act = c.arch == ARCH_MLP ? acts[draw_int(&s, 0, 2)] : MT_ACT_RELU;
+    c.embed = c.arch == ARCH_MLP && draw_bool(&s);
+    c.two_optimizers = draw_int(&s, 0, 3) == 0;
     return c;
 }
 
 static const char *config_describe(const config *c, char *buf, size_t cap) {
     char model[96];
     if (c->arch == ARCH_MLP)
-        snprintf(model, sizeof model, "mlp%s%s", c->layer_norm ? "+layer_norm" : "",
-                 c->linear_act ? "+linear_act" : "");
+        snprintf(model, sizeof model, "mlp %s%s%s%s",
+                 c->act == MT_ACT_RELU   ? "relu"
+                 : c->act == MT_ACT_GELU ? "gelu"
+                                         : "gelu-tanh",
+                 c->layer_norm ? "+layer_norm" : "", c->linear_act ? "+linear_act" : "",
+                 c->embed ? "+embedding" : "");
     else
         snprintf(model, sizeof model, "cnn%s%s %s", c->channels_last ? " channels-last" : "",
                  c->fused_bn ? " fused-bn" : "", c->max_pool ? "max-pool" : "avg-pool");
@@ -112,11 +122,12 @@ static const char *config_describe(const config *c, char *buf, size_t cap) {
                  mt_dtype_name(c->low));
     snprintf(buf, cap,
              "seed %llu: %s, dropout %.2f, %s, %s, %s lr %.3g wd %.3g eps %.3g, scaler %s "
-             "(init %g, growth every %d), inf at step %d, clip %.3g%s%s",
+             "(init %g, growth every %d), inf at step %d, clip %.3g%s%s%s",
              (unsigned long long)c->seed, model, c->dropout, c->cross_entropy ? "ce" : "mse", amp,
              opt_names[c->opt], c->lr, c->weight_decay, c->eps, c->scaler ? "on" : "off",
              c->init_scale, c->growth_interval, c->bad_step, c->clip, c->clip_async ? " async" : "",
-             c->accumulate ? ", two backward passes a step" : "");
+             c->accumulate ? ", two backward passes a step" : "",
+             c->two_optimizers ? ", two optimizers" : "");
     return buf;
 }
 
@@ -136,9 +147,12 @@ typedef struct {
     int64_t x_shape[4];
     double *x[STEPS], *target[STEPS];
     int64_t labels[STEPS][BATCH];
+    int embedding; /* index of the embedding's weight, -1 without one */
+    int64_t ids[STEPS][BATCH * 3];
 } problem;
 
-enum { INIT_WEIGHT, INIT_BIAS, INIT_SCALE, INIT_SHIFT };
+/* Norm parameters (SCALE, SHIFT) stay FP32 under O2. */
+enum { INIT_WEIGHT, INIT_BIAS, INIT_SCALE, INIT_SHIFT, INIT_EMBEDDING };
 
 static void add_param(problem *p, uint64_t *s, int kind, int ndim, const int64_t *shape) {
     int i = p->n++;
@@ -147,12 +161,15 @@ static void add_param(problem *p, uint64_t *s, int kind, int ndim, const int64_t
     int64_t n = mt_test_numel(ndim, shape), fan_in = n / shape[0];
     p->init[i] = malloc((size_t)n * sizeof(double));
     p->keep_fp32[i] = kind == INIT_SCALE || kind == INIT_SHIFT;
-    double bound = kind == INIT_WEIGHT ? 1.0 / sqrt((double)fan_in) : 0.1;
+    double bound = kind == INIT_WEIGHT      ? 1.0 / sqrt((double)fan_in)
+                   : kind == INIT_EMBEDDING ? 1.0
+                                            : 0.1;
     for (int64_t k = 0; k < n; k++)
         p->init[i][k] = (kind == INIT_SCALE ? 1.0 : 0.0) + mt_test_urand(s, -bound, bound);
 }
 
-/* MLP: linear(12, 16), relu, [layer_norm(16)], dropout, linear(16, 5).
+/* MLP: x [+ the embeddings (20 x 4) of 3 ids a row, flattened], linear(12, 16), an
+   activation, [layer_norm(16)], dropout, linear(16, 5).
    CNN: conv 3x3 (3 -> 4) + bn + relu = h; conv 3x3 (4 -> 4) + bn + h, relu; 2x2 pooling,
    global average, dropout, linear(4, 5). The convolutions have no bias, as in ResNets: batch
    norm takes the mean out, so a bias's gradient would be rounding noise, which Adam scales up
@@ -169,9 +186,12 @@ static void problem_make(problem *p, const config *c) {
             add_param(p, &s, INIT_SCALE, MT_SHAPE(16));
             add_param(p, &s, INIT_SHIFT, MT_SHAPE(16));
         }
+        p->embedding = c->embed ? p->n : -1;
+        if (c->embed) add_param(p, &s, INIT_EMBEDDING, MT_SHAPE(20, 4));
         p->x_ndim = 2;
         memcpy(p->x_shape, (int64_t[]){BATCH, 12}, 2 * sizeof(int64_t));
     } else {
+        p->embedding = -1;
         add_param(p, &s, INIT_WEIGHT, MT_SHAPE(4, 3, 3, 3));
         add_param(p, &s, INIT_SCALE, MT_SHAPE(4));
         add_param(p, &s, INIT_SHIFT, MT_SHAPE(4));
@@ -192,6 +212,7 @@ static void problem_make(problem *p, const config *c) {
         for (int64_t k = 0; k < nx; k++) p->x[t][k] = mt_test_urand(&s, -1.5, 1.5);
         for (int k = 0; k < BATCH * CLASSES; k++) p->target[t][k] = mt_test_urand(&s, -1, 1);
         for (int k = 0; k < BATCH; k++) p->labels[t][k] = draw_int(&s, 0, CLASSES - 1);
+        for (int k = 0; k < BATCH * 3; k++) p->ids[t][k] = draw_int(&s, 0, 19);
         if (t == c->bad_step) p->x[t][nx / 3] = INFINITY;
     }
 }
@@ -205,29 +226,39 @@ static void problem_free(problem *p) {
 }
 
 /* relu(bn(x) [+ residual]), fused or as separate ops. */
-static mt_tensor *bn_relu(const config *c, mt_tensor *x, mt_tensor *const *buf, mt_tensor *w,
-                          mt_tensor *b, mt_tensor *residual) {
+static mt_tensor *bn_relu(const config *c, bool training, mt_tensor *x, mt_tensor *const *buf,
+                          mt_tensor *w, mt_tensor *b, mt_tensor *residual) {
     if (c->fused_bn)
-        return mt_batch_norm_act(x, buf[0], buf[1], w, b, residual, true, 0.1, 1e-5, MT_ACT_RELU);
-    mt_tensor *y = mt_batch_norm(x, buf[0], buf[1], w, b, true, 0.1, 1e-5);
+        return mt_batch_norm_act(x, buf[0], buf[1], w, b, residual, training, 0.1, 1e-5,
+                                 MT_ACT_RELU);
+    mt_tensor *y = mt_batch_norm(x, buf[0], buf[1], w, b, training, 0.1, 1e-5);
     return mt_relu(residual ? mt_add(y, residual) : y);
 }
 
-static mt_tensor *forward(const config *c, mt_tensor *const *p, mt_tensor *const *buf,
-                          mt_tensor *x) {
-    if (c->arch == ARCH_MLP) {
-        mt_tensor *h = c->linear_act ? mt_linear_act(x, p[0], p[1], MT_ACT_RELU)
-                                     : mt_relu(mt_linear(x, p[0], p[1]));
-        if (c->layer_norm) h = mt_layer_norm(h, 1, p[4], p[5], 1e-5);
-        return mt_linear(mt_dropout(h, c->dropout, true), p[2], p[3]);
-    }
+static mt_tensor *activation(mt_tensor *x, mt_activation act) {
+    return act == MT_ACT_GELU ? mt_gelu(x) : act == MT_ACT_GELU_TANH ? mt_gelu_tanh(x) : mt_relu(x);
+}
+
+static mt_tensor *forward_mlp(const config *c, const problem *pb, bool training,
+                              mt_tensor *const *p, mt_tensor *x, mt_tensor *ids) {
+    if (c->embed)
+        x = mt_add(x, mt_reshape(mt_embedding(p[pb->embedding], ids), MT_SHAPE(BATCH, 12)));
+    mt_tensor *h = c->linear_act ? mt_linear_act(x, p[0], p[1], c->act)
+                                 : activation(mt_linear(x, p[0], p[1]), c->act);
+    if (c->layer_norm) h = mt_layer_norm(h, 1, p[4], p[5], 1e-5);
+    return mt_linear(mt_dropout(h, c->dropout, training), p[2], p[3]);
+}
+
+static mt_tensor *forward(const config *c, const problem *pb, bool training, mt_tensor *const *p,
+                          mt_tensor *const *buf, mt_tensor *x, mt_tensor *ids) {
+    if (c->arch == ARCH_MLP) return forward_mlp(c, pb, training, p, x, ids);
     const mt_conv2d_opts same = {.padding = {1, 1}};
-    mt_tensor *h = bn_relu(c, mt_conv2d(x, p[0], NULL, &same), buf, p[1], p[2], NULL);
-    h = bn_relu(c, mt_conv2d(h, p[3], NULL, &same), buf + 2, p[4], p[5], h);
+    mt_tensor *h = bn_relu(c, training, mt_conv2d(x, p[0], NULL, &same), buf, p[1], p[2], NULL);
+    h = bn_relu(c, training, mt_conv2d(h, p[3], NULL, &same), buf + 2, p[4], p[5], h);
     const mt_pool2d_opts pool = {.kernel = {2, 2}};
     h = c->max_pool ? mt_max_pool2d(h, &pool) : mt_avg_pool2d(h, &pool);
     h = mt_reshape(mt_adaptive_avg_pool2d(h, 1, 1), MT_SHAPE(BATCH, 4));
-    return mt_linear(mt_dropout(h, c->dropout, true), p[6], p[7]);
+    return mt_linear(mt_dropout(h, c->dropout, training), p[6], p[7]);
 }
 
 /* ------------------------------------------------------------------ one run */
@@ -237,6 +268,7 @@ typedef struct {
     float scale[STEPS];
     bool skipped[STEPS];
     double *param[MAX_PARAMS], *grad[MAX_PARAMS], *master[MAX_PARAMS], *buffer[MAX_BUFFERS];
+    double *eval; /* the logits of an eval-mode forward after the last step */
     mt_dtype param_dtype[MAX_PARAMS];
     char error[400]; /* "" when the run went through */
 } run_result;
@@ -248,6 +280,7 @@ static void run_result_free(run_result *r) {
         free(r->master[i]);
     }
     for (int i = 0; i < MAX_BUFFERS; i++) free(r->buffer[i]);
+    free(r->eval);
 }
 
 static mt_optimizer *optimizer_make(const config *c, mt_tensor *const *params, int n, double lr) {
@@ -281,65 +314,123 @@ static mt_tensor *on_device(const double *v, int ndim, const int64_t *shape, mt_
     return mt_cast(mt_from_data(v, MT_F64, ndim, shape, dev), MT_F32);
 }
 
-/* The model's tensors on dev, laid out and cast as the configuration asks; false on error. */
-static bool model_make(const config *c, const problem *pb, mt_device dev, mt_tensor **params,
-                       mt_tensor **buffers) {
+/* What one run trains: the model's tensors on one device, its optimizers (the parameters
+   [0, split) in the first, the rest in the second when there are two) and the scaler. */
+typedef struct {
+    mt_device dev;
+    mt_tensor *params[MAX_PARAMS], *buffers[MAX_BUFFERS];
+    mt_optimizer *opt[2];
+    int n_opt, split;
+    mt_grad_scaler *scaler;
+} trainer;
+
+/* The model's tensors on dev, laid out and cast as the configuration asks, its optimizers
+   and scaler; false on error. */
+static bool trainer_make(trainer *tr, const config *c, const problem *pb, mt_device dev,
+                         double lr_factor) {
+    *tr = (trainer){.dev = dev, .n_opt = c->two_optimizers ? 2 : 1};
+    tr->split = c->two_optimizers ? pb->n / 2 : pb->n;
     for (int i = 0; i < pb->n; i++) {
-        params[i] = on_device(pb->init[i], pb->ndim[i], pb->shape[i], dev);
-        mt_set_requires_grad(params[i], true);
+        tr->params[i] = on_device(pb->init[i], pb->ndim[i], pb->shape[i], dev);
+        mt_set_requires_grad(tr->params[i], true);
     }
     for (int i = 0; i < pb->n_buffers; i++)
-        buffers[i] = i % 2 ? mt_ones(1, &pb->buffer_len, MT_F32, dev)
-                           : mt_zeros(1, &pb->buffer_len, MT_F32, dev);
+        tr->buffers[i] = i % 2 ? mt_ones(1, &pb->buffer_len, MT_F32, dev)
+                               : mt_zeros(1, &pb->buffer_len, MT_F32, dev);
     if (mt_last_status() != MT_OK) return false;
-    if (c->channels_last && mt_params_to_channels_last(params, pb->n) != 0) return false;
-    if (c->level == MT_AMP_O2 && mt_amp_decorate(params, pb->n, c->low, pb->keep_fp32) != 0)
+    if (c->channels_last && mt_params_to_channels_last(tr->params, pb->n) != 0) return false;
+    if (c->level == MT_AMP_O2 && mt_amp_decorate(tr->params, pb->n, c->low, pb->keep_fp32) != 0)
         return false;
-    return true;
+    tr->opt[0] = optimizer_make(c, tr->params, tr->split, c->lr * lr_factor);
+    if (tr->n_opt == 2)
+        tr->opt[1] =
+            optimizer_make(c, tr->params + tr->split, pb->n - tr->split, c->lr * lr_factor);
+    tr->scaler = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = c->init_scale,
+                                                           .growth_interval = c->growth_interval,
+                                                           .disabled = !c->scaler});
+    return tr->opt[0] && (tr->n_opt == 1 || tr->opt[1]) && tr->scaler;
 }
 
-/* Forward under autocast and the scaled backward; the step's loss in *loss. */
-static bool forward_backward(const config *c, const problem *pb, int t, mt_device dev,
-                             mt_tensor *const *params, mt_tensor *const *buffers, mt_grad_scaler *s,
-                             mt_tensor **loss) {
-    mt_tensor *x = on_device(pb->x[t], pb->x_ndim, pb->x_shape, dev);
+static void trainer_free(trainer *tr) {
+    mt_optimizer_free(tr->opt[0]);
+    mt_optimizer_free(tr->opt[1]);
+    mt_grad_scaler_free(tr->scaler);
+}
+
+/* The logits of step t's data under autocast (the parameters as they are now). */
+static mt_tensor *logits_of(const config *c, const problem *pb, const trainer *tr, int t,
+                            bool training) {
+    mt_tensor *x = on_device(pb->x[t], pb->x_ndim, pb->x_shape, tr->dev);
     if (c->channels_last) x = mt_to_channels_last(x);
+    mt_tensor *ids = mt_from_data(pb->ids[t], MT_I64, MT_SHAPE(BATCH, 3), tr->dev);
     if (c->low != MT_F32) mt_autocast_begin(c->low, c->level);
-    mt_tensor *logits = forward(c, params, buffers, x);
-    if (c->cross_entropy)
-        *loss = mt_cross_entropy(logits, mt_from_data(pb->labels[t], MT_I64, MT_SHAPE(BATCH), dev));
-    else
-        *loss = mt_mse_loss(logits, on_device(pb->target[t], MT_SHAPE(BATCH, CLASSES), dev));
+    mt_tensor *logits = forward(c, pb, training, tr->params, tr->buffers, x, ids);
     if (c->low != MT_F32) mt_autocast_end();
-    return mt_backward(mt_grad_scaler_scale(s, *loss), NULL) == 0;
+    return logits;
 }
 
-/* One step: forward and backward (twice when accumulating), [unscale and clip], step,
-   update. */
-static bool train_step(const config *c, const problem *pb, int t, mt_device dev,
-                       mt_tensor *const *params, mt_tensor *const *buffers, mt_optimizer *o,
-                       mt_grad_scaler *s, run_result *r) {
+/* Forward and the scaled backward; the step's loss in *loss. */
+static bool forward_backward(const config *c, const problem *pb, const trainer *tr, int t,
+                             mt_tensor **loss) {
+    mt_tensor *logits = logits_of(c, pb, tr, t, true);
+    if (c->cross_entropy)
+        *loss =
+            mt_cross_entropy(logits, mt_from_data(pb->labels[t], MT_I64, MT_SHAPE(BATCH), tr->dev));
+    else
+        *loss = mt_mse_loss(logits, on_device(pb->target[t], MT_SHAPE(BATCH, CLASSES), tr->dev));
+    return mt_backward(mt_grad_scaler_scale(tr->scaler, *loss), NULL) == 0;
+}
+
+/* Unscale and clip (each optimizer's gradients on their own: the sum of the norms is
+   recorded), step each optimizer, one update. */
+static bool step_all(const config *c, const trainer *tr, double *norm) {
+    *norm = 0;
+    for (int k = 0; k < tr->n_opt; k++) {
+        mt_optimizer *o = tr->opt[k];
+        if (c->clip > 0) {
+            if (mt_grad_scaler_unscale(tr->scaler, o) != 0) return false;
+            *norm += c->clip_async ? mt_item(mt_clip_grad_norm_async(o, c->clip))
+                                   : mt_clip_grad_norm(o, c->clip);
+        }
+        if (mt_grad_scaler_step(tr->scaler, o) != 0) return false;
+    }
+    return mt_grad_scaler_update(tr->scaler) == 0;
+}
+
+/* One step: forward and backward (twice when accumulating), step, update; records the
+   step's figures, and the gradients after the last step. */
+static bool train_step(const config *c, const problem *pb, const trainer *tr, int t,
+                       run_result *r) {
     mt_tensor *loss = NULL;
     for (int pass = 0; pass < (c->accumulate ? 2 : 1); pass++)
-        if (!forward_backward(c, pb, t, dev, params, buffers, s, &loss)) return false;
-    r->norm[t] = 0;
-    if (c->clip > 0) {
-        if (mt_grad_scaler_unscale(s, o) != 0) return false;
-        r->norm[t] = c->clip_async ? mt_item(mt_clip_grad_norm_async(o, c->clip))
-                                   : mt_clip_grad_norm(o, c->clip);
-    }
-    if (mt_grad_scaler_step(s, o) != 0 || mt_grad_scaler_update(s) != 0) return false;
+        if (!forward_backward(c, pb, tr, t, &loss)) return false;
+    if (!step_all(c, tr, &r->norm[t])) return false;
     r->loss[t] = mt_item(loss);
-    r->skipped[t] = mt_grad_scaler_last_step_skipped(s);
-    r->scale[t] = mt_grad_scaler_get_scale(s);
+    r->skipped[t] = mt_grad_scaler_last_step_skipped(tr->scaler);
+    r->scale[t] = mt_grad_scaler_get_scale(tr->scaler);
     if (t == STEPS - 1)
         for (int i = 0; i < pb->n; i++) {
-            mt_tensor *g = mt_grad(params[i]);
+            mt_tensor *g = mt_grad(tr->params[i]);
             r->grad[i] = g ? mt_test_values(g) : NULL;
             mt_release(g);
         }
-    mt_optimizer_zero_grad(o);
+    for (int k = 0; k < tr->n_opt; k++) mt_optimizer_zero_grad(tr->opt[k]);
     return mt_last_status() == MT_OK;
+}
+
+/* The parameters, masters, running statistics and an eval-mode forward of the last step's
+   data (batch norm on its running statistics, no dropout). */
+static void record_state(const config *c, const problem *pb, const trainer *tr, run_result *r) {
+    for (int i = 0; i < pb->n; i++) {
+        r->param[i] = mt_test_values(tr->params[i]);
+        r->param_dtype[i] = mt_dtype_of(tr->params[i]);
+        int k = i < tr->split ? 0 : 1;
+        mt_tensor *m = mt_optimizer_master(tr->opt[k], k ? i - tr->split : i);
+        r->master[i] = m ? mt_test_values(m) : NULL;
+        mt_release(m);
+    }
+    for (int i = 0; i < pb->n_buffers; i++) r->buffer[i] = mt_test_values(tr->buffers[i]);
+    r->eval = mt_test_values(logits_of(c, pb, tr, STEPS - 1, false));
 }
 
 /* Trains the configuration on dev for STEPS steps; lr_factor scales the learning rate (the
@@ -350,37 +441,20 @@ static void run(const config *c, const problem *pb, mt_device dev, double lr_fac
     mt_clear_error();
     mt_manual_seed(c->seed); /* dropout draws the same masks on both devices */
     mt_scope_begin();
-    mt_tensor *params[MAX_PARAMS] = {0}, *buffers[MAX_BUFFERS] = {0};
-    mt_optimizer *o = NULL;
-    mt_grad_scaler *s = NULL;
-    bool ok = model_make(c, pb, dev, params, buffers);
-    if (ok) {
-        o = optimizer_make(c, params, pb->n, c->lr * lr_factor);
-        s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = c->init_scale,
-                                                      .growth_interval = c->growth_interval,
-                                                      .disabled = !c->scaler});
-        ok = o && s;
-    }
+    trainer tr;
+    bool ok = trainer_make(&tr, c, pb, dev, lr_factor);
     for (int t = 0; ok && t < STEPS; t++) {
         mt_scope_begin();
-        ok = train_step(c, pb, t, dev, params, buffers, o, s, r);
+        ok = train_step(c, pb, &tr, t, r);
         mt_scope_end();
     }
-    for (int i = 0; ok && i < pb->n; i++) {
-        r->param[i] = mt_test_values(params[i]);
-        r->param_dtype[i] = mt_dtype_of(params[i]);
-        mt_tensor *m = mt_optimizer_master(o, i);
-        r->master[i] = m ? mt_test_values(m) : NULL;
-        mt_release(m);
-    }
-    for (int i = 0; ok && i < pb->n_buffers; i++) r->buffer[i] = mt_test_values(buffers[i]);
+    if (ok) record_state(c, pb, &tr, r);
     if (mt_last_status() != MT_OK)
         snprintf(r->error, sizeof r->error, "%s", mt_last_error());
     else if (!ok)
         snprintf(r->error, sizeof r->error, "a call failed without an error");
     mt_clear_error();
-    mt_optimizer_free(o);
-    mt_grad_scaler_free(s);
+    trainer_free(&tr);
     mt_scope_end();
 }
 
@@ -521,6 +595,8 @@ static void compare_runs(differences *d, const config *c, const problem *pb, con
         compare_array(d, what, a->buffer[i], b->buffer[i], NULL, pb->buffer_len, MT_F32, tol, 0,
                       l2);
     }
+    compare_array(d, "eval-mode logits", a->eval, b->eval, NULL, BATCH * CLASSES, MT_F32, tol, 0,
+                  l2);
 }
 
 /* Runs c on the CPU and on dev and compares; returns the number of differences (the first in
