@@ -50,28 +50,6 @@ static mt_tensor *to_other(mt_tensor *t) {
 
 /* ------------------------------------------------------------------ failure log */
 
-/* The failures of one test case: each is printed at once as a TAP comment (up to a limit);
-   the first is kept for the test's failure message. */
-typedef struct {
-    int count;
-    bool quiet; /* the harness self-test expects failures: print nothing */
-    char first[512];
-} failures;
-
-#define SHOW_MAX 12
-
-static void note(failures *f, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (f->count == 0) snprintf(f->first, sizeof f->first, "%s", msg);
-    if (!f->quiet && f->count < SHOW_MAX) printf("# %s\n", msg);
-    if (!f->quiet && f->count == SHOW_MAX) printf("# (more differences not shown)\n");
-    f->count++;
-}
-
 /* ------------------------------------------------------------------ host-side values */
 
 static double half_to_double(uint16_t h) {
@@ -135,11 +113,11 @@ static double ulp_of(double x, mt_dtype dt) {
 }
 
 /* The tensor's bytes on the host, contiguous (malloc'd; NULL and a note on failure). */
-static unsigned char *download(failures *f, const char *ctx, const mt_tensor *t) {
+static unsigned char *download(mt_test_failures *f, const char *ctx, const mt_tensor *t) {
     size_t n = (size_t)mt_numel(t) * mt_dtype_size(mt_dtype_of(t));
     unsigned char *buf = malloc(n ? n : 1);
     if (!buf || mt_copy_to_host(t, buf, n) != 0) {
-        note(f, "%s: mt_copy_to_host failed: %s", ctx, mt_last_error());
+        mt_test_note(f, "%s: mt_copy_to_host failed: %s", ctx, mt_last_error());
         mt_clear_error();
         free(buf);
         return NULL;
@@ -168,22 +146,23 @@ static const char *index_str(const mt_tensor *t, int64_t i, char *buf, size_t ca
 /* Compares `got` (the other device) with `ref` (the CPU) under tolerance class tol; notes the
    first bad element (or the worst, for TOL_NORMED) naming ctx and what. Returns true when
    they agree. */
-static bool compare(failures *f, const char *ctx, const char *what, const mt_tensor *ref,
+static bool compare(mt_test_failures *f, const char *ctx, const char *what, const mt_tensor *ref,
                     const mt_tensor *got, tol_class tol) {
     char dev[16], ib[64];
     device_str(PARITY_DEVICE, dev, sizeof dev);
     mt_dtype dt = mt_dtype_of(ref);
     if (mt_dtype_of(got) != dt) {
-        note(f, "%s: %s: dtype cpu %s, %s %s", ctx, what, mt_dtype_name(dt), dev,
-             mt_dtype_name(mt_dtype_of(got)));
+        mt_test_note(f, "%s: %s: dtype cpu %s, %s %s", ctx, what, mt_dtype_name(dt), dev,
+                     mt_dtype_name(mt_dtype_of(got)));
         return false;
     }
     bool same_shape = mt_ndim(got) == mt_ndim(ref);
     for (int d = 0; same_shape && d < mt_ndim(ref); d++)
         same_shape = mt_dim(got, d) == mt_dim(ref, d);
     if (!same_shape) {
-        note(f, "%s: %s: shapes differ (ndim cpu %d, %s %d; numel %lld vs %lld)", ctx, what,
-             mt_ndim(ref), dev, mt_ndim(got), (long long)mt_numel(ref), (long long)mt_numel(got));
+        mt_test_note(f, "%s: %s: shapes differ (ndim cpu %d, %s %d; numel %lld vs %lld)", ctx, what,
+                     mt_ndim(ref), dev, mt_ndim(got), (long long)mt_numel(ref),
+                     (long long)mt_numel(got));
         return false;
     }
     unsigned char *a = download(f, ctx, ref), *b = a ? download(f, ctx, got) : NULL;
@@ -198,9 +177,9 @@ static bool compare(failures *f, const char *ctx, const char *what, const mt_ten
     if (exact) {
         for (int64_t i = 0; i < n && ok; i++) {
             if (memcmp(a + (size_t)i * sz, b + (size_t)i * sz, sz) == 0) continue;
-            note(f, "%s: %s: element %lld %s is cpu %.9g, %s %.9g (must be bit-identical)", ctx,
-                 what, (long long)i, index_str(ref, i, ib, sizeof ib), host_value(a, dt, i), dev,
-                 host_value(b, dt, i));
+            mt_test_note(f, "%s: %s: element %lld %s is cpu %.9g, %s %.9g (must be bit-identical)",
+                         ctx, what, (long long)i, index_str(ref, i, ib, sizeof ib),
+                         host_value(a, dt, i), dev, host_value(b, dt, i));
             ok = false;
         }
     } else if (tol == TOL_ELEMWISE) {
@@ -216,9 +195,9 @@ static bool compare(failures *f, const char *ctx, const char *what, const mt_ten
                 ok = fabs(x - y) <= lim;
             }
             if (!ok)
-                note(f, "%s: %s: element %lld %s is cpu %.9g, %s %.9g (|diff| %.3g > %.3g)", ctx,
-                     what, (long long)i, index_str(ref, i, ib, sizeof ib), x, dev, y, fabs(x - y),
-                     lim);
+                mt_test_note(f, "%s: %s: element %lld %s is cpu %.9g, %s %.9g (|diff| %.3g > %.3g)",
+                             ctx, what, (long long)i, index_str(ref, i, ib, sizeof ib), x, dev, y,
+                             fabs(x - y), lim);
         }
     } else {
         double lim = dt == MT_F64 ? 1e-12 : dt == MT_F32 ? 1e-5 : dt == MT_F16 ? 1e-2 : 2e-2;
@@ -241,12 +220,13 @@ static bool compare(failures *f, const char *ctx, const char *what, const mt_ten
         }
         ok = worst / scale <= lim;
         if (!ok)
-            note(f,
-                 "%s: %s: normalised error %.3g > %.3g (max|diff| %.3g, max(1, max|cpu|) %.3g); "
-                 "worst element %lld %s is cpu %.9g, %s %.9g",
-                 ctx, what, worst / scale, lim, worst, scale, (long long)at,
-                 index_str(ref, at, ib, sizeof ib), host_value(a, dt, at), dev,
-                 host_value(b, dt, at));
+            mt_test_note(
+                f,
+                "%s: %s: normalised error %.3g > %.3g (max|diff| %.3g, max(1, max|cpu|) %.3g); "
+                "worst element %lld %s is cpu %.9g, %s %.9g",
+                ctx, what, worst / scale, lim, worst, scale, (long long)at,
+                index_str(ref, at, ib, sizeof ib), host_value(a, dt, at), dev,
+                host_value(b, dt, at));
     }
     free(a);
     free(b);
@@ -368,8 +348,8 @@ static mt_tensor *layout_view(mt_tensor *base, const input_spec *s, int l) {
 
 /* Input `which` of row r on both devices: leaves base[0] (cpu) and base[1] (other device),
    holding identical bits, and the op's inputs in[0], in[1] viewed through the layout. */
-static bool make_input(failures *f, const char *ctx, const op_row *r, int which, mt_dtype row_dt,
-                       int l, mt_tensor **base, mt_tensor **in) {
+static bool make_input(mt_test_failures *f, const char *ctx, const op_row *r, int which,
+                       mt_dtype row_dt, int l, mt_tensor **base, mt_tensor **in) {
     const input_spec *s = &r->in[which];
     mt_dtype dt = s->fixed ? (mt_dtype)(s->fixed - 1) : row_dt;
     int64_t shape[4], n = 1;
@@ -389,7 +369,7 @@ static bool make_input(failures *f, const char *ctx, const op_row *r, int which,
     in[0] = layout_view(base[0], s, l);
     in[1] = layout_view(base[1], s, l);
     if (!in[0] || !in[1] || mt_last_status() != MT_OK) {
-        note(f, "%s: making input %d failed: %s", ctx, which, mt_last_error());
+        mt_test_note(f, "%s: making input %d failed: %s", ctx, which, mt_last_error());
         mt_clear_error();
         return false;
     }
@@ -398,7 +378,8 @@ static bool make_input(failures *f, const char *ctx, const op_row *r, int which,
 
 /* ------------------------------------------------------------------ one case */
 
-static void run_case_body(failures *f, const char *ctx, const op_row *r, mt_dtype dt, int l) {
+static void run_case_body(mt_test_failures *f, const char *ctx, const op_row *r, mt_dtype dt,
+                          int l) {
     char dev[16];
     device_str(PARITY_DEVICE, dev, sizeof dev);
     int n = n_inputs(r);
@@ -415,7 +396,7 @@ static void run_case_body(failures *f, const char *ctx, const op_row *r, mt_dtyp
     for (int d = 0; d < 2; d++) {
         out[d] = r->fn(r, in[d]);
         if (!out[d] || mt_last_status() != MT_OK) {
-            note(f, "%s: forward on %s failed: %s", ctx, d ? dev : "cpu", mt_last_error());
+            mt_test_note(f, "%s: forward on %s failed: %s", ctx, d ? dev : "cpu", mt_last_error());
             mt_clear_error();
             return;
         }
@@ -436,7 +417,7 @@ static void run_case_body(failures *f, const char *ctx, const op_row *r, mt_dtyp
     cot[1] = to_other(cot[0]);
     for (int d = 0; d < 2; d++) {
         if (mt_backward(out[d], cot[d]) != 0 || mt_last_status() != MT_OK) {
-            note(f, "%s: backward on %s failed: %s", ctx, d ? dev : "cpu", mt_last_error());
+            mt_test_note(f, "%s: backward on %s failed: %s", ctx, d ? dev : "cpu", mt_last_error());
             mt_clear_error();
             return;
         }
@@ -451,7 +432,7 @@ static void run_case_body(failures *f, const char *ctx, const op_row *r, mt_dtyp
         char what[32];
         snprintf(what, sizeof what, "gradient of input %d", i);
         if (!g0 || !g1)
-            note(f, "%s: %s: missing on %s", ctx, what, g0 ? dev : "cpu");
+            mt_test_note(f, "%s: %s: missing on %s", ctx, what, g0 ? dev : "cpu");
         else
             compare(f, ctx, what, g0, g1, gtol);
     }
@@ -459,7 +440,7 @@ static void run_case_body(failures *f, const char *ctx, const op_row *r, mt_dtyp
 
 /* One (row, dtype, layout) case in its own scope: every tensor it makes is freed at the end,
    whatever happened, so a failing case leaks nothing into the next one. */
-static void run_case(failures *f, const op_row *r, mt_dtype dt, int l) {
+static void run_case(mt_test_failures *f, const op_row *r, mt_dtype dt, int l) {
     char ctx[160];
     snprintf(ctx, sizeof ctx, "%s | %s | %s", r->name, mt_dtype_name(dt), layout_names[l]);
     mt_scope_begin();
@@ -480,7 +461,7 @@ static int row_setup(void **state) {
 static void test_row(void **state) {
     (void)state;
     const op_row *r = current_row;
-    failures f = {0};
+    mt_test_failures f = {0};
     int cases = 0;
     for (int dt = 0; dt < MT_DTYPE_COUNT; dt++) {
         if (!(r->dtypes & BIT(dt))) continue;
@@ -500,7 +481,7 @@ static void test_row(void **state) {
    next (7 elements: not a multiple of Philox's 4 lanes). */
 static void test_random_same_seed(void **state) {
     (void)state;
-    failures f = {0};
+    mt_test_failures f = {0};
     const mt_dtype dts[] = {MT_F32, MT_F64, MT_F16, MT_BF16};
     for (int k = 0; k < 4; k++) {
         for (int normal = 0; normal < 2; normal++) {
@@ -518,7 +499,7 @@ static void test_random_same_seed(void **state) {
                                           : mt_rand(MT_SHAPE(7), dts[k], dev));
             }
             if (mt_last_status() != MT_OK) {
-                note(&f, "%s: %s", ctx, mt_last_error());
+                mt_test_note(&f, "%s: %s", ctx, mt_last_error());
                 mt_clear_error();
             } else {
                 compare(&f, ctx, "first draw", t[0][0], t[1][0], TOL_EXACT);
@@ -540,7 +521,7 @@ static mt_tensor *host_tensor(const double *v, mt_dtype dt, int64_t n) {
 static bool cmp_values(tol_class tol, mt_dtype dt, const double *x, const double *y, int n) {
     mt_scope_begin();
     mt_tensor *a = host_tensor(x, dt, n), *b = host_tensor(y, dt, n);
-    failures f = {.quiet = true};
+    mt_test_failures f = {.quiet = true};
     bool ok = compare(&f, "self-test", "values", a, b, tol);
     mt_scope_end();
     assert_no_error();
@@ -584,7 +565,7 @@ static void test_harness_detects_differences(void **state) {
     assert_false(cmp_values(TOL_EXACT, MT_F16, z0, z1, 1));
     /* shapes and dtypes must agree before any value is looked at */
     mt_scope_begin();
-    failures f = {.quiet = true};
+    mt_test_failures f = {.quiet = true};
     mt_tensor *a = mt_zeros(MT_SHAPE(2, 3), MT_F32, MT_CPU),
               *b = mt_zeros(MT_SHAPE(3, 2), MT_F32, MT_CPU);
     mt_tensor *c = mt_zeros(MT_SHAPE(2, 3), MT_F64, MT_CPU);

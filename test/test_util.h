@@ -333,6 +333,30 @@ static inline double mt_test_urand(uint64_t *state, double lo, double hi) {
     return lo + (hi - lo) * (double)(*state >> 11) * 0x1.0p-53;
 }
 
+/* The differences a comparison found (test_parity, test_train_parity): each is printed at
+   once as a TAP comment, up to a limit, and the first is kept for the test's failure
+   message. */
+typedef struct {
+    int count;
+    bool quiet; /* a harness self-test expects differences: print nothing */
+    char first[512];
+} mt_test_failures;
+
+static inline void mt_test_note(mt_test_failures *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static inline void mt_test_note(mt_test_failures *f, const char *fmt, ...) {
+    enum { SHOW_MAX = 12 };
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (f->count == 0) snprintf(f->first, sizeof f->first, "%s", msg);
+    if (!f->quiet && f->count < SHOW_MAX) printf("# %s\n", msg);
+    if (!f->quiet && f->count == SHOW_MAX) printf("# (more differences not shown)\n");
+    f->count++;
+}
+
 /* The seeds a seeded search runs, [*first, *last]: MT_FUZZ_SEEDS when set (a longer search by
    hand: "N" for 1..N, "A-B" for A..B, so that a search can go on where an earlier one
    stopped), else 1..suite. test_fuzz and test_train_parity read it. */
