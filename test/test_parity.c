@@ -1,8 +1,12 @@
 /* Device parity: every op of the public API, run on MT_CPU (the tested reference) and on
    MT_CUDA(0) from the same inputs, forward and backward, for every dtype the op takes and for
-   four input layouts. The table `rows` below has one row per op variant; each row is one test
-   case, which tries all of the row's dtype x layout combinations and reports every one that
-   differs (as TAP comments) before failing with the first.
+   four input layouts, and once more (floating dtypes) with +inf, NaN and -inf among the
+   values, where both devices must give the same non-finite results (L_NONFINITE: it fails on
+   the CPU layer norm's old clamp of a NaN variance to 0, which gave +-inf where the device
+   gave NaN). The
+   table `rows` (parity_rows.h) has one row per op variant; each row is one test case, which
+   tries all of the row's dtype x layout combinations and reports every one that differs (as
+   TAP comments) before failing with the first.
 
    What "the same" means (see compare()):
    - bit-exact: copies, views, casts, comparisons, where, max (a selection) and random draws;
@@ -302,6 +306,14 @@ static double gen(const op_row *r, int which, const input_spec *s, mt_dtype dt, 
     return 0;
 }
 
+/* L_NONFINITE's values: +inf at element 1, NaN at 3 and -inf at n - 2 (where the input has
+   them), so that rows and columns of small inputs see each kind next to finite values. */
+static void poison(double *v, int64_t n) {
+    if (n >= 2) v[1] = INFINITY;
+    if (n >= 4) v[3] = NAN;
+    if (n >= 6) v[n - 2] = -INFINITY;
+}
+
 /* Whether layout l changes the memory under input spec s (a row runs a layout only when it
    changes some input: the others would repeat the contiguous case). */
 static bool layout_changes(const input_spec *s, int l) {
@@ -312,6 +324,8 @@ static bool layout_changes(const input_spec *s, int l) {
     case L_BROADCAST:
         return s->shape[0] > 1;
     case L_SLICED:
+        return true;
+    case L_NONFINITE: /* values, not memory: floating inputs of the row's dtype */
         return true;
     default:
         return false;
@@ -341,8 +355,10 @@ static mt_tensor *layout_view(mt_tensor *base, const input_spec *s, int l) {
         return mt_transpose(base, s->ndim - 2, s->ndim - 1);
     case L_BROADCAST:
         return mt_expand(base, s->ndim, s->shape);
-    default:
+    case L_SLICED:
         return mt_slice(base, 0, 1, 2 * s->shape[0] + 1, 2);
+    default: /* L_NONFINITE: dense */
+        return base;
     }
 }
 
@@ -358,6 +374,7 @@ static bool make_input(mt_test_failures *f, const char *ctx, const op_row *r, in
     double *v = malloc((size_t)n * sizeof *v);
     assert_non_null(v);
     for (int64_t k = 0; k < n; k++) v[k] = gen(r, which, s, dt, k);
+    if (l == L_NONFINITE && mt_dtype_is_floating(dt) && !s->finite) poison(v, n);
     mt_tensor *t64 = mt_from_data(v, MT_F64, s->ndim, shape, MT_CPU);
     free(v);
     base[0] = mt_cast(t64, dt);
@@ -466,6 +483,7 @@ static void test_row(void **state) {
     for (int dt = 0; dt < MT_DTYPE_COUNT; dt++) {
         if (!(r->dtypes & BIT(dt))) continue;
         for (int l = 0; l < L_COUNT; l++) {
+            if (l == L_NONFINITE && !mt_dtype_is_floating((mt_dtype)dt)) continue;
             bool changes = l == L_CONTIGUOUS;
             for (int i = 0; i < n_inputs(r); i++) changes |= layout_changes(&r->in[i], l);
             if (!changes) continue;
