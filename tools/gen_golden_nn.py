@@ -40,6 +40,17 @@ def layer_norm_cases(files):
     x = (make(gen, (3, 8), F64) * 0.01 + 100.0).to(F32)
     fo.case("offset_f32", lambda t: F.layer_norm(t[0].double(), (8,), eps=1e-5).float(), [x],
             params={"normalized_ndim": 1, "eps": 1e-5}, grads=False)
+    # An inf in one row and a NaN in another: those rows are NaN (the variance is inf - inf
+    # or NaN), the middle row is untouched, and so are its gradients; the affine parameters'
+    # gradients, sums over the rows, are NaN.
+    for dt in (F32, F16):
+        gen = gen_for("layer_norm_nonfinite_" + NAMES[dt])
+        x = make(gen, (3, 5), dt)
+        x[0, 2], x[2, 4] = float("inf"), float("nan")
+        w, b = _param(gen, (5,), dt), _param(gen, (5,), dt)
+        fo.case("nonfinite_" + NAMES[dt],
+                lambda t: F.layer_norm(t[0], (5,), t[1], t[2], eps=1e-5), [x, w, b],
+                params={"normalized_ndim": 1, "eps": 1e-5}, mixed=True)
     files.append(fo)
 
 
@@ -89,6 +100,7 @@ def batch_norm_cases(files):
         prm = {"training": int(training), "momentum": 0.1, "eps": 1e-5, "channels_last": [0, 5]}
         fa.case(name, lambda t, tr=training: _bn(t, tr, True, True), [x, rm, rv, w, b, res],
                 rg=[True, False, False, True, True, True], params=prm, mixed=True)
+    _batch_norm_nonfinite(fo, fa, fs)
     gen = gen_for("batch_norm_offset")  # as layer_norm's offset case: an F64 reference
     x = (make(gen, (4, 2, 3), F64) * 0.01 + 100.0).to(F32)
     ins = [x, torch.zeros(2), torch.ones(2), torch.ones(2), torch.zeros(2)]
@@ -97,6 +109,36 @@ def batch_norm_cases(files):
                                    t[4].double(), training=True, eps=1e-5).float(), ins,
             params={"training": 1, "momentum": 0.1, "eps": 1e-5}, grads=False)
     files += [fo, fa, fs]
+
+
+def _batch_norm_nonfinite(fo, fa, fs):
+    """An inf in channel 1 in training: that channel's outputs and gradients and its running
+    variance are NaN, its running mean inf, as torch's; the other channels are untouched.
+    NCHW F32 and F16, and the fused op on NHWC F16 with C a multiple of 4 (cuDNN's Ex path on
+    CUDA)."""
+    rg = [True, False, False, True, True]
+    for dt, shape, nhwc in ((F32, (4, 3, 2, 3), False), (F16, (4, 3, 2, 3), False),
+                            (F16, (4, 8, 2, 3), True)):
+        c = shape[1]
+        name = "nonfinite_%s_%strain_%s" % ("x".join(map(str, shape)), "nhwc_" if nhwc else "",
+                                            NAMES[dt])
+        gen = gen_for("batch_norm_" + name)
+        x, res = make(gen, shape, dt), make(gen, shape, dt)
+        x[2, 1, 1, 0] = float("inf")
+        rm, rv = make(gen, (c,), F32), make(gen, (c,), F64, "positive").to(F32)
+        w, b = _param(gen, (c,), dt), _param(gen, (c,), dt)
+        prm = {"training": 1, "momentum": 0.1, "eps": 1e-5}
+        if nhwc:
+            prm["channels_last"] = [0, 5]
+        fa.case(name, lambda t: _bn(t, True, True, True), [x, rm, rv, w, b, res],
+                rg=rg + [True], params=prm, mixed=True)
+        if nhwc:
+            continue
+        fo.case(name, lambda t: _bn(t, True, False, False), [x, rm, rv, w, b], rg=rg,
+                params=prm, mixed=True)
+        fs.case(name, lambda t: (_bn(t, True, False, False), torch.stack([t[1], t[2]]))[1],
+                [x, rm.clone(), rv.clone(), w, b], rg=[False] * 5, params=prm, grads=False,
+                mixed="fp32 output")
 
 
 def index_cases(files):

@@ -443,10 +443,11 @@ __global__ void __launch_bounds__(NORM_THREADS)
         });
 }
 
-// gz = gy, masked by y > 0 under relu
+// gz = gy, zeroed where y <= 0 under relu (a NaN y passes its gradient, as torch's relu
+// backward and mt_relu's do)
 template <typename A, int D> MT_DEV A bn_gz(const mt_cuda_batch_norm_backward_args &a, int64_t e) {
     A g = bn_ld<A, D>(a.gy, a.gydt, e);
-    if (a.y && !(bn_ld<A, D>(a.y, a.xdt, e) > 0)) g = 0;
+    if (a.y && bn_ld<A, D>(a.y, a.xdt, e) <= 0) g = 0;
     return g;
 }
 

@@ -297,7 +297,7 @@ void fwd_channel(const bn_shape &b, const fwd_math &m, const fwd_data &d, int c)
                 double v = (load(d.x, b.dt, i) - mean) * inv * g + sh;
                 if (d.z) v += load(d.z, b.dt, i);
                 if (m.act) {
-                    bool keep = v > 0;
+                    bool keep = !(v <= 0); // a NaN's gradient passes, as torch's relu's
                     if (!keep && !(m.nan && std::isnan(v))) v = 0;
                     uint8_t bit = static_cast<uint8_t>(1u << (l % 8));
                     rs[l / 8] = static_cast<char>(keep ? rs[l / 8] | bit : rs[l / 8] & ~bit);
