@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 import gen_golden_cnn
 import gen_golden_nn
+import gen_golden_nonfinite
 from golden_common import BF16, F16, F32, F64, HIGH, LOW, NAMES, OpFile, gen_for, make
 
 # ----------------------------------------------------------------------------- op generators
@@ -707,6 +708,7 @@ def main():
                 gen_golden_cnn.pool_ops, loss_ops, join_ops, cast_op, view_ops, copy_ops):
         gen(files)
     edge_cases(files)
+    gen_golden_nonfinite.nonfinite_cases(files)
     gen_golden_nn.nn_ops(files)
     total = 0
     for fo in files:
