@@ -1,6 +1,6 @@
 """Golden cases with +inf, -inf and NaN among the inputs of the ops that reduce or select
 (GEMM, linear and its fused activations, convolution, pooling, softmax, cross entropy, MSE),
-forward and gradients, called by tools/gen_golden.py after its element-wise edge cases: every
+forward and gradients, and the gradients of the element-wise ops at their special points, called by tools/gen_golden.py after its element-wise edge cases: every
 device must reproduce torch's non-finite results, not only its finite ones. (The
 normalisations' cases are in gen_golden_nn.py.) A convolution's weights stay finite: a
 non-finite weight on a tap over the padding gives NaN where an implementation multiplies the
@@ -104,3 +104,27 @@ def nonfinite_cases(files):
     _gemm_cases(add)
     _conv_pool_cases(add)
     _softmax_loss_cases(add)
+    _special_grad_cases(add)
+
+
+def _special_grad_cases(add):
+    """Gradients at the special points of the element-wise ops: zeros of both signs, +-inf,
+    NaN, ties of maximum/minimum (torch splits the gradient), a zero divisor, pow at 0."""
+    def t(v):
+        return torch.tensor(v, dtype=torch.float64).to(F32)
+
+    special = [0.0, -0.0, -1.0, INF, -INF, NAN, 1e-30, 3.0]
+    unary = (("neg", torch.neg), ("exp", torch.exp), ("log", torch.log), ("sqrt", torch.sqrt),
+             ("rsqrt", torch.rsqrt), ("abs", torch.abs), ("relu", torch.relu),
+             ("sigmoid", torch.sigmoid), ("tanh", torch.tanh), ("gelu", F.gelu),
+             ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")))
+    for op, f in unary:
+        add(op, "special_grad_f32", lambda x, f=f: f(x[0]), [t(special)])
+    bin2 = lambda f: (lambda x: f(x[0], x[1]))  # noqa: E731
+    for op, f in (("maximum", torch.maximum), ("minimum", torch.minimum)):
+        add(op, "ties_grad_f32", bin2(f), [t([1.0, -0.0, 2.0, NAN, INF, 3.0]),
+                                            t([1.0, 0.0, 5.0, 1.0, INF, NAN])])
+    add("div", "special_grad_f32", bin2(torch.div), [t([1.0, 0.0, INF, 2.0, NAN, -3.0]),
+                                                      t([0.0, 0.0, 2.0, INF, 1.0, -0.0])])
+    add("pow", "special_grad_f32", bin2(torch.pow), [t([0.0, 0.0, 0.0, 2.0, -2.0, 1.0]),
+                                                      t([2.0, 0.5, 0.0, -1.0, 2.0, INF])])
