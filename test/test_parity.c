@@ -3,10 +3,9 @@
    four input layouts, and once more (floating dtypes) with +inf, NaN and -inf among the
    values, where both devices must give the same non-finite results (L_NONFINITE: it fails on
    the CPU layer norm's old clamp of a NaN variance to 0, which gave +-inf where the device
-   gave NaN). The
-   table `rows` (parity_rows.h) has one row per op variant; each row is one test case, which
-   tries all of the row's dtype x layout combinations and reports every one that differs (as
-   TAP comments) before failing with the first.
+   gave NaN). The table `rows` (parity_rows.h) has one row per op variant; each row is one
+   test case, which tries all of the row's dtype x layout combinations and reports every one
+   that differs (as TAP comments) before failing with the first.
 
    What "the same" means (see compare()):
    - bit-exact: copies, views, casts, comparisons, where, max (a selection) and random draws;
