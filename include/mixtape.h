@@ -344,7 +344,8 @@ mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *r
                              double momentum, double eps, mt_activation act);
 
 /* Inverted dropout: training zeroes each element with probability p (in [0, 1]) and scales
-   the others by 1 / (1 - p); the mask comes from the global Philox generator (mt_manual_seed)
+   the others by 1 / (1 - p) (multiplying by 0 or 1 / (1 - p), as torch: a dropped inf or NaN
+   gives NaN); the mask comes from the global Philox generator (mt_manual_seed)
    and is regenerated in backward from the seed and offset kept on the tape (no mask tensor).
    Runs in x's dtype, F16/BF16 included. Not training, or p == 0: returns x itself. */
 mt_tensor *mt_dropout(mt_tensor *x, double p, bool training);

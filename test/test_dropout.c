@@ -85,6 +85,44 @@ static void test_dropout_eval_and_edges(void **state) {
     mt_scope_end();
 }
 
+/* Non-finite values, as torch (x * mask * scale): a kept inf stays inf, a kept NaN NaN, and a
+   dropped one is NaN (0 * inf), not 0, so an overflow is not hidden from the GradScaler. The
+   gradient is the incoming one times the same factor. Every floating dtype. */
+static void test_dropout_nonfinite(void **state) {
+    (void)state;
+    const mt_dtype dts[4] = {MT_F32, MT_F64, MT_F16, MT_BF16};
+    for (int k = 0; k < 4; k++) {
+        mt_scope_begin();
+        double v[64], ones[64];
+        for (int i = 0; i < 64; i++) {
+            v[i] = i % 3 == 0 ? INFINITY : i % 3 == 1 ? NAN : 1.0;
+            ones[i] = 1.0;
+        }
+        mt_manual_seed(11);
+        mt_tensor *m = mt_dropout(mt_test_tensor(ones, dts[k], MT_SHAPE(64)), 0.5, true);
+        mt_manual_seed(11);
+        mt_tensor *x = mt_test_param(v, dts[k], MT_SHAPE(64));
+        mt_tensor *y = mt_dropout(x, 0.5, true);
+        assert_int_equal(mt_backward(y, mt_test_tensor(v, dts[k], MT_SHAPE(64))), 0);
+        double *mv = mt_test_values(m), *yv = mt_test_values(y), *gv = mt_test_values(mt_grad(x));
+        int dropped = 0;
+        for (int i = 0; i < 64; i++) {
+            bool kept = mv[i] != 0;
+            dropped += !kept;
+            double want = kept ? v[i] * 2 : v[i] * 0; /* 0 * inf and 0 * NaN are NaN */
+            if (!(isnan(want) ? isnan(yv[i]) && isnan(gv[i]) : yv[i] == want && gv[i] == want))
+                fail_msg("%s element %d (%s): output %g, gradient %g, want %g",
+                         mt_dtype_name(dts[k]), i, kept ? "kept" : "dropped", yv[i], gv[i], want);
+        }
+        assert_true(dropped > 10 && dropped < 54);
+        free(mv);
+        free(yv);
+        free(gv);
+        assert_no_error();
+        mt_scope_end();
+    }
+}
+
 static mt_tensor *dropout_fn(mt_tensor *const *in, void *ctx) {
     (void)ctx;
     mt_manual_seed(77); /* the same mask at every evaluation */
@@ -116,15 +154,11 @@ static void test_dropout_errors(void **state) {
     mt_scope_end();
 }
 
-
-
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_dropout_statistics),
-        MT_TEST(test_dropout_backward_mask),
-        MT_TEST(test_dropout_seed),
-        MT_TEST(test_dropout_eval_and_edges),
-        MT_TEST(test_dropout_gradcheck),
+        MT_TEST(test_dropout_statistics), MT_TEST(test_dropout_backward_mask),
+        MT_TEST(test_dropout_seed),       MT_TEST(test_dropout_eval_and_edges),
+        MT_TEST(test_dropout_nonfinite),  MT_TEST(test_dropout_gradcheck),
         MT_TEST(test_dropout_errors),
     };
     return MT_RUN_TESTS(tests);

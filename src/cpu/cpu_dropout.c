@@ -1,8 +1,10 @@
 /* Inverted dropout on the CPU: element i (flat index of the contiguous tensor) is kept when
    its Philox draw (src/math/philox.h, counter offset + i / 4, lane i % 4) is >= p, and
-   scaled by 1 / (1 - p). The mask is a pure function of (seed, offset, i), so the backward
-   regenerates it instead of storing it. Low-precision values are converted per chunk in
-   registers and stored back in their dtype (no up-cast tensor). */
+   scaled by 1 / (1 - p). Elements are multiplied by that factor or by 0, as torch does, so
+   a dropped inf or NaN gives NaN (an overflow stays visible to the GradScaler). The mask is a pure
+   function of (seed, offset, i), so the backward regenerates it instead of storing it.
+   Low-precision values are converted per chunk in registers and stored back in their dtype (no
+   up-cast tensor). */
 #include "../math/philox.h"
 #include "cpu.h"
 
@@ -33,7 +35,7 @@ MT_CPU_CLONES static int dropout_chunks(void *vctx, int64_t cb, int64_t ce, int 
             double v[CHUNK];
             mt_cpu_load_f64(src, c->es, c->dt, m, v);
             for (int64_t j = 0; j < m; j++)
-                v[j] = mt_uint_to_unit_float(bits[j]) >= c->p ? v[j] * c->scale : 0.0;
+                v[j] *= mt_uint_to_unit_float(bits[j]) >= c->p ? c->scale : 0.0;
             mt_cpu_store_f64(dst, c->es, c->dt, m, v);
         } else { /* F32 read and written in place; F16 and BF16 through v */
             float v[CHUNK], s = (float)c->scale;
@@ -42,7 +44,7 @@ MT_CPU_CLONES static int dropout_chunks(void *vctx, int64_t cb, int64_t ce, int 
             float *y = f32 ? (float *)dst : v;
             if (!f32) mt_cpu_load_f32(src, c->es, c->dt, m, v);
             for (int64_t j = 0; j < m; j++)
-                y[j] = mt_uint_to_unit_float(bits[j]) >= c->p ? x[j] * s : 0.0f;
+                y[j] = x[j] * (mt_uint_to_unit_float(bits[j]) >= c->p ? s : 0.0f);
             if (!f32) mt_cpu_store_f32(dst, c->es, c->dt, m, v);
         }
     }

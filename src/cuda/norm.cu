@@ -667,7 +667,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
             if (i >= n) break;
             bool keep = mt_uint_to_unit_float(mine[32 * k + lane]) >= p;
             A v = mt_load<A>(x, dt, i);
-            mt_store<A>(out, dt, i, keep ? v * scale : (A)0);
+            mt_store<A>(out, dt, i, v * (keep ? scale : (A)0)); // a dropped NaN/inf: NaN
         }
         __syncwarp(); // every lane has read its draws before the next step writes
     }
