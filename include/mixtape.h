@@ -303,7 +303,9 @@ mt_tensor *mt_adaptive_avg_pool2d(mt_tensor *x, int64_t out_h, int64_t out_w);
 mt_tensor *mt_mse_loss(mt_tensor *pred, mt_tensor *target); /* mean */
 #define MT_IGNORE_INDEX_NONE INT64_MIN
 /* logits [N, C], labels MT_I64 [N]; mean over labels != ignore_index. mt_cross_entropy
-   ignores -100 like torch; MT_IGNORE_INDEX_NONE ignores nothing. */
+   ignores -100 like torch; MT_IGNORE_INDEX_NONE ignores nothing. An ignored row's gradient is
+   exactly 0 whatever its logits hold (torch's is NaN for a row with an inf or NaN logit), so
+   an overflow in ignored (padding) rows cannot make a GradScaler step skip. */
 mt_tensor *mt_cross_entropy(mt_tensor *logits, mt_tensor *labels);
 mt_tensor *mt_cross_entropy_ex(mt_tensor *logits, mt_tensor *labels, int64_t ignore_index);
 

@@ -268,6 +268,41 @@ static void test_ce_ignore_index(void **state) {
     mt_release(t);
 }
 
+/* An ignored row does not take part, whatever its logits hold: an inf or NaN there leaves the
+   loss finite and the row's gradient exactly 0, so it cannot make a GradScaler step skip.
+   (torch's gradient there is NaN, from its log_softmax backward's 0 * exp(NaN); mixtape gives
+   the exact derivative instead: see mt_cross_entropy in mixtape.h.) A row that is not
+   ignored propagates its NaN as torch does. Every floating dtype. */
+static void test_ce_ignored_nonfinite_rows(void **state) {
+    (void)state;
+    const mt_dtype dts[4] = {MT_F32, MT_F64, MT_F16, MT_BF16};
+    for (int k = 0; k < 4; k++) {
+        mt_scope_begin();
+        double x[12] = {1, 2, 0.5, NAN, 1, 2, INFINITY, 0, 1, 0.3, -1, 2};
+        mt_tensor *t = mt_test_param(x, dts[k], MT_SHAPE(4, 3));
+        mt_tensor *l = mt_cross_entropy(t, labels_of((const int64_t[]){0, -100, -100, 2}, 4));
+        assert_int_equal(mt_backward(l, NULL), 0);
+        double *g = mt_test_values(mt_grad(t));
+        assert_true(isfinite(mt_item(l)));
+        for (int i = 0; i < 12; i++) {
+            if (i >= 3 && i < 9)
+                assert_true(g[i] == 0);
+            else
+                assert_true(isfinite(g[i]) && g[i] != 0);
+        }
+        free(g);
+        mt_zero_grad(t);
+        l = mt_cross_entropy(t, labels_of((const int64_t[]){0, 1, -100, 2}, 4));
+        assert_int_equal(mt_backward(l, NULL), 0);
+        g = mt_test_values(mt_grad(t));
+        assert_true(isnan(mt_item(l)));
+        for (int i = 3; i < 6; i++) assert_true(isnan(g[i]));
+        free(g);
+        assert_no_error();
+        mt_scope_end();
+    }
+}
+
 static void test_ce_autocast(void **state) {
     (void)state;
     double x[8] = {1, 2, 3, 4, -1, 0, 1, 9};
@@ -407,6 +442,7 @@ int main(void) {
         MT_TEST(test_ce_forward_backward_dtypes),
         MT_TEST(test_ce_layouts_and_sizes),
         MT_TEST(test_ce_ignore_index),
+        MT_TEST(test_ce_ignored_nonfinite_rows),
         MT_TEST(test_ce_autocast),
         MT_TEST(test_ce_gradcheck),
         MT_TEST(test_ce_errors),
