@@ -708,8 +708,8 @@ def main():
                 gen_golden_cnn.pool_ops, loss_ops, join_ops, cast_op, view_ops, copy_ops):
         gen(files)
     edge_cases(files)
-    gen_golden_nonfinite.nonfinite_cases(files)
     gen_golden_nn.nn_ops(files)
+    gen_golden_nonfinite.nonfinite_cases(files)
     total = 0
     for fo in files:
         fo.write(outdir)

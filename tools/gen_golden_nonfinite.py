@@ -2,7 +2,7 @@
 (GEMM, linear and its fused activations, convolution, pooling, softmax, cross entropy, MSE),
 forward and gradients, and the gradients of the element-wise ops at their special points, called by tools/gen_golden.py after its element-wise edge cases: every
 device must reproduce torch's non-finite results, not only its finite ones. (The
-normalisations' cases are in gen_golden_nn.py.) A convolution's weights stay finite: a
+normalisations' cases are in gen_golden_nn.py; this runs after it, for argmax's file.) A convolution's weights stay finite: a
 non-finite weight on a tap over the padding gives NaN where an implementation multiplies the
 padding's zeros and nothing where it skips the tap, and libraries differ there."""
 import torch
@@ -124,6 +124,12 @@ def _special_grad_cases(add):
     for op, f in (("maximum", torch.maximum), ("minimum", torch.minimum)):
         add(op, "ties_grad_f32", bin2(f), [t([1.0, -0.0, 2.0, NAN, INF, 3.0]),
                                             t([1.0, 0.0, 5.0, 1.0, INF, NAN])])
+    # argmax: a NaN is the largest value (its first index wins), ties take the first index
+    x = t([[1.0, NAN, 3.0, NAN], [INF, 2.0, INF, 1.0], [-INF, -INF, -INF, -INF],
+           [0.0, -0.0, 0.0, -1.0]])
+    for dim in (0, 1):
+        add("argmax", "dim%d_f32" % dim, lambda v, d=dim: torch.argmax(v[0], dim=d), [x],
+            params={"dim": dim, "keepdim": 0})
     add("div", "special_grad_f32", bin2(torch.div), [t([1.0, 0.0, INF, 2.0, NAN, -3.0]),
                                                       t([0.0, 0.0, 2.0, INF, 1.0, -0.0])])
     add("pow", "special_grad_f32", bin2(torch.pow), [t([0.0, 0.0, 0.0, 2.0, -2.0, 1.0]),
