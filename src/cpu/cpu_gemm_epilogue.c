@@ -58,8 +58,8 @@ typedef struct {
     int64_t n; /* row length */
 } pass_ctx;
 
-/* Rows [r0, r1) of an F16/BF16 c through FP32 chunks (only where no panel GEMM ran: the
-   K == 0 case, c all zeros). */
+/* Rows [r0, r1) of an F16/BF16 c through FP32 chunks: where no panel GEMM ran (the K == 0
+   case, c all zeros), and the ReLU after a BF16 oneDNN GEMM. */
 static void pass_rows_low(const mt_gemm_epilogue_args *e, int64_t n, int64_t r0, int64_t r1) {
     mt_dtype dt = e->c->dtype;
     int64_t es = (int64_t)mt_dtype_size(dt);
@@ -130,12 +130,15 @@ int mt_cpu_gemm_epilogue(const mt_gemm_epilogue_args *e) {
         return mt_error_set(MT_ERR_INTERNAL, "mt_cpu_gemm_epilogue: bad operands");
     if ((!e->pre || dt == MT_F32) &&
         mt_cpu_gemm_dnnl_wanted(dt, c->shape[0], c->shape[1], e->a->shape[1])) {
-        /* F32 output is not rounded after the activation, so oneDNN's GELU (another
-           polynomial) would show: only the bias and ReLU (exact in any library) go into the
-           primitive, and src/math's GELU runs in the pass, which also writes pre (F32 only:
-           a rounded BF16 c would be rounded twice through pre) */
-        bool act_in_pass =
-            dt == MT_F32 && (e->pre || (e->act != MT_ACT_RELU && e->act != MT_ACT_NONE));
+        /* Only the bias goes into the primitive in F32, and the activation runs in the pass
+           (src/math's formulas), which also writes pre (F32 only: a rounded BF16 c would be
+           rounded twice through pre): F32 output is not rounded after the activation, so
+           oneDNN's GELU (another polynomial) would show, and oneDNN's ReLU maps NaN to 0 (a
+           max with 0) where mt_relu and torch keep NaN. So ReLU runs in the pass for BF16
+           too (exact after the rounding); GELU on a BF16 output stays in the primitive,
+           whose rounding hides its polynomial. */
+        bool act_in_pass = (dt == MT_F32 && (e->pre || e->act != MT_ACT_NONE)) ||
+                           e->act == MT_ACT_RELU;
         mt_gemm_epilogue_args in_dnnl = *e, in_pass = *e;
         in_dnnl.pre = NULL;
         if (act_in_pass) in_dnnl.act = MT_ACT_NONE;
