@@ -556,6 +556,9 @@ typedef struct {
                                  default 0.01 (torch's) */
     bool multi_precision;
 } mt_adam_opts;
+/* Every optimizer skips a parameter that has no gradient at a step (its state stays as it
+   is), as torch does; Adam and AdamW count steps per parameter (torch's state[p]["step"]), so
+   a parameter's bias correction counts only the steps that updated it. */
 
 mt_optimizer *mt_sgd_new(mt_tensor *const *params, int n, const mt_sgd_opts *o);
 mt_optimizer *mt_momentum_new(mt_tensor *const *params, int n, const mt_momentum_opts *o);
@@ -708,10 +711,12 @@ int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params
                        const char *const *names, int n, bool strict);
 
 /* Optimizer state under prefix: the kind and options (metadata "<prefix>kind" ... and F64
-   scalars "<prefix>lr" ...), the parameter count, the step count, and per parameter i the
-   moments ("<prefix>state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq") and the FP32
-   master weight (".master"). Saves copies (a later step does not change them); a save that
-   fails leaves s as it was. Loading
+   scalars "<prefix>lr" ...), the parameter count, and per parameter i the moments
+   ("<prefix>state.<i>.momentum_buffer", ".exp_avg", ".exp_avg_sq"), Adam's step count
+   (".step", an F32 scalar, as torch's) and the FP32 master weight (".master"); a parameter no
+   step has updated yet has no moments and no count. Saves copies (a later step does not
+   change them); a save that fails leaves s as it was. A state saved before the counts were
+   per parameter (one "<prefix>step") still loads. Loading
    needs an optimizer of the same kind, parameter count, shapes and multi_precision; it
    restores every option (lr included) and the state exactly, so training resumes bit for
    bit. All or nothing. */

@@ -398,21 +398,53 @@ static void test_optimizer_state_errors(void **state) {
     rig_free(&b);
 }
 
+/* Two F32 parameters of ones ([3] and [2]) on the device under test, and gradients for them
+   (0.5 and 2) to set. */
+typedef struct {
+    mt_tensor *a, *b, *ga, *gb;
+} two_params;
+
+static void two_params_make(two_params *t) {
+    mt_device dev = mt_test_device();
+    t->a = mt_ones(MT_SHAPE(3), MT_F32, dev);
+    t->b = mt_ones(MT_SHAPE(2), MT_F32, dev);
+    mt_set_requires_grad(t->a, true);
+    mt_set_requires_grad(t->b, true);
+    t->ga = mt_full(MT_SHAPE(3), MT_F32, dev, 0.5);
+    t->gb = mt_full(MT_SHAPE(2), MT_F32, dev, 2);
+}
+
+static void two_params_free(two_params *t) {
+    mt_release(t->a);
+    mt_release(t->b);
+    mt_release(t->ga);
+    mt_release(t->gb);
+}
+
+/* got holds exactly want's entries, bit for bit. */
+static void assert_same_state(mt_state *want, mt_state *got) {
+    assert_int_equal(mt_state_count(got), mt_state_count(want));
+    for (int i = 0; i < mt_state_count(want); i++) {
+        mt_tensor *x = mt_state_get(want, mt_state_name(want, i)),
+                  *y = mt_state_get(got, mt_state_name(want, i));
+        if (!y) fail_msg("entry %s is missing", mt_state_name(want, i));
+        assert_same_bits(x, y, mt_state_name(want, i));
+        mt_release(x);
+        mt_release(y);
+    }
+}
+
 /* A parameter that no step has updated yet has no moments; loading such a state drops the
    moments the target optimizer had made, so its state equals the saved one. */
 static void test_optimizer_state_lazy_moments(void **state) {
     (void)state;
-    mt_device dev = mt_test_device();
-    mt_tensor *a = mt_ones(MT_SHAPE(3), MT_F32, dev), *b = mt_ones(MT_SHAPE(2), MT_F32, dev);
-    mt_set_requires_grad(a, true);
-    mt_set_requires_grad(b, true);
-    mt_tensor *p[2] = {a, b};
-    mt_tensor *ga = mt_full(MT_SHAPE(3), MT_F32, dev, 0.5),
-              *gb = mt_full(MT_SHAPE(2), MT_F32, dev, 2);
+    two_params tp;
+    two_params_make(&tp);
+    mt_tensor *p[2] = {tp.a, tp.b};
     mt_optimizer *o1 = mt_adam_new(p, 2, NULL), *o2 = mt_adam_new(p, 2, NULL);
-    mt_set_grad(a, ga); /* o1: only a has a gradient */
+    mt_set_grad(tp.a, tp.ga); /* o1: only a has a gradient */
     assert_int_equal(mt_optimizer_step(o1), 0);
-    mt_set_grad(b, gb); /* o2: both */
+    mt_set_grad(tp.b, tp.gb); /* o2: both */
     assert_int_equal(mt_optimizer_step(o2), 0);
     mt_state *s = mt_state_new(), *t = mt_state_new();
     assert_int_equal(mt_optimizer_state_save(o1, s, ""), 0);
@@ -420,23 +452,67 @@ static void test_optimizer_state_lazy_moments(void **state) {
     assert_false(mt_state_contains(s, "state.1.exp_avg"));
     assert_int_equal(mt_optimizer_state_load(o2, s, ""), 0);
     assert_int_equal(mt_optimizer_state_save(o2, t, ""), 0);
-    assert_int_equal(mt_state_count(t), mt_state_count(s));
     assert_false(mt_state_contains(t, "state.1.exp_avg_sq"));
-    for (int i = 0; i < mt_state_count(s); i++) {
-        mt_tensor *x = mt_state_get(s, mt_state_name(s, i)),
-                  *y = mt_state_get(t, mt_state_name(s, i));
-        assert_same_bits(x, y, mt_state_name(s, i));
-        mt_release(x);
-        mt_release(y);
-    }
+    assert_same_state(s, t);
     mt_state_free(s);
     mt_state_free(t);
     mt_optimizer_free(o1);
     mt_optimizer_free(o2);
-    mt_release(a);
-    mt_release(b);
-    mt_release(ga);
-    mt_release(gb);
+    two_params_free(&tp);
+}
+
+/* Adam's step counts are per parameter, saved as torch's "state.<i>.step" (F32 scalars) for
+   the parameters that have moments. A state saved before that has one "step" for all; it
+   still loads. A bad count is refused and changes nothing. */
+static void test_optimizer_state_step_counts(void **state) {
+    (void)state;
+    two_params tp;
+    two_params_make(&tp);
+    mt_tensor *p[2] = {tp.a, tp.b};
+    mt_optimizer *o = mt_adamw_new(p, 2, NULL);
+    mt_set_grad(tp.a, tp.ga);
+    for (int i = 0; i < 3; i++) assert_int_equal(mt_optimizer_step(o), 0);
+    mt_set_grad(tp.b, tp.gb);
+    assert_int_equal(mt_optimizer_step(o), 0); /* a: 4 steps, b: 1 */
+    mt_state *s = mt_state_new();
+    assert_int_equal(mt_optimizer_state_save(o, s, "o."), 0);
+    mt_tensor *s0 = mt_state_get(s, "o.state.0.step"), *s1 = mt_state_get(s, "o.state.1.step");
+    assert_non_null(s0);
+    assert_non_null(s1);
+    assert_int_equal(mt_ndim(s0), 0);
+    assert_int_equal(mt_dtype_of(s0), MT_F32);
+    assert_float_equal(mt_item(s0), 4, 0);
+    assert_float_equal(mt_item(s1), 1, 0);
+    assert_false(mt_state_contains(s, "o.step"));
+
+    /* a count of the wrong dtype: refused, the optimizer's state unchanged */
+    mt_optimizer *o2 = mt_adamw_new(p, 2, NULL);
+    mt_state *before = mt_state_new(), *after = mt_state_new();
+    assert_int_equal(mt_optimizer_state_save(o2, before, ""), 0);
+    mt_tensor *bad = mt_scalar(4, MT_F64, MT_CPU);
+    mt_state_put(s, "o.state.1.step", bad);
+    assert_int_equal(mt_optimizer_state_load(o2, s, "o."), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "entry 'o.state.1.step' is not an f32 scalar");
+    assert_int_equal(mt_optimizer_state_save(o2, after, ""), 0);
+    assert_same_state(before, after);
+    /* the older form: one "step" for every parameter with moments */
+    mt_state_put(s, "o.state.1.step", s1);
+    mt_tensor *old = mt_scalar(7, MT_F32, MT_CPU);
+    mt_state_put(s, "o.step", old);
+    assert_int_equal(mt_optimizer_state_load(o2, s, "o."), 0);
+    mt_state *t = mt_state_new();
+    assert_int_equal(mt_optimizer_state_save(o2, t, "o."), 0);
+    mt_tensor *t0 = mt_state_get(t, "o.state.0.step"), *t1 = mt_state_get(t, "o.state.1.step");
+    assert_float_equal(mt_item(t0), 7, 0);
+    assert_float_equal(mt_item(t1), 7, 0);
+    assert_no_error();
+    mt_tensor *keep[] = {t0, t1, old, bad, s0, s1};
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++) mt_release(keep[i]);
+    mt_state *states[] = {s, t, before, after};
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) mt_state_free(states[i]);
+    mt_optimizer_free(o);
+    mt_optimizer_free(o2);
+    two_params_free(&tp);
 }
 
 static void test_scaler_state_errors(void **state) {
@@ -571,6 +647,7 @@ int main(void) {
         MT_TEST(test_resume_adamw),
         MT_TEST(test_optimizer_state_errors),
         MT_TEST(test_optimizer_state_lazy_moments),
+        MT_TEST(test_optimizer_state_step_counts),
         MT_TEST(test_scaler_state_errors),
         MT_TEST(test_python_dtypes),
         MT_TEST(test_pytorch_mlp),

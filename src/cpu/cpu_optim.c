@@ -173,7 +173,8 @@ DEFINE_CHUNK(double, d, MT_F64, true)
 
 typedef struct {
     const mt_optim_step_args *a;
-    const optim_consts *c;
+    const optim_consts *c; /* Adam: one per parameter (its own step count); else one for all */
+    bool per_param;
     const int64_t *prefix; /* prefix[k]: the first global chunk of parameter k */
 } step_ctx;
 
@@ -185,15 +186,16 @@ static void run_chunk(const step_ctx *s, int k, int64_t local) {
     mt_tensor *m1 = a->moment1 ? a->moment1[k] : NULL;
     mt_tensor *m2 = a->moment2 ? a->moment2[k] : NULL;
     const mt_tensor *g = a->grads[k];
+    const optim_consts *c = s->c + (s->per_param ? k : 0);
     /* memory order when every operand shares the parameter's dense layout (a contiguous
        parameter and its state are the row-major case of it) */
     bool flat = mt_is_dense(p) && mt_same_strides(p, g) &&
                 (!master || mt_same_strides(p, master)) && (!m1 || mt_same_strides(p, m1)) &&
                 (!m2 || mt_same_strides(p, m2));
     if (p->dtype == MT_F64)
-        chunk_d(s->c, p, g, NULL, m1, m2, flat, b, e);
+        chunk_d(c, p, g, NULL, m1, m2, flat, b, e);
     else
-        chunk_f(s->c, p, g, master, m1, m2, flat, b, e);
+        chunk_f(c, p, g, master, m1, m2, flat, b, e);
 }
 
 /* The parameter owning global chunk ch: the last k with prefix[k] <= ch. */
@@ -225,26 +227,40 @@ int mt_cpu_optim_step(const mt_optim_step_args *a) {
                   a->inv_scale ? (double)*(const float *)mt_tensor_data(a->inv_scale) : 1.0},
     };
     mt_optim_weight_decay(a->lr, a->weight_decay, a->kind == MT_OPTIM_ADAMW, &c.h.l2, &c.h.decay);
-    double t = 0;
-    if (adam) {
-        t = (a->step_count ? (double)*(const float *)mt_tensor_data(a->step_count) : 0.0) + 1.0;
-        mt_adam_bias_correction(a->lr, a->beta1, a->beta2, t, &c.h.step_size, &c.h.bc2_sqrt);
-    }
 
-    int64_t prefix_small[33];
-    int64_t *prefix = a->n < 32 ? prefix_small : mt_heap_alloc(((size_t)a->n + 1) * sizeof *prefix);
-    if (!prefix)
+    /* prefix: n + 1 chunk offsets; Adam also n sets of constants, one per step count */
+    enum { SMALL = 32 };
+    int64_t prefix_small[SMALL + 1];
+    optim_consts consts_small[SMALL];
+    bool small = a->n <= SMALL;
+    int64_t *prefix = small ? prefix_small : mt_heap_alloc(((size_t)a->n + 1) * sizeof *prefix);
+    optim_consts *consts = !adam   ? &c
+                           : small ? consts_small
+                                   : mt_heap_alloc((size_t)a->n * sizeof *consts);
+    if (!prefix || !consts) {
+        if (!small) {
+            free(prefix);
+            if (consts != &c) free(consts);
+        }
         return mt_error_set(MT_ERR_OOM, "mt_optimizer_step: out of memory planning %d tensors",
                             a->n);
+    }
+    float *steps = adam && a->step_count ? (float *)mt_tensor_data(a->step_count) : NULL;
     int64_t total = 0;
     prefix[0] = 0;
     for (int k = 0; k < a->n; k++) {
         int64_t numel = a->grads[k] ? a->params[k]->numel : 0;
         total += numel;
         prefix[k + 1] = prefix[k] + (numel + CHUNK - 1) / CHUNK;
+        if (adam) { /* Adam's t counts the steps that updated this parameter, as torch's */
+            consts[k] = c;
+            double t = (steps ? (double)steps[k] : 0.0) + 1.0;
+            mt_adam_bias_correction(a->lr, a->beta1, a->beta2, t, &consts[k].h.step_size,
+                                    &consts[k].h.bc2_sqrt);
+        }
     }
     int64_t nchunks = prefix[a->n];
-    step_ctx s = {a, &c, prefix};
+    step_ctx s = {a, consts, adam, prefix};
     int threads = mt_cpu_num_threads();
     if (threads <= 1 || total < MT_CPU_PARALLEL_MIN || nchunks < 2) {
         for (int k = 0; k < a->n; k++)
@@ -256,7 +272,11 @@ int mt_cpu_optim_step(const mt_optim_step_args *a) {
             run_chunk(&s, k, ch - prefix[k]);
         }
     }
-    if (prefix != prefix_small) free(prefix);
-    if (adam && a->step_count) *(float *)mt_tensor_data(a->step_count) = (float)t;
+    for (int k = 0; steps && k < a->n; k++)
+        if (a->grads[k]) steps[k] = (float)((double)steps[k] + 1.0);
+    if (!small) {
+        free(prefix);
+        if (consts != &c) free(consts);
+    }
     return 0;
 }

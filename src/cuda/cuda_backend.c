@@ -326,8 +326,11 @@ static int cuda_optim_step(const mt_optim_step_args *a) {
     mt_cuda_array *w = g ? arrays_of("optim_step", a->masters, a->n) : NULL;
     mt_cuda_array *m = w ? arrays_of("optim_step", a->moment1, a->n) : NULL;
     mt_cuda_array *v = m ? arrays_of("optim_step", a->moment2, a->n) : NULL;
+    bool *stepped = v ? mt_heap_alloc((size_t)a->n * sizeof *stepped) : NULL;
     int rc = MT_ERR_OOM;
-    if (v) {
+    if (v && !stepped) mt_error_set(MT_ERR_OOM, "optim_step: out of memory");
+    if (stepped) {
+        for (int i = 0; i < a->n; i++) stepped[i] = a->grads[i] != NULL;
         mt_cuda_optim_args k = {
             .kind = a->kind,
             .n = a->n,
@@ -339,6 +342,7 @@ static int cuda_optim_step(const mt_optim_step_args *a) {
             .found_inf = f32_ptr(a->found_inf),
             .inv_scale = f32_ptr(a->inv_scale),
             .step_count = a->step_count ? (float *)mt_tensor_data(a->step_count) : NULL,
+            .stepped = stepped,
             .lr = a->lr,
             .momentum = a->momentum,
             .beta1 = a->beta1,
@@ -354,6 +358,7 @@ static int cuda_optim_step(const mt_optim_step_args *a) {
     free(w);
     free(m);
     free(v);
+    free(stepped);
     return rc;
 }
 

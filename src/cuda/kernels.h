@@ -127,14 +127,16 @@ typedef struct {
 int mt_cuda_scale_update(const mt_cuda_ctx *c, const mt_cuda_scale_update_args *a);
 /* The plain-data form of mt_optim_step_args (src/tensor/backend.h): entries whose data is
    NULL are absent. The kernel reads *found_inf on the device and does nothing when set;
-   Adam's *step_count is read and incremented on the device (once per call, not per tensor). */
+   Adam's step_count[i] (one per parameter) is read and advanced on the device for every i
+   with stepped[i] (the parameters that had a gradient, empty ones included). */
 typedef struct {
     mt_optim_kind kind;
     int n;
     const mt_cuda_array *params, *grads, *masters, *moment1, *moment2; /* arrays of n */
     const float *found_inf;                                            /* NULL: never skip */
     const float *inv_scale;                                            /* NULL: 1 */
-    float *step_count;                                                 /* Adam/AdamW */
+    float *step_count;   /* Adam/AdamW: n F32 counts on the device */
+    const bool *stepped; /* host array of n: whose count advances */
     double lr, momentum, beta1, beta2, eps, weight_decay;
     bool nesterov;
 } mt_cuda_optim_args;

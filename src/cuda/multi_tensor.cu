@@ -394,15 +394,16 @@ MTA_DEV double mta_adam(double p, double g, double *m, double *v, const mt_optim
     return mt_adam_update_d(p, g, m, v, c);
 }
 
-// One (kind, parameter storage) pair: the table depth (param, grad, master, moments) and the
-// update with the kind fixed at compile time, so each loop keeps one form (as cpu_optim.c).
+// One (kind, parameter storage) pair: the table depth (param, grad, master, moments, and for
+// Adam the parameter's step count) and the update with the kind fixed at compile time, so each
+// loop keeps one form (as cpu_optim.c).
 template <int K, class S> struct mta_optim {
     typedef S st;
     typedef typename S::comp C;
     typedef decltype(mta_narrow(nullptr, C())) consts;
     static constexpr int moments = K == MTA_SGD ? 0 : K == MTA_ADAM ? 2 : 1;
-    static constexpr int depth = 3 + moments;
     static constexpr bool adam = K == MTA_ADAM;
+    static constexpr int depth = 3 + moments + (adam ? 1 : 0);
     static MTA_DEV C update(C p, C g, C &m, C &v, const consts &c) {
         if (K == MTA_SGD) return mta_sgd(p, g, c);
         if (K == MTA_MOMENTUM) return mta_momentum(p, g, &m, c, false);
@@ -412,7 +413,9 @@ template <int K, class S> struct mta_optim {
 };
 
 // What every optimizer kernel takes besides its tensors: the constants folded on the host
-// (inv_scale, step_size and bc2_sqrt are filled per block from the device scalars).
+// (inv_scale, step_size and bc2_sqrt are filled per block from the device scalars). Adam's
+// step counts are per parameter: the dense kernel finds its tensor's in the table, the strided
+// one takes it here.
 struct mta_optim_args {
     mt_optim_hyper h;
     const float *found_inf, *inv_scale, *step_count;
@@ -420,9 +423,11 @@ struct mta_optim_args {
 static_assert(sizeof(mta_optim_args) <= MTA_OTHER_PARAMS, "parameter limit");
 
 // Thread 0 reads the device scalars and folds this step's constants (in double, as the CPU
-// does: Adam's t = *step_count + 1), the block shares them through shared memory. Returns
-// false, for every thread, when *found_inf is set: the step is skipped.
-template <class U> MTA_DEV bool mta_optim_begin(const mta_optim_args &a, typename U::consts *out) {
+// does: Adam's t = *step + 1, step the count of the block's tensor), the block shares them
+// through shared memory. Returns false, for every thread, when *found_inf is set: the step is
+// skipped.
+template <class U>
+MTA_DEV bool mta_optim_begin(const mta_optim_args &a, const float *step, typename U::consts *out) {
     typedef typename U::consts CS;
     MT_SHARED(CS, mta_consts, 1);
     MT_SHARED(int, mta_go, 1);
@@ -433,7 +438,7 @@ template <class U> MTA_DEV bool mta_optim_begin(const mta_optim_args &a, typenam
             mt_optim_hyper h = a.h;
             h.inv_scale = a.inv_scale ? (double)*a.inv_scale : 1.0;
             if (U::adam) {
-                double t = (a.step_count ? (double)*a.step_count : 0.0) + 1.0;
+                double t = (step ? (double)*step : 0.0) + 1.0;
                 mt_adam_bias_correction(h.lr, h.beta1, h.beta2, t, &h.step_size, &h.bc2_sqrt);
             }
             *mta_consts = mta_narrow(&h, typename U::C());
@@ -480,15 +485,16 @@ MTA_DEV void mta_optim_span(typename U::st::bits *p, const typename U::st::bits 
     }
 }
 
-// Table slots: 0 param, 1 grad, 2 master (FP32, null when absent), 3 m / momentum, 4 v.
+// Table slots: 0 param, 1 grad, 2 master (FP32, null when absent), 3 m / momentum, 4 v,
+// 5 Adam's step count (F32, null when absent).
 template <class U>
 __global__ void __launch_bounds__(MTA_THREADS)
     mta_optim_dense(mta_list<U::depth> tl, mta_optim_args a) {
     typedef typename U::st::bits B;
     typedef typename U::C C;
     typename U::consts c;
-    if (!mta_optim_begin<U>(a, &c)) return;
     int t = mta_tensor(tl);
+    if (!mta_optim_begin<U>(a, (const float *)mta_slot<5>(tl, t), &c)) return;
     int64_t b = mta_begin(tl), n = mta_length(tl, t);
     B *p = (B *)tl.addr[0][t] + b;
     const B *g = (const B *)tl.addr[1][t] + b;
@@ -517,7 +523,7 @@ __global__ void __launch_bounds__(MTA_STRIDED_THREADS)
     mta_optim_strided(mta_optim_operands o, mta_optim_args a) {
     typedef typename U::C C;
     typename U::consts c;
-    if (!mta_optim_begin<U>(a, &c)) return;
+    if (!mta_optim_begin<U>(a, a.step_count, &c)) return;
     bool dp = mta_dense(o.p), dg = mta_dense(o.g), dw = mta_dense(o.w);
     bool d1 = mta_dense(o.m1), d2 = mta_dense(o.m2);
     int64_t b = (int64_t)blockIdx.x * MTA_CHUNK;
@@ -537,10 +543,12 @@ __global__ void __launch_bounds__(MTA_STRIDED_THREADS)
     }
 }
 
-// Runs after every update kernel of the call (stream order), so they all saw the old count.
-__global__ void mta_optim_count(const float *found_inf, float *step_count) {
+// Runs after every update kernel of the call (stream order), so they all saw the old counts:
+// advances n consecutive parameters' step counts.
+__global__ void mta_optim_count(const float *found_inf, float *steps, int n) {
     if (found_inf && *found_inf != 0.0f) return;
-    *step_count = (float)((double)*step_count + 1.0); // as the CPU stores t
+    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) steps[i] = (float)((double)steps[i] + 1.0); // as the CPU stores t
 }
 
 // ---------------------------------------------------------------- host side: optimizer
@@ -605,6 +613,7 @@ void mta_optim_pass(const mt_cuda_ctx *c, const mt_cuda_optim_args *a, const mta
         addr[2] = p.dtype == MT_F64 ? nullptr : mta_entry(a->masters, i)->data; // CPU: F64 has none
         if constexpr (D > 3) addr[3] = a->moment1[i].data;
         if constexpr (D > 4) addr[4] = a->moment2[i].data;
+        if constexpr (D > 5) addr[5] = a->step_count ? (char *)(a->step_count + i) : nullptr;
         *numel = p.numel;
         return true;
     };
@@ -623,11 +632,13 @@ void mta_optim_rest(const mt_cuda_ctx *c, const mt_cuda_optim_args *a, const mta
         mta_optim_operands o = {p, a->grads[i], *mta_entry(a->masters, i),
                                 *mta_entry(a->moment1, i), *mta_entry(a->moment2, i)};
         int64_t blocks = (p.numel + MTA_CHUNK - 1) / MTA_CHUNK;
+        mta_optim_args ki = k; // this parameter's step count
+        ki.step_count = UF::adam && a->step_count ? a->step_count + i : nullptr;
         if (p.dtype == MT_F64) {
             o.w = mt_cuda_array{}; // the CPU updates F64 params in place, masters or not
-            MT_LAUNCH(mta_optim_strided<UD>, blocks, MTA_STRIDED_THREADS, 0, c->stream, o, k);
+            MT_LAUNCH(mta_optim_strided<UD>, blocks, MTA_STRIDED_THREADS, 0, c->stream, o, ki);
         } else {
-            MT_LAUNCH(mta_optim_strided<UF>, blocks, MTA_STRIDED_THREADS, 0, c->stream, o, k);
+            MT_LAUNCH(mta_optim_strided<UF>, blocks, MTA_STRIDED_THREADS, 0, c->stream, o, ki);
         }
     }
 }
@@ -684,15 +695,25 @@ extern "C" int mt_cuda_optim_step(const mt_cuda_ctx *c, const mt_cuda_optim_args
     mt_optim_weight_decay(a->lr, a->weight_decay, a->kind == MT_OPTIM_ADAMW, &k.h.l2, &k.h.decay);
     k.found_inf = a->found_inf;
     k.inv_scale = a->inv_scale;
-    k.step_count = a->step_count;
+    k.step_count = nullptr; // per parameter: the table's slot 5, or set per strided launch
     if (a->kind == MT_OPTIM_SGD)
         mta_optim_run<MTA_SGD>(c, a, k);
     else if (a->kind == MT_OPTIM_MOMENTUM)
         a->nesterov ? mta_optim_run<MTA_NESTEROV>(c, a, k) : mta_optim_run<MTA_MOMENTUM>(c, a, k);
     else
         mta_optim_run<MTA_ADAM>(c, a, k);
-    // once per call, after every block used the old count (CPU: also when nothing updated)
-    if (adam && a->step_count)
-        MT_LAUNCH(mta_optim_count, 1, 1, 0, c->stream, a->found_inf, a->step_count);
+    // after every block used the old counts: each run of consecutive parameters that had a
+    // gradient advances (empty ones too, as the CPU and torch count them)
+    for (int i = 0; adam && a->step_count && a->stepped && i < a->n;) {
+        if (!a->stepped[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < a->n && a->stepped[j]) j++;
+        MT_LAUNCH(mta_optim_count, (j - i + 255) / 256, 256, 0, c->stream, a->found_inf,
+                  a->step_count + i, j - i);
+        i = j;
+    }
     return (int)cudaGetLastError();
 }

@@ -172,9 +172,11 @@ static void optimizer_free_state(mt_optimizer *o) {
 }
 
 /* A zero-filled tensor in the layout of like (NULL: 0-d), outside any scope. */
-static mt_tensor *state_zeros(const char *op, const mt_tensor *like, mt_dtype dt, mt_device dev) {
+/* Zeros in the layout of like (a parameter), or of shape [n] when like is NULL. */
+static mt_tensor *state_zeros(const char *op, const mt_tensor *like, int64_t n, mt_dtype dt,
+                              mt_device dev) {
     mt_tensor *t =
-        like ? mt_tensor_new_layout_of(op, like, dt, dev) : mt_tensor_new(op, 0, NULL, dt, dev);
+        like ? mt_tensor_new_layout_of(op, like, dt, dev) : mt_tensor_new(op, 1, &n, dt, dev);
     if (t && mt_backend_get(dev)->fill(t, 0.0) < 0) {
         mt_tensor_unref(t);
         return NULL;
@@ -224,7 +226,7 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
         }
     }
     if (m2) {
-        o->step_count = state_zeros(op, NULL, MT_F32, dev);
+        o->step_count = state_zeros(op, NULL, n, MT_F32, dev); /* one per parameter */
         if (!o->step_count) goto fail;
     }
     return o;
@@ -358,7 +360,7 @@ static int moments_make(const char *op, mt_optimizer *o, new_moments *nm) {
         mt_dtype md = p->dtype == MT_F64 ? MT_F64 : MT_F32;
         for (int k = 0; k < 2 && !failed; k++) {
             if (!needs_moment(o, moments[k], i)) continue;
-            nm->made[nm->n] = state_zeros(op, p, md, o->device);
+            nm->made[nm->n] = state_zeros(op, p, 0, md, o->device);
             failed = !nm->made[nm->n];
             nm->n += !failed;
         }
@@ -405,7 +407,7 @@ static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_
         o->grad_buf[i] = o->params[i]->grad;
         with_grad += o->grad_buf[i] != NULL;
     }
-    if (!with_grad) return 0; /* nothing to update; Adam's step count stays */
+    if (!with_grad) return 0; /* nothing to update; Adam's step counts stay */
     new_moments nm = {0};
     if ((rc = moments_make(op, o, &nm)) < 0) return rc;
     mt_optim_step_args a = {

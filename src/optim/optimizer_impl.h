@@ -10,7 +10,8 @@ struct mt_optimizer {
     mt_tensor **masters; /* FP32 masters for F16/BF16 params with multi_precision, else NULL */
     mt_tensor **moment1; /* lazily allocated state (FP32, or F64 for F64 params) */
     mt_tensor **moment2;
-    mt_tensor *step_count; /* F32 0-d on the params' device (Adam bias correction) */
+    mt_tensor *step_count; /* F32 [n] on the params' device: Adam's step per parameter, the
+                              steps that updated it (bias correction, as torch counts) */
     mt_device device;
     double lr, momentum, beta1, beta2, eps, weight_decay;
     bool nesterov, multi_precision;

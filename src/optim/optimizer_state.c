@@ -1,7 +1,7 @@
 /* Saving and restoring an optimizer's state in a state dict (src/io), so that a resumed run
-   continues bit for bit: the kind and options, the step count (Adam's bias correction), and
-   per parameter the moments and the FP32 master weight. Names follow torch's optimizer
-   state_dict ("state.<i>.exp_avg", ...), under a caller's prefix. */
+   continues bit for bit: the kind and options, and per parameter the moments, Adam's step
+   count (bias correction) and the FP32 master weight. Names follow torch's optimizer
+   state_dict ("state.<i>.exp_avg", "state.<i>.step", ...), under a caller's prefix. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +61,16 @@ static int put_new(mt_state *s, const char *key, mt_tensor *t) {
     return rc;
 }
 
+/* A 0-d copy of parameter i's step count. */
+static mt_tensor *step_entry(mt_optimizer *o, int i) {
+    mt_tensor *one = mt_narrow(o->step_count, 0, i, 1);
+    mt_tensor *scalar = one ? mt_reshape(one, 0, NULL) : NULL;
+    mt_tensor *copy = scalar ? mt_clone(scalar) : NULL;
+    mt_tensor_unref(scalar);
+    mt_tensor_unref(one);
+    return copy;
+}
+
 static int save_body(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix) {
     char key[600];
     int rc = key_of(fn, key, sizeof key, prefix, "kind");
@@ -77,18 +87,22 @@ static int save_body(const char *fn, mt_optimizer *o, mt_state *s, const char *p
     if (!rc && !(rc = key_of(fn, key, sizeof key, prefix, "n_params")))
         rc = put_new(s, key, mt_scalar(o->n, MT_I64, MT_CPU));
     /* copies, so that the next step does not change what was saved */
-    if (!rc && o->step_count && !(rc = key_of(fn, key, sizeof key, prefix, "step")))
-        rc = put_new(s, key, mt_clone(o->step_count));
     slot sl[4];
     int ns = slots_of(o, sl);
-    for (int i = 0; i < o->n && !rc; i++)
+    for (int i = 0; i < o->n && !rc; i++) {
+        char name[128];
         for (int k = 0; k < ns && !rc; k++) {
             if (!sl[k].arr[i]) continue; /* a moment not made yet: no step saw a gradient */
-            char name[128];
             snprintf(name, sizeof name, "state.%d.%s", i, sl[k].name);
             if (!(rc = key_of(fn, key, sizeof key, prefix, name)))
                 rc = put_new(s, key, mt_clone(sl[k].arr[i]));
         }
+        /* Adam's count, an F32 scalar as torch's, beside the moments it goes with */
+        snprintf(name, sizeof name, "state.%d.step", i);
+        if (!rc && o->step_count && o->moment1[i] &&
+            !(rc = key_of(fn, key, sizeof key, prefix, name)))
+            rc = put_new(s, key, step_entry(o, i));
+    }
     return rc;
 }
 
@@ -154,7 +168,7 @@ static int check_meta(const char *fn, mt_state *s, const char *prefix, const cha
 /* What a load will install, made in full before anything changes. */
 typedef struct {
     double h[8];
-    mt_tensor *step;      /* on the device, to copy into o->step_count */
+    mt_tensor *step;      /* the n counts on the device, to copy into o->step_count */
     mt_tensor **fresh[4]; /* per slot, per parameter: new tensor on the device, or NULL */
 } pending;
 
@@ -198,6 +212,48 @@ static int load_slot(const char *fn, mt_optimizer *o, mt_state *s, const char *p
     return rc;
 }
 
+/* One step count entry: an F32 scalar copied into element i of steps. */
+static int load_step(const char *fn, mt_state *s, const char *prefix, const char *name,
+                     mt_tensor *steps, int i) {
+    mt_tensor *t = get_entry(fn, s, prefix, name, true);
+    if (!t) return mt_last_status();
+    int rc = 0;
+    if (t->dtype != MT_F32 || t->numel != 1) {
+        rc =
+            mt_error_set(MT_ERR_INVALID, "%s: entry '%s%s' is not an f32 scalar", fn, prefix, name);
+    } else {
+        mt_tensor *one = mt_narrow(steps, 0, i, 1);
+        rc = one ? mt_copy(one, t) : (int)mt_last_status();
+        mt_tensor_unref(one);
+    }
+    mt_tensor_unref(t);
+    return rc;
+}
+
+/* Adam's counts: "state.<i>.step" for each parameter that has moments (exp_avg[i]), 0 for the
+   others. A state saved before the counts were per parameter has one "step" for all. */
+static int load_steps(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix,
+                      mt_tensor *const *exp_avg, mt_tensor **out) {
+    int64_t n = o->n;
+    mt_tensor *steps = mt_tensor_new(fn, 1, &n, MT_F32, o->device);
+    int rc = steps ? mt_backend_get(o->device)->fill(steps, 0.0) : (int)mt_last_status();
+    char key[600];
+    bool legacy =
+        !rc && !(rc = key_of(fn, key, sizeof key, prefix, "step")) && mt_state_contains(s, key);
+    for (int i = 0; i < o->n && !rc; i++) {
+        if (!exp_avg[i]) continue;
+        char name[64];
+        snprintf(name, sizeof name, "state.%d.step", i);
+        rc = load_step(fn, s, prefix, legacy ? "step" : name, steps, i);
+    }
+    if (rc) {
+        mt_tensor_unref(steps);
+        return rc;
+    }
+    *out = steps;
+    return 0;
+}
+
 static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix,
                         pending *pd, const hparam *h, int nh, const slot *sl, int ns) {
     int rc = check_meta(fn, s, prefix, "kind", kind_names[o->kind]);
@@ -215,23 +271,14 @@ static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char
             rc = mt_error_set(MT_ERR_INVALID, "%s: saved %s%s %g is out of range", fn, prefix,
                               h[k].name, pd->h[k]);
     }
-    if (!rc && o->step_count) {
-        mt_tensor *t = get_entry(fn, s, prefix, "step", true);
-        if (!t)
-            rc = mt_last_status();
-        else if (t->dtype != MT_F32 || t->numel != 1)
-            rc =
-                mt_error_set(MT_ERR_INVALID, "%s: entry '%sstep' is not an f32 scalar", fn, prefix);
-        else if (!(pd->step = device_copy(fn, t, t, o->device)))
-            rc = mt_last_status();
-        mt_tensor_unref(t);
-    }
     for (int k = 0; k < ns && !rc; k++) {
         if (!(pd->fresh[k] = mt_heap_calloc((size_t)o->n, sizeof *pd->fresh[k])))
             rc = mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
         for (int i = 0; i < o->n && !rc; i++)
             rc = load_slot(fn, o, s, prefix, i, &sl[k], &pd->fresh[k][i]);
     }
+    /* step counts exist for Adam and AdamW, whose slot 0 is exp_avg */
+    if (!rc && o->step_count) rc = load_steps(fn, o, s, prefix, pd->fresh[0], &pd->step);
     return rc;
 }
 

@@ -29,7 +29,9 @@ typedef struct {
     mt_tensor *const *moment2;  /* Adam v */
     const mt_tensor *found_inf; /* F32 scalar on the device, or NULL */
     const mt_tensor *inv_scale; /* F32 scalar, or NULL */
-    mt_tensor *step_count;      /* F32 scalar: Adam's step, incremented when not skipped */
+    mt_tensor *step_count;      /* F32 [n]: Adam's step per parameter (torch's
+                                   state[p]["step"]); entry i advances when grads[i] is
+                                   present and the step is not skipped */
     double lr, momentum, beta1, beta2, eps, weight_decay;
     bool nesterov;
 } mt_optim_step_args;
