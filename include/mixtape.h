@@ -559,7 +559,6 @@ typedef struct {
 /* Every optimizer skips a parameter that has no gradient at a step (its state stays as it
    is), as torch does; Adam and AdamW count steps per parameter (torch's state[p]["step"]), so
    a parameter's bias correction counts only the steps that updated it. */
-
 mt_optimizer *mt_sgd_new(mt_tensor *const *params, int n, const mt_sgd_opts *o);
 mt_optimizer *mt_momentum_new(mt_tensor *const *params, int n, const mt_momentum_opts *o);
 mt_optimizer *mt_adam_new(mt_tensor *const *params, int n, const mt_adam_opts *o);

@@ -171,8 +171,8 @@ static void optimizer_free_state(mt_optimizer *o) {
     free(o);
 }
 
-/* A zero-filled tensor in the layout of like (NULL: 0-d), outside any scope. */
-/* Zeros in the layout of like (a parameter), or of shape [n] when like is NULL. */
+/* A zero-filled tensor in the layout of like (a parameter), or of shape [n] when like is
+   NULL, outside any scope. */
 static mt_tensor *state_zeros(const char *op, const mt_tensor *like, int64_t n, mt_dtype dt,
                               mt_device dev) {
     mt_tensor *t =
