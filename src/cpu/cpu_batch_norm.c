@@ -13,6 +13,7 @@
 #include <string.h>
 #include "cpu.h"
 #include "../math/norm_math.h"
+#include "../math/scalar_ops.h" /* MT_RELU_GRAD */
 
 #define CHUNK      512  /* NCHW: values of a channel's run read at a time */
 #define NHWC_BLOCK 256  /* NHWC: rows summed in T before a flush into doubles */

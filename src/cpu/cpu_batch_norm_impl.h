@@ -117,9 +117,7 @@ MT_CPU_INLINE const T *SFX(bn_load_gz)(const bn_ctx *c, int64_t n, int64_t ch, i
     const T *gy = SFX(bn_read)(c, bn_at(c->gy, c, n, ch, s0), m, gz);
     if (!c->y) return gy;
     const T *y = SFX(bn_read)(c, bn_at(c->y, c, n, ch, s0), m, tmp);
-    /* the ReLU's mask as torch's relu backward (threshold_backward): zero where y <= 0, so a
-       NaN output passes its gradient, as mt_relu's backward does */
-    for (int64_t j = 0; j < m; j++) gz[j] = y[j] <= 0 ? (T)0 : gy[j];
+    for (int64_t j = 0; j < m; j++) gz[j] = MT_RELU_GRAD(gy[j], y[j]);
     return gz;
 }
 

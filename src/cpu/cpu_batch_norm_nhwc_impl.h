@@ -38,13 +38,13 @@ MT_CPU_INLINE const T *SFX(nhwc_gz)(const bn_ctx *c, int64_t r, int64_t n, T *re
         LOAD(c->gy + r * c->C * c->es, c->es, c->dt, m, gz);
         if (!c->y) return gz;
         LOAD(c->y + r * c->C * c->es, c->es, c->dt, m, tmp);
-        for (int64_t i = 0; i < m; i++) gz[i] = tmp[i] <= 0 ? (T)0 : gz[i]; /* NaN passes */
+        for (int64_t i = 0; i < m; i++) gz[i] = MT_RELU_GRAD(gz[i], tmp[i]);
         return gz;
     }
     const T *restrict g = (const T *)(c->gy + r * c->C * c->es);
     if (!c->y) return g;
     const T *restrict y = (const T *)(c->y + r * c->C * c->es);
-    for (int64_t i = 0; i < m; i++) gz[i] = y[i] <= 0 ? (T)0 : g[i];
+    for (int64_t i = 0; i < m; i++) gz[i] = MT_RELU_GRAD(g[i], y[i]);
     return gz;
 }
 

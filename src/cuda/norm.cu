@@ -15,6 +15,7 @@
 #include <math.h>
 #include "element_access.cuh"
 #include "../math/norm_math.h"
+#include "../math/scalar_ops.h" // MT_RELU_GRAD
 #include "../math/philox.h"
 
 constexpr int NORM_THREADS = 256;
@@ -443,12 +444,12 @@ __global__ void __launch_bounds__(NORM_THREADS)
         });
 }
 
-// gz = gy, zeroed where y <= 0 under relu (a NaN y passes its gradient, as torch's relu
-// backward and mt_relu's do)
+// gz = gy, through ReLU's backward under relu
 template <typename A, int D> MT_DEV A bn_gz(const mt_cuda_batch_norm_backward_args &a, int64_t e) {
     A g = bn_ld<A, D>(a.gy, a.gydt, e);
-    if (a.y && bn_ld<A, D>(a.y, a.xdt, e) <= 0) g = 0;
-    return g;
+    if (!a.y) return g;
+    A y = bn_ld<A, D>(a.y, a.xdt, e);
+    return (A)MT_RELU_GRAD(g, y);
 }
 
 template <typename A> struct bn_gx { A g, x; };

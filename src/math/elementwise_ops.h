@@ -49,7 +49,7 @@
     X(POW, 8, mt_pow_##S(a, b))                                                                    \
     X(MAXIMUM, 1, mt_max2_##S(a, b))                                                               \
     X(MINIMUM, 1, mt_min2_##S(a, b))                                                               \
-    X(RELU_BACKWARD, 1, b <= (T)0 ? (T)0 : a)                                                      \
+    X(RELU_BACKWARD, 1, (T)MT_RELU_GRAD(a, b))                                                     \
     X(GELU_BACKWARD, 8, a * mt_gelu_grad_##S(b))                                                   \
     X(GELU_TANH_BACKWARD, 8, a * mt_gelu_tanh_grad_##S(b))                                         \
     X(SIGMOID_BACKWARD, 1, a * b * ((T)1 - b))                                                     \

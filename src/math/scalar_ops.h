@@ -16,6 +16,11 @@
    the CPUs that have one), so a loop over these formulas belongs in a cloned function. */
 #define MT_FMAF(a, b, c) fmaf((a), (b), (c))
 
+/* ReLU's backward from its output y (or input: the same sign): the gradient g, zeroed where
+   y <= 0, so a NaN y passes its gradient (torch's threshold_backward). For any arithmetic
+   type: mt_relu's backward and the fused batch norm + ReLU kernels of both backends. */
+#define MT_RELU_GRAD(g, y) ((y) <= 0 ? 0 : (g))
+
 /* exp for float without a libm call, so that loops over it vectorise (libm's expf does not
    without -ffast-math): x = n ln2 + r, |r| <= ln2/2 (Cody-Waite, two-part ln2), a degree-6
    polynomial for e^r (SLEEF's expf_u10 coefficients), times 2^n applied in two halves so
