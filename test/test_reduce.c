@@ -250,6 +250,32 @@ static void test_parallel_paths(void **state) {
     }
 }
 
+/* A short contiguous kept dim under a reduced one ([outer, R, V], dim 1): the column kernel
+   makes about outer (output group, split) tiles, more than the device's grid cap (32 per
+   SM), so its blocks loop over tiles; every output is checked. */
+static void test_many_column_tiles(void **state) {
+    (void)state;
+    const int64_t shapes[][3] = {{1000, 3, 4}, {600, 5, 16}, {257, 40, 6}};
+    const mt_dtype dts[] = {MT_F32, MT_F16};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t n = shapes[s][0] * shapes[s][1] * shapes[s][2];
+        double *x = test_values(n), *ref = malloc((size_t)n * sizeof *ref);
+        for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+            mt_tensor *t = mt_test_tensor(x, dts[i], 3, shapes[s]);
+            for (int op = SUM; op <= MAX; op++) {
+                mt_tensor *r = reduce(op, t, MT_DIMS(1), false);
+                assert_no_error();
+                int64_t K = ref_reduce(op, x, 3, shapes[s], 1u << 1, ref);
+                assert_tensor_close(r, ref, K, 1e-2, dts[i] == MT_F16 ? 1e-3 : 1e-6);
+                mt_release(r);
+            }
+            mt_release(t);
+        }
+        free(ref);
+        free(x);
+    }
+}
+
 /* ---------------------------------------------------------------- accuracy */
 
 static void test_large_sum_accuracy(void **state) {
@@ -798,6 +824,7 @@ int main(void) {
         MT_TEST(test_empty),
         MT_TEST(test_non_contiguous),
         MT_TEST(test_parallel_paths),
+        MT_TEST(test_many_column_tiles),
         MT_TEST(test_large_sum_accuracy),
         MT_TEST(test_low_precision_accumulates_in_fp32),
         MT_TEST(test_autocast_dtypes),

@@ -197,33 +197,39 @@ __global__ void __launch_bounds__(256)
 
 // Columns: block (cx, cy) covers cx consecutive outputs along the contiguous kept dim for
 // one split; each thread folds every cy-th reduced index, then a tree over y in shared
-// memory (fixed shape: deterministic).
+// memory (fixed shape: deterministic). The (output group, split) tiles are taken in a
+// grid-stride loop: a short contiguous kept dim makes about K / V of them, which can pass
+// the grid's 2^31 - 1 blocks (a tile is block-uniform, so the barriers stay uniform).
 template <typename S>
 __global__ void __launch_bounds__(256)
-    mt_reduce_cols(mt_rplan P, typename mt_acc_of<S>::type *part) {
+    mt_reduce_cols(mt_rplan P, int64_t tiles, typename mt_acc_of<S>::type *part) {
     typedef typename mt_acc_of<S>::type A;
     MT_SHARED(A, sm, 256);
     bool is_max = P.op == MT_OP_MAX;
     int tx = (int)threadIdx.x, ty = (int)threadIdx.y, cx = (int)blockDim.x;
-    int64_t b = blockIdx.x, t = b / P.splits, sp = b - t * P.splits;
-    int64_t outer = t / P.vchunks, c = (t - outer * P.vchunks) * cx + tx;
-    int64_t k = outer * P.V + c, ia = 0, io = 0;
-    bool active = c < P.V;
-    A acc = mt_identity<A>(is_max);
-    if (active) {
-        mt_kept_offsets(P, k, &ia, &io);
-        const S *a = (const S *)P.a + ia;
-        int64_t rb = sp * P.chunk, re = rb + P.chunk < P.R ? rb + P.chunk : P.R;
-        for (int64_t r = rb + ty; r < re; r += (int)blockDim.y)
-            acc = mt_fold(acc, (A)mt_widen(a[mt_reduced_offset(P, r)]), is_max);
-    }
-    sm[ty * cx + tx] = acc;
-    __syncthreads();
-    for (int h = (int)blockDim.y >> 1; h > 0; h >>= 1) {
-        if (ty < h) sm[ty * cx + tx] = mt_fold(sm[ty * cx + tx], sm[(ty + h) * cx + tx], is_max);
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
+        int64_t t = b / P.splits, sp = b - t * P.splits;
+        int64_t outer = t / P.vchunks, c = (t - outer * P.vchunks) * cx + tx;
+        int64_t k = outer * P.V + c, ia = 0, io = 0;
+        bool active = c < P.V;
+        A acc = mt_identity<A>(is_max);
+        if (active) {
+            mt_kept_offsets(P, k, &ia, &io);
+            const S *a = (const S *)P.a + ia;
+            int64_t rb = sp * P.chunk, re = rb + P.chunk < P.R ? rb + P.chunk : P.R;
+            for (int64_t r = rb + ty; r < re; r += (int)blockDim.y)
+                acc = mt_fold(acc, (A)mt_widen(a[mt_reduced_offset(P, r)]), is_max);
+        }
+        sm[ty * cx + tx] = acc;
         __syncthreads();
+        for (int h = (int)blockDim.y >> 1; h > 0; h >>= 1) {
+            if (ty < h)
+                sm[ty * cx + tx] = mt_fold(sm[ty * cx + tx], sm[(ty + h) * cx + tx], is_max);
+            __syncthreads();
+        }
+        if (active && ty == 0) mt_reduce_put(P, part, k, sp, io, sm[tx]);
+        __syncthreads(); // the next tile refills sm
     }
-    if (active && ty == 0) mt_reduce_put(P, part, k, sp, io, sm[tx]);
 }
 
 // Second pass: a warp per output folds its splits' partials in a fixed order.
@@ -267,6 +273,7 @@ template <typename S> static cudaError_t mt_reduce_launch(const mt_cuda_ctx *c, 
     typedef typename mt_acc_of<S>::type A;
     dim3 block(256), grid(1);
     int width = 0;
+    int64_t tiles = 0; // column mode: (output group, split) tiles, grid-strided
     if (P->column) {
         int cy = P->R >= 8 ? 8 : mt_pow2_at_least(P->R, 8);
         int cx = mt_pow2_at_least(P->V, 256 / cy);
@@ -274,7 +281,9 @@ template <typename S> static cudaError_t mt_reduce_launch(const mt_cuda_ctx *c, 
         P->vchunks = (P->V + cx - 1) / cx;
         mt_rplan_split(P, P->K / P->V * P->vchunks, 256, (int64_t)cy * 16);
         block = dim3((unsigned)cx, (unsigned)cy);
-        grid = dim3((unsigned)(P->K / P->V * P->vchunks * P->splits));
+        tiles = P->K / P->V * P->vchunks * P->splits;
+        int64_t cap = (int64_t)(c->sm_count > 0 ? c->sm_count : 1) * 32;
+        grid = dim3((unsigned)(tiles < cap ? tiles : cap));
     } else {
         width = P->R > 1024 ? 256 : mt_pow2_at_least(P->R, 32);
         mt_rplan_split(P, P->K, width, (int64_t)width * 16);
@@ -287,7 +296,7 @@ template <typename S> static cudaError_t mt_reduce_launch(const mt_cuda_ctx *c, 
     if (P->splits > 1 && !(part = (A *)c->scratch_alloc(c->device, bytes)))
         return cudaErrorMemoryAllocation;
     if (P->column)
-        MT_LAUNCH(mt_reduce_cols<S>, grid, block, 0, c->stream, *P, part);
+        MT_LAUNCH(mt_reduce_cols<S>, grid, block, 0, c->stream, *P, tiles, part);
     else
         MT_LAUNCH(mt_reduce_rows<S>, grid, block, 0, c->stream, *P, width, part);
     if (part) {

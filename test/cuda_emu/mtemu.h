@@ -66,8 +66,16 @@ extern __thread const block_view *t_block;
 // Set while an atomic (below) touches memory: the race checker (mtemu_racecheck.h) skips those
 // accesses, as atomics never race with each other.
 extern __thread bool t_in_atomic;
+// An atomic on an address that is not a multiple of its size: a GPU stops with "misaligned
+// address". The kernel code's -fsanitize=alignment does not see it (the __atomic builtins and
+// the compare-exchange loops take the address as it is), so every atomic checks here.
+[[noreturn]] void atomic_misaligned(const char *op, const void *address, size_t bytes);
 struct atomic_scope {
-    atomic_scope() { t_in_atomic = true; }
+    template <class T> atomic_scope(const char *op, const T *address) {
+        if (reinterpret_cast<uintptr_t>(address) % sizeof(T) != 0)
+            atomic_misaligned(op, address, sizeof(T));
+        t_in_atomic = true;
+    }
     ~atomic_scope() { t_in_atomic = false; }
     atomic_scope(const atomic_scope &) = delete;
     atomic_scope &operator=(const atomic_scope &) = delete;
@@ -214,69 +222,69 @@ inline int __all_sync(unsigned mask, int predicate, const char *file = __builtin
 // ---- atomics and fences. One block runs at a time on one OS thread, so plain
 // read-modify-writes would do; the __atomic builtins keep the intent visible.
 inline int atomicAdd(int *a, int v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicAdd", a);
     return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
 }
 inline unsigned atomicAdd(unsigned *a, unsigned v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicAdd", a);
     return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
 }
 inline unsigned long long atomicAdd(unsigned long long *a, unsigned long long v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicAdd", a);
     return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
 }
 inline float atomicAdd(float *a, float v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicAdd", a);
     return ::mtemu::detail::atomic_update<float>(
         a, [](float o, float x) { return o + x; }, v);
 }
 inline double atomicAdd(double *a, double v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicAdd", a);
     return ::mtemu::detail::atomic_update<double>(
         a, [](double o, double x) { return o + x; }, v);
 }
 inline int atomicCAS(int *a, int c, int v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicCAS", a);
     return ::mtemu::detail::atomic_cas(a, c, v);
 }
 inline unsigned atomicCAS(unsigned *a, unsigned c, unsigned v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicCAS", a);
     return ::mtemu::detail::atomic_cas(a, c, v);
 }
 inline unsigned long long atomicCAS(unsigned long long *a, unsigned long long c,
                                     unsigned long long v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicCAS", a);
     return ::mtemu::detail::atomic_cas(a, c, v);
 }
 inline int atomicExch(int *a, int v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicExch", a);
     return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);
 }
 inline unsigned atomicExch(unsigned *a, unsigned v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicExch", a);
     return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);
 }
 inline float atomicExch(float *a, float v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicExch", a);
     return ::mtemu::detail::atomic_update<float>(
         a, [](float, float x) { return x; }, v);
 }
 inline int atomicMax(int *a, int v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicMax", a);
     return ::mtemu::detail::atomic_update<int>(
         a, [](int o, int x) { return o > x ? o : x; }, v);
 }
 inline unsigned atomicMax(unsigned *a, unsigned v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicMax", a);
     return ::mtemu::detail::atomic_update<unsigned>(
         a, [](unsigned o, unsigned x) { return o > x ? o : x; }, v);
 }
 inline int atomicOr(int *a, int v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicOr", a);
     return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);
 }
 inline unsigned atomicOr(unsigned *a, unsigned v) {
-    ::mtemu::detail::atomic_scope mtemu_atomic_;
+    ::mtemu::detail::atomic_scope mtemu_atomic_("atomicOr", a);
     return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);
 }
 inline void __threadfence() {

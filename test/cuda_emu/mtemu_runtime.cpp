@@ -259,6 +259,7 @@ class scheduler {
     void *dynamic_shared() { return shared_->bytes; }
 
     [[noreturn]] void fail(unsigned t, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+    unsigned current_thread() const { return static_cast<unsigned>(current_->thread); }
 
   private:
     [[noreturn]] static void fiber_main();
@@ -701,6 +702,12 @@ uint64_t warp_collective(warp_op op, unsigned mask, uint64_t value, int param, i
 
 void *static_shared(const void *key, size_t bytes, size_t align, const char *name) {
     return running_scheduler("MT_SHARED").static_shared(key, bytes, align, name);
+}
+
+void atomic_misaligned(const char *op, const void *address, size_t bytes) {
+    scheduler &s = running_scheduler(op);
+    s.fail(s.current_thread(), "%s on %p, which is not %zu-byte aligned (misaligned address)", op,
+           address, bytes);
 }
 
 void *dynamic_shared() {

@@ -189,6 +189,12 @@ __global__ void misaligned_vector_load(int *out) {
     out[threadIdx.x] = static_cast<int>(x.v[0]);
 }
 
+// An atomicAdd on an int 2 bytes past alignment (a flag inside a packed buffer).
+__global__ void misaligned_atomic(int *out) {
+    int *p = reinterpret_cast<int *>(reinterpret_cast<char *>(out) + 2);
+    atomicAdd(p, 1);
+}
+
 // ---- helpers
 namespace {
 
@@ -523,6 +529,10 @@ void run_misaligned_vector_load() {
     RUN_ONE_BLOCK(misaligned_vector_load, 32);
 }
 
+void run_misaligned_atomic() {
+    RUN_ONE_BLOCK(misaligned_atomic, 32);
+}
+
 void test_kernel_bugs_stop_the_program(void **) {
     expect_death(run_early_exit, SIGABRT,
                  "mtemu: early_exit_then_barrier block (0,0,0) thread (40,0,0): exited "
@@ -536,6 +546,9 @@ void test_kernel_bugs_stop_the_program(void **) {
     expect_death(run_too_much_shared, SIGABRT, "over the 49152 bytes");
     // kernel code is built with -fsanitize=alignment, not recoverable (cuda_emu/meson.build)
     expect_death(run_misaligned_vector_load, 0, "which requires 16 byte alignment");
+    expect_death(run_misaligned_atomic, SIGABRT, "atomicAdd on 0x");
+    expect_death(run_misaligned_atomic, SIGABRT,
+                 "which is not 4-byte aligned (misaligned address)");
 }
 
 #if defined(__SANITIZE_ADDRESS__) && !defined(MTEMU_RACECHECK)
