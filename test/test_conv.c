@@ -289,6 +289,85 @@ static void test_conv2d_errors(void **state) {
     mt_scope_end();
 }
 
+/* Strides, paddings and dilations at the edge of int64: an overflowing geometry is an error
+   naming it; a stride past 32 bits where one window covers the dim is torch's 1-wide output
+   (the libraries get an equivalent small stride), forward and backward equal to the first
+   window of the stride-1 convolution. */
+static void test_conv2d_huge_geometry(void **state) {
+    (void)state;
+    mt_scope_begin();
+    uint64_t rng = 11;
+    mt_tensor *x = mt_test_uniform(&rng, MT_F32, MT_SHAPE(2, 4, 5, 5), 0);
+    mt_tensor *w = mt_test_uniform(&rng, MT_F32, MT_SHAPE(6, 4, 3, 3), 0);
+    mt_tensor *b = mt_test_uniform(&rng, MT_F32, MT_SHAPE(6), 0);
+    assert_null(mt_conv2d(x, w, NULL, &(mt_conv2d_opts){.padding = {INT64_MAX / 2, 0}}));
+    assert_error(MT_ERR_SHAPE, "padding [4611686018427387903, 0] overflows int64");
+    assert_null(mt_conv2d(x, w, NULL, &(mt_conv2d_opts){.dilation = {1, INT64_MAX / 2 + 7}}));
+    assert_error(MT_ERR_SHAPE, "with dilation [1, 4611686018427387910] or input");
+    /* 1x1 kernels ignore the dilation; the output keeps the input's extent */
+    mt_tensor *w1 = mt_test_uniform(&rng, MT_F32, MT_SHAPE(6, 4, 1, 1), 0);
+    mt_tensor *y1 = mt_conv2d(x, w1, NULL, &(mt_conv2d_opts){.dilation = {INT64_MAX, 1}});
+    mt_tensor *r1 = mt_conv2d(x, w1, NULL, NULL);
+    assert_no_error();
+    double *v1 = mt_test_values(r1);
+    assert_tensor_close(y1, v1, mt_numel(r1), 0, 0);
+    free(v1);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        mt_tensor *bb = with_bias ? b : NULL;
+        mt_set_requires_grad(x, true);
+        mt_tensor *y = mt_conv2d(x, w, bb, &(mt_conv2d_opts){.stride = {INT64_MAX, 1LL << 40}});
+        assert_no_error();
+        assert_shape(y, 2, 6, 1, 1);
+        mt_tensor *full = mt_conv2d(x, w, bb, NULL);
+        mt_tensor *first = mt_slice(mt_slice(full, 2, 0, 1, 1), 3, 0, 1, 1);
+        double *want = mt_test_values(first);
+        assert_tensor_close(y, want, 12, 1e-6, 1e-6);
+        free(want);
+        assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+        double *gx = mt_test_values(mt_grad(x));
+        mt_zero_grad(x);
+        assert_int_equal(mt_backward(mt_sum_all(first), NULL), 0);
+        assert_tensor_close(mt_grad(x), gx, mt_numel(x), 1e-6, 1e-6);
+        free(gx);
+        mt_zero_grad(x);
+        mt_set_requires_grad(x, false);
+    }
+    mt_scope_end();
+}
+
+/* No input channels: the output is the bias broadcast (a sum over nothing), the input and
+   weight gradients are empty and the bias gradient sums the cotangent. */
+static void test_conv2d_no_input_channels(void **state) {
+    (void)state;
+    mt_device d = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = mt_zeros(MT_SHAPE(2, 0, 5, 5), MT_F32, d);
+    mt_tensor *w = mt_zeros(MT_SHAPE(6, 0, 3, 3), MT_F32, d);
+    mt_tensor *b = mt_test_tensor((const double[]){1, -2, 3, 0.5, 0, 7}, MT_F32, MT_SHAPE(6));
+    mt_set_requires_grad(x, true);
+    mt_set_requires_grad(w, true);
+    mt_set_requires_grad(b, true);
+    for (int cl = 0; cl < 2; cl++) {
+        mt_tensor *xx = cl ? mt_to_channels_last(x) : x;
+        mt_tensor *y = mt_conv2d(xx, w, b, &(mt_conv2d_opts){.padding = {1, 0}});
+        assert_no_error();
+        assert_shape(y, 2, 6, 5, 3);
+        double want[2 * 6 * 5 * 3];
+        for (int i = 0; i < 2 * 6 * 5 * 3; i++)
+            want[i] = ((const double[]){1, -2, 3, 0.5, 0, 7})[i / 15 % 6];
+        assert_tensor_close(y, want, 2 * 6 * 5 * 3, 0, 0);
+        assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+        const double gb[6] = {30, 30, 30, 30, 30, 30};
+        assert_tensor_close(mt_grad(b), gb, 6, 0, 0);
+        assert_int_equal(mt_numel(mt_grad(x)), 0);
+        assert_int_equal(mt_numel(mt_grad(w)), 0);
+        mt_zero_grad(b);
+    }
+    const double zeros[2 * 6 * 3 * 3] = {0};
+    assert_tensor_close(mt_conv2d(x, w, NULL, NULL), zeros, 2 * 6 * 3 * 3, 0, 0);
+    mt_scope_end();
+}
+
 /* Out of memory (an output or a layout buffer over the limit) is an error, and nothing leaks
    (the fixture checks). */
 static void test_conv2d_pool_oom(void **state) {
@@ -484,6 +563,8 @@ int main(void) {
         MT_TEST(test_conv2d_layer),
         MT_TEST(test_conv2d_pool_oom),
         MT_TEST(test_conv2d_errors),
+        MT_TEST(test_conv2d_huge_geometry),
+        MT_TEST(test_conv2d_no_input_channels),
         MT_TEST(test_conv2d_device),
         MT_TEST(test_conv2d_cudnn_find),
         MT_TEST(test_conv2d_no_host_sync),

@@ -385,6 +385,21 @@ static void test_pool_errors(void **state) {
     assert_error(MT_ERR_INVALID, "padding [2, 0] must be at most half the kernel [2, 2]");
     assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {6, 2}}));
     assert_error(MT_ERR_SHAPE, "the output would be empty");
+    /* kernels and strides at the edge of int64 (no overflow in the output's size) */
+    assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {INT64_MAX, 2}}));
+    assert_error(MT_ERR_SHAPE, "the output would be empty");
+    assert_null(mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {2, INT64_MAX}, .stride = {1, 1}}));
+    assert_error(MT_ERR_SHAPE, "the output would be empty");
+    mt_tensor *y = mt_max_pool2d(
+        x, &(mt_pool2d_opts){.kernel = {2, 2}, .stride = {INT64_MAX, 1}, .ceil_mode = true});
+    assert_no_error();
+    assert_shape(y, 1, 2, 1, 4); /* torch: ceil((5 - 2) / stride) + 1 = 2, the last starts past */
+    y = mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {3, 3},
+                                           .stride = {INT64_MAX, INT64_MAX},
+                                           .padding = {1, 1},
+                                           .ceil_mode = true});
+    assert_no_error();
+    assert_shape(y, 1, 2, 1, 1); /* ceil(4 / stride) + 1 = 2 windows, the second past */
     assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}, .exclude_pad = true}));
     assert_error(MT_ERR_INVALID, "exclude_pad is for average pooling");
     assert_null(

@@ -32,7 +32,11 @@ static int conv_params(const mt_conv2d_opts *o, mt_conv2d_params *p) {
     return 0;
 }
 
-static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_conv2d_params *p,
+/* Checks the operands and sets the output's shape. Where one window covers a dim (output
+   extent 1) the stride there changes nothing, so it is lowered to the padded input's extent
+   for the libraries (oneDNN and cuDNN refuse strides past 32 bits); likewise the dilation
+   of a 1-wide kernel. */
+static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_conv2d_params *p,
                       int64_t *out_shape) {
     const char *name = "mt_conv2d";
     char bx[MT_SHAPE_BUF], bw[MT_SHAPE_BUF], bb[MT_SHAPE_BUF];
@@ -68,8 +72,17 @@ static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_conv2d_
     out_shape[0] = x->shape[0];
     out_shape[1] = OC;
     for (int i = 0; i < 2; i++) {
-        int64_t span = p->dilation[i] * (w->shape[2 + i] - 1) + 1;
-        int64_t padded = x->shape[2 + i] + 2 * p->padding[i];
+        int64_t span, padded; /* the dilated kernel's extent, the padded input's */
+        if (__builtin_mul_overflow(p->dilation[i], w->shape[2 + i] - 1, &span) ||
+            __builtin_mul_overflow(p->padding[i], 2, &padded) ||
+            __builtin_add_overflow(padded, x->shape[2 + i], &padded))
+            return mt_error_set(MT_ERR_SHAPE,
+                                "%s: kernel %s with dilation [%lld, %lld] or input %s with "
+                                "padding [%lld, %lld] overflows int64",
+                                name, mt_shape_str(w, bw, sizeof bw), (long long)p->dilation[0],
+                                (long long)p->dilation[1], mt_shape_str(x, bx, sizeof bx),
+                                (long long)p->padding[0], (long long)p->padding[1]);
+        span += 1;
         if (w->shape[2 + i] < 1 || span > padded)
             return mt_error_set(MT_ERR_SHAPE,
                                 "%s: kernel %s (dilation %lld) is larger than the padded input "
@@ -77,6 +90,9 @@ static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, const mt_conv2d_
                                 name, mt_shape_str(w, bw, sizeof bw), (long long)p->dilation[i],
                                 mt_shape_str(x, bx, sizeof bx), (long long)p->padding[i]);
         out_shape[2 + i] = (padded - span) / p->stride[i] + 1;
+        if (out_shape[2 + i] == 1 && p->stride[i] > padded - span + 1)
+            p->stride[i] = padded - span + 1;
+        if (w->shape[2 + i] == 1) p->dilation[i] = 1;
     }
     return 0;
 }
@@ -95,7 +111,7 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     mt_tensor *gy = gc ? mt_dense_4d(name, gc, cl) : NULL;
     mt_tensor_unref(gc);
     if (!gy) return mt_backward_failed();
-    bool empty = gy->numel == 0;
+    bool empty = gy->numel == 0 || mx->shape[1] == 0; /* no output, or no input channels */
     int rc = 0;
     if (mt_node_needs(n, 0)) {
         mt_tensor *gx = mt_tensor_new_format(name, mx->shape, mx->dtype, g->device, cl);
@@ -136,6 +152,16 @@ static int conv_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     return rc;
 }
 
+/* No input channels (C / groups == 0): every output is a sum over nothing, so the output is
+   the bias broadcast, or zeros. The libraries refuse an empty reduction. */
+static int conv_no_channels(const mt_backend *be, mt_tensor *out, const mt_tensor *b) {
+    if (!b) return be->fill(out, 0.0);
+    mt_tensor h;
+    mt_tensor_header_init(&h, b->storage, b->dtype, 4, out->shape,
+                          (int64_t[]){0, b->strides[0], 0, 0}, b->offset);
+    return be->copy(out, &h);
+}
+
 /* Runs the forward on cast inputs c[] (x and w dense) and records the node. */
 static mt_tensor *conv_run(mt_tensor **c, mt_tensor *const *in, const int64_t *shape,
                            const mt_conv2d_params *p, bool weight_cl) {
@@ -147,7 +173,9 @@ static mt_tensor *conv_run(mt_tensor **c, mt_tensor *const *in, const int64_t *s
     bool cl = mt_prefers_channels_last(c[0]) || weight_cl;
     mt_tensor *out = mt_tensor_new_format(name, shape, c[0]->dtype, c[0]->device, cl);
     int rc = out ? 0 : mt_backward_failed();
-    if (rc == 0) rc = out->numel == 0 ? 0 : be->conv2d(out, c[0], c[1], c[2], p);
+    if (rc == 0 && out->numel > 0)
+        rc = c[1]->numel == 0 ? conv_no_channels(be, out, c[2])
+                              : be->conv2d(out, c[0], c[1], c[2], p);
     if (rc == 0) {
         mt_node *node = mt_record(MT_OP_CONV2D, conv_backward, in, 3, out, &rc);
         if (node) rc = mt_node_copy_state(node, p, sizeof *p, name);

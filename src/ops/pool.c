@@ -14,11 +14,17 @@ static mt_op_id pool_op(mt_pool_kind k) {
                               : MT_OP_ADAPTIVE_AVG_POOL2D;
 }
 
-/* torch's pooling_output_shape (dilation 1) */
+/* torch's pooling_output_shape (dilation 1); 0 when the window is larger than the padded
+   input. Written so that no step overflows for any kernel and stride (pad <= k / 2, so
+   k - 2 * pad is in [0, k]; the input's extent fits in memory). */
 static int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, bool ceil_mode) {
-    int64_t num = in + 2 * pad - k + (ceil_mode ? stride - 1 : 0);
-    int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
-    if (ceil_mode && (out - 1) * stride >= in + pad) out--;
+    int64_t window = k - 2 * pad;
+    if (window > in) return 0;
+    int64_t num = in - window, out = num / stride + 1;
+    if (ceil_mode && num % stride != 0) {
+        out++; /* a last, partial window, unless it would start in the right padding */
+        if ((out - 1) * stride >= in + pad) out--;
+    }
     return out;
 }
 
