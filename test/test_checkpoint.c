@@ -95,6 +95,16 @@ static void test_load_into(void **state) {
         mt_state_load_into(s, "fc.", rparams, (const char *[]){"bias", "bias"}, 2, false),
         MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "names[0] and names[1] are both 'bias'");
+    /* a parameter whose elements share memory (an expanded view) cannot take an entry's
+       distinct values, as torch's copy_ refuses it; the other parameter stays as it was */
+    mt_state_put(s, "fc.weight", w2);
+    mt_tensor *row = mt_zeros(MT_SHAPE(1, 3), MT_F32, dev), *rows = mt_expand(row, MT_SHAPE(2, 3));
+    assert_int_equal(mt_state_load_into(s, "fc.", (mt_tensor *[]){pb, rows}, rev, 2, false),
+                     MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "strides [0, 1] has elements that share memory");
+    assert_same_bits(pb, minus1, "bias unchanged");
+    mt_release(rows);
+    mt_release(row);
     mt_release(half);
     mt_release(minus1);
     mt_release(bad);
@@ -495,6 +505,20 @@ static void test_optimizer_state_step_counts(void **state) {
     assert_error(MT_ERR_INVALID, "entry 'o.state.1.step' is not an f32 scalar");
     assert_int_equal(mt_optimizer_state_save(o2, after, ""), 0);
     assert_same_state(before, after);
+    /* counts that are not whole numbers >= 0: refused, nothing changed */
+    const double not_counts[] = {NAN, -4, 2.5, INFINITY};
+    for (size_t i = 0; i < sizeof not_counts / sizeof not_counts[0]; i++) {
+        mt_tensor *nc = mt_scalar(not_counts[i], MT_F32, MT_CPU);
+        mt_state_put(s, "o.state.0.step", nc);
+        mt_release(nc);
+        assert_int_equal(mt_optimizer_state_load(o2, s, "o."), MT_ERR_INVALID);
+        assert_error(MT_ERR_INVALID, "is not a step count");
+        mt_state *again = mt_state_new();
+        assert_int_equal(mt_optimizer_state_save(o2, again, ""), 0);
+        assert_same_state(before, again);
+        mt_state_free(again);
+    }
+    mt_state_put(s, "o.state.0.step", s0);
     /* the older form: one "step" for every parameter with moments */
     mt_state_put(s, "o.state.1.step", s1);
     mt_tensor *old = mt_scalar(7, MT_F32, MT_CPU);

@@ -260,6 +260,7 @@ static int load_into_check(const char *fn, mt_state *s, const char *prefix,
     for (int i = 0; i < n; i++) {
         if (!params[i]) return mt_error_set(MT_ERR_NULL, "%s: arg 3: params[%d] is NULL", fn, i);
         if (!names[i]) return mt_error_set(MT_ERR_NULL, "%s: arg 4: names[%d] is NULL", fn, i);
+        if (mt_check_no_self_overlap(fn, 3, params[i]) < 0) return mt_last_status();
         if (plen + strlen(names[i]) >= key_cap)
             return mt_error_set(MT_ERR_INVALID, "%s: arg 4: names[%d] is too long", fn, i);
         snprintf(key, key_cap, "%s%s", prefix, names[i]);

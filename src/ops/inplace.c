@@ -20,21 +20,6 @@ static int check_writable(const char *op, int arg, const mt_tensor *t) {
                         op, arg);
 }
 
-/* A written-to tensor whose elements alias each other (an expanded view) would be updated
-   more than once per memory location. */
-static int check_no_self_overlap(const char *op, int arg, const mt_tensor *t) {
-    for (int i = 0; i < t->ndim; i++)
-        if (t->strides[i] == 0 && t->shape[i] > 1) {
-            char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
-            return mt_error_set(MT_ERR_INVALID,
-                                "%s: arg %d: tensor of shape %s and strides %s has elements that "
-                                "share memory (an expanded view); write to a contiguous copy",
-                                op, arg, mt_shape_str(t, b1, sizeof b1),
-                                mt_dims_str(t->ndim, t->strides, b2, sizeof b2));
-        }
-    return 0;
-}
-
 /* src as a tensor readable while writing dst: expanded to dst's shape, on dst's device, and
    copied first when it shares dst's memory. New reference, or NULL with the error set. */
 static mt_tensor *prepare_source(const char *op, mt_tensor *dst, mt_tensor *src, mt_dtype dt) {
@@ -100,7 +85,7 @@ int mt_copy(mt_tensor *dst, mt_tensor *src) {
     if (!dst) return mt_error_set(MT_ERR_NULL, "mt_copy: arg 1: dst is NULL");
     if (!src) return mt_error_set(MT_ERR_NULL, "mt_copy: arg 2: src is NULL");
     int rc = check_writable("mt_copy", 1, dst);
-    if (rc == 0) rc = check_no_self_overlap("mt_copy", 1, dst);
+    if (rc == 0) rc = mt_check_no_self_overlap("mt_copy", 1, dst);
     if (rc) return rc;
     mt_api_enter();
     mt_tensor *s = prepare_source("mt_copy", dst, src, src->dtype);
@@ -117,7 +102,7 @@ int mt_add_inplace(mt_tensor *a, mt_tensor *b) {
     if (rc == 0) rc = mt_check_floating(op, 2, b);
     if (rc == 0) rc = mt_check_same_device(op, a, b);
     if (rc == 0) rc = check_writable(op, 1, a);
-    if (rc == 0) rc = check_no_self_overlap(op, 1, a);
+    if (rc == 0) rc = mt_check_no_self_overlap(op, 1, a);
     if (rc) return rc;
     mt_api_enter();
     mt_tensor *s = prepare_source(op, a, b, a->dtype);
@@ -132,7 +117,7 @@ static int mul_scalar_inplace(mt_tensor *a, double s) {
     const char *op = "mt_mul_scalar_inplace";
     int rc = mt_check_floating(op, 1, a);
     if (rc == 0) rc = check_writable(op, 1, a);
-    if (rc == 0) rc = check_no_self_overlap(op, 1, a);
+    if (rc == 0) rc = mt_check_no_self_overlap(op, 1, a);
     if (rc == 0) rc = mt_backend_get(a->device)->unary(MT_OP_MUL_SCALAR, a, a, s);
     if (rc == 0) mt_tensor_bump_version(a);
     return rc;

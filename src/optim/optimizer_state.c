@@ -212,15 +212,23 @@ static int load_slot(const char *fn, mt_optimizer *o, mt_state *s, const char *p
     return rc;
 }
 
-/* One step count entry: an F32 scalar copied into element i of steps. */
+/* One step count entry: an F32 scalar holding a whole number >= 0 (a NaN, negative or
+   fractional count would turn the bias correction into NaN or a wrong factor), copied into
+   element i of steps. */
 static int load_step(const char *fn, mt_state *s, const char *prefix, const char *name,
                      mt_tensor *steps, int i) {
     mt_tensor *t = get_entry(fn, s, prefix, name, true);
     if (!t) return mt_last_status();
     int rc = 0;
-    if (t->dtype != MT_F32 || t->numel != 1) {
+    double v = t->dtype == MT_F32 && t->numel == 1 ? mt_item(t) : 0;
+    if (mt_last_status()) { /* mt_item ran out of memory */
+        rc = mt_last_status();
+    } else if (t->dtype != MT_F32 || t->numel != 1) {
         rc =
             mt_error_set(MT_ERR_INVALID, "%s: entry '%s%s' is not an f32 scalar", fn, prefix, name);
+    } else if (!(isfinite(v) && v >= 0 && v == floor(v))) {
+        rc = mt_error_set(MT_ERR_INVALID, "%s: entry '%s%s' = %g is not a step count", fn, prefix,
+                          name, v);
     } else {
         mt_tensor *one = mt_narrow(steps, 0, i, 1);
         rc = one ? mt_copy(one, t) : (int)mt_last_status();

@@ -15,6 +15,19 @@ int mt_check_same_device(const char *op, const mt_tensor *a, const mt_tensor *b)
                         b->device.type == MT_DEVICE_CUDA ? "cuda" : "cpu", b->device.index);
 }
 
+int mt_check_no_self_overlap(const char *op, int arg, const mt_tensor *t) {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->strides[i] == 0 && t->shape[i] > 1) {
+            char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
+            return mt_error_set(MT_ERR_INVALID,
+                                "%s: arg %d: tensor of shape %s and strides %s has elements that "
+                                "share memory (an expanded view); write to a contiguous copy",
+                                op, arg, mt_shape_str(t, b1, sizeof b1),
+                                mt_dims_str(t->ndim, t->strides, b2, sizeof b2));
+        }
+    return 0;
+}
+
 mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b) {
     if (a == b) return a;
     if (a == MT_F64 || b == MT_F64) return MT_F64;

@@ -172,6 +172,9 @@ mt_tensor *mt_tensor_new_like(const char *op, int ndim, const int64_t *shape, mt
    a negative status, or 0 */
 int mt_check_floating(const char *op, int arg, const mt_tensor *t);
 int mt_check_same_device(const char *op, const mt_tensor *a, const mt_tensor *b);
+/* A written-to tensor whose elements alias each other (an expanded view) would be updated
+   more than once per memory location. */
+int mt_check_no_self_overlap(const char *op, int arg, const mt_tensor *t);
 /* The wider of two floating dtypes (F64 > F32 > BF16/F16; F16 with BF16 gives F32). */
 mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b);
 
