@@ -297,6 +297,22 @@ static void test_state_errors(void **state) {
     assert_tensor_close(r.p, ((const double[]){1 - 0.01 * 0.5, 2 - 0.01 * 0.25}), 2, 1e-7, 0);
     /* after update a new step starts cleanly */
     rig_step(&r, false);
+    /* a step with no gradient at all (torch: "No inf checks were recorded") is refused and
+       counts for nothing: the parameter, the scale and the counters stay */
+    mt_zero_grad(r.p);
+    mt_grad_scaler_state before, after;
+    assert_int_equal(mt_grad_scaler_state_get(r.s, &before), 0);
+    double *p_before = mt_test_values(r.p);
+    assert_int_equal(mt_grad_scaler_step(r.s, r.o), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE,
+                 "mt_grad_scaler_step: none of the optimizer's 1 parameters has a gradient");
+    assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "no mt_grad_scaler_step since the last update");
+    assert_int_equal(mt_grad_scaler_state_get(r.s, &after), 0);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_tensor_close(r.p, p_before, 2, 0, 0);
+    free(p_before);
+    rig_step(&r, false); /* and the next step with gradients runs */
     rig_free(&r);
     assert_no_error();
 }

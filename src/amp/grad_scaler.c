@@ -387,6 +387,12 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
     return mt_api_exit_status(undo_if_failed(s, undo, rc));
 }
 
+static bool any_grad(const mt_optimizer *o) {
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad) return true;
+    return false;
+}
+
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
     const char *fn = "mt_grad_scaler_step";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
@@ -403,6 +409,15 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
                          "%s: already called for this optimizer since the last update; call "
                          "mt_grad_scaler_update after each step",
                          fn));
+    /* torch's "No inf checks were recorded for this optimizer": a step with no gradient at
+       all is a training loop that lost its backward, not a clean step to count toward growth */
+    if (!any_grad(o))
+        return mt_api_exit_status(undo_if_failed(
+            s, undo,
+            mt_error_set(MT_ERR_STATE,
+                         "%s: none of the optimizer's %d parameters has a gradient (no inf/nan "
+                         "check to base the step on); run backward first",
+                         fn, o->n)));
     /* Not unscaled yet: a check-only pass sets found (the optimizer kernel could not know of
        an inf in a gradient it has not reached yet) and the unscale folds into the step, so a
        low-precision gradient reaches the FP32 master without a second rounding. Afterwards
