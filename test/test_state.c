@@ -373,6 +373,18 @@ static const bad_case bad_cases[] = {
      MT_ERR_INVALID, "metadata 'k' appears twice"},
     {"name not UTF-8", "{\"\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
      TRUE_LEN, MT_ERR_INVALID, "not valid UTF-8"},
+    {"raw control byte in a name",
+     "{\"a\x01\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TRUE_LEN,
+     MT_ERR_INVALID, "raw control byte 0x01 at byte 3"},
+    {"raw tab in a name", "{\"a\tb\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+     TRUE_LEN, MT_ERR_INVALID, "raw control byte 0x09"},
+    {"NUL escape in a name",
+     "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TRUE_LEN,
+     MT_ERR_INVALID, "\\u0000 (NUL) in a string at byte 3"},
+    {"NUL escape in metadata", "{\"__metadata__\":{\"k\":\"x\\u0000\"}}", 0, TRUE_LEN,
+     MT_ERR_INVALID, "(NUL) in a string"},
+    {"empty name", "{\"\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TRUE_LEN,
+     MT_ERR_INVALID, "an entry has an empty name"},
 };
 
 static void test_bad_files(void **state) {
@@ -412,6 +424,23 @@ static void test_bad_files(void **state) {
     write_bytes(td.path, b, full);
     mt_state *s = mt_state_load(td.path, dev);
     assert_non_null(s);
+    mt_state_free(s);
+    /* a raw NUL inside a name (invalid JSON; cJSON alone would cut the name there) */
+    unsigned char *nul = malloc(full);
+    memcpy(nul, b, full);
+    assert_int_equal(nul[10], 't'); /* the header starts at byte 8 with {" */
+    nul[10] = 0;
+    write_bytes(td.path, nul, full);
+    assert_null(mt_state_load(td.path, dev));
+    assert_error(MT_ERR_INVALID, "raw control byte 0x00 at byte 2");
+    free(nul);
+    /* escapes that are not a NUL still load: an escaped backslash before "u0000", a quote */
+    write_st(td.path,
+             "{\"a\\\\u0000\\\"\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data,
+             8, TRUE_LEN);
+    s = mt_state_load(td.path, dev);
+    assert_non_null(s);
+    assert_true(mt_state_contains(s, "a\\u0000\""));
     mt_state_free(s);
     free(b);
     tmp_close(&td);

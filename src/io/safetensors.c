@@ -247,6 +247,8 @@ static int parse_entry(const loader *L, const cJSON *j, entry *e) {
         return LOAD_ERR(L, MT_ERR_INVALID, "entry '%s' is not a JSON object", name);
     if (!mt_utf8_valid(name))
         return LOAD_ERR(L, MT_ERR_INVALID, "an entry name is not valid UTF-8");
+    if (!*name) /* mt_state_put refuses one too: no name for it to be loaded under */
+        return LOAD_ERR(L, MT_ERR_INVALID, "an entry has an empty name");
     e->name = name;
     const cJSON *dt = NULL, *shape = NULL, *offs = NULL;
     for (const cJSON *f = j->child; f; f = f->next) {
@@ -379,9 +381,34 @@ static int check_meta_unique(const loader *L, const cJSON *meta) {
     return rc;
 }
 
+/* What cJSON lets through but JSON (and Python's safetensors) refuses, or what a C string
+   cannot hold: a raw control byte (JSON allows only tab, newline and carriage return, and
+   only between tokens), and a \u0000 escape in a string (cJSON would cut the name or the
+   value short there). */
+static int check_header_bytes(const loader *L, const char *json, size_t len) {
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)json[i];
+        if (c < 0x20 && (in_string || (c != '\t' && c != '\n' && c != '\r')))
+            return LOAD_ERR(L, MT_ERR_INVALID,
+                            "the JSON header has a raw control byte 0x%02x at byte %zu", c, i);
+        if (c == '"') {
+            in_string = !in_string;
+        } else if (in_string && c == '\\' && i + 1 < len) {
+            if (json[i + 1] == 'u' && i + 5 < len && memcmp(json + i + 2, "0000", 4) == 0)
+                return LOAD_ERR(L, MT_ERR_INVALID,
+                                "the JSON header has a \\u0000 (NUL) in a string at byte %zu", i);
+            i++; /* the escaped character: an escaped quote does not end the string */
+        }
+    }
+    return 0;
+}
+
 /* Parses and validates the header; fills L->root and L->entries. */
 static int parse_header(loader *L, const char *json, size_t len, const cJSON **meta) {
     const char *end = NULL;
+    int bad = check_header_bytes(L, json, len);
+    if (bad) return bad;
     L->root = cJSON_ParseWithLengthOpts(json, len, &end, false);
     if (!L->root)
         return LOAD_ERR(L, MT_ERR_INVALID, "malformed JSON header at byte %lld of %zu",
