@@ -555,6 +555,20 @@ static void test_missing_cuda_device(void **state) {
     assert_int_equal(mt_memory_stats_get(gone, &s), MT_ERR_DEVICE);
     assert_error(MT_ERR_DEVICE, name);
 
+    /* the CPU is one device, index 0: another index is refused, not a second host device */
+    const mt_device cpus[] = {{MT_DEVICE_CPU, 3}, {MT_DEVICE_CPU, -1}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "cpu:%d does not exist", cpus[i].index);
+        assert_null(mt_ones(MT_SHAPE(2, 3), MT_F32, cpus[i]));
+        assert_error(MT_ERR_DEVICE, name);
+        assert_null(mt_arange(0, 3, 1, MT_F64, cpus[i]));
+        assert_error(MT_ERR_DEVICE, name);
+        assert_null(mt_to(host, cpus[i]));
+        assert_error(MT_ERR_DEVICE, name);
+        assert_int_equal(mt_synchronize(cpus[i]), MT_ERR_DEVICE);
+        assert_error(MT_ERR_DEVICE, name);
+    }
+
     mt_tensor *t = mt_to(host, mt_test_device());
     double want[6] = {1, 1, 1, 1, 1, 1};
     assert_tensor_close(t, want, 6, 0, 0);

@@ -73,6 +73,11 @@ static void test_arange(void **state) {
     assert_error(MT_ERR_INVALID, "mt_arange: start 0, end 1, step 0");
     assert_null(mt_arange(0, 5, -1, MT_F32, mt_test_device()));
     assert_error(MT_ERR_INVALID, "finite range");
+    /* a range of more elements than int64 counts (or an overflowing end - start) */
+    assert_null(mt_arange(0, 1e20, 1, MT_F32, mt_test_device()));
+    assert_error(MT_ERR_SHAPE, "mt_arange: start 0, end 1e+20, step 1 make 1e+20 elements");
+    assert_null(mt_arange(-1e308, 1e308, 1, MT_F32, mt_test_device()));
+    assert_error(MT_ERR_SHAPE, "make inf elements, too many");
     mt_release(a);
     mt_release(b);
     mt_release(c);

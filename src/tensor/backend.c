@@ -280,7 +280,7 @@ static void build_tables(void) {
 
 const mt_backend *mt_backend_get(mt_device dev) {
     call_once(&tables_once, build_tables);
-    if (dev.type == MT_DEVICE_CPU) return &tables[MT_DEVICE_CPU];
+    if (dev.type == MT_DEVICE_CPU && dev.index == 0) return &tables[MT_DEVICE_CPU];
     if (dev.type == MT_DEVICE_CUDA && built[MT_DEVICE_CUDA] && dev.index >= 0 &&
         dev.index < mt_cuda_device_count())
         return &tables[MT_DEVICE_CUDA];
@@ -294,6 +294,10 @@ const mt_backend *mt_backend_for(const char *op, mt_device dev) {
             mt_error_set(MT_ERR_DEVICE, "%s: device cuda:%d is not available (%s)", op, dev.index,
                          mt_cuda_available() ? "no such device index"
                                              : "no CUDA device or driver, or built without CUDA");
+        else if (dev.type == MT_DEVICE_CPU) /* one host device: a cpu:3 tensor could never
+                                               meet a cpu:0 one */
+            mt_error_set(MT_ERR_DEVICE, "%s: device cpu:%d does not exist (the CPU is index 0)", op,
+                         dev.index);
         else
             mt_error_set(MT_ERR_DEVICE, "%s: invalid device type %d", op, dev.type);
     }

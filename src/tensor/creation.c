@@ -75,7 +75,15 @@ mt_tensor *mt_arange(double start, double end, double step, mt_dtype dt, mt_devi
                      end, step);
         return mt_api_exit(NULL);
     }
-    int64_t n = (int64_t)ceil((end - start) / step);
+    double count = ceil((end - start) / step); /* inf when end - start overflows */
+    if (!(count <= 0x1p62)) {
+        mt_error_set(MT_ERR_SHAPE,
+                     "mt_arange: start %g, end %g, step %g make %g elements, too many", start, end,
+                     step, count);
+        return mt_api_exit(NULL);
+    }
+    if (!mt_backend_for("mt_arange", dev)) return mt_api_exit(NULL);
+    int64_t n = (int64_t)count;
     mt_tensor *t = mt_tensor_new("mt_arange", 1, &n, MT_F64, MT_CPU);
     if (!t) return mt_api_exit(NULL);
     double *p = mt_tensor_data(t);
