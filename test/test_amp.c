@@ -189,8 +189,8 @@ static void test_table_outside_region(void **state) {
     assert_no_error();
     assert_int_equal(mt_autocast_compute_dtype("no_such_op", MT_F32), MT_F32);
     assert_error(MT_ERR_INVALID, "unknown op \"no_such_op\"");
-    mt_autocast_compute_dtype(NULL, MT_F32);
-    assert_error(MT_ERR_INVALID, "unknown op");
+    assert_int_equal(mt_autocast_compute_dtype(NULL, MT_F32), MT_F32);
+    assert_error(MT_ERR_NULL, "mt_autocast_compute_dtype: arg 1: op name is NULL");
 }
 
 /* ------------------------------------------------------------------ real output dtypes */

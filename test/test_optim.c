@@ -599,6 +599,10 @@ static void test_create_errors(void **state) {
     assert_error(MT_ERR_NULL, "mt_sgd_new: arg 1: params is NULL");
     assert_null(mt_momentum_new(&w, 0, NULL));
     assert_error(MT_ERR_INVALID, "mt_momentum_new: arg 2: n is 0, expected at least one");
+    /* Nesterov without momentum (torch.optim.SGD refuses it too) */
+    assert_null(
+        mt_momentum_new(&w, 1, &(mt_momentum_opts){.momentum = MT_SET(0), .nesterov = true}));
+    assert_error(MT_ERR_INVALID, "mt_momentum_new: arg 3: nesterov needs a momentum above 0");
     mt_tensor *ps[2] = {w, NULL};
     assert_null(mt_adam_new(ps, 2, NULL));
     assert_error(MT_ERR_NULL, "mt_adam_new: arg 1: params[1] is NULL");

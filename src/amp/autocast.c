@@ -105,10 +105,13 @@ mt_dtype mt_autocast_decide(mt_op_id op, mt_dtype widest) {
 }
 
 mt_dtype mt_autocast_compute_dtype(const char *op_name, mt_dtype in) {
+    if (!op_name) {
+        mt_error_set(MT_ERR_NULL, "mt_autocast_compute_dtype: arg 1: op name is NULL");
+        return in;
+    }
     int op = mt_op_lookup(op_name);
     if (op < 0) {
-        mt_error_set(MT_ERR_INVALID, "mt_autocast_compute_dtype: unknown op \"%s\"",
-                     op_name ? op_name : "(null)");
+        mt_error_set(MT_ERR_INVALID, "mt_autocast_compute_dtype: unknown op \"%s\"", op_name);
         return in;
     }
     return mt_autocast_decide((mt_op_id)op, in);

@@ -258,6 +258,10 @@ mt_optimizer *mt_momentum_new(mt_tensor *const *params, int n, const mt_momentum
         option(op, "momentum", s->momentum, 0.9, INFINITY, &c.momentum) < 0 ||
         option_value(op, "weight_decay", s->weight_decay, INFINITY, &c.weight_decay) < 0)
         return NULL;
+    if (c.nesterov && c.momentum == 0) { /* as torch.optim.SGD refuses it */
+        mt_error_set(MT_ERR_INVALID, "%s: arg 3: nesterov needs a momentum above 0", op);
+        return NULL;
+    }
     return optimizer_new(op, params, n, &c);
 }
 
