@@ -509,6 +509,8 @@ typedef struct {
 mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts);
 mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss);
 int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o);
+/* MT_ERR_STATE, changing nothing, when none of o's parameters has a gradient (torch's "No
+   inf checks were recorded"): such a step would count as clean toward the scale's growth. */
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o);
 int mt_grad_scaler_update(mt_grad_scaler *s);
 int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o); /* step + update */
