@@ -575,6 +575,37 @@ static void test_missing_cuda_device(void **state) {
     mt_scope_end();
 }
 
+/* A 0-d CPU tensor meets a CUDA tensor in a binary op, as in torch (x * torch.tensor(0.5)):
+   the result is on the CUDA device, the scalar's gradient comes back to the CPU, and a CPU
+   tensor with dimensions is still an error. */
+static void test_cpu_scalar_with_device_tensor(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = mt_test_tensor((const double[]){1, -2, 3}, MT_F32, MT_SHAPE(3));
+    mt_tensor *s = mt_scalar(0.5, MT_F32, MT_CPU);
+    mt_set_requires_grad(x, true);
+    mt_set_requires_grad(s, true);
+    int64_t syncs = mt_host_sync_count();
+    mt_tensor *y = mt_mul(x, s), *z = mt_sub(s, x), *gt = mt_gt(x, s);
+    assert_int_equal(mt_host_sync_count(), syncs); /* the upload does not wait */
+    assert_no_error();
+    assert_true(mt_device_of(y).type == dev.type && mt_device_of(z).type == dev.type);
+    assert_tensor_close(y, ((const double[]){0.5, -1, 1.5}), 3, 0, 0);
+    assert_tensor_close(z, ((const double[]){-0.5, 2.5, -2.5}), 3, 0, 0);
+    assert_tensor_close(gt, ((const double[]){1, 0, 1}), 3, 0, 0);
+    assert_int_equal(mt_backward(mt_sum_all(mt_add(y, z)), NULL), 0);
+    mt_tensor *gs = mt_grad(s);
+    assert_true(mt_device_of(gs).type == MT_DEVICE_CPU);
+    assert_float_equal(mt_item(gs), (1 - 2 + 3) + 3, 0); /* d/ds of sum(x * s) + sum(s - x) */
+    assert_tensor_close(mt_grad(x), ((const double[]){-0.5, -0.5, -0.5}), 3, 0, 0);
+    mt_release(gs);
+    mt_tensor *v = mt_ones(MT_SHAPE(1), MT_F32, MT_CPU);
+    assert_null(mt_mul(x, v));
+    assert_error(MT_ERR_DEVICE, "tensors are on different devices (cuda:0 and cpu:0)");
+    mt_scope_end();
+}
+
 /* ------------------------------------------------------------------ (g) uploads */
 
 /* Uploads from host memory go through pinned staging blocks (on a CUDA device): the source
@@ -689,6 +720,8 @@ int main(void) {
         DEVICE_TEST(test_oom_in_forward_changes_nothing),
         DEVICE_TEST(test_oom_in_backward_changes_nothing),
         DEVICE_TEST(test_missing_cuda_device),
+        CUDA_ONLY(test_cpu_scalar_with_device_tensor,
+                  "a CPU scalar with a CUDA tensor: on the CPU every operand is a CPU tensor"),
         DEVICE_TEST(test_uploads_in_flight),
         mt_cuda_device_count() >= 2 && !mt_test_device_is_cpu()
             ? (struct CMUnitTest)DEVICE_TEST(test_peer_copy)

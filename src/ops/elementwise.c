@@ -251,7 +251,7 @@ static mt_backward_fn binary_backward_fn(mt_op_id op) {
     }
 }
 
-mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
+static mt_tensor *binary_same_device(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     const char *name = mt_op_fullname(op);
     bool cmp = is_compare(op);
     if (!cmp && (mt_check_floating(name, 1, a) < 0 || mt_check_floating(name, 2, b) < 0))
@@ -303,6 +303,26 @@ mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
     }
     mt_dispatch_done(op, (mt_dtype)compute, out, in, 2);
     dispatch_release(c, 2, owned);
+    return out;
+}
+
+/* A 0-d CPU tensor meets a CUDA tensor as torch lets it (x * torch.tensor(0.5)): it is
+   uploaded first, through mt_to, so that its gradient flows back to the CPU. The upload is
+   asynchronous (no host wait); any other device mix is an error. */
+static bool cpu_scalar_for(const mt_tensor *s, const mt_tensor *other) {
+    return s->ndim == 0 && s->device.type == MT_DEVICE_CPU && other->device.type == MT_DEVICE_CUDA;
+}
+
+mt_tensor *mt_binary_op_internal(mt_op_id op, mt_tensor *a, mt_tensor *b) {
+    mt_tensor *moved = NULL;
+    if (cpu_scalar_for(a, b))
+        a = moved = mt_to(a, b->device);
+    else if (cpu_scalar_for(b, a))
+        b = moved = mt_to(b, a->device);
+    else
+        return binary_same_device(op, a, b);
+    mt_tensor *out = moved ? binary_same_device(op, a, b) : NULL;
+    mt_tensor_unref(moved);
     return out;
 }
 
