@@ -105,6 +105,20 @@ static void test_load_into(void **state) {
     assert_same_bits(pb, minus1, "bias unchanged");
     mt_release(rows);
     mt_release(row);
+    /* names as long as the state takes them (no fixed key buffer) */
+    char *long_name = malloc(5001);
+    memset(long_name, 'n', 5000);
+    long_name[5000] = 0;
+    char *long_key = malloc(5004);
+    snprintf(long_key, 5004, "fc.%s", long_name);
+    mt_state_put(s, long_key, minus1);
+    mt_tensor *plong = mt_zeros(MT_SHAPE(2), MT_F32, dev);
+    assert_int_equal(
+        mt_state_load_into(s, "fc.", &plong, (const char *const *)&long_name, 1, false), 0);
+    assert_same_bits(plong, minus1, "long name");
+    mt_release(plong);
+    free(long_key);
+    free(long_name);
     mt_release(half);
     mt_release(minus1);
     mt_release(bad);

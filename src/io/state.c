@@ -261,8 +261,6 @@ static int load_into_check(const char *fn, mt_state *s, const char *prefix,
         if (!params[i]) return mt_error_set(MT_ERR_NULL, "%s: arg 3: params[%d] is NULL", fn, i);
         if (!names[i]) return mt_error_set(MT_ERR_NULL, "%s: arg 4: names[%d] is NULL", fn, i);
         if (mt_check_no_self_overlap(fn, 3, params[i]) < 0) return mt_last_status();
-        if (plen + strlen(names[i]) >= key_cap)
-            return mt_error_set(MT_ERR_INVALID, "%s: arg 4: names[%d] is too long", fn, i);
         snprintf(key, key_cap, "%s%s", prefix, names[i]);
         for (int j = 0; j < i; j++)
             if (strcmp(names[j], names[i]) == 0)
@@ -314,10 +312,20 @@ int mt_state_load_into(mt_state *s, const char *prefix, mt_tensor *const *params
     if (!names) return mt_error_set(MT_ERR_NULL, "%s: arg 4: names is NULL", fn);
     if (n < 0) return mt_error_set(MT_ERR_INVALID, "%s: arg 5: n is %d", fn, n);
     if (!prefix) prefix = "";
+    /* room for prefix + the longest name: state names have no length limit */
+    size_t longest = 0;
+    for (int i = 0; i < n; i++)
+        if (names[i] && strlen(names[i]) > longest) longest = strlen(names[i]);
+    size_t key_cap = strlen(prefix) + longest + 1;
     int *idx = mt_heap_alloc((size_t)(n ? n : 1) * sizeof *idx);
-    char key[1024];
-    if (!idx) return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
-    int rc = load_into_check(fn, s, prefix, params, names, n, strict, idx, key, sizeof key);
+    char *key = mt_heap_alloc(key_cap);
+    if (!idx || !key) {
+        free(idx);
+        free(key);
+        return mt_error_set(MT_ERR_OOM, "%s: out of memory", fn);
+    }
+    int rc = load_into_check(fn, s, prefix, params, names, n, strict, idx, key, key_cap);
+    free(key);
     if (rc) {
         free(idx);
         return rc;
