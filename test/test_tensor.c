@@ -84,6 +84,49 @@ static void test_arange(void **state) {
     mt_release(empty);
 }
 
+/* Casts to the integer dtypes as torch makes them, the same on every device: I64 to I32
+   wraps (two's complement), integers never pass through a double (2^53 + 1 survives I32 to
+   I64 and back), and a floating value out of range or NaN gives the minimum (x86's integer
+   indefinite, torch's CPU result; a plain C cast is undefined there). */
+static void test_integer_casts(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_scope_begin();
+    const int64_t big[] = {4294967297LL, -4294967297LL, 2147483648LL, 3000000000LL,
+                           9007199254740993LL, -7};
+    mt_tensor *i64 = mt_from_data(big, MT_I64, MT_SHAPE(6), dev);
+    int32_t got32[6];
+    assert_int_equal(mt_copy_to_host(mt_cast(i64, MT_I32), got32, sizeof got32), 0);
+    const int32_t want32[] = {1, -1, INT32_MIN, -1294967296, 1, -7};
+    assert_memory_equal(got32, want32, sizeof want32);
+    /* a strided I64 view to I64 through the cast path keeps every bit */
+    mt_tensor *every_other = mt_slice(mt_reshape(mt_cat((mt_tensor *[]){i64, i64}, 2, 0),
+                                                 MT_SHAPE(2, 6)),
+                                      1, 0, 6, 2);
+    int64_t got64[6];
+    assert_int_equal(mt_copy_to_host(mt_cast(mt_cast(every_other, MT_BOOL), MT_I64), got64,
+                                     6 * sizeof(int64_t)),
+                     0);
+    const int64_t ones[] = {1, 1, 1, 1, 1, 1};
+    assert_memory_equal(got64, ones, sizeof ones);
+    assert_int_equal(mt_copy_to_host(mt_contiguous(every_other), got64, sizeof got64), 0);
+    const int64_t want_view[] = {big[0], big[2], big[4], big[0], big[2], big[4]};
+    assert_memory_equal(got64, want_view, sizeof want_view);
+    const double floats[] = {1e10, -1e10, NAN, 2147483647.9, -2147483648.9, -3.7};
+    mt_tensor *f = mt_test_tensor(floats, MT_F64, MT_SHAPE(6));
+    assert_int_equal(mt_copy_to_host(mt_cast(f, MT_I32), got32, sizeof got32), 0);
+    const int32_t want_f[] = {INT32_MIN, INT32_MIN, INT32_MIN, INT32_MAX, INT32_MIN, -3};
+    assert_memory_equal(got32, want_f, sizeof want_f);
+    assert_int_equal(mt_copy_to_host(mt_cast(f, MT_I64), got64, sizeof got64), 0);
+    const int64_t want_f64[] = {10000000000LL, -10000000000LL, INT64_MIN, 2147483647,
+                                -2147483648LL, -3};
+    assert_memory_equal(got64, want_f64, sizeof want_f64);
+    assert_int_equal(mt_copy_to_host(mt_full(MT_SHAPE(1), MT_I32, dev, 1e10), got32, 4), 0);
+    assert_int_equal(got32[0], INT32_MIN);
+    assert_no_error();
+    mt_scope_end();
+}
+
 static void stats(const mt_tensor *t, double *mean, double *var, double *lo, double *hi) {
     int64_t n = mt_numel(t);
     double *v = mt_test_values(t), s = 0, s2 = 0;
@@ -737,6 +780,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_filled_creation),
         MT_TEST(test_arange),
+        MT_TEST(test_integer_casts),
         MT_TEST(test_random_statistics),
         MT_TEST(test_random_determinism),
         MT_TEST(test_from_data_round_trip),

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include "../math/half.h"
+#include "../math/int_convert.h"
 #include "../math/philox.h"
 #include "cpu.h"
 
@@ -111,12 +112,12 @@ static int cpu_fill(mt_tensor *dst, double value) {
         break;
     }
     case MT_I64: {
-        int64_t v = (int64_t)value;
+        int64_t v = mt_f64_to_i64(value);
         memcpy(one, &v, 8);
         break;
     }
     case MT_I32: {
-        int32_t v = (int32_t)value;
+        int32_t v = mt_f64_to_i32(value);
         memcpy(one, &v, 4);
         break;
     }

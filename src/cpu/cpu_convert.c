@@ -12,6 +12,7 @@
 #define MT_X86_DISPATCH 1
 #endif
 #include "../math/half.h"
+#include "../math/int_convert.h"
 #include "cpu.h"
 
 static void f16_to_f32_scalar(const uint16_t *src, float *dst, int64_t n) {
@@ -186,10 +187,10 @@ void mt_cpu_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
         break;
 #define STORE_INT_CASES                                                                            \
     case MT_I64:                                                                                   \
-        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = (int64_t)src[i];                \
+        for (int64_t i = 0; i < n; i++) AT_W(int64_t, dst, i, s) = mt_f64_to_i64((double)src[i]);  \
         break;                                                                                     \
     case MT_I32:                                                                                   \
-        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = (int32_t)src[i];                \
+        for (int64_t i = 0; i < n; i++) AT_W(int32_t, dst, i, s) = mt_f64_to_i32((double)src[i]);  \
         break;                                                                                     \
     case MT_BOOL:                                                                                  \
         for (int64_t i = 0; i < n; i++) AT_W(uint8_t, dst, i, s) = src[i] != 0;                    \
@@ -312,6 +313,24 @@ typedef struct {
 #define STRIDED_COPY(T)                                                                            \
     for (int64_t i = 0; i < n; i++) *(T *)(p[0] + i * s[0]) = *(const T *)(p[1] + i * s[1]);
 
+/* Between integer dtypes (I64, I32, BOOL) in integers: a double would lose I64 values above
+   2^53, and an I64 out of I32's range wraps as torch's cast does. */
+static void int_copy_row(char **p, const int64_t *s, int64_t n, const copy_ctx *c) {
+    for (int64_t i = 0; i < n; i++) {
+        const char *from = p[1] + i * s[1];
+        char *to = p[0] + i * s[0];
+        int64_t v = c->src == MT_I64   ? *(const int64_t *)from
+                    : c->src == MT_I32 ? *(const int32_t *)from
+                                       : *(const uint8_t *)from != 0;
+        if (c->dst == MT_I64)
+            *(int64_t *)to = v;
+        else if (c->dst == MT_I32)
+            *(int32_t *)to = mt_i64_to_i32(v);
+        else
+            *(uint8_t *)to = v != 0;
+    }
+}
+
 static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx) {
     const copy_ctx *c = vctx;
     int64_t es = (int64_t)mt_dtype_size(c->dst), ss = (int64_t)mt_dtype_size(c->src);
@@ -349,6 +368,10 @@ static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx) {
             mt_cpu_bf16_to_f32((const uint16_t *)p[1], (float *)p[0], n);
             return;
         }
+    }
+    if (!mt_dtype_is_floating(c->src) && !mt_dtype_is_floating(c->dst)) {
+        int_copy_row(p, s, n, c);
+        return;
     }
     /* wide path when either side needs more than FP32 holds */
     bool wide = c->dst == MT_F64 || c->src == MT_F64 || c->src == MT_I64 || c->src == MT_I32;

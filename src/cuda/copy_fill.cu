@@ -184,8 +184,8 @@ template <typename T> int ew_copy_same(const mt_cuda_ctx *c, const mt_cuda_iter 
 uint64_t ew_fill_bits(mt_dtype dt, double value) {
     uint64_t bits = 0;
     float f = (float)value;
-    int64_t i64 = (int64_t)value;
-    int32_t i32 = (int32_t)value;
+    int64_t i64 = mt_f64_to_i64(value);
+    int32_t i32 = mt_f64_to_i32(value);
     switch (dt) {
     case MT_F32:
         memcpy(&bits, &f, 4);
@@ -238,6 +238,8 @@ extern "C" int mt_cuda_copy(const mt_cuda_ctx *c, const mt_cuda_iter *it) {
                 return (int)cudaGetLastError();
             });
         });
+    // between integer dtypes in integers (a double loses I64 values above 2^53)
+    if (!ew_floating(dd) && !ew_floating(sd)) return ew_launch_gen<ew_convert_body<int64_t>>(c, it);
     // through double when either side needs more than FP32 holds (the CPU's wide path)
     if (dd == MT_F64 || sd == MT_F64 || sd == MT_I64 || sd == MT_I32)
         return ew_launch_gen<ew_convert_body<double>>(c, it);

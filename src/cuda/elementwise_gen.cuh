@@ -23,6 +23,7 @@
 #include <string.h>
 #include "kernels.h"
 #include "../math/half.h"
+#include "../math/int_convert.h"
 
 #define EW_DEV __device__ __forceinline__
 #ifdef __CUDACC__
@@ -100,6 +101,21 @@ template <> EW_DEV int64_t ew_load<int64_t>(const char *p, mt_dtype dt) {
 
 // C stored as dtype dt as the CPU's stores do: F16/BF16 round to nearest even (from double
 // through FP32), integers truncate toward zero, BOOL is "not zero".
+// Integer stores through src/math/int_convert.h, as the CPU's: a floating value truncates
+// (NaN and out of range: the minimum; a GPU's own conversion would saturate), an integer wraps.
+template <typename C> EW_DEV int64_t ew_int64_of(C v) {
+    return mt_f64_to_i64((double)v);
+}
+template <> EW_DEV int64_t ew_int64_of<int64_t>(int64_t v) {
+    return v;
+}
+template <typename C> EW_DEV int32_t ew_int32_of(C v) {
+    return mt_f64_to_i32((double)v);
+}
+template <> EW_DEV int32_t ew_int32_of<int64_t>(int64_t v) {
+    return mt_i64_to_i32(v);
+}
+
 template <typename C> EW_DEV void ew_store(char *p, mt_dtype dt, C v) {
     switch (dt) {
     case MT_F32:
@@ -115,10 +131,10 @@ template <typename C> EW_DEV void ew_store(char *p, mt_dtype dt, C v) {
         *(double *)p = (double)v;
         break;
     case MT_I64:
-        *(int64_t *)p = (int64_t)v;
+        *(int64_t *)p = ew_int64_of(v);
         break;
     case MT_I32:
-        *(int32_t *)p = (int32_t)v;
+        *(int32_t *)p = ew_int32_of(v);
         break;
     default:
         *(uint8_t *)p = v != (C)0;
