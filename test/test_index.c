@@ -179,6 +179,12 @@ static void test_argmax(void **state) {
     mt_tensor *xi = mt_from_data((int64_t[]){3, 9, 9, 1}, MT_I64, MT_SHAPE(4), mt_test_device());
     double ri = 1;
     assert_tensor_close(mt_argmax(xi, 0, false), &ri, 1, 0, 0);
+    /* I64 values that one double cannot tell apart (2^53 and 2^53 + 1), along both dims */
+    const int64_t big[6] = {1LL << 53, (1LL << 53) + 1, -5, INT64_MAX, INT64_MAX - 1, 0};
+    mt_tensor *xb = mt_from_data(big, MT_I64, MT_SHAPE(2, 3), mt_test_device());
+    double rb0[3] = {1, 1, 1}, rb1[2] = {1, 0};
+    assert_tensor_close(mt_argmax(xb, 0, false), rb0, 3, 0, 0);
+    assert_tensor_close(mt_argmax(xb, 1, false), rb1, 2, 0, 0);
     assert_null(mt_argmax(xi, 1, false));
     assert_error(MT_ERR_INVALID, "mt_argmax");
     mt_scope_end();

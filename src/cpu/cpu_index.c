@@ -168,13 +168,35 @@ static int argmax_outer(void *vctx, int64_t b, int64_t e, int part) {
     return 0;
 }
 
+/* I64 compared as integers: as doubles, values above 2^53 would tie. */
+static int argmax_outer_i64(void *vctx, int64_t b, int64_t e, int part) {
+    (void)part;
+    const index_ctx *c = vctx;
+    const int64_t *x = (const int64_t *)c->src;
+    int64_t *out = (int64_t *)c->dst;
+    for (int64_t o = b; o < e; o++)
+        for (int64_t i = 0; i < c->inner; i++) {
+            int64_t best_j = 0, best = x[o * c->n * c->inner + i];
+            for (int64_t j = 1; j < c->n; j++) {
+                int64_t v = x[(o * c->n + j) * c->inner + i];
+                if (v > best) { /* strictly larger: the first maximum stays */
+                    best = v;
+                    best_j = j;
+                }
+            }
+            out[o * c->inner + i] = best_j;
+        }
+    return 0;
+}
+
 int mt_cpu_argmax(mt_tensor *out, const mt_tensor *x, int dim) {
     index_ctx c = {.src = mt_tensor_data(x),
                    .dst = mt_tensor_data(out),
                    .es = (int64_t)mt_dtype_size(x->dtype),
                    .sdt = x->dtype};
     mt_split_at_dim(x, dim, &c.outer, &c.n, &c.inner);
-    if (mt_cpu_for_parts(argmax_outer, &c, c.outer, x->numel))
+    if (mt_cpu_for_parts(x->dtype == MT_I64 ? argmax_outer_i64 : argmax_outer, &c, c.outer,
+                         x->numel))
         return mt_error_set(MT_ERR_OOM, "mt_argmax: out of memory for a row buffer");
     return 0;
 }

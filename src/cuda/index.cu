@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(INDEX_THREADS) index_add_kernel(mt_cuda_index_
     }
 }
 
-// Any dtype as a double, as the CPU compares (integers included).
+// Any dtype but I64 as a double, as the CPU compares (I32 and BOOL are exact there).
 MT_DEV double argmax_load(const char *p, mt_dtype dt, int64_t i) {
     switch (dt) {
     case MT_I64:
@@ -103,6 +103,23 @@ __global__ void __launch_bounds__(INDEX_THREADS) argmax_kernel(mt_cuda_index_arg
         for (int64_t j = 1; j < a.n; j++) {
             double v = argmax_load(a.src, a.sdt, (o * a.n + j) * a.inner + i);
             if (!isnan(best) && (v > best || isnan(v))) {
+                best = v;
+                best_j = j;
+            }
+        }
+        ((int64_t *)a.dst)[e] = best_j;
+    }
+}
+
+// I64 compared as integers: as doubles, values above 2^53 would tie.
+__global__ void __launch_bounds__(INDEX_THREADS) argmax_i64_kernel(mt_cuda_index_args a) {
+    const int64_t *x = (const int64_t *)a.src;
+    GRID_STRIDE(e, a.outer * a.inner) {
+        int64_t i = e % a.inner, o = e / a.inner, best_j = 0;
+        int64_t best = x[o * a.n * a.inner + i];
+        for (int64_t j = 1; j < a.n; j++) {
+            int64_t v = x[(o * a.n + j) * a.inner + i];
+            if (v > best) {
                 best = v;
                 best_j = j;
             }
@@ -183,7 +200,10 @@ extern "C" int mt_cuda_index_add(const mt_cuda_ctx *c, const mt_cuda_index_args 
 extern "C" int mt_cuda_argmax(const mt_cuda_ctx *c, const mt_cuda_index_args *a) {
     int64_t n = a->outer * a->inner;
     if (n == 0 || a->n == 0) return 0;
-    MT_LAUNCH(argmax_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
+    if (a->sdt == MT_I64)
+        MT_LAUNCH(argmax_i64_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
+    else
+        MT_LAUNCH(argmax_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a);
     return (int)cudaGetLastError();
 }
 
