@@ -198,6 +198,37 @@ static void test_unary_special_values(void **state) {
     mt_release(mn);
 }
 
+/* Where torch's result hangs on the sign of zero or on which root function it takes: tanh
+   keeps -0 in every dtype, and pow_scalar with 0.5 and -0.5 is sqrt and rsqrt (pow itself
+   gives +0 and inf at -0, and inf and 0 at -inf), forward and gradient. */
+static void test_signed_zero_and_pow_roots(void **state) {
+    (void)state;
+    mt_scope_begin();
+    const mt_dtype dts[] = {MT_F32, MT_F16, MT_BF16, MT_F64};
+    for (int k = 0; k < 4; k++) {
+        const double x[3] = {-0.0, -INFINITY, 4};
+        mt_tensor *t = mt_test_tensor(x, dts[k], MT_SHAPE(3));
+        double *th = mt_test_values(mt_tanh(t));
+        assert_true(th[0] == 0 && signbit(th[0]));
+        free(th);
+        mt_set_requires_grad(t, true);
+        mt_tensor *r = mt_pow_scalar(t, 0.5), *rr = mt_pow_scalar(t, -0.5);
+        double *vr = mt_test_values(r), *vrr = mt_test_values(rr);
+        assert_true(vr[0] == 0 && signbit(vr[0])); /* sqrt(-0) = -0 */
+        assert_true(isnan(vr[1]) && vr[2] == 2);
+        assert_true(isinf(vrr[0]) && vrr[0] < 0); /* 1 / sqrt(-0) = -inf */
+        assert_true(isnan(vrr[1]) && vrr[2] == 0.5);
+        free(vr);
+        free(vrr);
+        assert_int_equal(mt_backward(mt_sum_all(r), NULL), 0);
+        double *g = mt_test_values(mt_grad(t)); /* 0.5 * x^-0.5 */
+        assert_true(isinf(g[0]) && g[0] < 0);
+        assert_true(isnan(g[1]) && g[2] == 0.25);
+        free(g);
+    }
+    mt_scope_end();
+}
+
 static void test_scalar_ops(void **state) {
     (void)state;
     for (int k = 0; k < N_SCALAR; k++)
@@ -612,6 +643,7 @@ int main(void) {
         MT_TEST(test_binary_noncontiguous),
         MT_TEST(test_unary),
         MT_TEST(test_unary_special_values),
+        MT_TEST(test_signed_zero_and_pow_roots),
         MT_TEST(test_scalar_ops),
         MT_TEST(test_f32_accuracy),
         MT_TEST_CPU_ONLY(test_cpu_clones_match_formulas,

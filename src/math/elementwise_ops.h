@@ -21,7 +21,8 @@
 // clang-format off
 
 /* pow_scalar squares with a multiply when p == 2 (exact, and the common case of squared
-   errors); the CPU also hoists that branch out of its loop so that the loop vectorises. */
+   errors; the CPU also hoists that branch out of its loop so that the loop vectorises) and
+   takes sqrt and rsqrt for 0.5 and -0.5 as torch does. */
 #define MT_UNARY_FORMULAS(X, T, S)                                                                 \
     X(NEG, 1, -x)                                                                                  \
     X(EXP, 8, mt_exp_##S(x))                                                                       \
@@ -39,7 +40,7 @@
     X(MUL_SCALAR, 1, x * p)                                                                        \
     X(RSUB_SCALAR, 1, p - x)                                                                       \
     X(RDIV_SCALAR, 1, p / x)                                                                       \
-    X(POW_SCALAR, 8, p == (T)2 ? x * x : mt_pow_##S(x, p))
+    X(POW_SCALAR, 8, mt_pow_scalar_##S(x, p))
 
 #define MT_BINARY_FORMULAS(X, T, S)                                                                \
     X(ADD, 1, a + b)                                                                               \

@@ -90,7 +90,8 @@ MT_HD_FMA float mt_tanhv_f(float x) {
     p = MT_FMAF(p, s, -5.37397155531e-2f);
     p = MT_FMAF(p, s, 1.33314422036e-1f);
     p = MT_FMAF(p, s, -3.33332819422e-1f);
-    float small = MT_FMAF(p * s, x, x);
+    /* the sign put back on the polynomial too: at x = -0, p * s * x + x is +0 */
+    float small = mt_bits_f32(mt_f32_bits(MT_FMAF(p * s, x, x)) | (ux & 0x80000000u));
     float e = mt_expv_f(mt_bits_f32(ua) * 2.0f);
     float large = 1.0f - 2.0f / (e + 1.0f);
     uint32_t ul = mt_f32_bits(large) | (ux & 0x80000000u);
@@ -238,6 +239,14 @@ MT_HD_FMA float mt_sincos_turns_f(float t, int want_sin) {
     }                                                                                              \
     MT_HD_FMA T mt_pow_##S(T x, T y) {                                                             \
         return POW(x, y);                                                                          \
+    }                                                                                              \
+    /* x ** p for a scalar p: square, sqrt and rsqrt where torch takes them, which differ from     \
+       pow at -0 and -inf (sqrt(-0) = -0, pow(-0, 0.5) = +0) and so in gradients there */          \
+    MT_HD_FMA T mt_pow_scalar_##S(T x, T p) {                                                      \
+        return p == (T)2      ? x * x                                                              \
+               : p == (T)0.5  ? SQRT(x)                                                            \
+               : p == (T)-0.5 ? (T)1 / SQRT(x)                                                     \
+                              : POW(x, p);                                                         \
     }                                                                                              \
     MT_HD_FMA T mt_max2_##S(T x, T y) {                                                            \
         return (x > y || x != x) ? x : y;                                                          \
