@@ -256,7 +256,9 @@ mt_tensor *mt_where(mt_tensor *cond, mt_tensor *a, mt_tensor *b); /* cond MT_BOO
 
 mt_tensor *mt_sum(mt_tensor *t, int ndims, const int *dims, bool keepdim);
 mt_tensor *mt_mean(mt_tensor *t, int ndims, const int *dims, bool keepdim);
-/* mt_max is torch.amax (values only, no indices): tied maxima share the gradient evenly. */
+/* mt_max is torch.amax (values only, no indices): tied maxima share the gradient evenly.
+   A NaN maximum sends the gradient to the NaN elements, as torch.max(dim) does (torch.amax
+   gives NaN to the whole slice). */
 mt_tensor *mt_max(mt_tensor *t, int ndims, const int *dims, bool keepdim);
 mt_tensor *mt_sum_all(mt_tensor *t);
 mt_tensor *mt_mean_all(mt_tensor *t);

@@ -56,6 +56,22 @@ static void test_format_basic(void **state) {
     const double sv[3] = {1e-5, 1, NAN};
     mt_tensor *sci = mt_test_tensor(sv, MT_F64, MT_SHAPE(3));
     assert_format(sci, "tensor([1.0000e-05, 1.0000e+00,        nan], dtype=f64, shape=[3])");
+    /* torch's other two triggers: a ratio above 1000 (0.001 and 100), a magnitude above
+       1e8; a ratio of exactly 1000 and 1e8 itself stay fixed-point */
+    const double ratio[2] = {0.001, 100}, edge[2] = {0.1, 100}, large[2] = {1, 100000001};
+    const double at_1e8[2] = {1e5, 1e8};
+    mt_tensor *tr = mt_test_tensor(ratio, MT_F32, MT_SHAPE(2));
+    assert_format(tr, "tensor([1.0000e-03, 1.0000e+02], dtype=f32, shape=[2])");
+    mt_tensor *te = mt_test_tensor(edge, MT_F32, MT_SHAPE(2));
+    assert_format(te, "tensor([  0.1000, 100.0000], dtype=f32, shape=[2])");
+    mt_tensor *tlg = mt_test_tensor(large, MT_F64, MT_SHAPE(2));
+    assert_format(tlg, "tensor([1.0000e+00, 1.0000e+08], dtype=f64, shape=[2])");
+    mt_tensor *t8 = mt_test_tensor(at_1e8, MT_F64, MT_SHAPE(2));
+    assert_format(t8, "tensor([   100000.0000, 100000000.0000], dtype=f64, shape=[2])");
+    mt_release(tr);
+    mt_release(te);
+    mt_release(tlg);
+    mt_release(t8);
     const double inf[2] = {INFINITY, -INFINITY};
     mt_tensor *ti2 = mt_test_tensor(inf, MT_F32, MT_SHAPE(2));
     assert_format(ti2, "tensor([ inf, -inf], dtype=f32, shape=[2])");

@@ -240,8 +240,9 @@ static void put_suffix(sbuf *s, const mt_tensor *t) {
     sb_printf(s, ")");
 }
 
-/* torch's rule for scientific notation: a shown magnitude >= 1e8, or a ratio of 1000 or
-   more between the largest and the smallest non-zero one with the smallest below 1e-4 */
+/* torch's rule for scientific notation (torch/_tensor_str.py, _Formatter), over the shown
+   non-zero finite magnitudes: the largest above 1e8, the smallest below 1e-4, or the
+   largest over the smallest above 1000 */
 static bool wants_sci(const double *v, int64_t n) {
     double lo = INFINITY, hi = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -250,7 +251,7 @@ static bool wants_sci(const double *v, int64_t n) {
         lo = a < lo ? a : lo;
         hi = a > hi ? a : hi;
     }
-    return hi >= 1e8 || (hi > 0 && lo < 1e-4);
+    return hi > 0 && (hi > 1e8 || lo < 1e-4 || hi / lo > 1000);
 }
 
 int mt_format(const mt_tensor *t, char *buf, size_t cap) {
