@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "mixtape.h"
@@ -66,11 +67,31 @@ static inline void check(const char *what) {
     exit(1);
 }
 
-static inline long parse_long(const char *opt, const char *s, long lo, long hi) {
+/* Reads s into *v when it is a whole decimal integer in [lo, hi] (no trailing junk, no
+   overflow); otherwise false, and *v as it was. For values from files too (a checkpoint's
+   metadata), where exiting with a command-line message would be wrong. */
+static inline bool read_long(const char *s, long lo, long hi, long *v) {
     char *end;
     errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
+    long r = strtol(s, &end, 10);
+    if (errno || end == s || *end || r < lo || r > hi) return false;
+    *v = r;
+    return true;
+}
+
+/* check() for a file's load or save: the library's message names the file and the system's
+   reason; its status (MT_ERR_INVALID, the library has no I/O status) would read as a bad
+   argument, so it is left out. */
+static inline void check_file(const char *what) {
+    if (mt_last_status() == MT_OK) return;
+    if (isatty(STDERR_FILENO)) fputc('\n', stderr); /* end a progress line */
+    fprintf(stderr, "%s: %s: %s\n", MT_SAMPLE_NAME, what, mt_last_error());
+    exit(1);
+}
+
+static inline long parse_long(const char *opt, const char *s, long lo, long hi) {
+    long v;
+    if (!read_long(s, lo, hi, &v)) {
         fprintf(stderr, "%s: %s: expected an integer in [%ld, %ld], got \"%s\"\n", MT_SAMPLE_NAME,
                 opt, lo, hi, s);
         exit(2);
@@ -88,6 +109,39 @@ static inline double parse_double(const char *opt, const char *s, double lo, dou
         exit(2);
     }
     return v;
+}
+
+/* --save PATH, at the start: exits when the checkpoint could not be written (PATH is a
+   directory, its directory is missing or not writable), rather than after the whole run when
+   the save fails. A cheap look, not a promise: the save still reports its own failure. */
+static inline void check_save_path(const char *opt, const char *path) {
+    struct stat st;
+    const char *why = NULL;
+    if (!path[0]) {
+        why = "empty path";
+    } else if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            why = "is a directory";
+        else if (access(path, W_OK) != 0)
+            why = strerror(errno);
+    }
+    if (why) {
+        fprintf(stderr, "%s: %s \"%s\": %s\n", MT_SAMPLE_NAME, opt, path, why);
+        exit(2);
+    }
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 1; /* "/x": "/" */
+    char *dir = malloc(n + 1);
+    if (!dir) exit(1);
+    memcpy(dir, slash ? path : ".", n);
+    dir[n] = 0;
+    if (access(dir, W_OK | X_OK) != 0) {
+        fprintf(stderr, "%s: %s \"%s\": cannot write in directory %s: %s\n", MT_SAMPLE_NAME, opt,
+                path, dir, strerror(errno));
+        free(dir);
+        exit(2);
+    }
+    free(dir);
 }
 
 /* "cpu", "cuda" or "cuda:N" */
@@ -120,6 +174,7 @@ enum { N_MODES = sizeof MODES / sizeof MODES[0] };
 /* run[k] := mode k is in the comma list */
 static inline void parse_modes(const char *list, bool *run) {
     memset(run, 0, N_MODES * sizeof *run);
+    bool any = false;
     char *copy = strdup(list);
     if (!copy) exit(1);
     for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
@@ -133,8 +188,16 @@ static inline void parse_modes(const char *list, bool *run) {
             exit(2);
         }
         run[k] = true;
+        any = true;
     }
     free(copy);
+    if (!any) { /* "" or ",": a run that trains nothing would look like a success */
+        fprintf(stderr,
+                "%s: --modes: expected at least one of fp32, o1-fp16, o2-fp16, o1-bf16, got "
+                "\"%s\"\n",
+                MT_SAMPLE_NAME, list);
+        exit(2);
+    }
 }
 
 /* --ddp's per-step trace of backward against the buckets' all-reduces, in ms from the start

@@ -39,10 +39,17 @@
 #include "sample_opts.h"
 
 enum { N_LAYERS = 3 };
+/* --steps x --epochs at most: a CPU run keeps every step's time (8 bytes a step), and the
+   step counts stay ints. */
+enum { MAX_TOTAL_STEPS = 1 << 24 };
+/* A checkpoint's steps_done at most: far above any real run, far below overflow when the
+   resumed run adds its steps. */
+#define MAX_STEPS_DONE (1L << 50)
 
 typedef struct {
     int64_t hidden, batch;
     int steps, epochs; /* batches per epoch, epochs */
+    int total_steps;   /* steps x epochs, at most MAX_TOTAL_STEPS */
     int warmup;        /* untimed steps at the start */
     int threads;       /* 0: library default */
     mt_device dev;
@@ -133,9 +140,17 @@ static void parse_args(int argc, char **argv, config *c) {
     c->batch = g.batch ? g.batch : (gpu ? 512 : 256);
     c->steps = g.steps ? (int)g.steps : (gpu ? 50 : 10);
     c->epochs = g.epochs ? (int)g.epochs : (gpu ? 5 : 2);
-    /* At least one step is timed: a one-step run times its only step, warm-up included. */
     int64_t total = (int64_t)c->steps * c->epochs;
+    if (total > MAX_TOTAL_STEPS) {
+        fprintf(stderr, "simplenet_amp: --steps %d x --epochs %d is %lld steps; at most %d\n",
+                c->steps, c->epochs, (long long)total, MAX_TOTAL_STEPS);
+        exit(2);
+    }
+    c->total_steps = (int)total;
+    /* At least one step is timed: a one-step run times its only step, warm-up included. */
     c->warmup = g.warmup < total ? (int)g.warmup : (int)(total - 1);
+    /* Fail now, not after the whole run, when the checkpoint could not be written. */
+    if (c->save_path) check_save_path("--save", c->save_path);
     if (!gpu && !(g.hidden || g.batch || g.steps || g.epochs)) {
         fprintf(
             c->json ? stderr : stdout,
@@ -177,7 +192,7 @@ static void checkpoint_save(const char *path, const mode_spec *m, mt_linear_laye
     mt_state_set_meta(s, "steps_done", steps);
     mt_state_save(s, path);
     mt_state_free(s);
-    check("saving the checkpoint");
+    check_file("cannot save the checkpoint");
 }
 
 /* Loads a checkpoint into the freshly made model, optimizer and scaler; returns the number
@@ -185,11 +200,15 @@ static void checkpoint_save(const char *path, const mode_spec *m, mt_linear_laye
 static long checkpoint_load(const char *path, const config *c, const mode_spec *m,
                             mt_linear_layer *layers, mt_optimizer *opt, mt_grad_scaler *scaler) {
     mt_state *s = mt_state_load(path, c->dev);
-    check("loading the checkpoint");
+    check_file("cannot load the checkpoint");
     const char *mode = mt_state_get_meta(s, "mode"), *steps = mt_state_get_meta(s, "steps_done");
-    if (!mode || strcmp(mode, m->name) != 0 || !steps) {
+    if (!mode || strcmp(mode, m->name) != 0) {
         fprintf(stderr, "simplenet_amp: %s is a checkpoint of mode %s, not %s\n", path,
                 mode ? mode : "(none)", m->name);
+        exit(1);
+    }
+    if (!steps) {
+        fprintf(stderr, "simplenet_amp: %s has no steps_done metadata\n", path);
         exit(1);
     }
     mt_tensor *params[2 * N_LAYERS];
@@ -203,7 +222,16 @@ static long checkpoint_load(const char *path, const config *c, const mode_spec *
     mt_state_load_into(s, "fc", params, names, 2 * N_LAYERS, true);
     mt_optimizer_state_load(opt, s, "optim.");
     if (scaler) mt_grad_scaler_state_load(scaler, s, "scaler.");
-    long done = strtol(steps, NULL, 10);
+    /* From a file: a negative count would index the batches out of bounds, a huge one overflow
+       the steps this run adds. */
+    long done;
+    if (!read_long(steps, 0, MAX_STEPS_DONE, &done)) {
+        fprintf(stderr,
+                "simplenet_amp: %s: steps_done \"%s\" is not a step count (an integer in [0, "
+                "%ld])\n",
+                path, steps, MAX_STEPS_DONE);
+        exit(1);
+    }
     mt_state_free(s);
     check("restoring the checkpoint");
     return done;
@@ -256,7 +284,7 @@ static void model_make(model *md, const config *c, const mode_spec *m, result *r
     }
     if (c->ddp)
         md->ddp = sample_ddp_new(md->params, 2 * N_LAYERS, &c->ddp_opts, md->scaler, &r->trace,
-                                 c->steps * c->epochs);
+                                 c->total_steps);
 }
 
 static void model_free(model *md) {
@@ -271,12 +299,16 @@ static void model_free(model *md) {
    loss. */
 static void run_steps(const config *c, const mode_spec *m, model *md, long start, mt_tensor **xs,
                       mt_tensor **ys, result *r) {
-    int total = c->steps * c->epochs;
+    int total = c->total_steps;
     /* On the CPU every op has finished when it returns, so single steps can be timed too; their
        median shrugs off the odd step slowed by another process. On a GPU a step's ops return
        before the device has run them: only whole runs between two mt_synchronize are timed. */
     bool per_step = c->dev.type == MT_DEVICE_CPU;
     double *step_ms = per_step ? calloc((size_t)total, sizeof *step_ms) : NULL;
+    if (per_step && !step_ms) {
+        fprintf(stderr, "simplenet_amp: out of memory for %d step times\n", total);
+        exit(1);
+    }
     /* The data copies and the weights' initialization are not part of any step. */
     mt_synchronize(c->dev);
     check("mt_synchronize");
@@ -356,8 +388,7 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
     r->rss_delta_bytes = maxrss_bytes() - rss0;
 
     if (c->save_path)
-        checkpoint_save(c->save_path, m, md.layers, md.opt, md.scaler,
-                        start + c->steps * c->epochs);
+        checkpoint_save(c->save_path, m, md.layers, md.opt, md.scaler, start + c->total_steps);
     if (md.ddp) mt_ddp_stats_get(md.ddp, &r->ddp);
     r->checksum = param_checksum(md.params, 2 * N_LAYERS);
     check("the parameter checksum");
@@ -368,8 +399,8 @@ static void train(const config *c, const mode_spec *m, mt_tensor **xs, mt_tensor
 static void print_json(const config *c, const mode_spec *m, result *r) {
     printf("{\"mode\": \"%s\", \"device\": \"%s\", \"hidden\": %lld, \"batch\": %lld, "
            "\"steps\": %d, \"batches\": %d, \"epochs\": %d, \"threads\": %d, \"ms_per_step\": ",
-           m->name, device_name(c->dev), (long long)c->hidden, (long long)c->batch,
-           c->steps * c->epochs, c->steps, c->epochs, mt_get_num_threads());
+           m->name, device_name(c->dev), (long long)c->hidden, (long long)c->batch, c->total_steps,
+           c->steps, c->epochs, mt_get_num_threads());
     print_json_number(r->ms_per_step);
     print_json_field("ms_median", r->ms_median);
     print_json_field("loss", r->loss);

@@ -9,21 +9,27 @@
  * (default fp16, 300 steps). --save writes a safetensors checkpoint (the model as "fc1.weight"
  * ..., the names of the matching PyTorch module; the AdamW state; the GradScaler; the step)
  * at the end; --resume continues from one: 150 steps saved and resumed for 150 more end with
- * the same parameters, bit for bit, as 300 steps in one run. */
+ * the same parameters, bit for bit, as 300 steps in one run.
+ * Exit status: 0 when the loss fell; 1 when it did not (said on stderr) or something failed;
+ * 2 for a bad command line. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "mixtape.h"
+#define MT_SAMPLE_NAME "train_mlp"
+#include "sample_util.h" /* read_long, parse_long, check_save_path */
+
+/* --steps and a checkpoint's step at most: their sum stays an int. */
+enum { MAX_STEPS = INT_MAX / 2 };
 
 static int fail(const char *what) {
     fprintf(stderr, "train_mlp: %s: %s\n", what, mt_last_error());
     return 1;
 }
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: train_mlp [fp16|bf16|fp32] [--steps N] [--save PATH] [--resume PATH]\n");
-    return 2;
+static int usage(FILE *f, int status) {
+    fprintf(f, "usage: train_mlp [fp16|bf16|fp32] [--steps N] [--save PATH] [--resume PATH]\n");
+    return status;
 }
 
 /* The model, optimizer and scaler in one state dict. */
@@ -49,7 +55,15 @@ static int resume(const char *path, mt_linear_layer *l1, mt_linear_layer *l2, mt
     if (!s) return fail("loading the checkpoint");
     mt_tensor *params[] = {l1->weight, l1->bias, l2->weight, l2->bias};
     const char *st = mt_state_get_meta(s, "step");
-    *step = st ? atoi(st) : 0;
+    long done = 0;
+    /* From a file: a negative or huge count would make the step loop run nothing or overflow. */
+    if (st && !read_long(st, 0, MAX_STEPS, &done)) {
+        fprintf(stderr, "train_mlp: %s: step \"%s\" is not a step count (an integer in [0, %d])\n",
+                path, st, MAX_STEPS);
+        mt_state_free(s);
+        return 1;
+    }
+    *step = (int)done;
     /* the model strictly under "fc" (a PyTorch state dict of the same module loads too) */
     mt_state_load_into(s, "fc", params,
                        (const char *[]){"1.weight", "1.bias", "2.weight", "2.bias"}, 4, true);
@@ -75,11 +89,16 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--resume") == 0 && i + 1 < argc)
             resume_path = argv[++i];
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else
-            return usage();
+            steps = (int)parse_long("--steps", argv[++i], 1, MAX_STEPS);
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return usage(stdout, 0);
+        else {
+            fprintf(stderr, "train_mlp: unknown or incomplete argument \"%s\"\n", argv[i]);
+            return usage(stderr, 2);
+        }
     }
-    if (steps < 1) return usage();
+    /* Fail now, not after the whole run, when the checkpoint could not be written. */
+    if (save_path) check_save_path("--save", save_path);
     mt_manual_seed(0);
 
     /* The data set. Intermediate results die with the scope; mt_retain keeps y past it. */
@@ -135,5 +154,9 @@ int main(int argc, char **argv) {
     mt_release(y);
     if (mt_live_tensors() != 0)
         fprintf(stderr, "train_mlp: %lld tensors leaked\n", (long long)mt_live_tensors());
-    return last < first ? 0 : 1;
+    if (last < first) return 0;
+    /* The exit status says whether it learned; a failing one says why. */
+    fprintf(stderr, "train_mlp: the loss did not fall over %d step(s) (%.5f -> %.5f)%s\n", steps,
+            first, last, steps == 1 ? "; one step is too few to tell" : "");
+    return 1;
 }
