@@ -35,6 +35,7 @@
 #               cuDNN's heuristics against its timed search; tools/gpu_steps_profile.sh
 #
 # Usage: tools/gpu_test.sh [--rehearse] [RESULTS_DIR]   (default $OUT when set, else gpu-results/)
+# (--rehearse in any place; --help prints the usage; an unknown option is refused, status 2)
 # When RESULTS_DIR is $OUT (the device tool brings back at most 8 files) the per-step logs are
 # packed into logs.tar.gz; summary.txt, console.log, tests.log, bench.log and resnet-bench.log
 # stay beside it.
@@ -65,13 +66,45 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root" || exit 1
 
-if [[ "${1:-}" == --rehearse ]]; then
-    export MT_GPU_REHEARSE=1
+usage() {
+    echo "usage: tools/gpu_test.sh [--rehearse] [RESULTS_DIR]   (default \$OUT when set, else gpu-results/)"
+    echo "  --rehearse  the same steps on the emulated device, no GPU needed (see this script's header)"
+}
+# --rehearse anywhere, at most one RESULTS_DIR; anything else that starts with a dash is a
+# mistyped option, not a folder to write into.
+out=
+take_results_dir() {
+    if [[ -n $out ]]; then
+        echo "gpu_test.sh: one RESULTS_DIR at most, got $out and $1" >&2
+        usage >&2
+        exit 2
+    fi
+    out=$1
+}
+while (($#)); do
+    case $1 in
+    --rehearse) export MT_GPU_REHEARSE=1 ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    --) # what follows is a folder, even when it starts with a dash
+        shift
+        for a in "$@"; do take_results_dir "$a"; done
+        break
+        ;;
+    -*)
+        echo "gpu_test.sh: unknown option $1" >&2
+        usage >&2
+        exit 2
+        ;;
+    *) take_results_dir "$1" ;;
+    esac
     shift
-fi
-out=${1:-${OUT:-gpu-results}}
-mkdir -p "$out" || exit 1
-out=$(cd "$out" && pwd)
+done
+out=${out:-${OUT:-gpu-results}}
+mkdir -p -- "$out" || exit 1
+out=$(cd -- "$out" && pwd)
 logs=$out/logs
 mkdir -p "$logs"
 summary=$out/summary.txt

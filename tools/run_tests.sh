@@ -32,6 +32,8 @@
 #              are given), MT_SKIP_GPU_REHEARSAL=1 to
 #              leave the rehearsal out (also left out when meson test arguments are given),
 #              MT_TEST_DEVICES (release build's devices, default auto).
+# Named tests that no build ran (a mistyped name: meson test says "No suitable tests defined."
+# and passes) count one failure each; so does a run with meson test arguments that ran no test.
 # Exit status: 0 when nothing failed.
 set -uo pipefail
 
@@ -135,6 +137,22 @@ EOF
 total_passed=0
 total_failed=0
 total_skipped=0
+suites_tested=0 # builds that got as far as meson test
+# the names of the tests the builds ran, one a line (from their testlog.json)
+ran_names=$(mktemp)
+trap 'rm -f "$ran_names"' EXIT
+
+# Appends the test names of one testlog.json to $ran_names. meson names a test "NAME", or
+# "PROJECT:SUITE / NAME" when there are several suites.
+log_names() {
+    "$python" -c '
+import json, sys
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    try:
+        print(json.loads(line)["name"].rsplit(" / ", 1)[-1])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass' "$1" >>"$ran_names"
+}
 
 # run_suite NAME DIR setup-options...
 run_suite() {
@@ -152,6 +170,7 @@ run_suite() {
     fi
     meson test -C "$dir" --print-errorlogs --timeout-multiplier "$multiplier" \
         "${test_args[@]}"
+    suites_tested=$((suites_tested + 1))
     add_counts "$name" "$log"
 }
 
@@ -168,6 +187,7 @@ add_counts() {
         return
     fi
     read -r p f s <<<"$counts"
+    log_names "$log"
     echo "$name: $p passed, $f failed, $s skipped"
     total_passed=$((total_passed + p))
     total_failed=$((total_failed + f))
@@ -259,6 +279,46 @@ elif $have_cuda_headers && [[ "${MT_SKIP_EMU:-0}" != 1 ]]; then
 else
     echo "gpu rehearsal: no emulated build (needs nvcc's headers; MT_SKIP_EMU): not run"
 fi
+
+# The test names among the meson test arguments: the words that are neither an option nor an
+# option's value, without a "subproject:" prefix ("subproject:" alone names no single test).
+named_tests() {
+    local a prev=
+    for a in "${test_args[@]}"; do
+        case $prev in
+        --maxfail | --repeat | --gdb-path | --wrapper | --wrap | -C | --suite | --no-suite | \
+            --logbase | --num-processes | -t | --timeout-multiplier | --setup | --test-args)
+            prev=
+            continue
+            ;;
+        esac
+        prev=$a
+        [[ $a == -* || -z ${a#*:} ]] || echo "${a#*:}"
+    done
+}
+
+# meson test passes when its arguments match no test ("No suitable tests defined."): a typo
+# must not read as "0 failed". Not when only listing or asking for help, nor when no build got
+# to its tests (that failure is counted already).
+check_named_tests() {
+    local a name
+    for a in "${test_args[@]}"; do
+        [[ $a == --list || $a == -h || $a == --help ]] && return
+    done
+    ((suites_tested > 0)) || return
+    if [[ ! -s "$ran_names" ]]; then
+        echo "no test ran: nothing matched the meson test arguments: ${test_args[*]}"
+        total_failed=$((total_failed + 1))
+        return
+    fi
+    while read -r name; do
+        if ! grep -qxF -- "$name" "$ran_names"; then
+            echo "no test named $name in any build"
+            total_failed=$((total_failed + 1))
+        fi
+    done < <(named_tests)
+}
+((${#test_args[@]})) && check_named_tests
 
 echo "$total_passed passed, $total_failed failed, $total_skipped skipped"
 [[ $total_failed -eq 0 ]]
