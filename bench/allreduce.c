@@ -9,9 +9,18 @@
 #include "mixtape.h"
 
 int main(int argc, char **argv) {
-    int64_t n = argc > 1 ? atoll(argv[1]) : 788000;
-    if (mt_dist_init() < 0 || n <= 0 || n > 1 << 28) {
-        fprintf(stderr, "allreduce: %s\n", n > 0 ? mt_last_error() : "bad element count");
+    bool help = argc > 1 && mt_bench_is_help(argv[1]);
+    int elements = 788000;
+    if (help || argc > 2 ||
+        (argc > 1 &&
+         !mt_bench_parse_int("allreduce", "elements", argv[1], 1, 1 << 28, &elements))) {
+        fprintf(help ? stdout : stderr, "usage: mpirun -np N allreduce [elements 1..%d]\n",
+                1 << 28);
+        return help ? 0 : 2;
+    }
+    int64_t n = elements;
+    if (mt_dist_init() < 0) {
+        fprintf(stderr, "allreduce: %s\n", mt_last_error());
         return 1;
     }
     enum { CALLS = 20 };

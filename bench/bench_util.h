@@ -4,6 +4,7 @@
    escapes) into rows. */
 #ifndef MT_BENCH_UTIL_H
 #define MT_BENCH_UTIL_H
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -54,16 +55,54 @@ static inline double mt_bench_json_num(const char *line, const char *key) {
     return strtod(buf, NULL);
 }
 
-/* The "[reps] [threads]" arguments of the kernel benches: reps (default 10) must be > 0,
-   threads (default threads_default) at least threads_min (0: the library's default). False
-   after printing the usage line. */
+/* Reads s into *v when it is a whole decimal integer in [lo, hi] (no trailing junk, no
+   overflow); otherwise false, and *v as it was. */
+static inline bool mt_bench_parse_long(const char *s, long lo, long hi, long *v) {
+    char *end;
+    errno = 0;
+    long r = strtol(s, &end, 10);
+    if (errno || end == s || *end || r < lo || r > hi) return false;
+    *v = r;
+    return true;
+}
+
+/* The same for an int; after "<who>: <opt>: expected an integer in [lo, hi], got "s"" on
+   stderr when it is not one. */
+static inline bool mt_bench_parse_int(const char *who, const char *opt, const char *s, int lo,
+                                      int hi, int *v) {
+    long r;
+    if (mt_bench_parse_long(s, lo, hi, &r)) {
+        *v = (int)r;
+        return true;
+    }
+    fprintf(stderr, "%s: %s: expected an integer in [%d, %d], got \"%s\"\n", who, opt, lo, hi, s);
+    return false;
+}
+
+/* --help or -h: a program asked for its usage (on stdout, exit status 0). */
+static inline bool mt_bench_is_help(const char *arg) {
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+/* The "[reps] [threads]" arguments of the kernel benches: reps (default 10) in 1..10^6,
+   threads (default threads_default) threads_min..4096 (0: the library's default). --help: the
+   usage on stdout and exit 0. False after the message and the usage line on stderr. */
 static inline bool mt_bench_reps_threads(int argc, char **argv, int threads_default,
                                          int threads_min, int *reps, int *threads) {
-    *reps = argc > 1 ? atoi(argv[1]) : 10;
-    *threads = argc > 2 ? atoi(argv[2]) : threads_default;
-    if (*reps > 0 && *threads >= threads_min) return true;
-    fprintf(stderr, "usage: %s [reps > 0] [threads %s]\n", argv[0],
-            threads_min > 0 ? "> 0" : ">= 0");
+    char usage[160];
+    snprintf(usage, sizeof usage, "usage: %s [reps > 0] [threads %s]\n", argv[0],
+             threads_min > 0 ? "> 0" : ">= 0");
+    if (argc > 1 && mt_bench_is_help(argv[1])) {
+        fputs(usage, stdout);
+        exit(0);
+    }
+    *reps = 10;
+    *threads = threads_default;
+    if (argc <= 3 &&
+        (argc <= 1 || mt_bench_parse_int(argv[0], "reps", argv[1], 1, 1000000, reps)) &&
+        (argc <= 2 || mt_bench_parse_int(argv[0], "threads", argv[2], threads_min, 4096, threads)))
+        return true;
+    fputs(usage, stderr);
     return false;
 }
 
@@ -82,15 +121,20 @@ static inline bool mt_bench_kernel_start(int argc, char **argv, int *reps) {
 
 typedef struct {
     const char *name;  /* with its dashes: "--batch" */
-    long *num;         /* the value read by strtol; or */
+    long *num;         /* the value, a whole integer in [lo, hi]; or */
     const char **word; /* the value as given; or */
     bool *clear;       /* no value: set to false (--no-torch) */
+    long lo, hi;       /* num's range */
 } mt_bench_opt;
 
-enum { MT_BENCH_OPTS_MISSING = 1, MT_BENCH_OPTS_UNKNOWN = 2 };
+enum {
+    MT_BENCH_OPTS_MISSING = 1, /* the last word wants a value */
+    MT_BENCH_OPTS_UNKNOWN = 2, /* told on stderr */
+    MT_BENCH_OPTS_BAD = 3,     /* a number that is not one, or out of its range; told */
+    MT_BENCH_OPTS_HELP = 4,    /* --help or -h: the caller prints its usage on stdout, exit 0 */
+};
 
-/* Parses argv by the n rows: 0; MT_BENCH_OPTS_MISSING when the last word wants a value (an
-   unknown one too); MT_BENCH_OPTS_UNKNOWN after "<who>: unknown option X" on stderr. */
+/* Parses argv by the n rows: 0, or one of the MT_BENCH_OPTS_ statuses. */
 static inline int mt_bench_opts_parse(int argc, char **argv, const mt_bench_opt *rows, int n,
                                       const char *who) {
     for (int i = 1; i < argc; i++) {
@@ -98,22 +142,44 @@ static inline int mt_bench_opts_parse(int argc, char **argv, const mt_bench_opt 
         const mt_bench_opt *r = NULL;
         for (int k = 0; k < n && !r; k++)
             if (strcmp(rows[k].name, a) == 0) r = &rows[k];
+        if (!r && mt_bench_is_help(a)) return MT_BENCH_OPTS_HELP;
         if (r && r->clear) {
             *r->clear = false;
             continue;
         }
-        if (!v) return MT_BENCH_OPTS_MISSING;
-        i++;
         if (!r) {
             fprintf(stderr, "%s: unknown option %s\n", who, a);
             return MT_BENCH_OPTS_UNKNOWN;
         }
-        if (r->num)
-            *r->num = strtol(v, NULL, 10);
-        else
-            *r->word = v;
+        if (!v) {
+            fprintf(stderr, "%s: %s needs a value\n", who, a);
+            return MT_BENCH_OPTS_MISSING;
+        }
+        i++;
+        if (r->num && !mt_bench_parse_long(v, r->lo, r->hi, r->num)) {
+            fprintf(stderr, "%s: %s: expected an integer in [%ld, %ld], got \"%s\"\n", who, a,
+                    r->lo, r->hi, v);
+            return MT_BENCH_OPTS_BAD;
+        }
+        if (r->word) *r->word = v;
     }
     return 0;
+}
+
+/* A --threads list: thread counts in 1..4096 separated by single commas, at most 60
+   characters (the benches copy it into 64-byte buffers). */
+static inline bool mt_bench_thread_list_ok(const char *list) {
+    if (!list[0] || strlen(list) > 60 || strspn(list, "0123456789,") != strlen(list)) return false;
+    for (const char *p = list;;) {
+        size_t n = strcspn(p, ",");
+        char tok[64];
+        long v;
+        memcpy(tok, p, n);
+        tok[n] = 0;
+        if (!mt_bench_parse_long(tok, 1, 4096, &v)) return false;
+        if (!p[n]) return true;
+        p += n + 1;
+    }
 }
 
 /* ---- the children of the side-by-side benches */

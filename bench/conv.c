@@ -96,21 +96,26 @@ int main(int argc, char **argv) {
     const char *python = MT_TORCH_PYTHON;
     bool torch = true;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
-            reps = atoi(argv[++i]);
+        bool ok = true;
+        if (mt_bench_is_help(argv[i])) {
+            printf("usage: %s [--reps N] [--threads N] [--python PATH] [--no-torch]\n", argv[0]);
+            return 0;
+        } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            ok = mt_bench_parse_int(argv[0], "--reps", argv[++i], 1, 100000, &reps);
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
-            threads = atoi(argv[++i]);
+            ok = mt_bench_parse_int(argv[0], "--threads", argv[++i], 0, 4096, &threads);
         else if (strcmp(argv[i], "--python") == 0 && i + 1 < argc)
             python = argv[++i];
         else if (strcmp(argv[i], "--no-torch") == 0)
             torch = false;
-        else {
+        else
+            ok = false;
+        if (!ok) {
             fprintf(stderr, "usage: %s [--reps N] [--threads N] [--python PATH] [--no-torch]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (reps < 1) reps = 1;
     if (threads > 0) mt_set_num_threads(threads);
     threads = mt_get_num_threads();
     mt_manual_seed(0);

@@ -384,24 +384,26 @@ int main(int argc, char **argv) {
             tiny = true;
         else if (!strcmp(a, "--no-torch"))
             torch = false;
-        else if (!strcmp(a, "--help")) {
+        else if (mt_bench_is_help(a)) {
             usage(stdout);
             return 0;
         } else if (v && !strcmp(a, "--device"))
             device = argv[++i];
-        else if (v && !strcmp(a, "--iters"))
-            o.iters = atoi(argv[++i]);
-        else if (v && !strcmp(a, "--reps"))
-            o.reps = atoi(argv[++i]);
-        else if (v && !strcmp(a, "--python"))
+        else if (v && !strcmp(a, "--iters")) {
+            if (!mt_bench_parse_int("gemm", a, argv[++i], 1, 1000000, &o.iters)) return 2;
+        } else if (v && !strcmp(a, "--reps")) {
+            if (!mt_bench_parse_int("gemm", a, argv[++i], 1, 10000, &o.reps)) return 2;
+        } else if (v && !strcmp(a, "--python"))
             python = argv[++i];
         else {
+            fprintf(stderr, "gemm: %s \"%s\"\n",
+                    v ? "unknown option" : "unknown option or no value", a);
             usage(stderr);
             return 2;
         }
     }
     o.index = mt_gpu_bench_parse_device(device);
-    if (o.index < 0 || o.iters < 1 || o.reps < 1 || strchr(python, '\'')) {
+    if (o.index < 0 || strchr(python, '\'')) {
         usage(stderr);
         return 2;
     }

@@ -10,12 +10,17 @@
 #include "mixtape.h"
 
 int main(int argc, char **argv) {
-    int64_t n = argc > 1 ? atoll(argv[1]) : 1024;
-    int reps = argc > 2 ? atoi(argv[2]) : 10;
-    if (n <= 0 || reps <= 0) {
-        fprintf(stderr, "usage: %s [size > 0] [reps > 0]\n", argv[0]);
+    if (argc > 1 && mt_bench_is_help(argv[1])) {
+        printf("usage: %s [size 1..65536] [reps > 0]\n", argv[0]);
+        return 0;
+    }
+    int size = 1024, reps = 10;
+    if (argc > 3 || (argc > 1 && !mt_bench_parse_int(argv[0], "size", argv[1], 1, 65536, &size)) ||
+        (argc > 2 && !mt_bench_parse_int(argv[0], "reps", argv[2], 1, 1000000, &reps))) {
+        fprintf(stderr, "usage: %s [size 1..65536] [reps > 0]\n", argv[0]);
         return 2;
     }
+    int64_t n = size;
     mt_manual_seed(1);
     mt_tensor *a = mt_randn(MT_SHAPE(n, n), MT_F32, MT_CPU);
     mt_tensor *b = mt_randn(MT_SHAPE(n, n), MT_F32, MT_CPU);

@@ -180,6 +180,21 @@ static void row(const char *name, double ours, double torch, bool have_torch) {
         printf("%-34s %10.3f %10s %10s\n", name, ours, "-", "-");
 }
 
+static void usage(FILE *f) {
+    fprintf(f, "usage: op_overhead [--device cpu|cuda[:N]] [--iters N (calls per run, >= 10)] "
+               "[--reps N]\n"
+               "                   [--burst N (CUDA: calls per host-time burst, default 32)]\n"
+               "                   [--python PATH (with PyTorch)] [--no-torch] "
+               "[path/to/op_overhead.py]\n");
+}
+
+/* The PyTorch script argument: a .py path, or a file that is there. Anything else is a
+   mistyped option or value, not a script to hand to python. */
+static bool is_script(const char *arg) {
+    size_t n = strlen(arg);
+    return arg[0] != '-' && ((n > 3 && strcmp(arg + n - 3, ".py") == 0) || access(arg, R_OK) == 0);
+}
+
 int main(int argc, char **argv) {
     int iters = 0, reps = 10; /* calls per run (20000; CUDA 2000); runs per op (CUDA) */
     int burst = 32;           /* CUDA: calls per host-time burst (bench/op_overhead_cuda.c) */
@@ -189,26 +204,40 @@ int main(int argc, char **argv) {
        build directory (bench/op_overhead), unless given */
     const char *script = access("bench/op_overhead.py", R_OK) == 0 ? "bench/op_overhead.py"
                                                                    : "../bench/op_overhead.py";
+    const char *who = "op_overhead";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--burst") && i + 1 < argc)
-            burst = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--python") && i + 1 < argc)
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes_value = !strcmp(a, "--iters") || !strcmp(a, "--burst") || !strcmp(a, "--reps") ||
+                           !strcmp(a, "--python") || !strcmp(a, "--device");
+        if (mt_bench_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (takes_value && !v) {
+            fprintf(stderr, "%s: %s needs a value\n", who, a);
+            usage(stderr);
+            return 2;
+        } else if (!strcmp(a, "--iters")) {
+            if (!mt_bench_parse_int(who, a, argv[++i], 10, 100000000, &iters)) return 2;
+        } else if (!strcmp(a, "--burst")) {
+            if (!mt_bench_parse_int(who, a, argv[++i], 1, 1000000, &burst)) return 2;
+        } else if (!strcmp(a, "--reps")) {
+            if (!mt_bench_parse_int(who, a, argv[++i], 1, 100000, &reps)) return 2;
+        } else if (!strcmp(a, "--python")) {
             python = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+        } else if (!strcmp(a, "--device")) {
             device = argv[++i];
-        else if (!strcmp(argv[i], "--no-torch"))
+        } else if (!strcmp(a, "--no-torch")) {
             want_torch = false;
-        else
-            script = argv[i];
+        } else if (is_script(a)) {
+            script = a;
+        } else {
+            fprintf(stderr, "%s: %s \"%s\"\n", who,
+                    a[0] == '-' ? "unknown option" : "not an option nor a .py script", a);
+            usage(stderr);
+            return 2;
+        }
     }
     if (iters == 0) iters = strcmp(device, "cpu") != 0 ? 2000 : 20000;
-    if (iters < 10) iters = 10;
-    if (reps < 1) reps = 1;
-    if (burst < 1) burst = 1;
     if (strcmp(device, "cpu") != 0)
         return op_overhead_cuda(device, iters, burst, reps, want_torch ? python : NULL, script);
 

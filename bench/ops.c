@@ -64,8 +64,14 @@ static const char *const names[] = {
 #define N_OPS ((int)(sizeof names / sizeof names[0]))
 
 int main(int argc, char **argv) {
-    int reps = argc > 1 ? atoi(argv[1]) : 20, threads = argc > 2 ? atoi(argv[2]) : 2;
-    if (reps <= 0 || threads <= 0) {
+    if (argc > 1 && mt_bench_is_help(argv[1])) {
+        printf("usage: %s [reps > 0] [threads > 0]\n", argv[0]);
+        return 0;
+    }
+    int reps = 20, threads = 2;
+    if (argc > 3 ||
+        (argc > 1 && !mt_bench_parse_int(argv[0], "reps", argv[1], 1, 1000000, &reps)) ||
+        (argc > 2 && !mt_bench_parse_int(argv[0], "threads", argv[2], 1, 4096, &threads))) {
         fprintf(stderr, "usage: %s [reps > 0] [threads > 0]\n", argv[0]);
         return 2;
     }

@@ -129,11 +129,15 @@ static void print_cpu_table(void) {
         }
 }
 
-/* torch's CPU ms per step over mixtape's (1 thread): above 1 mixtape needs less. */
-static double print_cpu_ratio(const char *what, const row *mixtape, const row *torch) {
+/* torch's CPU ms per step over mixtape's (1 thread): above 1 mixtape needs less. torch_ran:
+   torch was run (not --no-torch), so a missing row of it lacks a 1-thread measurement. */
+static double print_cpu_ratio(const char *what, const row *mixtape, const row *torch,
+                              bool torch_ran) {
     printf("| %s |", what);
     if (!mixtape || !torch) {
-        printf(" - | not measured (needs 1-thread rows) |\n");
+        printf(" - | not measured (%s) |\n", !mixtape     ? "no 1-thread mixtape row"
+                                             : !torch_ran ? "torch not run: --no-torch"
+                                                          : "no 1-thread torch row");
         return NAN;
     }
     double v = torch->cpu_ms / mixtape->cpu_ms;
@@ -178,13 +182,12 @@ static void print_table(void) {
     }
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: resnet [--device cpu|cuda] [--arch resnet18|resnet50] [--batch N] "
-            "[--image-size N] [--steps N] [--warmup N] [--threads 1,2] [--repeat N] "
-            "[--python PATH] [--no-torch]\n"
-            "  defaults: cpu resnet18, batch 16, image 64, 6 steps, warmup 1, 3 rounds; cuda "
-            "resnet50, batch 128, image 224, 30 steps, warmup 5, 1 round\n");
+static void usage(FILE *f) {
+    fprintf(f, "usage: resnet [--device cpu|cuda] [--arch resnet18|resnet50] [--batch N] "
+               "[--image-size N] [--steps N] [--warmup N] [--threads 1,2] [--repeat N] "
+               "[--python PATH] [--no-torch]\n"
+               "  defaults: cpu resnet18, batch 16, image 64, 6 steps, warmup 1, 3 rounds; cuda "
+               "resnet50, batch 128, image 224, 30 steps, warmup 5, 1 round\n");
 }
 
 typedef struct {
@@ -214,15 +217,28 @@ static int parse_args(int argc, char **argv, options *o) {
                    .device = "cpu",
                    .warmup = -1,
                    .torch = true};
+    /* The ranges of samples/resnet_amp's options (--steps >= 2: a first and a timed step;
+       --repeat: the bench's own). */
     const mt_bench_opt opts[] = {
-        {"--arch", NULL, &o->arch, NULL},        {"--device", NULL, &o->device, NULL},
-        {"--warmup", &o->warmup, NULL, NULL},    {"--batch", &o->batch, NULL, NULL},
-        {"--image-size", &o->image, NULL, NULL}, {"--steps", &o->steps, NULL, NULL},
-        {"--threads", NULL, &o->threads, NULL},  {"--repeat", &o->repeat, NULL, NULL},
-        {"--python", NULL, &o->python, NULL},    {"--no-torch", NULL, NULL, &o->torch},
+        {"--warmup", &o->warmup, .lo = 0, .hi = 1 << 20},
+        {"--batch", &o->batch, .lo = 2, .hi = 1 << 16},
+        {"--image-size", &o->image, .lo = 32, .hi = 1 << 12},
+        {"--steps", &o->steps, .lo = 2, .hi = 1 << 20},
+        {"--repeat", &o->repeat, .lo = 1, .hi = 8},
+        {"--arch", .word = &o->arch},
+        {"--device", .word = &o->device},
+        {"--threads", .word = &o->threads},
+        {"--python", .word = &o->python},
+        {"--no-torch", .clear = &o->torch},
     };
-    if (mt_bench_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), "resnet bench")) {
-        usage();
+    int rc =
+        mt_bench_opts_parse(argc, argv, opts, (int)(sizeof opts / sizeof *opts), "resnet bench");
+    if (rc == MT_BENCH_OPTS_HELP) {
+        usage(stdout);
+        exit(0);
+    }
+    if (rc) {
+        usage(stderr);
         return 2;
     }
     if (strcmp(o->device, "cpu") != 0 && strcmp(o->device, "cuda") != 0) {
@@ -232,11 +248,10 @@ static int parse_args(int argc, char **argv, options *o) {
     apply_defaults(o);
     if ((strcmp(o->arch, "resnet18") != 0 && strcmp(o->arch, "resnet50") != 0) || o->batch < 2 ||
         o->image < 32 || o->steps < 2 || o->warmup < 0 || o->warmup >= o->steps || o->repeat < 1 ||
-        o->repeat > 8 || !o->threads[0] ||
-        strspn(o->threads, "0123456789,") != strlen(o->threads) || strlen(o->threads) > 60) {
+        o->repeat > 8 || !mt_bench_thread_list_ok(o->threads)) {
         fprintf(stderr, "resnet bench: --arch resnet18|resnet50, --batch >= 2, --image-size >= "
                         "32, --steps >= 2, --warmup 0..steps-1, --repeat 1..8, --threads a "
-                        "comma list\n");
+                        "comma list of thread counts (1..4096)\n");
         return 2;
     }
     if (!mt_bench_safe_for_shell(o->python) || !mt_bench_safe_for_shell(o->sample)) {
@@ -390,9 +405,10 @@ int main(int argc, char **argv) {
     print_cpu_table();
     printf("\n| ratio of CPU time per step, 1 thread | value | meaning |\n|---|---|---|\n");
     double c32 = print_cpu_ratio("torch FP32 / mixtape FP32", best_cpu("mixtape", "fp32"),
-                                 best_cpu("torch", "fp32"));
-    double c16 = print_cpu_ratio("torch BF16 autocast / mixtape AMP-O1 BF16",
-                                 best_cpu("mixtape", "o1-bf16"), best_cpu("torch", "o1-bf16"));
+                                 best_cpu("torch", "fp32"), o.torch);
+    double c16 =
+        print_cpu_ratio("torch BF16 autocast / mixtape AMP-O1 BF16", best_cpu("mixtape", "o1-bf16"),
+                        best_cpu("torch", "o1-bf16"), o.torch);
     if (o.torch)
         printf("\nThe same goal in CPU time (1 thread; not skewed by other processes on a shared "
                "machine): %s.\n",

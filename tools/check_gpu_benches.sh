@@ -3,7 +3,7 @@
 # bench/op_overhead with --device cuda at tiny sizes, without PyTorch. Each must exit 0 and
 # print its JSON lines (every figure of mixtape's side measured, op_overhead's host and wall
 # times both; gemm: every case agreeing with cuBLAS) and its table. Without a CUDA device both
-# exit 77, and so does this (meson: skipped).
+# exit 77, and so does this (meson: skipped), after the checks of their command lines.
 # On the emulated device the timings are meaningless: this checks that the programs work.
 # Usage: check_gpu_benches.sh GEMM OP_OVERHEAD
 set -uo pipefail
@@ -15,6 +15,27 @@ fail() {
     cat "$out"
     exit 1
 }
+
+# First the command lines they refuse (no device needed): a number with junk after it or out
+# of range, an unknown option, a word that is no .py script; --help on stdout with status 0.
+refuse() {
+    local rc=0
+    "$@" >"$out" 2>&1 || rc=$?
+    ((rc == 2)) || fail "$* exited with $rc, expected 2 (a bad command line)"
+}
+refuse "$gemm" --iters 2x
+refuse "$gemm" --reps 0
+refuse "$gemm" --bogus
+refuse "$overhead" --iters 5abc
+refuse "$overhead" --reps 99999999999
+refuse "$overhead" --burst 0
+refuse "$overhead" --bogus
+refuse "$overhead" not-a-script
+for prog in "$gemm" "$overhead"; do
+    "$prog" --help >"$out" 2>&1 || fail "$prog --help exited with $?"
+    grep -q '^usage:' "$out" || fail "$prog --help: no usage"
+done
+echo "gemm, op_overhead: bad command lines refused, --help on stdout"
 
 rc=0
 "$gemm" --device cuda --tiny --iters 2 --reps 1 --no-torch >"$out" 2>&1 || rc=$?
