@@ -92,21 +92,20 @@ static void test_integer_casts(void **state) {
     (void)state;
     mt_device dev = mt_test_device();
     mt_scope_begin();
-    const int64_t big[] = {4294967297LL, -4294967297LL, 2147483648LL, 3000000000LL,
-                           9007199254740993LL, -7};
+    const int64_t big[] = {4294967297LL, -4294967297LL,      2147483648LL,
+                           3000000000LL, 9007199254740993LL, -7};
     mt_tensor *i64 = mt_from_data(big, MT_I64, MT_SHAPE(6), dev);
     int32_t got32[6];
     assert_int_equal(mt_copy_to_host(mt_cast(i64, MT_I32), got32, sizeof got32), 0);
     const int32_t want32[] = {1, -1, INT32_MIN, -1294967296, 1, -7};
     assert_memory_equal(got32, want32, sizeof want32);
     /* a strided I64 view to I64 through the cast path keeps every bit */
-    mt_tensor *every_other = mt_slice(mt_reshape(mt_cat((mt_tensor *[]){i64, i64}, 2, 0),
-                                                 MT_SHAPE(2, 6)),
-                                      1, 0, 6, 2);
+    mt_tensor *every_other =
+        mt_slice(mt_reshape(mt_cat((mt_tensor *[]){i64, i64}, 2, 0), MT_SHAPE(2, 6)), 1, 0, 6, 2);
     int64_t got64[6];
-    assert_int_equal(mt_copy_to_host(mt_cast(mt_cast(every_other, MT_BOOL), MT_I64), got64,
-                                     6 * sizeof(int64_t)),
-                     0);
+    assert_int_equal(
+        mt_copy_to_host(mt_cast(mt_cast(every_other, MT_BOOL), MT_I64), got64, 6 * sizeof(int64_t)),
+        0);
     const int64_t ones[] = {1, 1, 1, 1, 1, 1};
     assert_memory_equal(got64, ones, sizeof ones);
     assert_int_equal(mt_copy_to_host(mt_contiguous(every_other), got64, sizeof got64), 0);
@@ -118,8 +117,8 @@ static void test_integer_casts(void **state) {
     const int32_t want_f[] = {INT32_MIN, INT32_MIN, INT32_MIN, INT32_MAX, INT32_MIN, -3};
     assert_memory_equal(got32, want_f, sizeof want_f);
     assert_int_equal(mt_copy_to_host(mt_cast(f, MT_I64), got64, sizeof got64), 0);
-    const int64_t want_f64[] = {10000000000LL, -10000000000LL, INT64_MIN, 2147483647,
-                                -2147483648LL, -3};
+    const int64_t want_f64[] = {10000000000LL, -10000000000LL, INT64_MIN,
+                                2147483647,    -2147483648LL,  -3};
     assert_memory_equal(got64, want_f64, sizeof want_f64);
     assert_int_equal(mt_copy_to_host(mt_full(MT_SHAPE(1), MT_I32, dev, 1e10), got32, 4), 0);
     assert_int_equal(got32[0], INT32_MIN);
