@@ -99,8 +99,6 @@ template <> EW_DEV int64_t ew_load<int64_t>(const char *p, mt_dtype dt) {
     }
 }
 
-// C stored as dtype dt as the CPU's stores do: F16/BF16 round to nearest even (from double
-// through FP32), integers truncate toward zero, BOOL is "not zero".
 // Integer stores through src/math/int_convert.h, as the CPU's: a floating value truncates
 // (NaN and out of range: the minimum; a GPU's own conversion would saturate), an integer wraps.
 template <typename C> EW_DEV int64_t ew_int64_of(C v) {
@@ -116,6 +114,8 @@ template <> EW_DEV int32_t ew_int32_of<int64_t>(int64_t v) {
     return mt_i64_to_i32(v);
 }
 
+// C stored as dtype dt as the CPU's stores do: F16/BF16 round to nearest even (from double
+// through FP32), integers as above, BOOL is "not zero".
 template <typename C> EW_DEV void ew_store(char *p, mt_dtype dt, C v) {
     switch (dt) {
     case MT_F32:

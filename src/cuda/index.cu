@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(INDEX_THREADS) index_add_kernel(mt_cuda_index_
     }
 }
 
-// Any dtype but I64 as a double, as the CPU compares (I32 and BOOL are exact there).
+// Any dtype as a double, as the CPU compares (exact for I32 and BOOL; I64 takes
+// argmax_i64_kernel instead).
 MT_DEV double argmax_load(const char *p, mt_dtype dt, int64_t i) {
     switch (dt) {
     case MT_I64:
