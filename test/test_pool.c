@@ -400,6 +400,20 @@ static void test_pool_errors(void **state) {
                                            .ceil_mode = true});
     assert_no_error();
     assert_shape(y, 1, 2, 1, 1); /* ceil(4 / stride) + 1 = 2 windows, the second past */
+    /* ceil_mode keeps a window that overhangs the input by less than a stride (torch: a 2x2
+       input, kernel 3, stride 2 gives 1x1); without ceil_mode the output is empty */
+    mt_tensor *x2 = mt_test_tensor((const double[]){1, 5, -2, 3}, MT_F32, MT_SHAPE(1, 1, 2, 2));
+    const mt_pool2d_opts over = {.kernel = {3, 3}, .stride = {2, 2}, .ceil_mode = true};
+    y = mt_max_pool2d(x2, &over);
+    assert_shape(y, 1, 1, 1, 1);
+    assert_tensor_close(y, (const double[]){5}, 1, 0, 0);
+    y = mt_avg_pool2d(x2, &(mt_pool2d_opts){.kernel = {3, 3}, .stride = {2, 2}, .ceil_mode = true});
+    assert_tensor_close(y, (const double[]){7.0 / 4}, 1, 1e-6, 0); /* over the window's overlap */
+    assert_null(mt_max_pool2d(x2, &(mt_pool2d_opts){.kernel = {3, 3}, .stride = {2, 2}}));
+    assert_error(MT_ERR_SHAPE, "the output would be empty");
+    assert_null(mt_max_pool2d(
+        x2, &(mt_pool2d_opts){.kernel = {4, 4}, .stride = {2, 2}, .ceil_mode = true}));
+    assert_error(MT_ERR_SHAPE, "the output would be empty");
     assert_null(mt_max_pool2d(x, &(mt_pool2d_opts){.kernel = {2, 2}, .exclude_pad = true}));
     assert_error(MT_ERR_INVALID, "exclude_pad is for average pooling");
     assert_null(

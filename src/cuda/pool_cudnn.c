@@ -35,7 +35,11 @@ bool mt_cudnn_pool_expressible(const mt_tensor *x, const mt_tensor *y, const mt_
     for (int i = 0; i < 2; i++) {
         if (p->kind == MT_POOL_ADAPTIVE_AVG && x->shape[2 + i] % y->shape[2 + i]) return false;
         if (k[i] > INT_MAX || s[i] > INT_MAX || pad[i] > INT_MAX) return false;
-        if ((x->shape[2 + i] + 2 * pad[i] - k[i]) / s[i] + 1 != y->shape[2 + i]) return false;
+        /* no ceil_mode overhang, not even a window larger than the padded input (C's
+           division would round that -1 / s up to the same count) */
+        if (x->shape[2 + i] + 2 * pad[i] < k[i] ||
+            (x->shape[2 + i] + 2 * pad[i] - k[i]) / s[i] + 1 != y->shape[2 + i])
+            return false;
     }
     return mt_cudnn_available();
 }

@@ -14,12 +14,13 @@ static mt_op_id pool_op(mt_pool_kind k) {
                               : MT_OP_ADAPTIVE_AVG_POOL2D;
 }
 
-/* torch's pooling_output_shape (dilation 1); 0 when the window is larger than the padded
-   input. Written so that no step overflows for any kernel and stride (pad <= k / 2, so
-   k - 2 * pad is in [0, k]; the input's extent fits in memory). */
+/* torch's pooling_output_shape (dilation 1), 0 for an empty output. Written so that no step
+   overflows for any kernel and stride (pad <= k / 2, so k - 2 * pad is in [0, k]; the
+   input's extent fits in memory). */
 static int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, bool ceil_mode) {
     int64_t window = k - 2 * pad;
-    if (window > in) return 0;
+    if (window > in) /* ceil_mode keeps one window that overhangs by less than a stride */
+        return ceil_mode && window - in <= stride - 1 && in + pad > 0 ? 1 : 0;
     int64_t num = in - window, out = num / stride + 1;
     if (ceil_mode && num % stride != 0) {
         out++; /* a last, partial window, unless it would start in the right padding */
