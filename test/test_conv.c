@@ -304,6 +304,10 @@ static void test_conv2d_huge_geometry(void **state) {
     assert_error(MT_ERR_SHAPE, "padding [4611686018427387903, 0] overflows int64");
     assert_null(mt_conv2d(x, w, NULL, &(mt_conv2d_opts){.dilation = {1, INT64_MAX / 2 + 7}}));
     assert_error(MT_ERR_SHAPE, "with dilation [1, 4611686018427387910] or input");
+    /* a 2-wide kernel at dilation INT64_MAX spans exactly one past INT64_MAX */
+    mt_tensor *w2 = mt_test_uniform(&rng, MT_F32, MT_SHAPE(6, 4, 2, 2), 0);
+    assert_null(mt_conv2d(x, w2, NULL, &(mt_conv2d_opts){.dilation = {INT64_MAX, 1}}));
+    assert_error(MT_ERR_SHAPE, "with dilation [9223372036854775807, 1] or input");
     /* 1x1 kernels ignore the dilation; the output keeps the input's extent */
     mt_tensor *w1 = mt_test_uniform(&rng, MT_F32, MT_SHAPE(6, 4, 1, 1), 0);
     mt_tensor *y1 = mt_conv2d(x, w1, NULL, &(mt_conv2d_opts){.dilation = {INT64_MAX, 1}});

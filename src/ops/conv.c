@@ -74,6 +74,7 @@ static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_conv2d_params
     for (int i = 0; i < 2; i++) {
         int64_t span, padded; /* the dilated kernel's extent, the padded input's */
         if (__builtin_mul_overflow(p->dilation[i], w->shape[2 + i] - 1, &span) ||
+            __builtin_add_overflow(span, 1, &span) ||
             __builtin_mul_overflow(p->padding[i], 2, &padded) ||
             __builtin_add_overflow(padded, x->shape[2 + i], &padded))
             return mt_error_set(MT_ERR_SHAPE,
@@ -82,7 +83,6 @@ static int conv_check(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_conv2d_params
                                 name, mt_shape_str(w, bw, sizeof bw), (long long)p->dilation[0],
                                 (long long)p->dilation[1], mt_shape_str(x, bx, sizeof bx),
                                 (long long)p->padding[0], (long long)p->padding[1]);
-        span += 1;
         if (w->shape[2 + i] < 1 || span > padded)
             return mt_error_set(MT_ERR_SHAPE,
                                 "%s: kernel %s (dilation %lld) is larger than the padded input "
