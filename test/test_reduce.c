@@ -251,8 +251,9 @@ static void test_parallel_paths(void **state) {
 }
 
 /* A short contiguous kept dim under a reduced one ([outer, R, V], dim 1): the column kernel
-   makes about outer (output group, split) tiles, more than the device's grid cap (32 per
-   SM), so its blocks loop over tiles; every output is checked. */
+   makes about outer (output group, split) tiles. On the emulated device (4 SMs: a grid cap
+   of 128 blocks) that is more than the grid, so its blocks loop over tiles; on a GPU's larger
+   cap these shapes take one pass. Every output is checked. */
 static void test_many_column_tiles(void **state) {
     (void)state;
     const int64_t shapes[][3] = {{1000, 3, 4}, {600, 5, 16}, {257, 40, 6}};

@@ -85,9 +85,10 @@ static void test_arange(void **state) {
 }
 
 /* Casts to the integer dtypes as torch makes them, the same on every device: I64 to I32
-   wraps (two's complement), integers never pass through a double (2^53 + 1 survives I32 to
-   I64 and back), and a floating value out of range or NaN gives the minimum (x86's integer
-   indefinite, torch's CPU result; a plain C cast is undefined there). */
+   wraps (two's complement; through a double, 2^53 + 1 would have lost its low bit), strided
+   views too, I32 back to I64 sign-extends, BOOL is 0 or 1; and a floating value out of range
+   or NaN gives the minimum (x86's integer indefinite, torch's CPU result; a plain C cast is
+   undefined there). */
 static void test_integer_casts(void **state) {
     (void)state;
     mt_device dev = mt_test_device();
@@ -96,21 +97,30 @@ static void test_integer_casts(void **state) {
                            3000000000LL, 9007199254740993LL, -7};
     mt_tensor *i64 = mt_from_data(big, MT_I64, MT_SHAPE(6), dev);
     int32_t got32[6];
-    assert_int_equal(mt_copy_to_host(mt_cast(i64, MT_I32), got32, sizeof got32), 0);
+    mt_tensor *i32 = mt_cast(i64, MT_I32);
+    assert_int_equal(mt_copy_to_host(i32, got32, sizeof got32), 0);
     const int32_t want32[] = {1, -1, INT32_MIN, -1294967296, 1, -7};
     assert_memory_equal(got32, want32, sizeof want32);
-    /* a strided I64 view to I64 through the cast path keeps every bit */
+    int64_t got64[6];
+    assert_int_equal(mt_copy_to_host(mt_cast(i32, MT_I64), got64, sizeof got64), 0);
+    const int64_t want_back[] = {1, -1, INT32_MIN, -1294967296, 1, -7};
+    assert_memory_equal(got64, want_back, sizeof want_back);
+    /* a strided I64 view ([2, 3] every other element of [2, 6]) to I32, and through BOOL */
     mt_tensor *every_other =
         mt_slice(mt_reshape(mt_cat((mt_tensor *[]){i64, i64}, 2, 0), MT_SHAPE(2, 6)), 1, 0, 6, 2);
-    int64_t got64[6];
+    assert_int_equal(mt_copy_to_host(mt_cast(every_other, MT_I32), got32, sizeof got32), 0);
+    const int32_t want_view[] = {1, INT32_MIN, 1, 1, INT32_MIN, 1};
+    assert_memory_equal(got32, want_view, sizeof want_view);
     assert_int_equal(
-        mt_copy_to_host(mt_cast(mt_cast(every_other, MT_BOOL), MT_I64), got64, 6 * sizeof(int64_t)),
-        0);
+        mt_copy_to_host(mt_cast(mt_cast(every_other, MT_BOOL), MT_I64), got64, sizeof got64), 0);
     const int64_t ones[] = {1, 1, 1, 1, 1, 1};
     assert_memory_equal(got64, ones, sizeof ones);
-    assert_int_equal(mt_copy_to_host(mt_contiguous(every_other), got64, sizeof got64), 0);
-    const int64_t want_view[] = {big[0], big[2], big[4], big[0], big[2], big[4]};
-    assert_memory_equal(got64, want_view, sizeof want_view);
+    /* BOOL bytes other than 0 and 1 (mt_from_data copies them as they are) read as true */
+    const uint8_t bytes[3] = {0, 2, 255};
+    mt_tensor *b = mt_from_data(bytes, MT_BOOL, MT_SHAPE(3), dev);
+    assert_int_equal(mt_copy_to_host(mt_cast(b, MT_I32), got32, 3 * sizeof(int32_t)), 0);
+    const int32_t want_b[] = {0, 1, 1};
+    assert_memory_equal(got32, want_b, sizeof want_b);
     const double floats[] = {1e10, -1e10, NAN, 2147483647.9, -2147483648.9, -3.7};
     mt_tensor *f = mt_test_tensor(floats, MT_F64, MT_SHAPE(6));
     assert_int_equal(mt_copy_to_host(mt_cast(f, MT_I32), got32, sizeof got32), 0);

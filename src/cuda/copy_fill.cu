@@ -20,6 +20,18 @@ template <typename C> struct ew_convert_body {
         return false;
     }
 };
+// Between integer dtypes: exact loads (a BOOL byte other than 0 reads as 1, as on the CPU),
+// I32 stores wrap.
+struct ew_int_convert_body {
+    static constexpr int nops = 2;
+    static EW_DEV bool apply(const ew_ops &o, const int64_t *off, const ew_extra &) {
+        const char *from = o.p[1] + off[1];
+        int64_t v =
+            o.dt[1] == MT_BOOL ? *(const uint8_t *)from != 0 : ew_load<int64_t>(from, o.dt[1]);
+        ew_store<int64_t>(o.p[0] + off[0], o.dt[0], v);
+        return false;
+    }
+};
 // Same-dtype moves only need the element size: T is an unsigned integer of that size.
 template <typename T> struct ew_copy_body {
     static constexpr int nops = 2;
@@ -239,7 +251,7 @@ extern "C" int mt_cuda_copy(const mt_cuda_ctx *c, const mt_cuda_iter *it) {
             });
         });
     // between integer dtypes in integers (a double loses I64 values above 2^53)
-    if (!ew_floating(dd) && !ew_floating(sd)) return ew_launch_gen<ew_convert_body<int64_t>>(c, it);
+    if (!ew_floating(dd) && !ew_floating(sd)) return ew_launch_gen<ew_int_convert_body>(c, it);
     // through double when either side needs more than FP32 holds (the CPU's wide path)
     if (dd == MT_F64 || sd == MT_F64 || sd == MT_I64 || sd == MT_I32)
         return ew_launch_gen<ew_convert_body<double>>(c, it);
