@@ -488,6 +488,25 @@ static void test_optimizer_state_lazy_moments(void **state) {
 /* Adam's step counts are per parameter, saved as torch's "state.<i>.step" (F32 scalars) for
    the parameters that have moments. A state saved before that has one "step" for all; it
    still loads. A bad count is refused and changes nothing. */
+/* A state cannot bring in what the constructor refuses: nesterov with momentum 0. */
+static void test_optimizer_state_nesterov_momentum(void **state) {
+    (void)state;
+    two_params tp;
+    two_params_make(&tp);
+    mt_tensor *p[2] = {tp.a, tp.b};
+    mt_optimizer *o = mt_momentum_new(p, 2, &(mt_momentum_opts){.nesterov = true});
+    mt_state *s = mt_state_new();
+    assert_int_equal(mt_optimizer_state_save(o, s, ""), 0);
+    mt_tensor *zero = mt_scalar(0, MT_F64, MT_CPU);
+    mt_state_put(s, "momentum", zero);
+    assert_int_equal(mt_optimizer_state_load(o, s, ""), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "saved momentum is 0, which nesterov refuses");
+    mt_release(zero);
+    mt_state_free(s);
+    mt_optimizer_free(o);
+    two_params_free(&tp);
+}
+
 static void test_optimizer_state_step_counts(void **state) {
     (void)state;
     two_params tp;
@@ -685,6 +704,7 @@ int main(void) {
         MT_TEST(test_resume_adamw),
         MT_TEST(test_optimizer_state_errors),
         MT_TEST(test_optimizer_state_lazy_moments),
+        MT_TEST(test_optimizer_state_nesterov_momentum),
         MT_TEST(test_optimizer_state_step_counts),
         MT_TEST(test_scaler_state_errors),
         MT_TEST(test_python_dtypes),

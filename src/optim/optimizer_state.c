@@ -278,6 +278,10 @@ static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char
         if (!rc && !(isfinite(pd->h[k]) && pd->h[k] >= 0 && pd->h[k] < h[k].hi))
             rc = mt_error_set(MT_ERR_INVALID, "%s: saved %s%s %g is out of range", fn, prefix,
                               h[k].name, pd->h[k]);
+        /* what mt_momentum_new refuses, a state cannot bring in */
+        if (!rc && o->nesterov && h[k].value == &o->momentum && pd->h[k] == 0)
+            rc = mt_error_set(MT_ERR_INVALID, "%s: saved %smomentum is 0, which nesterov refuses",
+                              fn, prefix);
     }
     for (int k = 0; k < ns && !rc; k++) {
         if (!(pd->fresh[k] = mt_heap_calloc((size_t)o->n, sizeof *pd->fresh[k])))
