@@ -32,7 +32,7 @@ refuse "$overhead" --burst 0
 refuse "$overhead" --bogus
 refuse "$overhead" not-a-script
 for prog in "$gemm" "$overhead"; do
-    "$prog" --help >"$out" 2>&1 || fail "$prog --help exited with $?"
+    "$prog" --help >"$out" 2>/dev/null || fail "$prog --help exited with $?"
     grep -q '^usage:' "$out" || fail "$prog --help: no usage"
 done
 echo "gemm, op_overhead: bad command lines refused, --help on stdout"

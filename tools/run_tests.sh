@@ -285,14 +285,17 @@ fi
 named_tests() {
     local a prev=
     for a in "${test_args[@]}"; do
+        # meson test's options that take a value, as their unambiguous prefixes too (its
+        # argparse accepts --num 4 for --num-processes 4)
         case $prev in
-        --maxfail | --repeat | --gdb-path | --wrapper | --wrap | -C | --suite | --no-suite | \
-            --logbase | --num-processes | -t | --timeout-multiplier | --setup | --test-args)
+        --maxf* | --rep* | --gdb-* | --wr* | -C | --sui* | --no-su* | --logb* | --num* | -t | \
+            --ti* | --se* | --te*)
             prev=
             continue
             ;;
         esac
         prev=$a
+        [[ $a == *=* ]] && prev= # --option=value carries its own value
         [[ $a == -* || -z ${a#*:} ]] || echo "${a#*:}"
     done
 }
@@ -303,7 +306,8 @@ named_tests() {
 check_named_tests() {
     local a name
     for a in "${test_args[@]}"; do
-        [[ $a == --list || $a == -h || $a == --help ]] && return
+        # --logbase renames the test log, which the counts and names come from
+        [[ $a == --list || $a == -h || $a == --help || $a == --logb* ]] && return
     done
     ((suites_tested > 0)) || return
     if [[ ! -s "$ran_names" ]]; then
