@@ -85,8 +85,6 @@ __global__ void __launch_bounds__(INDEX_THREADS) index_add_kernel(mt_cuda_index_
 // argmax_i64_kernel instead).
 MT_DEV double argmax_load(const char *p, mt_dtype dt, int64_t i) {
     switch (dt) {
-    case MT_I64:
-        return (double)((const int64_t *)p)[i];
     case MT_I32:
         return (double)((const int32_t *)p)[i];
     case MT_BOOL:
