@@ -144,6 +144,23 @@ static inline void check_save_path(const char *opt, const char *path) {
     free(dir);
 }
 
+/* --resume PATH, at the start: exits when PATH is not a readable file, rather than after the
+   table's header has been printed. The load still checks the file's contents. */
+static inline void check_load_path(const char *opt, const char *path) {
+    struct stat st;
+    const char *why = NULL;
+    if (!path[0])
+        why = "empty path";
+    else if (stat(path, &st) != 0 || access(path, R_OK) != 0)
+        why = strerror(errno);
+    else if (S_ISDIR(st.st_mode))
+        why = "is a directory";
+    if (why) {
+        fprintf(stderr, "%s: %s \"%s\": %s\n", MT_SAMPLE_NAME, opt, path, why);
+        exit(2);
+    }
+}
+
 /* "cpu", "cuda" or "cuda:N" */
 static inline mt_device parse_device(const char *s) {
     if (strcmp(s, "cpu") == 0) return MT_CPU;

@@ -149,8 +149,9 @@ static void parse_args(int argc, char **argv, config *c) {
     c->total_steps = (int)total;
     /* At least one step is timed: a one-step run times its only step, warm-up included. */
     c->warmup = g.warmup < total ? (int)g.warmup : (int)(total - 1);
-    /* Fail now, not after the whole run, when the checkpoint could not be written. */
+    /* Fail now, not after the whole run, when the checkpoint could not be written or read. */
     if (c->save_path) check_save_path("--save", c->save_path);
+    if (c->resume_path) check_load_path("--resume", c->resume_path);
     if (!gpu && !(g.hidden || g.batch || g.steps || g.epochs)) {
         fprintf(
             c->json ? stderr : stdout,

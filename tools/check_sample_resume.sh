@@ -2,8 +2,9 @@
 # The samples' --save/--resume: a run of N steps and a run of N/2 steps saved and resumed for
 # N/2 more write byte-identical checkpoints (same parameters, optimizer and scaler state, bit
 # for bit). Then what they must refuse, each with a message and without training: bad numbers
-# on the command line, an empty --modes, a --save path that cannot be written, a checkpoint
-# whose step count is negative, not a number or too large; and --help on stdout, exit 0.
+# on the command line, an empty --modes, a --save path that cannot be written, a --resume
+# file that cannot be read, a checkpoint whose step count is negative, not a number or too
+# large; and --help on stdout, exit 0.
 # Usage: check_sample_resume.sh TRAIN_MLP SIMPLENET_AMP (run by meson test).
 set -euo pipefail
 mlp=$1 simplenet=$2
@@ -78,12 +79,17 @@ done
 with_meta "$dir/mlp" step 2 "$dir/good" # the rewriting itself keeps a loadable file
 "$mlp" --steps 2 --resume "$dir/good" >/dev/null
 
-# simplenet_amp: an empty mode list, too many steps, a bad --save path, bad steps_done
+# simplenet_amp: an empty mode list, too many steps, a bad --save or --resume path, bad
+# steps_done
 a=(--device cpu --hidden 8 --batch 2 --steps 2 --epochs 1)
 expect 2 'at least one' "$simplenet" "${a[@]}" --modes ''
 expect 2 'at least one' "$simplenet" "${a[@]}" --modes ,
 expect 2 'steps; at most' "$simplenet" --device cpu --steps 65536 --epochs 65536
 expect 2 'cannot write in directory' "$simplenet" "${a[@]}" --modes fp32 --save "$dir/missing/x"
+# a --resume file that cannot be read: refused before the table's header
+expect 2 'No such file' "$simplenet" "${a[@]}" --modes fp32 --resume "$dir/missing.st"
+[[ ! -s $dir/out ]] || { echo "FAIL: simplenet_amp printed before refusing --resume:"; cat "$dir/out"; exit 1; }
+expect 2 'is a directory' "$simplenet" "${a[@]}" --modes fp32 --resume "$dir"
 "$simplenet" "${a[@]}" --modes fp32 --save "$dir/net" >/dev/null
 for bad in -7 zz 99999999999999999999999; do
     with_meta "$dir/net" steps_done "$bad" "$dir/bad"
