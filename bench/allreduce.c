@@ -23,6 +23,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "allreduce: %s\n", mt_last_error());
         return 1;
     }
+    /* Without a launcher mt_dist_init makes a world of one with no MPI, and the MPI calls
+       this program compares against would abort. */
+    int mpi_up = 0;
+    MPI_Initialized(&mpi_up);
+    if (!mpi_up) {
+        fprintf(stderr, "allreduce: no MPI job: run it under mpirun (mpirun -np 2 allreduce)\n");
+        mt_dist_finalize();
+        return 2;
+    }
     enum { CALLS = 20 };
     mt_tensor *t = mt_ones(MT_SHAPE(n), MT_F32, MT_CPU);
     float *p = mt_data_ptr(t);
