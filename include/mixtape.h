@@ -753,6 +753,9 @@ int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *pref
    Collectives are called by every rank in the same order, with the same dtype and shape;
    each first checks that the ranks agree (op, dtype, element count, root) and fails with
    MT_ERR_SHAPE on every rank when they do not, instead of exchanging mismatched buffers.
+   A call that fails its own checks on one rank (a NULL or non-contiguous tensor, a bad
+   root or op) still takes part in that agreement: it fails there with its own error and
+   on the other ranks with MT_ERR_SHAPE, and the ranks stay in step.
    Every wait is bounded (mt_dist_set_timeout, default 300 s, or the environment variable
    MT_DIST_TIMEOUT in seconds): a peer that never joins gives MT_ERR_TIMEOUT, after which
    the world refuses further collectives (MPI cannot cancel a started collective). Process
@@ -768,8 +771,9 @@ typedef struct mt_dist_work mt_dist_work;
    PMI/PMIx launcher). Without a launcher the process is a world of one, with no MPI at all.
    Idempotent. */
 int mt_dist_init(void);
-/* Waits for what is still in flight (bounded) and leaves MPI; a later mt_dist_init fails
-   (MPI cannot be initialised twice in a process). */
+/* Waits (bounded) for collectives orphaned by a timeout and leaves MPI; a later mt_dist_init
+   fails (MPI cannot be initialised twice in a process). Fails with MT_ERR_STATE, changing
+   nothing, while a work from mt_*_async has not been through mt_dist_wait. */
 int mt_dist_finalize(void);
 bool mt_dist_is_initialized(void);
 int mt_dist_rank(void);       /* 0 before init */
@@ -817,7 +821,8 @@ bool mt_dist_work_done(mt_dist_work *w);
    as its last gradient is ready, while backward goes on (buckets start in index order, the
    same on every rank). mt_ddp_wait, after backward and before the optimizer step (or the
    scaler's unscale), starts what is left (a parameter no gradient reached this step takes
-   part with zeros, so unused parameters never hang the job), waits (bounded), and writes the
+   part with the gradient it holds, as one accumulated under no_sync, or zeros: unused
+   parameters never hang the job), waits (bounded), and writes the
    average over the ranks into each parameter's gradient (the division by the world size is
    folded into that copy), in the parameter's layout (parameters are dense: contiguous or
    channels-last). FP16/BF16 buckets are reduced in FP32. Every rank must run the same
@@ -873,7 +878,7 @@ int mt_ddp_wait(mt_ddp *d);
    first backward after switching it off reduces the accumulated gradients. */
 int mt_ddp_set_no_sync(mt_ddp *d, bool on);
 int mt_ddp_stats_get(const mt_ddp *d, mt_ddp_stats *out);
-/* Removes the hooks; NULL is fine. */
+/* Removes the hooks; NULL is fine, and so is a call after mt_dist_finalize. */
 void mt_ddp_free(mt_ddp *d);
 /* The found-inf flag of every step is all-reduced (max) over the ranks before the skip
    decision, so all ranks skip the same steps and keep the same scale. Needs mt_dist_init. */

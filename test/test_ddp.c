@@ -246,6 +246,11 @@ static void test_bucket_counts_and_overlap(void **state) {
     assert_int_equal(st.buckets, 2);
     assert_int_equal(st.allreduce_calls, 2);
     assert_int_equal(st.started_in_backward, 2);
+    /* no limit (beyond a size_t, or infinite): one bucket, not a size that wrapped to 0 */
+    st = one_step(&(mt_ddp_opts){.bucket_mb = 1e30});
+    assert_int_equal(st.buckets, 1);
+    st = one_step(&(mt_ddp_opts){.bucket_mb = INFINITY});
+    assert_int_equal(st.buckets, 1);
     st = one_step(&(mt_ddp_opts){.per_parameter = true});
     assert_int_equal(st.buckets, NP);
     assert_int_equal(st.allreduce_calls, NP);
@@ -323,6 +328,41 @@ static void test_no_sync_accumulates(void **state) {
     mt_ddp_free(ddp);
     model_free(&m);
     model_free(&ref);
+}
+
+/* A gradient accumulated under no_sync reaches the average even when the synced step that
+   follows does not touch its parameter (p[1] below), or when no backward follows at all
+   (mt_ddp_wait right after no_sync is switched off): a parameter that no hook marked ready
+   takes part with the gradient it holds, as torch's reducer does, not with zeros. */
+static void test_no_sync_gradient_of_unreached_parameter(void **state) {
+    (void)state;
+    int W = mt_dist_world_size(), me = mt_dist_rank();
+    mt_tensor *p[2] = {mt_full(MT_SHAPE(3), MT_F32, MT_CPU, 1.0),
+                       mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 1.0)};
+    for (int k = 0; k < 2; k++) mt_set_requires_grad(p[k], true);
+    mt_ddp *ddp = mt_ddp_new(p, 2, NULL);
+    assert_non_null(ddp);
+    double mean_rank = (W + 1) / 2.0; /* the average of me + 1 over the ranks */
+    for (int follow = 0; follow < 2; follow++) {
+        mt_scope_begin();
+        assert_int_equal(mt_ddp_set_no_sync(ddp, true), 0);
+        mt_tensor *loss = mt_add(mt_sum_all(mt_mul_scalar(p[0], me + 1.0)),
+                                 mt_sum_all(mt_mul_scalar(p[1], 2.0 * (me + 1))));
+        assert_int_equal(mt_backward(loss, NULL), 0);
+        assert_int_equal(mt_ddp_set_no_sync(ddp, false), 0);
+        if (follow) /* a synced micro-batch that uses p[0] alone */
+            assert_int_equal(mt_backward(mt_sum_all(mt_mul_scalar(p[0], 3.0)), NULL), 0);
+        assert_int_equal(mt_ddp_wait(ddp), 0);
+        double g0 = mean_rank + (follow ? 3.0 : 0.0);
+        double want0[3] = {g0, g0, g0}, want1[2] = {2 * mean_rank, 2 * mean_rank};
+        assert_tensor_close(mt_grad(p[0]), want0, 3, 0, 1e-6);
+        assert_tensor_close(mt_grad(p[1]), want1, 2, 0, 1e-6);
+        mt_scope_end();
+        for (int k = 0; k < 2; k++) mt_set_grad(p[k], NULL);
+    }
+    mt_ddp_free(ddp);
+    mt_release(p[0]);
+    mt_release(p[1]);
 }
 
 /* A parameter only rank 1 uses: the others take part with zeros, nobody hangs, and every
@@ -631,6 +671,7 @@ int main(void) {
         MT_TEST(test_bucket_counts_and_overlap),
         MT_TEST(test_buckets_per_dtype),
         MT_TEST(test_no_sync_accumulates),
+        MT_TEST(test_no_sync_gradient_of_unreached_parameter),
         MT_TEST(test_unused_parameter),
         MT_TEST(test_ready_twice_refused),
         MT_TEST(test_argument_errors),
@@ -641,5 +682,18 @@ int main(void) {
         MT_TEST(test_wait_out_of_memory),
         MT_TEST_MULTI_RANK(test_mismatch_across_ranks),
     };
-    return mt_test_dist_end(MT_RUN_TESTS(tests));
+    int failures = MT_RUN_TESTS(tests);
+    /* C's usual cleanup order frees objects after shutting the library down: a DDP freed
+       after mt_dist_finalize makes no MPI call (MPI would abort the job) */
+    mt_tensor *p = mt_ones(MT_SHAPE(4), MT_F32, MT_CPU);
+    mt_set_requires_grad(p, true);
+    mt_ddp *late = mt_ddp_new(&p, 1, NULL);
+    if (!late) {
+        fprintf(stderr, "# mt_ddp_new: %s\n", mt_last_error());
+        failures++;
+    }
+    int rc = mt_test_dist_end(failures);
+    mt_ddp_free(late);
+    mt_release(p);
+    return rc;
 }

@@ -131,6 +131,58 @@ static void test_collective_errors(void **state) {
     mt_release(i);
 }
 
+/* A call that fails its own checks on one rank alone (rank 1 here) still takes part in the
+   agreement: the other ranks fail with MT_ERR_SHAPE, nothing is exchanged, and the ranks stay
+   in step (the next collective pairs with the same one on every rank). */
+static void test_one_rank_fails_its_checks(void **state) {
+    (void)state;
+    int W = mt_dist_world_size(), me = mt_dist_rank();
+    mt_tensor *m = mt_full(MT_SHAPE(2, 2), MT_F32, MT_CPU, 1.0);
+    mt_tensor *tr = mt_transpose(m, 0, 1);
+    mt_tensor *other = mt_full(MT_SHAPE(4), MT_F32, MT_CPU, 100.0);
+    /* a non-contiguous tensor, a bad root, a bad op, a NULL gather input */
+    int rc0 = mt_all_reduce(me == 1 ? tr : m, MT_REDUCE_SUM);
+    int rc1 = mt_broadcast(m, me == 1 ? W : 0);
+    int rc2 = mt_all_reduce(m, me == 1 ? (mt_reduce_op)42 : MT_REDUCE_SUM);
+    assert_int_equal(rc0, me == 1 ? MT_ERR_INVALID : MT_ERR_SHAPE);
+    assert_int_equal(rc1, me == 1 ? MT_ERR_INVALID : MT_ERR_SHAPE);
+    assert_int_equal(rc2, me == 1 ? MT_ERR_INVALID : MT_ERR_SHAPE);
+    if (me == 1)
+        assert_error(MT_ERR_INVALID, "not contiguous");
+    else
+        assert_error(MT_ERR_SHAPE, "failed its own argument checks on another rank");
+    mt_tensor *g = mt_all_gather(me == 1 ? NULL : m);
+    assert_null(g);
+    assert_error(me == 1 ? MT_ERR_NULL : MT_ERR_SHAPE, me == 1 ? "arg 1" : "another rank");
+    /* nothing was exchanged, and the ranks are in step */
+    mt_scope_begin();
+    assert_true(mt_item(mt_sum_all(m)) == 4.0);
+    assert_int_equal(mt_all_reduce(other, MT_REDUCE_SUM), 0);
+    assert_true(mt_item(mt_sum_all(other)) == 400.0 * W);
+    mt_scope_end();
+    mt_release(other);
+    mt_release(tr);
+    mt_release(m);
+}
+
+/* mt_dist_finalize under a work not yet waited for refuses (MPI would crash under its
+   request) and changes nothing: the work still finishes, the world still runs. */
+static void test_finalize_refuses_work_in_flight(void **state) {
+    (void)state;
+    mt_tensor *a = mt_full(MT_SHAPE(1000), MT_F32, MT_CPU, 1.0);
+    mt_dist_work *w = mt_all_reduce_async(a, MT_REDUCE_SUM);
+    assert_non_null(w);
+    assert_int_equal(mt_dist_finalize(), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "1 collective(s) started with mt_*_async are still in flight");
+    assert_true(mt_dist_is_initialized());
+    assert_int_equal(mt_dist_wait(w), 0);
+    mt_scope_begin();
+    assert_true(mt_item(mt_sum_all(a)) == 1000.0 * mt_dist_world_size());
+    mt_scope_end();
+    mt_release(a);
+    assert_int_equal(mt_dist_barrier(), 0);
+}
+
 /* A CUDA tensor is refused, naming op and device, until the NCCL backend exists. */
 /* A CUDA tensor goes through NCCL (test_nccl covers it fully): in a world of one the sum is
    the tensor itself. */
@@ -261,6 +313,8 @@ int main(void) {
             ? MT_TEST_SKIPPED(test_cuda_tensor_through_nccl,
                               "the emulated NCCL joins threads, not processes: test_nccl")
             : (struct CMUnitTest)MT_TEST(test_cuda_tensor_through_nccl),
+        MT_TEST_MULTI_RANK(test_one_rank_fails_its_checks),
+        MT_TEST_MULTI_RANK(test_finalize_refuses_work_in_flight),
         MT_TEST_MULTI_RANK(test_scaler_skips_on_every_rank),
         MT_TEST_MULTI_RANK(test_timeout_is_bounded),
     };

@@ -3,8 +3,9 @@
    collective is queued on the device stream, so its work is finished as soon as it exists.
    FP16/BF16 are reduced in FP32 on a staging buffer (widened before, rounded once after) because
    MPI has no half types; averaging divides the sum by the world size when the work finishes. Before
-   each collective the ranks check they agree (mt_dist_agree), so a shape or dtype mismatch is an
-   error on every rank instead of mismatched buffers. */
+   each collective the ranks check they agree (mt_dist_agree), so a shape or dtype mismatch, or a
+   call that failed its own checks on one rank, is an error on every rank instead of mismatched
+   buffers. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,16 +71,28 @@ static int check_tensor(const char *op, int arg, const mt_tensor *t) {
     return mt_dist_ready(op);
 }
 
-/* Every rank must call the same collective on the same dtype and element count. */
-static int agree(const char *op, int kind, const mt_tensor *t, int64_t root, int64_t reduce) {
+/* Every rank must call the same collective on the same dtype and element count. A rank whose
+   own checks failed (local < 0, its error set) still takes part, with its failure among the
+   values it sends: the other ranks then fail too, rather than pairing this collective with
+   that rank's next one (mismatched buffers, or the wrong tensors summed). Returns local on
+   such a rank, whatever the others sent. */
+static int agree(const char *op, int local, int kind, const mt_tensor *t, int64_t root,
+                 int64_t reduce) {
     mt_dist_state *st = mt_dist_state_get();
-    if (!st->mpi) return 0;
-    int64_t v[5] = {kind, t->dtype, t->numel, root, reduce};
+    if (!st->mpi || !st->initialized || st->finalized || st->broken) return local;
+    bool ok = local == 0;
+    int64_t v[6] = {ok, kind, ok ? (int64_t)t->dtype : -1, ok ? t->numel : -1, root, reduce};
     int bad = 0;
     int64_t lo = 0, hi = 0;
-    int rc = mt_dist_agree(op, st->comm, v, 5, &bad, &lo, &hi);
+    int rc = mt_dist_agree(op, st->comm, v, 6, &bad, &lo, &hi);
+    if (!ok) return local;
     if (rc != MT_ERR_SHAPE) return rc;
-    static const char *what[5] = {"collective", "dtype", "element count", "root", "reduce op"};
+    if (bad == 0)
+        return mt_error_set(MT_ERR_SHAPE,
+                            "%s: the call failed its own argument checks on another rank (that "
+                            "rank's error says why); nothing was exchanged",
+                            op);
+    static const char *what[6] = {"", "collective", "dtype", "element count", "root", "reduce op"};
     char b[MT_SHAPE_BUF];
     return mt_error_set(MT_ERR_SHAPE,
                         "%s: the ranks disagree on the %s (this rank %d: shape %s %s, value %lld; "
@@ -98,6 +111,14 @@ static mt_dist_work *work_new(const char *op, int kind, mt_tensor *t) {
     w->kind = kind;
     w->t = mt_tensor_ref(t);
     return w;
+}
+
+/* w's MPI request is no longer this work's to wait for (complete, or orphaned after a
+   timeout): it stops counting as in flight for mt_dist_finalize. */
+static void work_settle(mt_dist_work *w) {
+    if (!w->pending) return;
+    w->pending = false;
+    mt_dist_state_get()->live_works--;
 }
 
 static void work_free(mt_dist_work *w) {
@@ -146,38 +167,40 @@ static mt_dist_work *start_nccl(mt_dist_work *w, const mt_dist_nccl_call *c) {
 static int start(mt_dist_work *w, int rc) {
     if (rc != MPI_SUCCESS) return mt_dist_mpi_error(w->op, rc);
     w->pending = true;
+    mt_dist_state_get()->live_works++;
+    return 0;
+}
+
+static int all_reduce_check(const char *fn, const mt_tensor *t, mt_reduce_op op) {
+    int rc = check_tensor(fn, 1, t);
+    if (rc < 0) return rc;
+    if (op != MT_REDUCE_SUM && op != MT_REDUCE_MAX && op != MT_REDUCE_AVG)
+        return mt_error_set(MT_ERR_INVALID, "%s: arg 2: %d is not an mt_reduce_op", fn, (int)op);
+    if (op == MT_REDUCE_AVG && !mt_dtype_is_floating(t->dtype))
+        return mt_error_set(MT_ERR_DTYPE, "%s: arg 2: avg of %s tensors is not defined; use sum",
+                            fn, mt_dtype_name(t->dtype));
     return 0;
 }
 
 static mt_dist_work *all_reduce_async(mt_tensor *t, mt_reduce_op op) {
     const char *fn = "mt_all_reduce";
-    if (check_tensor(fn, 1, t) < 0) return NULL;
-    if (op != MT_REDUCE_SUM && op != MT_REDUCE_MAX && op != MT_REDUCE_AVG) {
-        mt_error_set(MT_ERR_INVALID, "%s: arg 2: %d is not an mt_reduce_op", fn, (int)op);
+    mt_dist_state *st = mt_dist_state_get();
+    /* everything that can fail on this rank alone comes before the agreement */
+    int rc = all_reduce_check(fn, t, op);
+    mt_dist_work *w = rc == 0 ? work_new(fn, KIND_ALL_REDUCE, t) : NULL;
+    if (rc == 0 && !w) rc = MT_ERR_OOM;
+    if (rc == 0 && st->mpi && t->device.type == MT_DEVICE_CPU && is_half(t->dtype) &&
+        !(w->stage = stage_from(t)))
+        rc = mt_error_set(MT_ERR_OOM, "%s: out of memory for the FP32 staging buffer", fn);
+    if (agree(fn, rc, KIND_ALL_REDUCE, t, 0, op) < 0) {
+        if (w) work_free(w);
         return NULL;
     }
-    if (op == MT_REDUCE_AVG && !mt_dtype_is_floating(t->dtype)) {
-        mt_error_set(MT_ERR_DTYPE, "%s: arg 2: avg of %s tensors is not defined; use sum", fn,
-                     mt_dtype_name(t->dtype));
-        return NULL;
-    }
-    if (agree(fn, KIND_ALL_REDUCE, t, 0, op) < 0) return NULL;
-    mt_dist_work *w = work_new(fn, KIND_ALL_REDUCE, t);
-    if (!w) return NULL;
     w->reduce = op;
     if (t->device.type == MT_DEVICE_CUDA)
         return start_nccl(w, &(mt_dist_nccl_call){.t = t, .root = -1, .reduce = op});
-    mt_dist_state *st = mt_dist_state_get();
     if (!st->mpi) return w; /* a world of one: the sum of one value is itself */
-    void *buf = mt_tensor_data(t);
-    if (is_half(t->dtype)) {
-        if (!(w->stage = stage_from(t))) {
-            work_free(w);
-            mt_error_set(MT_ERR_OOM, "%s: out of memory for the FP32 staging buffer", fn);
-            return NULL;
-        }
-        buf = w->stage;
-    }
+    void *buf = w->stage ? (void *)w->stage : mt_tensor_data(t);
     /* a bool sum is a logical or, and max of 0/1 is exactly that */
     MPI_Op mop = op == MT_REDUCE_MAX || t->dtype == MT_BOOL ? MPI_MAX : MPI_SUM;
     if (start(w, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)t->numel, mpi_type(t->dtype), mop, st->comm,
@@ -197,18 +220,20 @@ mt_dist_work *mt_all_reduce_async(mt_tensor *t, mt_reduce_op op) {
 
 static mt_dist_work *broadcast_async(mt_tensor *t, int root) {
     const char *fn = "mt_broadcast";
-    if (check_tensor(fn, 1, t) < 0) return NULL;
     mt_dist_state *st = mt_dist_state_get();
-    if (root < 0 || root >= st->world) {
-        mt_error_set(MT_ERR_INVALID, "%s: arg 2: root %d is not a rank of a world of %d", fn, root,
-                     st->world);
+    int rc = check_tensor(fn, 1, t);
+    if (rc == 0 && (root < 0 || root >= st->world))
+        rc = mt_error_set(MT_ERR_INVALID, "%s: arg 2: root %d is not a rank of a world of %d", fn,
+                          root, st->world);
+    mt_dist_work *w = rc == 0 ? work_new(fn, KIND_BROADCAST, t) : NULL;
+    if (rc == 0 && !w) rc = MT_ERR_OOM;
+    if (agree(fn, rc, KIND_BROADCAST, t, root, 0) < 0) {
+        if (w) work_free(w);
         return NULL;
     }
-    if (agree(fn, KIND_BROADCAST, t, root, 0) < 0) return NULL;
-    mt_dist_work *w = work_new(fn, KIND_BROADCAST, t);
-    if (w && t->device.type == MT_DEVICE_CUDA)
+    if (t->device.type == MT_DEVICE_CUDA)
         return start_nccl(w, &(mt_dist_nccl_call){.t = t, .root = root});
-    if (!w || !st->mpi) return w;
+    if (!st->mpi) return w;
     size_t nbytes = (size_t)t->numel * mt_dtype_size(t->dtype);
     if (start(w, MPI_Ibcast(mt_tensor_data(t), (int)nbytes, MPI_BYTE, root, st->comm, &w->req)) <
         0) {
@@ -225,24 +250,33 @@ mt_dist_work *mt_broadcast_async(mt_tensor *t, int root) {
     return r;
 }
 
-static mt_dist_work *all_gather_async(mt_tensor *out, const mt_tensor *t) {
-    const char *fn = "mt_all_gather";
-    if (check_tensor(fn, 1, out) < 0 || check_tensor(fn, 2, t) < 0) return NULL;
+static int all_gather_check(const char *fn, const mt_tensor *out, const mt_tensor *t) {
+    int rc = check_tensor(fn, 1, out);
+    if (rc == 0) rc = check_tensor(fn, 2, t);
+    if (rc == 0) rc = mt_check_same_device(fn, out, t);
+    if (rc < 0) return rc;
     mt_dist_state *st = mt_dist_state_get();
     char b1[MT_SHAPE_BUF], b2[MT_SHAPE_BUF];
-    if (mt_check_same_device(fn, out, t) < 0) return NULL;
     bool fits = out->dtype == t->dtype && out->ndim == t->ndim + 1 && out->shape[0] == st->world;
     for (int d = 0; fits && d < t->ndim; d++) fits = out->shape[d + 1] == t->shape[d];
-    if (!fits) {
-        mt_error_set(MT_ERR_SHAPE,
-                     "%s: arg 1: out is %s %s, expected [%d, ...%s] %s for a world of %d", fn,
-                     mt_shape_str(out, b1, sizeof b1), mt_dtype_name(out->dtype), st->world,
-                     mt_shape_str(t, b2, sizeof b2), mt_dtype_name(t->dtype), st->world);
+    if (!fits)
+        return mt_error_set(
+            MT_ERR_SHAPE, "%s: arg 1: out is %s %s, expected [%d, ...%s] %s for a world of %d", fn,
+            mt_shape_str(out, b1, sizeof b1), mt_dtype_name(out->dtype), st->world,
+            mt_shape_str(t, b2, sizeof b2), mt_dtype_name(t->dtype), st->world);
+    return 0;
+}
+
+static mt_dist_work *all_gather_async(mt_tensor *out, const mt_tensor *t) {
+    const char *fn = "mt_all_gather";
+    mt_dist_state *st = mt_dist_state_get();
+    int rc = all_gather_check(fn, out, t);
+    mt_dist_work *w = rc == 0 ? work_new(fn, KIND_ALL_GATHER, out) : NULL;
+    if (rc == 0 && !w) rc = MT_ERR_OOM;
+    if (agree(fn, rc, KIND_ALL_GATHER, t, 0, 0) < 0) {
+        if (w) work_free(w);
         return NULL;
     }
-    if (agree(fn, KIND_ALL_GATHER, t, 0, 0) < 0) return NULL;
-    mt_dist_work *w = work_new(fn, KIND_ALL_GATHER, out);
-    if (!w) return NULL;
     w->src = mt_tensor_ref((mt_tensor *)t);
     if (t->device.type == MT_DEVICE_CUDA)
         return start_nccl(w, &(mt_dist_nccl_call){.t = out, .src = t, .root = -1});
@@ -269,6 +303,7 @@ mt_dist_work *mt_all_gather_async(mt_tensor *out, const mt_tensor *t) {
 static int dist_wait(mt_dist_work *w) {
     if (!w) return mt_error_set(MT_ERR_NULL, "mt_dist_wait: arg 1: work is NULL");
     int rc = w->pending ? mt_dist_wait_request(w->op, &w->req) : 0;
+    work_settle(w); /* complete, or orphaned for mt_dist_finalize's last wait */
     if (w->cuda) rc = mt_dist_nccl_join(w->op, w->t->device.index);
     if (w->cuda && rc == 0) rc = mt_dist_nccl_async_error(w->op);
     if (rc == MT_ERR_TIMEOUT) {
@@ -294,7 +329,7 @@ bool mt_dist_work_done(mt_dist_work *w) {
     if (!w->pending) return true;
     bool done = false;
     if (mt_dist_test_request(w->op, &w->req, &done) < 0) return false;
-    if (done) w->pending = false;
+    if (done) work_settle(w);
     return done;
 }
 
@@ -313,18 +348,25 @@ int mt_broadcast(mt_tensor *t, int root) {
 }
 
 mt_tensor *mt_all_gather(const mt_tensor *t) {
-    if (check_tensor("mt_all_gather", 1, t) < 0) return NULL;
-    int64_t shape[MT_MAX_DIMS + 1];
-    if (t->ndim + 1 > MT_MAX_DIMS) {
-        mt_error_set(MT_ERR_SHAPE, "mt_all_gather: arg 1: %d dims leave no room for the rank dim",
-                     t->ndim);
-        return NULL;
-    }
-    shape[0] = mt_dist_world_size();
-    memcpy(shape + 1, t->shape, (size_t)t->ndim * sizeof *shape);
+    const char *fn = "mt_all_gather";
     mt_api_enter();
-    mt_tensor *out = mt_tensor_new("mt_all_gather", t->ndim + 1, shape, t->dtype, t->device);
-    mt_dist_work *w = out ? mt_all_gather_async(out, t) : NULL;
+    int rc = check_tensor(fn, 1, t);
+    if (rc == 0 && t->ndim + 1 > MT_MAX_DIMS)
+        rc = mt_error_set(MT_ERR_SHAPE, "%s: arg 1: %d dims leave no room for the rank dim", fn,
+                          t->ndim);
+    mt_tensor *out = NULL;
+    if (rc == 0) {
+        int64_t shape[MT_MAX_DIMS + 1];
+        shape[0] = mt_dist_world_size();
+        memcpy(shape + 1, t->shape, (size_t)t->ndim * sizeof *shape);
+        out = mt_tensor_new(fn, t->ndim + 1, shape, t->dtype, t->device);
+        if (!out) rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    }
+    if (rc < 0) { /* the other ranks learn of it (agree), and fail too */
+        agree(fn, rc, KIND_ALL_GATHER, t, 0, 0);
+        return mt_api_exit(NULL);
+    }
+    mt_dist_work *w = mt_all_gather_async(out, t);
     if (!w || mt_dist_wait(w) < 0) {
         mt_tensor_unref(out);
         out = NULL;

@@ -253,12 +253,13 @@ static void record_step(mt_ddp *d, double wait_begin) {
     }
 }
 
-/* Parameters no gradient reached this step take part with zeros. */
+/* Parameters no gradient reached this step take part with the gradient they hold (one
+   accumulated under no_sync: torch's reducer copies a defined .grad too), or zeros. */
 static int fill_unready(mt_ddp *d) {
     for (int i = 0; i < d->n; i++) {
         ddp_param *p = &d->params[i];
         if (p->ready) continue;
-        int rc = slot_write(p, &d->buckets[p->bucket], NULL);
+        int rc = slot_write(p, &d->buckets[p->bucket], p->t->grad);
         if (rc < 0) return rc;
         p->ready = true;
         d->buckets[p->bucket].n_ready++;
@@ -384,7 +385,8 @@ static int check_ranks(MPI_Comm comm, mt_tensor *const *params, int n, int local
    bucket per dtype (as torch's bucket assignment: O2's FP32 norm parameters among FP16 ones
    do not cut the FP16 run into many small buckets), a new bucket when the size is reached. */
 static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
-    size_t cap = (size_t)(bucket_mb * 1024.0 * 1024.0);
+    double cap_bytes = bucket_mb * 1024.0 * 1024.0; /* inf or huge: one bucket per dtype */
+    size_t cap = cap_bytes < (double)SIZE_MAX ? (size_t)cap_bytes : SIZE_MAX;
     d->buckets = mt_heap_calloc((size_t)(d->n ? d->n : 1), sizeof *d->buckets);
     if (!d->buckets) return mt_error_set(MT_ERR_OOM, "mt_ddp_new: out of memory");
     int open[MT_DTYPE_COUNT];
@@ -394,7 +396,9 @@ static int make_buckets(mt_ddp *d, double bucket_mb, bool per_parameter) {
         ddp_param *p = &d->params[i];
         mt_dtype dt = p->t->dtype;
         size_t bytes = (size_t)p->t->numel * buf_esize(dt);
-        if (open[dt] < 0 || per_parameter || open_bytes[dt] + bytes > cap) {
+        /* a bucket is one MPI message: its count must fit an int (check_local's limit) */
+        if (open[dt] < 0 || per_parameter || open_bytes[dt] + bytes > cap ||
+            d->buckets[open[dt]].numel + p->t->numel > INT_MAX / 8) {
             open[dt] = d->nb++;
             d->buckets[open[dt]].dt = dt;
             open_bytes[dt] = 0;
@@ -452,9 +456,12 @@ static int broadcast_params(mt_ddp *d) {
 
 static void ddp_destroy(mt_ddp *d) {
     if (d->threaded) mt_ddp_comm_stop(d);
+    /* after mt_dist_finalize MPI has gone, and with it the communicator and any request */
+    int mpi_gone = 0;
+    if (d->mpi) MPI_Finalized(&mpi_gone);
     /* requests still in flight (a failed or unfinished step) go on writing into the buckets:
        MPI keeps them, and the buckets and the communicator are leaked */
-    for (int i = 0; d->reqs && i < d->nb; i++)
+    for (int i = 0; d->reqs && !mpi_gone && i < d->nb; i++)
         if (d->reqs[i] != MPI_REQUEST_NULL) {
             mt_dist_orphan_request(&d->reqs[i]);
             d->leak_buffers = true;
@@ -468,7 +475,8 @@ static void ddp_destroy(mt_ddp *d) {
         mt_tensor_unref(d->buckets[i].dev);
         if (!d->leak_buffers) free(d->buckets[i].buf);
     }
-    if (d->mpi && d->comm != MPI_COMM_NULL && !d->leak_buffers) MPI_Comm_free(&d->comm);
+    if (d->mpi && !mpi_gone && d->comm != MPI_COMM_NULL && !d->leak_buffers)
+        MPI_Comm_free(&d->comm);
     free(d->buckets);
     free(d->reqs);
     free(d->done_idx);

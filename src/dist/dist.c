@@ -214,6 +214,13 @@ int mt_dist_finalize(void) {
         return 0;
     }
     if (!st->initialized || st->finalized) return 0;
+    /* MPI_Finalize under a request still in flight crashes inside MPI; and the work, still
+       the caller's, would be waited for after MPI has gone */
+    if (st->live_works > 0)
+        return mt_error_set(MT_ERR_STATE,
+                            "mt_dist_finalize: %d collective(s) started with mt_*_async are still "
+                            "in flight; mt_dist_wait for them first",
+                            st->live_works);
     int rc = 0;
     mt_dist_nccl_destroy(st); /* before MPI goes: NCCL's bootstrap may use its network */
     if (st->mpi) {

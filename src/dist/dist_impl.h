@@ -15,6 +15,7 @@ typedef struct {
     int thread_level; /* what MPI_Init_thread provided (MPI_THREAD_*) */
     MPI_Comm comm;    /* a duplicate of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
     double timeout;   /* seconds */
+    int live_works;   /* mt_dist_works with an MPI request not yet waited for */
     char broken_why[192];
     /* NCCL (nccl.c): the communicator, made by the first collective on a CUDA tensor */
     void *nccl_comm; /* ncclComm_t */
