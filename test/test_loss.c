@@ -303,6 +303,30 @@ static void test_ce_ignored_nonfinite_rows(void **state) {
     }
 }
 
+/* Logits far from 0: the loss and gradient depend on the differences alone. The row's max
+   and its log-sum are kept apart (their sum rounded at the max's scale lost the log-sum:
+   [3e38, 3e38, -3e38] gave loss 0 and gradient [0, 1, 0]; 60000 lost 2 digits in FP32). */
+static void test_ce_large_logits(void **state) {
+    (void)state;
+    const mt_dtype dts[2] = {MT_F32, MT_F64};
+    double x[9] = {60000, 60000, 59000, 3e38, 3e38, -3e38, 3000, 3000, 2999};
+    double e = exp(-1.0), d = 2 + e; /* the third row: softmax [1, 1, e] / d */
+    double want_loss = (log(2.0) + log(2.0) + log(d)) / 3;
+    double want_grad[9] = {-0.5 / 3, 0.5 / 3,         0,         -0.5 / 3, 0.5 / 3,
+                           0,        (1 / d - 1) / 3, 1 / d / 3, e / d / 3};
+    for (int k = 0; k < 2; k++) {
+        mt_scope_begin();
+        mt_tensor *t = mt_test_param(x, dts[k], MT_SHAPE(3, 3));
+        mt_tensor *l = mt_cross_entropy(t, labels_of((const int64_t[]){0, 0, 0}, 3));
+        assert_int_equal(mt_backward(l, NULL), 0);
+        double tol = dts[k] == MT_F64 ? 1e-12 : 1e-6;
+        assert_true(fabs(mt_item(l) - want_loss) <= tol * want_loss);
+        assert_tensor_close(mt_grad(t), want_grad, 9, tol, tol);
+        assert_no_error();
+        mt_scope_end();
+    }
+}
+
 static void test_ce_autocast(void **state) {
     (void)state;
     double x[8] = {1, 2, 3, 4, -1, 0, 1, 9};
@@ -443,6 +467,7 @@ int main(void) {
         MT_TEST(test_ce_layouts_and_sizes),
         MT_TEST(test_ce_ignore_index),
         MT_TEST(test_ce_ignored_nonfinite_rows),
+        MT_TEST(test_ce_large_logits),
         MT_TEST(test_ce_autocast),
         MT_TEST(test_ce_gradcheck),
         MT_TEST(test_ce_errors),

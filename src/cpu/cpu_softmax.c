@@ -445,8 +445,9 @@ static inline char *elem(const mt_tensor *t, int64_t r, int64_t c) {
            (r * t->strides[0] + c * (t->ndim > 1 ? t->strides[1] : 0)) * es;
 }
 
-/* loss[r] = lse_r - x[r, label_r]; lse and loss in their dtype (F32, or F64 for F64 logits).
-   Labels were range-checked by the op. */
+/* loss[r] = (max_r - x[r, label_r]) + log(sum_i exp(x[r, i] - max_r)), and lse[r] = (max_r,
+   that log) for the backward, in their dtype (F32, or F64 for F64 logits). Labels were
+   range-checked by the op. */
 static int ce_rows(void *ctx, int64_t rb, int64_t re) {
     ce_args *A = ctx;
     const mt_tensor *x = A->logits;
@@ -460,15 +461,16 @@ static int ce_rows(void *ctx, int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; r++) {
         int64_t lab = label_at(A->labels, r);
         const char *row = elem(x, r, 0);
-        double l = 0, s = 0;
+        double l = 0, stat[2] = {0, 0}; /* max, log of the sum */
         if (lab != A->ignore && wide) {
             double *v = (double *)buf;
             mt_cpu_load_f64(row, cs, x->dtype, C, v);
             double m = max_d(v, C), acc = 0;
             if (m == -INFINITY) m = 0;
             for (int64_t i = 0; i < C; i++) acc += exp(v[i] - m);
-            s = m + log(acc);
-            l = s - v[lab];
+            stat[0] = m;
+            stat[1] = log(acc);
+            l = (m - v[lab]) + stat[1];
             count++;
         } else if (lab != A->ignore) {
             float *v = (float *)buf, *e = v + C;
@@ -479,13 +481,16 @@ static int ce_rows(void *ctx, int64_t rb, int64_t re) {
                 mt_cpu_load_f32(row, cs, x->dtype, C, v);
             float m = mt_cpu_max_f32(xs, C, -INFINITY);
             if (m == -INFINITY) m = 0;
-            float acc = exp_sub_f(xs, m, e, C);
-            s = (double)(m + logf(acc));
-            l = s - (double)xs[lab];
+            float acc = exp_sub_f(xs, m, e, C), log_acc = logf(acc);
+            stat[0] = m;
+            stat[1] = log_acc;
+            l = (double)((m - xs[lab]) + log_acc);
             count++;
         }
         mt_cpu_store_f64(elem(A->loss, r, 0), 0, A->loss->dtype, 1, &l);
-        mt_cpu_store_f64(elem(A->lse, r, 0), 0, A->lse->dtype, 1, &s);
+        mt_cpu_store_f64(elem(A->lse, r, 0),
+                         A->lse->strides[1] * (int64_t)mt_dtype_size(A->lse->dtype), A->lse->dtype,
+                         2, stat);
     }
     scratch_put(&sc);
 #pragma omp atomic
@@ -509,7 +514,8 @@ int mt_cpu_cross_entropy(mt_tensor *loss, mt_tensor *lse, mt_tensor *valid, cons
     return 0;
 }
 
-/* grad[r, c] = (exp(x[r, c] - lse[r]) - (c == label_r)) * scale; ignored rows get zeros. */
+/* grad[r, c] = (exp((x[r, c] - max_r) - log_sum_r) - (c == label_r)) * scale; ignored rows
+   get zeros. */
 MT_CPU_CLONES static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
     ce_args *A = ctx;
     const mt_tensor *x = A->logits;
@@ -524,8 +530,10 @@ MT_CPU_CLONES static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
     double k = A->k;
     for (int64_t r = rb; r < re; r++) {
         int64_t lab = label_at(A->labels, r);
-        double s;
-        mt_cpu_load_f64(elem(A->lse, r, 0), 0, A->lse->dtype, 1, &s);
+        double stat[2]; /* max, log of the sum */
+        mt_cpu_load_f64(elem(A->lse, r, 0),
+                        A->lse->strides[1] * (int64_t)mt_dtype_size(A->lse->dtype), A->lse->dtype,
+                        2, stat);
         const char *row = elem(x, r, 0);
         char *gp = elem(gr, r, 0);
         if (wide) {
@@ -534,7 +542,7 @@ MT_CPU_CLONES static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
                 memset(v, 0, (size_t)C * sizeof *v);
             } else {
                 mt_cpu_load_f64(row, cs, x->dtype, C, v);
-                for (int64_t i = 0; i < C; i++) v[i] = exp(v[i] - s) * k;
+                for (int64_t i = 0; i < C; i++) v[i] = exp((v[i] - stat[0]) - stat[1]) * k;
                 v[lab] -= k;
             }
             mt_cpu_store_f64(gp, gcs, gr->dtype, C, v);
@@ -551,8 +559,8 @@ MT_CPU_CLONES static int ce_backward_rows(void *ctx, int64_t rb, int64_t re) {
                 xs = (const float *)row;
             else
                 mt_cpu_load_f32(row, cs, x->dtype, C, v);
-            float fs = (float)s, fk = (float)k;
-            for (int64_t i = 0; i < C; i++) o[i] = exp_vf(xs[i] - fs) * fk;
+            float fm = (float)stat[0], fl = (float)stat[1], fk = (float)k;
+            for (int64_t i = 0; i < C; i++) o[i] = exp_vf((xs[i] - fm) - fl) * fk;
             o[lab] -= fk;
         }
         if (!direct) mt_cpu_store_f32(gp, gcs, gr->dtype, C, o);

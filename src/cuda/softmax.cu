@@ -299,7 +299,9 @@ extern "C" int mt_cuda_softmax_backward(const mt_cuda_ctx *c, const mt_cuda_arra
 
 // ---------------------------------------------------------------- cross entropy
 
-// logits [N, C] (any strides), labels I64 [N]; loss and lse [N]; grad [N, C]. valid is
+// logits [N, C] (any strides), labels I64 [N]; loss [N]; lse [N, 2]: the row's max and the
+// log of its sum of exp(x - max), kept apart (their sum, rounded at the scale of a large max,
+// loses the log's digits); grad [N, C]. valid is
 // used as an integer counter (u32 for F32, u64 for F64) while the forward runs, then
 // converted in place: integer atomics are exact in any order, so the count is deterministic
 // without a scratch buffer.
@@ -309,7 +311,7 @@ typedef struct {
     char *loss, *lse, *grad, *valid;
     mt_dtype xdt, loss_dt, lse_dt, gdt, scale_dt, valid_dt;
     mt_cuda_fault *fault;
-    int64_t N, C, ignore, xs0, xs1, labs, loss_s, lse_s, gs0, gs1;
+    int64_t N, C, ignore, xs0, xs1, labs, loss_s, lse_s, lse_c, gs0, gs1;
 } mt_ceplan;
 
 // First writer wins: the host reports this one at the next synchronisation.
@@ -336,18 +338,20 @@ MT_DEV unsigned mt_ce_row(const mt_ceplan &P, int64_t r, int lane, int width, mt
             mt_lse_push(t, mt_load<A>(P.x, P.xdt, xo + i * P.xs1));
     t = mt_group_stat(t, true, width, sm);
     if (!active || lane != 0) return 0;
-    A loss = 0, lse = 0;
+    A loss = 0, m = 0, log_sum = 0;
     if (used) {
-        lse = (t.m == -INFINITY ? (A)0 : t.m) + mt_log(t.s);
+        m = t.m == -INFINITY ? (A)0 : t.m;
+        log_sum = mt_log(t.s);
         if (lab < 0 || lab >= P.C) {
             mt_fault_label(P.fault, r, lab, P.C);
             loss = (A)NAN;
         } else {
-            loss = lse - mt_load<A>(P.x, P.xdt, xo + lab * P.xs1);
+            loss = (m - mt_load<A>(P.x, P.xdt, xo + lab * P.xs1)) + log_sum;
         }
     }
     mt_store<A>(P.loss, P.loss_dt, r * P.loss_s, loss);
-    mt_store<A>(P.lse, P.lse_dt, r * P.lse_s, lse);
+    mt_store<A>(P.lse, P.lse_dt, r * P.lse_s, m);
+    mt_store<A>(P.lse, P.lse_dt, r * P.lse_s + P.lse_c, log_sum);
     return used ? 1u : 0u;
 }
 
@@ -380,8 +384,8 @@ __global__ void mt_ce_valid_finish(char *valid, mt_dtype dt) {
         *(float *)valid = (float)*(const unsigned *)valid;
 }
 
-// grad = (exp(x - lse) - onehot(label)) * scale[0]; ignored rows 0; a bad label faults and
-// gives a NaN row. No collectives: groups only shape the memory access.
+// grad = (exp((x - max) - log_sum) - onehot(label)) * scale[0]; ignored rows 0; a bad label faults
+// and gives a NaN row. No collectives: groups only shape the memory access.
 template <typename A>
 __global__ void __launch_bounds__(512, 2) mt_ce_backward(mt_ceplan P, int width) {
     int lane = (int)threadIdx.x & (width - 1);
@@ -394,9 +398,10 @@ __global__ void __launch_bounds__(512, 2) mt_ce_backward(mt_ceplan P, int width)
     }
     bool bad = lab < 0 || lab >= P.C;
     if (bad && lane == 0) mt_fault_label(P.fault, r, lab, P.C);
-    A k = mt_load<A>(P.scale, P.scale_dt, 0), s = mt_load<A>(P.lse_in, P.lse_dt, r * P.lse_s);
+    A k = mt_load<A>(P.scale, P.scale_dt, 0), m = mt_load<A>(P.lse_in, P.lse_dt, r * P.lse_s);
+    A log_sum = mt_load<A>(P.lse_in, P.lse_dt, r * P.lse_s + P.lse_c);
     for (int64_t i = lane; i < P.C; i += width) {
-        A v = mt_exp(mt_load<A>(P.x, P.xdt, xo + i * P.xs1) - s) * k;
+        A v = mt_exp((mt_load<A>(P.x, P.xdt, xo + i * P.xs1) - m) - log_sum) * k;
         if (i == lab) v -= k;
         mt_store<A>(P.grad, P.gdt, go + i * P.gs1, bad ? (A)NAN : v);
     }
@@ -414,13 +419,16 @@ static void mt_ceplan_make(mt_ceplan *P, const mt_cuda_ctx *c, const mt_cuda_arr
     P->lab = (const int64_t *)labels->data;
     P->labs = labels->ndim ? labels->strides[0] : 0;
     P->lse_dt = lse->dtype;
-    P->lse_s = lse->ndim ? lse->strides[0] : 0;
+    P->lse_s = lse->strides[0];
+    P->lse_c = lse->strides[1];
     P->ignore = ignore;
     P->fault = c->fault;
 }
 
-static bool mt_ce_args_ok(const mt_cuda_array *logits, const mt_cuda_array *labels) {
-    return logits->ndim == 2 && mt_is_floating(logits->dtype) && labels->dtype == MT_I64 &&
+static bool mt_ce_args_ok(const mt_cuda_array *logits, const mt_cuda_array *labels,
+                          const mt_cuda_array *lse) {
+    return lse->ndim == 2 && lse->shape[0] == logits->shape[0] && lse->shape[1] == 2 &&
+           logits->ndim == 2 && mt_is_floating(logits->dtype) && labels->dtype == MT_I64 &&
            labels->ndim <= 1 && (labels->ndim == 0 || labels->shape[0] == logits->shape[0]);
 }
 
@@ -428,7 +436,7 @@ extern "C" int mt_cuda_cross_entropy(const mt_cuda_ctx *c, const mt_cuda_array *
                                      const mt_cuda_array *lse, const mt_cuda_array *valid,
                                      const mt_cuda_array *logits, const mt_cuda_array *labels,
                                      int64_t ignore_index) {
-    if (!mt_ce_args_ok(logits, labels) || !mt_is_floating(loss->dtype) ||
+    if (!mt_ce_args_ok(logits, labels, lse) || !mt_is_floating(loss->dtype) ||
         !mt_is_floating(lse->dtype) || (valid->dtype != MT_F32 && valid->dtype != MT_F64))
         return (int)cudaErrorInvalidValue;
     mt_ceplan P;
@@ -461,7 +469,7 @@ extern "C" int mt_cuda_cross_entropy_backward(const mt_cuda_ctx *c, const mt_cud
                                               const mt_cuda_array *logits,
                                               const mt_cuda_array *labels, const mt_cuda_array *lse,
                                               const mt_cuda_array *scale, int64_t ignore_index) {
-    if (!mt_ce_args_ok(logits, labels) || grad->ndim != 2 || !mt_is_floating(grad->dtype) ||
+    if (!mt_ce_args_ok(logits, labels, lse) || grad->ndim != 2 || !mt_is_floating(grad->dtype) ||
         !mt_is_floating(lse->dtype) || !mt_is_floating(scale->dtype))
         return (int)cudaErrorInvalidValue;
     mt_ceplan P;

@@ -177,7 +177,8 @@ static mt_tensor *cross_entropy(mt_tensor *logits, mt_tensor *labels, int64_t ig
     const mt_backend *be = mt_backend_get(logits->device);
     int64_t N = logits->shape[0];
     mt_tensor *loss = mt_tensor_new(name, 1, &N, acc, logits->device);
-    mt_tensor *lse = loss ? mt_tensor_new(name, 1, &N, acc, logits->device) : NULL;
+    mt_tensor *lse =
+        loss ? mt_tensor_new(name, 2, (const int64_t[]){N, 2}, acc, logits->device) : NULL;
     mt_tensor *total =
         lse ? mt_tensor_new(name, 1, (const int64_t[]){1}, acc, logits->device) : NULL;
     mt_tensor *valid = total ? mt_tensor_new(name, 0, NULL, acc, logits->device) : NULL;

@@ -148,8 +148,10 @@ typedef struct mt_backend {
        transposed in their last two dims (strides) and broadcast in the batch dims (stride 0);
        c is contiguous. Low precision: FP32 accumulation, output rounded once. */
     int (*gemm)(mt_tensor *c, const mt_tensor *a, const mt_tensor *b, double alpha, double beta);
-    /* Per-row loss of cross entropy: loss[N] (FP32) and the row log-sum-exp lse[N] (FP32;
-       both F64 when the logits are F64, so F64 gradchecks hold), labels I64; rows whose
+    /* Per-row loss of cross entropy: loss[N] (FP32) and the row log-sum-exp as two columns
+       lse[N, 2] = (max, log(sum(exp(x - max)))) (FP32; both F64 when the logits are F64, so
+       F64 gradchecks hold): kept apart, because their sum rounded at the scale of a large max
+       loses the log-sum's digits (loss and gradient then drift), labels I64; rows whose
        label == ignore_index get loss 0. valid (0-d, loss's dtype) receives the count of
        counted rows, on the device. A label outside [0, C) that is not ignore_index is an
        error (MT_ERR_INVALID naming mt_cross_entropy, the row and the label): at once on the
