@@ -413,7 +413,9 @@ int mt_mul_scalar_inplace(mt_tensor *a, double s);
 
 /* ---------------------------------------------------------------- autograd */
 
-void mt_set_requires_grad(mt_tensor *t, bool on); /* leaves only */
+/* Leaves only. Switched off after ops used the leaf, a later backward through them gives it
+   no gradient and fires none of its hooks (torch: a frozen parameter). */
+void mt_set_requires_grad(mt_tensor *t, bool on);
 bool mt_requires_grad(const mt_tensor *t);
 bool mt_is_leaf(const mt_tensor *t);
 /* grad NULL: root must hold one element and the seed is 1. Frees the tape. All or nothing:

@@ -610,6 +610,40 @@ static void test_shared_leaf_threads(void **state) {
     mt_release(w);
 }
 
+static int count_ready(mt_tensor *leaf, void *user) {
+    (void)leaf;
+    ++*(int *)user;
+    return 0;
+}
+
+/* requires_grad switched off on a leaf after the ops that used it, before backward (a
+   parameter frozen mid-graph): it gets no gradient and fires no hook, as torch; the other
+   leaf still gets its own. */
+static void test_leaf_frozen_before_backward(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_tensor *x = mt_full(MT_SHAPE(3), MT_F32, dev, 2.0);
+    mt_tensor *w = mt_full(MT_SHAPE(3), MT_F32, dev, 3.0);
+    mt_set_requires_grad(x, true);
+    mt_set_requires_grad(w, true);
+    int fired = 0;
+    assert_true(mt_tensor_register_grad_ready_hook(x, count_ready, &fired) > 0);
+    mt_scope_begin();
+    mt_tensor *y = mt_sum_all(mt_mul(mt_mul(x, x), w));
+    mt_set_requires_grad(x, false);
+    assert_int_equal(mt_backward(y, NULL), 0);
+    mt_scope_end();
+    assert_null(mt_grad(x));
+    assert_int_equal(fired, 0);
+    mt_tensor *gw = mt_grad(w);
+    double want[3] = {4, 4, 4};
+    assert_tensor_close(gw, want, 3, 0, 0);
+    mt_release(gw);
+    assert_no_error();
+    mt_release(x);
+    mt_release(w);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_diamond_order),
@@ -633,6 +667,7 @@ int main(void) {
         MT_TEST(test_gradcheck_strided_input_restored),
         MT_TEST(test_set_grad_refuses_cycles),
         MT_TEST(test_shared_leaf_threads),
+        MT_TEST(test_leaf_frozen_before_backward),
     };
     return MT_RUN_TESTS(tests);
 }

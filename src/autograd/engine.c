@@ -337,9 +337,14 @@ static int run_node(mt_node *n, pending_table *pending, node_list *ready, bool r
             mt_tensor_unref(gi);
             continue;
         }
-        if (n->edges[i].leaf) {
-            if (gi) rc = pending_add(pending, n->edges[i].leaf, gi);
-            if (rc == 0) rc = leaf_contribution_done(pending, n->edges[i].leaf);
+        mt_tensor *leaf = n->edges[i].leaf;
+        if (leaf && !leaf->requires_grad) {
+            /* switched off since the op ran (a parameter frozen mid-graph): no gradient and
+               no hooks, as torch's AccumulateGrad skips such a leaf */
+            mt_tensor_unref(gi);
+        } else if (leaf) {
+            if (gi) rc = pending_add(pending, leaf, gi);
+            if (rc == 0) rc = leaf_contribution_done(pending, leaf);
         } else {
             mt_node *m = n->edges[i].fn;
             if (gi) rc = accumulate(&m->grad_acc, gi);
