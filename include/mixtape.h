@@ -404,7 +404,11 @@ mt_tensor *mt_squeeze(mt_tensor *t, int dim);
 mt_tensor *mt_unsqueeze(mt_tensor *t, int dim);
 
 /* In-place ops: bump the version counter; refused on tensors that take part in autograd
-   while grad mode is on (like torch's leaf check). */
+   while grad mode is on (like torch's leaf check), and on views made with grad mode off of
+   such tensors (torch refuses those too). They write values and record nothing: a source
+   that requires grad is only read (mt_copy(buffer, param) copies a parameter's values;
+   dst does not require grad afterwards, where torch would record the copy: mt_clone and
+   mt_add are the recorded forms). */
 int mt_fill(mt_tensor *t, double value);
 int mt_zero(mt_tensor *t);
 int mt_copy(mt_tensor *dst, mt_tensor *src); /* broadcasts src, converts dtype */

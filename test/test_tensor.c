@@ -588,6 +588,33 @@ static void test_inplace_autograd_refusal(void **state) {
     mt_set_grad_enabled(prev);
     double three[3] = {3, 3, 3};
     assert_tensor_close(w, three, 3, 0, 0);
+    /* a view made with grad mode off (and a view of it) shares w's memory without history:
+       refused as an in-place target once grad mode is back on, as torch; fine with it off.
+       mt_detach's result is a plain tensor: writing it is allowed, as torch */
+    prev = mt_set_grad_enabled(false);
+    mt_tensor *nv = mt_narrow(w, 0, 0, 2);
+    mt_set_grad_enabled(prev);
+    mt_tensor *nvv = mt_slice(nv, 0, 0, 2, 2);
+    mt_tensor *src = mt_zeros(MT_SHAPE(2), MT_F32, mt_test_device());
+    assert_int_equal(mt_fill(nv, 7), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_fill: arg 1: a view made with grad mode off");
+    assert_int_equal(mt_copy(nv, src), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_copy: arg 1: a view made with grad mode off");
+    assert_int_equal(mt_zero(nvv), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_zero: arg 1: a view made with grad mode off");
+    assert_tensor_close(w, three, 3, 0, 0);
+    prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_fill(nv, 5), 0);
+    mt_set_grad_enabled(prev);
+    double five[3] = {5, 5, 3};
+    assert_tensor_close(w, five, 3, 0, 0);
+    mt_tensor *d = mt_detach(w);
+    assert_int_equal(mt_fill(d, 3), 0);
+    assert_tensor_close(w, three, 3, 0, 0);
+    mt_release(d);
+    mt_release(src);
+    mt_release(nvv);
+    mt_release(nv);
     mt_release(v);
     mt_release(y);
     mt_release(w);

@@ -7,7 +7,14 @@
 
 /* Refuses tensors that take part in autograd while grad mode is on. */
 static int check_writable(const char *op, int arg, const mt_tensor *t) {
-    if (!mt_grad_mode() || !t->requires_grad) return 0;
+    if (!mt_grad_mode()) return 0;
+    if (t->nograd_view_of_grad)
+        return mt_error_set(MT_ERR_STATE,
+                            "%s: arg %d: a view made with grad mode off of a tensor that requires "
+                            "grad cannot be modified in place while grad mode is on (make the "
+                            "view with grad mode on, or write with it off)",
+                            op, arg);
+    if (!t->requires_grad) return 0;
     if (t->grad_fn)
         return mt_error_set(MT_ERR_STATE,
                             "%s: arg %d: a tensor made by mt_%s that requires grad cannot be "

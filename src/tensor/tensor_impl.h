@@ -35,6 +35,10 @@ struct mt_tensor {
     bool requires_grad;      /* leaf flag set by the user, or "has grad_fn" for results */
     struct mt_node *grad_fn; /* strong; NULL for leaves */
     mt_tensor *grad;         /* accumulated gradient of a leaf */
+    /* a view made with grad mode off of a tensor that requires grad (or of such a view): it
+       shares that tensor's memory without its history, so in place writes to it are refused
+       while grad mode is on, as torch refuses them */
+    bool nograd_view_of_grad;
     /* ownership */
     atomic_int scope_refs;       /* how many of the references are held by open scopes */
     atomic_int user_refs;        /* mt_retain calls by the user not yet released (checked mode) */
