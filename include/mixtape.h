@@ -428,7 +428,10 @@ bool mt_is_leaf(const mt_tensor *t);
    retain_graph the saved tensors are freed node by node as the backward goes (as torch
    does, to keep its peak memory down), so a backward that failed part way may have spent
    the graph: running it again then fails with MT_ERR_STATE. Keep the graph
-   (mt_backward_ex(..., true)) to be able to retry, e.g. after mt_empty_cache. */
+   (mt_backward_ex(..., true)) to be able to retry, e.g. after mt_empty_cache. Threads may
+   run backwards at once into shared leaves (their gradients add up exactly); a backward
+   that reaches a non-leaf node another thread's backward is running through fails with
+   MT_ERR_STATE and changes nothing (torch runs both). */
 int mt_backward(mt_tensor *root, mt_tensor *grad);
 int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph);
 mt_tensor *mt_grad(mt_tensor *t);               /* new reference, or NULL (no error) when none */

@@ -610,6 +610,57 @@ static void test_shared_leaf_threads(void **state) {
     mt_release(w);
 }
 
+/* Threads running backward through a shared non-leaf part of one graph (h below): a backward
+   that reaches a node another thread's backward holds fails, naming the op, and changes
+   nothing; the ones that run are exact (the leaf's gradient is the sum of exactly those).
+   The per-backward counts live in the nodes, so two at once used to corrupt them. */
+typedef struct {
+    mt_tensor *h;
+    int steps, ran, refused, other;
+} shared_node_job;
+static void *shared_node_worker(void *arg) {
+    shared_node_job *j = arg;
+    for (int i = 0; i < j->steps; i++) {
+        mt_scope_begin();
+        int rc = mt_backward_ex(mt_sum_all(mt_mul_scalar(j->h, 2.0)), NULL, true);
+        if (rc == 0)
+            j->ran++;
+        else if (rc == MT_ERR_STATE && strstr(mt_last_error(), "another thread"))
+            j->refused++;
+        else
+            j->other++;
+        mt_clear_error();
+        mt_scope_end();
+    }
+    return NULL;
+}
+static void test_shared_node_threads(void **state) {
+    (void)state;
+    mt_tensor *x = mt_ones(MT_SHAPE(64), MT_F64, mt_test_device());
+    mt_set_requires_grad(x, true);
+    mt_tensor *a = mt_add_scalar(x, 1.0);
+    mt_tensor *h = mt_mul_scalar(a, 3.0); /* shared nodes: mul, add */
+    shared_node_job jobs[2] = {{h, 200, 0, 0, 0}, {h, 200, 0, 0, 0}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, shared_node_worker, &jobs[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    assert_int_equal(jobs[0].other + jobs[1].other, 0);
+    int ran = jobs[0].ran + jobs[1].ran;
+    assert_true(ran > 0);
+    mt_tensor *g = mt_grad(x);
+    double *v = mt_test_values(g);
+    for (int i = 0; i < 64; i++)
+        if (v[i] != 6.0 * ran)
+            fail_msg("element %d of the gradient is %g after %d backwards, expected %g", i, v[i],
+                     ran, 6.0 * ran);
+    free(v);
+    mt_release(g);
+    mt_release(h);
+    mt_release(a);
+    mt_release(x);
+}
+
 static int count_ready(mt_tensor *leaf, void *user) {
     (void)leaf;
     ++*(int *)user;
@@ -667,6 +718,7 @@ int main(void) {
         MT_TEST(test_gradcheck_strided_input_restored),
         MT_TEST(test_set_grad_refuses_cycles),
         MT_TEST(test_shared_leaf_threads),
+        MT_TEST(test_shared_node_threads),
         MT_TEST(test_leaf_frozen_before_backward),
     };
     return MT_RUN_TESTS(tests);

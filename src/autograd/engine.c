@@ -289,13 +289,30 @@ static int leaf_contribution_done(pending_table *t, mt_tensor *leaf) {
     return rc ? rc : mt_grad_hooks_fire(leaf);
 }
 
+/* n's first visit by the backward with this mark: claimed (its scratch is this backward's
+   until run_backward releases it) and listed in `all`. Torch runs backwards through shared
+   nodes from several threads at once, each with its own scratch; here the scratch lives in
+   the node, so a second backward reaching a claimed node fails instead of corrupting the
+   first one's counts. */
+static int visit(mt_node *n, uint64_t mark, node_list *all) {
+    uint64_t none = 0;
+    if (!atomic_compare_exchange_strong(&n->busy, &none, mark))
+        return mt_error_set(MT_ERR_STATE,
+                            "mt_backward: the graph reaches a node (the backward of mt_%s) that a "
+                            "backward on another thread is running through; run backwards "
+                            "through shared parts of a graph one at a time",
+                            mt_op_name(n->op));
+    n->deps = 0;
+    int rc = list_push(all, n);
+    if (rc) atomic_store(&n->busy, 0);
+    return rc;
+}
+
 /* 1. Every node reachable from the root into `all`, each with its number of consumers
    (deps), and how many leaf edges there are (the pending table's size). */
 static int collect_graph(mt_node *root_fn, uint64_t mark, node_list *all, size_t *leaf_edges) {
-    int rc = list_push(all, root_fn);
-    root_fn->deps = 0;
-    root_fn->visit_mark = mark;
     *leaf_edges = 0;
+    int rc = visit(root_fn, mark, all);
     for (size_t i = 0; rc == 0 && i < all->len; i++) {
         mt_node *n = all->items[i];
         for (int e = 0; e < n->n_inputs && rc == 0; e++) {
@@ -303,12 +320,8 @@ static int collect_graph(mt_node *root_fn, uint64_t mark, node_list *all, size_t
             count_hooked_leaf(n, e, mark);
             mt_node *m = n->edges[e].fn;
             if (!m) continue;
-            if (m->visit_mark != mark) {
-                m->visit_mark = mark;
-                m->deps = 0;
-                rc = list_push(all, m);
-            }
-            m->deps++;
+            if (atomic_load(&m->busy) != mark) rc = visit(m, mark, all);
+            if (rc == 0) m->deps++;
         }
     }
     return rc;
@@ -379,10 +392,11 @@ static int run_backward(mt_tensor *root, mt_tensor *seed, bool retain) {
     /* 3. every node succeeded: the leaves get their gradients; on error they keep theirs */
     if (rc == 0) rc = pending_commit(&pending);
     if (pending.slots) pending_free(&pending);
-    /* on error, drop partial sums */
+    /* on error, drop partial sums; the nodes are free for the next backward */
     for (size_t i = 0; i < all.len; i++) {
         mt_tensor_unref(all.items[i]->grad_acc);
         all.items[i]->grad_acc = NULL;
+        atomic_store(&all.items[i]->busy, 0);
     }
     list_free(&all);
     list_free(&ready);

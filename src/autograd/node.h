@@ -49,9 +49,11 @@ struct mt_node {
        algorithm, a reserve space); owned by the node, freed with state_free */
     void *state;
     void (*state_free)(void *state);
-    /* engine scratch (valid during one backward) */
+    /* engine scratch, one backward's: `busy` holds that backward's mark while it runs (0
+       when none), so that a backward on another thread reaching the node fails instead of
+       sharing deps and grad_acc */
+    _Atomic uint64_t busy;
     int deps;
-    uint64_t visit_mark;
     mt_tensor *grad_acc;
     int n_inputs;
     mt_input_meta *inputs; /* n_inputs entries, after edges in the same block */
