@@ -89,8 +89,9 @@ static int agree(const char *op, int local, int kind, const mt_tensor *t, int64_
     if (rc != MT_ERR_SHAPE) return rc;
     if (bad == 0)
         return mt_error_set(MT_ERR_SHAPE,
-                            "%s: the call failed its own argument checks on another rank (that "
-                            "rank's error says why); nothing was exchanged",
+                            "%s: the call failed on another rank before the exchange (an "
+                            "argument, or memory: that rank's error says why); nothing was "
+                            "exchanged",
                             op);
     static const char *what[6] = {"", "collective", "dtype", "element count", "root", "reduce op"};
     char b[MT_SHAPE_BUF];
