@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include "mixtape.h"
+#include "../samples/read_long.h"
 
 #ifndef MT_BENCH_DIR
 #define MT_BENCH_DIR "bench"
@@ -55,23 +56,12 @@ static inline double mt_bench_json_num(const char *line, const char *key) {
     return strtod(buf, NULL);
 }
 
-/* Reads s into *v when it is a whole decimal integer in [lo, hi] (no trailing junk, no
-   overflow); otherwise false, and *v as it was. */
-static inline bool mt_bench_parse_long(const char *s, long lo, long hi, long *v) {
-    char *end;
-    errno = 0;
-    long r = strtol(s, &end, 10);
-    if (errno || end == s || *end || r < lo || r > hi) return false;
-    *v = r;
-    return true;
-}
-
-/* The same for an int; after "<who>: <opt>: expected an integer in [lo, hi], got "s"" on
-   stderr when it is not one. */
+/* read_long (samples/read_long.h) for an int; after "<who>: <opt>: expected an integer in [lo, hi],
+   got "s"" on stderr when it is not one. */
 static inline bool mt_bench_parse_int(const char *who, const char *opt, const char *s, int lo,
                                       int hi, int *v) {
     long r;
-    if (mt_bench_parse_long(s, lo, hi, &r)) {
+    if (read_long(s, lo, hi, &r)) {
         *v = (int)r;
         return true;
     }
@@ -156,7 +146,7 @@ static inline int mt_bench_opts_parse(int argc, char **argv, const mt_bench_opt 
             return MT_BENCH_OPTS_MISSING;
         }
         i++;
-        if (r->num && !mt_bench_parse_long(v, r->lo, r->hi, r->num)) {
+        if (r->num && !read_long(v, r->lo, r->hi, r->num)) {
             fprintf(stderr, "%s: %s: expected an integer in [%ld, %ld], got \"%s\"\n", who, a,
                     r->lo, r->hi, v);
             return MT_BENCH_OPTS_BAD;
@@ -176,7 +166,7 @@ static inline bool mt_bench_thread_list_ok(const char *list) {
         long v;
         memcpy(tok, p, n);
         tok[n] = 0;
-        if (!mt_bench_parse_long(tok, 1, 4096, &v)) return false;
+        if (!read_long(tok, 1, 4096, &v)) return false;
         if (!p[n]) return true;
         p += n + 1;
     }

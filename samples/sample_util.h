@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "mixtape.h"
+#include "read_long.h"
 
 #ifndef MT_SAMPLE_NAME
 #error "define MT_SAMPLE_NAME before including sample_util.h"
@@ -65,18 +66,6 @@ static inline void check(const char *what) {
     fprintf(stderr, "%s: %s failed: %s (%s)\n", MT_SAMPLE_NAME, what, mt_last_error(),
             mt_status_name(mt_last_status()));
     exit(1);
-}
-
-/* Reads s into *v when it is a whole decimal integer in [lo, hi] (no trailing junk, no
-   overflow); otherwise false, and *v as it was. For values from files too (a checkpoint's
-   metadata), where exiting with a command-line message would be wrong. */
-static inline bool read_long(const char *s, long lo, long hi, long *v) {
-    char *end;
-    errno = 0;
-    long r = strtol(s, &end, 10);
-    if (errno || end == s || *end || r < lo || r > hi) return false;
-    *v = r;
-    return true;
 }
 
 /* check() for a file's load or save: the library's message names the file and the system's

@@ -183,7 +183,6 @@ static void test_finalize_refuses_work_in_flight(void **state) {
     assert_int_equal(mt_dist_barrier(), 0);
 }
 
-/* A CUDA tensor is refused, naming op and device, until the NCCL backend exists. */
 /* A CUDA tensor goes through NCCL (test_nccl covers it fully): in a world of one the sum is
    the tensor itself. */
 static void test_cuda_tensor_through_nccl(void **state) {
