@@ -238,6 +238,52 @@ static void test_scaler_skips_on_every_rank(void **state) {
     mt_release(t);
 }
 
+/* A rank whose step fails before the found-inf exchange (here an earlier error is pending)
+   still takes part in it: the other ranks fail their step at once instead of waiting until
+   the timeout, every rank keeps its parameters and scale, and the world stays usable. The
+   same for an explicit unscale. */
+static void test_scaler_failure_on_one_rank(void **state) {
+    (void)state;
+    mt_tensor *p = mt_full(MT_SHAPE(2), MT_F32, MT_CPU, 1.0);
+    mt_set_requires_grad(p, true);
+    mt_optimizer *o = mt_sgd_new(&p, 1, &(mt_sgd_opts){.lr = MT_SET(0.5)});
+    mt_grad_scaler *s = mt_grad_scaler_new(&(mt_grad_scaler_opts){.init_scale = 4.0});
+    assert_int_equal(mt_grad_scaler_set_dist(s, true), 0);
+    for (int unscale_first = 0; unscale_first < 2; unscale_first++) {
+        mt_scope_begin();
+        assert_int_equal(mt_backward(mt_grad_scaler_scale(s, mt_sum_all(p)), NULL), 0);
+        if (mt_dist_rank() == 1) /* a failed op whose error nobody checked */
+            assert_null(mt_add(p, mt_zeros(MT_SHAPE(3), MT_F32, MT_CPU)));
+        int rc = unscale_first ? mt_grad_scaler_unscale(s, o) : mt_grad_scaler_minimize(s, o);
+        if (mt_dist_rank() == 1) { /* the first error sticks */
+            assert_int_equal(rc, MT_ERR_STATE);
+            assert_error(MT_ERR_SHAPE, "mt_add");
+        } else { /* at once, not MT_ERR_TIMEOUT */
+            assert_int_equal(rc, MT_ERR_SHAPE);
+            assert_error(MT_ERR_SHAPE, "failed on another rank before the exchange");
+        }
+        mt_scope_end();
+        mt_clear_error();
+        mt_scope_begin();
+        assert_true(mt_item(mt_sum_all(p)) == 2.0); /* not stepped */
+        mt_scope_end();
+        assert_true(mt_grad_scaler_get_scale(s) == 4.0); /* neither backed off nor grown */
+        /* the next step runs normally on every rank */
+        assert_int_equal(mt_grad_scaler_minimize(s, o), 0);
+        mt_scope_begin();
+        assert_true(mt_item(mt_sum_all(p)) == 2.0 - 2 * 0.5);
+        mt_scope_end();
+        mt_optimizer_zero_grad(o);
+        bool prev = mt_set_grad_enabled(false);
+        assert_int_equal(mt_fill(p, 1.0), 0);
+        mt_set_grad_enabled(prev);
+    }
+    assert_int_equal(mt_dist_barrier(), 0);
+    mt_grad_scaler_free(s);
+    mt_optimizer_free(o);
+    mt_release(p);
+}
+
 /* Last: a peer that joins a barrier late gives a bounded MT_ERR_TIMEOUT on the waiting rank,
    which then refuses further collectives; the late peer completes the barrier, so both can
    still finalize. */
@@ -315,6 +361,7 @@ int main(void) {
         MT_TEST_MULTI_RANK(test_one_rank_fails_its_checks),
         MT_TEST_MULTI_RANK(test_finalize_refuses_work_in_flight),
         MT_TEST_MULTI_RANK(test_scaler_skips_on_every_rank),
+        MT_TEST_MULTI_RANK(test_scaler_failure_on_one_rank),
         MT_TEST_MULTI_RANK(test_timeout_is_bounded),
     };
     return mt_test_dist_end(MT_RUN_TESTS(tests));

@@ -16,6 +16,7 @@
 #include "../optim/optimizer_impl.h"
 #include "autocast.h"
 #include "../io/state_impl.h"
+#include "../dist/dist_decline.h"
 
 #define MAX_OPTIMIZERS 16 /* optimizers one scaler can serve within one step */
 
@@ -309,6 +310,27 @@ static int plan_make(unscale_plan *p, mt_grad_scaler *s, opt_state *st, const ch
     return rc;
 }
 
+/* With data parallelism each rank makes one found-inf exchange (an all-reduce) per unscale,
+   and per step of an optimizer not unscaled yet. */
+static bool exchanges(const mt_grad_scaler *s) {
+    return !s->disabled && s->dist && mt_dist_world_size() > 1;
+}
+
+/* A rank that fails before its exchange still takes part in it, marked failed: the others
+   then fail their unscale or step as well (and change nothing), where they would otherwise
+   wait for it until the timeout. Returns rc. */
+static int decline(const mt_grad_scaler *s, int rc) {
+    if (rc < 0 && exchanges(s)) mt_dist_all_reduce_decline("mt_all_reduce", rc);
+    return rc;
+}
+
+/* Whether a step of o makes the exchange: o was not unscaled since the last update. */
+static bool step_exchanges(const mt_grad_scaler *s, const mt_optimizer *o) {
+    for (int i = 0; i < s->n_opts; i++)
+        if (s->opts[i].o == o) return exchanges(s) && !s->opts[i].unscaled;
+    return exchanges(s);
+}
+
 /* One fused pass: found |= any inf/nan, and g *= 1/scale when `apply`. Without `apply` the
    gradients are only checked (a multiply by one, which the kernels skip), for a step whose
    optimizer kernel folds 1/scale in, so FP16 gradients are unscaled in FP32 registers
@@ -317,8 +339,8 @@ static int plan_run(const unscale_plan *p, mt_grad_scaler *s, opt_state *st, boo
     int rc = p->be->unscale(p->grads, p->n, apply ? p->inv : p->one, st->found);
     /* every rank must take the same skip decision (and keep the same scale): a flag raised
        on one rank is raised on all before the optimizer sees it */
-    if (rc == 0 && !apply && s->dist && mt_dist_world_size() > 1)
-        rc = mt_all_reduce(st->found, MT_REDUCE_MAX);
+    if (!apply && exchanges(s))
+        rc = rc == 0 ? mt_all_reduce(st->found, MT_REDUCE_MAX) : decline(s, rc);
     if (rc == 0 && apply)
         for (int i = 0; i < p->n; i++)
             if (p->grads[i]) mt_tensor_bump_version(p->grads[i]);
@@ -356,26 +378,28 @@ static bool pending_error(const char *fn) {
 int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
     const char *fn = "mt_grad_scaler_unscale";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
-    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
+    if (!o) return decline(s, mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn));
     if (s->disabled) return 0;
-    if (pending_error(fn)) return MT_ERR_STATE;
+    if (pending_error(fn)) return decline(s, MT_ERR_STATE);
     mt_api_enter();
     scaler_undo undo = undo_mark(s);
     opt_state *st = find_opt(s, o, fn);
-    if (!st) return mt_api_exit_status(MT_ERR_STATE);
-    if (st->stepped)
-        return mt_api_exit_status(mt_error_set(
-            MT_ERR_STATE, "%s: called after mt_grad_scaler_step; call mt_grad_scaler_update first",
-            fn));
-    if (st->unscaled)
-        return mt_api_exit_status(
-            mt_error_set(MT_ERR_STATE,
-                         "%s: already called for this optimizer since the last update; call it "
-                         "once per step, before step and update",
-                         fn));
+    int rc = 0;
+    if (!st)
+        rc = MT_ERR_STATE;
+    else if (st->stepped)
+        rc = mt_error_set(MT_ERR_STATE,
+                          "%s: called after mt_grad_scaler_step; call mt_grad_scaler_update first",
+                          fn);
+    else if (st->unscaled)
+        rc = mt_error_set(MT_ERR_STATE,
+                          "%s: already called for this optimizer since the last update; call it "
+                          "once per step, before step and update",
+                          fn);
+    if (rc < 0) return mt_api_exit_status(decline(s, rc));
     unscale_plan p;
-    bool check = s->dist && mt_dist_world_size() > 1;
-    int rc = plan_make(&p, s, st, fn, check);
+    bool check = exchanges(s);
+    rc = decline(s, plan_make(&p, s, st, fn, check));
     if (rc == 0) {
         /* one fused pass; with data parallelism the check and its all-reduce come first, so
            that an all-reduce that fails leaves the gradients as they were */
@@ -396,28 +420,33 @@ static bool any_grad(const mt_optimizer *o) {
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
     const char *fn = "mt_grad_scaler_step";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
-    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
+    if (!o) return decline(s, mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn));
     if (s->disabled) return mt_optimizer_step(o);
-    if (pending_error(fn)) return MT_ERR_STATE;
+    /* a failure before the found-inf exchange declines it (decline), when this step makes one */
+    bool exchange = step_exchanges(s, o);
+    if (pending_error(fn)) return exchange ? decline(s, MT_ERR_STATE) : MT_ERR_STATE;
     mt_api_enter();
     scaler_undo undo = undo_mark(s);
     opt_state *st = find_opt(s, o, fn);
-    if (!st) return mt_api_exit_status(MT_ERR_STATE);
-    if (st->stepped)
-        return mt_api_exit_status(
-            mt_error_set(MT_ERR_STATE,
-                         "%s: already called for this optimizer since the last update; call "
-                         "mt_grad_scaler_update after each step",
-                         fn));
+    int rc = 0;
+    if (!st)
+        rc = MT_ERR_STATE;
+    else if (st->stepped) /* makes no exchange: the step unscaled */
+        rc = mt_error_set(MT_ERR_STATE,
+                          "%s: already called for this optimizer since the last update; call "
+                          "mt_grad_scaler_update after each step",
+                          fn);
     /* torch's "No inf checks were recorded for this optimizer": a step with no gradient at
        all is a training loop that lost its backward, not a clean step to count toward growth */
-    if (!any_grad(o))
-        return mt_api_exit_status(undo_if_failed(
-            s, undo,
-            mt_error_set(MT_ERR_STATE,
-                         "%s: none of the optimizer's %d parameters has a gradient (no inf/nan "
-                         "check to base the step on); run backward first",
-                         fn, o->n)));
+    else if (!any_grad(o))
+        rc = mt_error_set(MT_ERR_STATE,
+                          "%s: none of the optimizer's %d parameters has a gradient (no inf/nan "
+                          "check to base the step on); run backward first",
+                          fn, o->n);
+    if (rc < 0) {
+        if (exchange) decline(s, rc);
+        return mt_api_exit_status(undo_if_failed(s, undo, rc));
+    }
     /* Not unscaled yet: a check-only pass sets found (the optimizer kernel could not know of
        an inf in a gradient it has not reached yet) and the unscale folds into the step, so a
        low-precision gradient reaches the FP32 master without a second rounding. Afterwards
@@ -425,7 +454,8 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
        they are the true gradients. */
     bool folded = !st->unscaled;
     unscale_plan p = {0};
-    int rc = folded ? plan_make(&p, s, st, fn, true) : 0;
+    rc = folded ? plan_make(&p, s, st, fn, true) : 0;
+    if (rc < 0 && exchange) decline(s, rc);
     if (rc == 0 && folded) rc = plan_run(&p, s, st, false);
     if (rc == 0) rc = mt_optimizer_step_ex(o, st->found, folded ? p.inv : NULL);
     /* the parameters have changed: the step is done whatever follows. The unscale pass makes

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../math/half.h"
+#include "dist_decline.h"
 #include "dist_impl.h"
 
 enum { KIND_ALL_REDUCE = 1, KIND_BROADCAST, KIND_ALL_GATHER };
@@ -100,6 +101,10 @@ static int agree(const char *op, int local, int kind, const mt_tensor *t, int64_
                         "over the ranks it ranges %lld..%lld)",
                         op, what[bad], st->rank, mt_shape_str(t, b, sizeof b),
                         mt_dtype_name(t->dtype), (long long)v[bad], (long long)lo, (long long)hi);
+}
+
+int mt_dist_all_reduce_decline(const char *op, int local) {
+    return agree(op, local, KIND_ALL_REDUCE, NULL, 0, 0);
 }
 
 static mt_dist_work *work_new(const char *op, int kind, mt_tensor *t) {

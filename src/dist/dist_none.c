@@ -3,6 +3,7 @@
    that would communicate fails with MT_ERR_UNSUPPORTED saying how to get MPI, so a program
    written for mpirun compiles and links everywhere and says why it cannot run. */
 #include "../tensor/tensor_impl.h"
+#include "dist_decline.h"
 
 static int no_mpi(const char *fn) {
     return mt_error_set(MT_ERR_UNSUPPORTED,
@@ -99,4 +100,8 @@ int mt_ddp_stats_get(const mt_ddp *d, mt_ddp_stats *out) {
 }
 void mt_ddp_free(mt_ddp *d) {
     (void)d;
+}
+int mt_dist_all_reduce_decline(const char *op, int local) {
+    (void)op;
+    return local; /* no peers to keep paired */
 }
