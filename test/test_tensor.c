@@ -543,6 +543,36 @@ static void test_to_clone_detach(void **state) {
 }
 
 /* mt_zero refuses autograd tensors like the other in-place ops, naming itself. */
+/* A shape with a 0 size has no elements, but its other sizes still make its strides: when
+   they overflow int64 the shape is refused (torch: "Stride calculation overflowed"), from
+   creation, reshape and view; when they fit, the empty tensor is made. */
+static void test_empty_shape_whose_strides_overflow(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    assert_null(mt_zeros(MT_SHAPE(0, 1LL << 40, 1LL << 40), MT_F32, dev));
+    assert_error(MT_ERR_SHAPE, "mt_zeros: shape [0, 1099511627776, 1099511627776]: its strides");
+    assert_null(mt_empty(MT_SHAPE(5, 0, 1LL << 40, 1LL << 30), MT_F16, dev));
+    assert_error(MT_ERR_SHAPE, "its strides overflow int64");
+    /* the outermost size makes no stride */
+    mt_tensor *outer = mt_empty(MT_SHAPE(1LL << 40, 0, 1LL << 40), MT_F16, dev);
+    assert_non_null(outer);
+    assert_true(mt_strides(outer)[0] == 1LL << 40);
+    mt_release(outer);
+    mt_tensor *e = mt_zeros(MT_SHAPE(0, 1LL << 31, 1LL << 31), MT_F32, dev);
+    assert_non_null(e);
+    assert_true(mt_strides(e)[0] == 1LL << 62 && mt_numel(e) == 0);
+    assert_null(mt_reshape(e, MT_SHAPE(2, 1LL << 40, 0, 1LL << 40)));
+    assert_error(MT_ERR_SHAPE,
+                 "mt_reshape: shape [2, 1099511627776, 0, 1099511627776]: its strides");
+    assert_null(mt_view(e, MT_SHAPE(0, 1LL << 40, 1LL << 40)));
+    assert_error(MT_ERR_SHAPE, "mt_view: shape [0, 1099511627776, 1099511627776]: its strides");
+    mt_tensor *r = mt_reshape(e, MT_SHAPE(1LL << 40, 0, 1LL << 20));
+    assert_non_null(r);
+    assert_true(mt_strides(r)[0] == 1LL << 20 && mt_numel(r) == 0);
+    mt_release(r);
+    mt_release(e);
+}
+
 static void test_zero_errors(void **state) {
     (void)state;
     mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
@@ -829,6 +859,7 @@ int main(void) {
         MT_TEST(test_inplace_autograd_refusal),
         MT_TEST(test_to_clone_detach),
         MT_TEST(test_zero_errors),
+        MT_TEST(test_empty_shape_whose_strides_overflow),
         MT_TEST(test_inplace_version_counter),
         MT_TEST(test_out_of_memory),
         MT_TEST(test_null_inputs),

@@ -147,7 +147,7 @@ static int resolve_shape(const char *op, const mt_tensor *t, int ndim, const int
                             "%s: arg 3: shape %s is invalid for input of shape %s (%lld elements)",
                             op, mt_dims_str(ndim, shape, b1, sizeof b1),
                             mt_shape_str(t, b2, sizeof b2), (long long)t->numel);
-    return 0;
+    return known == 0 ? mt_shape_check_strides(op, ndim, out) : 0;
 }
 
 /* reshape (copy_ok) and view. */

@@ -31,8 +31,19 @@ void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
+        if (i > 0) s *= shape[i] > 0 ? shape[i] : 1; /* the outermost size makes no stride */
     }
+}
+
+int mt_shape_check_strides(const char *op, int ndim, const int64_t *shape) {
+    int64_t span = 1;
+    for (int i = ndim - 1; i > 0; i--)
+        if (shape[i] > 0 && __builtin_mul_overflow(span, shape[i], &span)) {
+            char buf[MT_SHAPE_BUF];
+            return mt_error_set(MT_ERR_SHAPE, "%s: shape %s: its strides overflow int64", op,
+                                mt_dims_str(ndim, shape, buf, sizeof buf));
+        }
+    return 0;
 }
 
 int64_t mt_shape_numel(int ndim, const int64_t *shape) {
@@ -221,6 +232,7 @@ mt_tensor *mt_tensor_new(const char *op, int ndim, const int64_t *shape, mt_dtyp
             return NULL;
         }
     }
+    if (numel == 0 && mt_shape_check_strides(op, ndim, shape) < 0) return NULL;
     mt_tensor *t = header_new(op);
     if (!t) return NULL;
     t->storage = storage_new(op, (size_t)numel * mt_dtype_size(dt), dev);

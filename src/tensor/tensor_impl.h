@@ -114,6 +114,10 @@ int mt_tensor_overwrite(mt_tensor *dst, const mt_tensor *src);
 /* Same storage and layout as t, no history: used to save outputs without cycles. */
 mt_tensor *mt_tensor_alias(const mt_tensor *t);
 void mt_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* 0, or an MT_ERR_SHAPE naming op and the shape when its contiguous strides overflow int64:
+   a shape with a 0 size has no elements, but its other sizes still multiply into strides
+   (torch: "Stride calculation overflowed"). For shapes of non-negative sizes. */
+int mt_shape_check_strides(const char *op, int ndim, const int64_t *shape);
 int64_t mt_shape_numel(int ndim, const int64_t *shape);
 /* The element count of a shape of non-negative sizes, or an MT_ERR_SHAPE naming op and the
    shape when it does not fit in int64 (every view's numel is computed from its shape). */
