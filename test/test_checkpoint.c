@@ -580,11 +580,12 @@ static void test_scaler_state_errors(void **state) {
     mt_state *s = mt_state_new();
     /* before first use: the host values */
     assert_int_equal(mt_grad_scaler_state_save(a.scaler, s, "sc."), 0);
-    mt_tensor *sc = mt_state_get(s, "sc.scale");
-    assert_true(mt_item(sc) == 256.0);
-    mt_release(sc);
+    mt_tensor *first = mt_state_get(s, "sc.scale");
+    assert_true(mt_item(first) == 256.0);
+    mt_release(first);
     train(&a, &o1, 0, 3, 1);
     assert_int_equal(mt_grad_scaler_state_save(a.scaler, s, "sc."), 0);
+    mt_tensor *sc = mt_state_get(s, "sc.scale"); /* kept to put back */
     mt_grad_scaler *b = mt_grad_scaler_new(NULL);
     assert_int_equal(mt_grad_scaler_state_load(b, s, "sc."), 0);
     mt_grad_scaler_state sa, sb;
@@ -598,6 +599,22 @@ static void test_scaler_state_errors(void **state) {
     assert_error(MT_ERR_INVALID, "saved scale 1e+30 is outside");
     mt_grad_scaler_state_get(b, &sb);
     assert_true(sa.scale == sb.scale); /* unchanged */
+    /* counters that are no count the F32 state could hold: inf, past 2^24, fractional */
+    mt_state_put(s, "sc.scale", sc);
+    const double bad_counts[] = {INFINITY, 1e30, 16777218.0, 2.5, -1.0};
+    for (size_t i = 0; i < sizeof bad_counts / sizeof *bad_counts; i++) {
+        mt_tensor *c = mt_scalar(bad_counts[i], MT_F32, MT_CPU);
+        mt_state_put(s, i % 2 ? "sc.skipped_steps" : "sc.growth_tracker", c);
+        assert_int_equal(mt_grad_scaler_state_load(b, s, "sc."), MT_ERR_INVALID);
+        assert_error(MT_ERR_INVALID, "is not a count in [0, 2^24]");
+        mt_grad_scaler_state_get(b, &sb);
+        assert_true(sb.good_steps == sa.good_steps && sb.skipped_steps == 1);
+        mt_release(c);
+    }
+    mt_tensor *zero = mt_scalar(0, MT_F32, MT_CPU);
+    mt_state_put(s, "sc.growth_tracker", zero);
+    mt_state_put(s, "sc.skipped_steps", zero);
+    mt_release(zero);
     assert_int_equal(mt_grad_scaler_state_load(b, s, "nope."), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "no entry 'nope.growth_factor'");
     /* between step and update */
@@ -616,6 +633,7 @@ static void test_scaler_state_errors(void **state) {
     assert_int_equal(mt_grad_scaler_update(a.scaler), 0);
     mt_scope_end();
     mt_release(big);
+    mt_release(sc);
     mt_grad_scaler_free(b);
     mt_state_free(s);
     rig_free(&a);

@@ -722,9 +722,11 @@ static int check_loaded_values(const char *fn, const double *h, const double *v)
     if (!(v[SCALE] >= h[H_MIN] && v[SCALE] <= h[H_MAX]))
         return mt_error_set(MT_ERR_INVALID, "%s: saved scale %g is outside [%g, %g]", fn, v[SCALE],
                             h[H_MIN], h[H_MAX]);
+    /* the F32 counters stop at 2^24 (x + 1 == x there), and mt_grad_scaler_state_set refuses
+       more: a larger value, or inf, is a damaged file (and no int64) */
     for (int i = GOOD; i <= SKIPPED; i++)
-        if (!(v[i] >= 0 && v[i] == floor(v[i])))
-            return mt_error_set(MT_ERR_INVALID, "%s: saved %s %g is not a count", fn,
+        if (!(v[i] >= 0 && v[i] <= 16777216.0 && v[i] == floor(v[i])))
+            return mt_error_set(MT_ERR_INVALID, "%s: saved %s %g is not a count in [0, 2^24]", fn,
                                 state_names[i], v[i]);
     if (v[FOUND_INF] != 0 && v[FOUND_INF] != 1)
         return mt_error_set(MT_ERR_INVALID, "%s: saved found_inf %g is not 0 or 1", fn,
