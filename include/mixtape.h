@@ -431,7 +431,9 @@ bool mt_is_leaf(const mt_tensor *t);
    (mt_backward_ex(..., true)) to be able to retry, e.g. after mt_empty_cache. Threads may
    run backwards at once into shared leaves (their gradients add up exactly); a backward
    that reaches a non-leaf node another thread's backward is running through fails with
-   MT_ERR_STATE and changes nothing (torch runs both). */
+   MT_ERR_STATE and changes nothing (torch runs both). Called inside an autocast region,
+   backward runs with autocast off (hooks included): each formula computes in the dtypes
+   its forward chose, and the region is there again afterwards. */
 int mt_backward(mt_tensor *root, mt_tensor *grad);
 int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph);
 mt_tensor *mt_grad(mt_tensor *t);               /* new reference, or NULL (no error) when none */

@@ -13,6 +13,7 @@ typedef struct {
 
 static _Thread_local region regions[MAX_NESTING];
 static _Thread_local int depth;
+static _Thread_local int base;     /* regions below are suspended (mt_autocast_suspend) */
 static _Thread_local int overflow; /* regions opened past MAX_NESTING (counted, not stored) */
 static _Thread_local signed char custom[MT_OP_COUNT]; /* +1 white, -1 black, 0 none */
 
@@ -41,7 +42,7 @@ void mt_autocast_end(void) {
         overflow--;
         return;
     }
-    if (depth == 0) {
+    if (depth == base) {
         mt_error_set(MT_ERR_STATE, "mt_autocast_end: no autocast region is open");
         return;
     }
@@ -49,8 +50,22 @@ void mt_autocast_end(void) {
     if (depth == 0) mt_cast_cache_clear();
 }
 
+mt_autocast_token mt_autocast_suspend(void) {
+    mt_autocast_token token = {base, depth, overflow};
+    base = depth;
+    overflow = 0;
+    return token;
+}
+
+void mt_autocast_resume(mt_autocast_token token) {
+    /* regions opened during the suspension and left open are dropped with it */
+    base = token.base;
+    depth = token.depth;
+    overflow = token.overflow;
+}
+
 bool mt_autocast_active(void) {
-    return depth > 0 && regions[depth - 1].enabled;
+    return depth > base && regions[depth - 1].enabled;
 }
 bool mt_autocast_enabled(void) {
     return mt_autocast_active();
@@ -69,6 +84,11 @@ int mt_autocast_set_lists(const char *const *white, const char *const *black) {
                 return mt_error_set(MT_ERR_INVALID,
                                     "mt_autocast_set_lists: arg %d: unknown op \"%s\"", pass + 1,
                                     list[i]);
+            if (mt_op_rule((mt_op_id)op) == MT_RULE_FIXED)
+                return mt_error_set(MT_ERR_INVALID,
+                                    "mt_autocast_set_lists: arg %d: \"%s\" is a cast, copy or "
+                                    "view: its dtype is the call's own, autocast never changes it",
+                                    pass + 1, list[i]);
             if (pass == 1 && next[op] == 1)
                 return mt_error_set(
                     MT_ERR_INVALID,
@@ -98,6 +118,7 @@ mt_dtype mt_autocast_decide(mt_op_id op, mt_dtype widest) {
         return MT_F32;
     case MT_RULE_PROMOTE:
     case MT_RULE_NONE:
+    case MT_RULE_FIXED: /* never in the custom lists */
     case MT_RULE_MIXED: /* the activation's dtype; parameters: mt_dispatch_mixed */
         return widest;
     }

@@ -10,6 +10,14 @@
 mt_dtype mt_autocast_decide(mt_op_id op, mt_dtype widest);
 /* True inside an enabled autocast region on this thread. */
 bool mt_autocast_active(void);
+/* Autocast off on this thread until mt_autocast_resume(token), whatever regions are open
+   (the cast cache stays): a backward runs each formula in the dtypes its forward chose, as
+   torch's does, not in those of the region it happens to be called in. */
+typedef struct {
+    int base, depth, overflow;
+} mt_autocast_token;
+mt_autocast_token mt_autocast_suspend(void);
+void mt_autocast_resume(mt_autocast_token token);
 /* t cast to dt through the recorded cast op; inside a region, the cast of an FP32 leaf that
    requires grad is cached until the outermost region ends (src/amp/cast_cache.c). */
 mt_tensor *mt_autocast_cast(mt_tensor *t, mt_dtype dt);

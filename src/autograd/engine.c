@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <threads.h>
+#include "../amp/autocast.h"
 #include "../tensor/backend.h"
 #include "hooks.h"
 #include "node.h"
@@ -437,7 +438,9 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
     }
     if (!seed) return mt_api_exit_status(mt_last_status());
     bool prev = mt_set_grad_enabled(false);
+    mt_autocast_token autocast = mt_autocast_suspend(); /* the forward chose the dtypes */
     int rc = run_backward(root, seed, retain_graph);
+    mt_autocast_resume(autocast);
     mt_set_grad_enabled(prev);
     mt_tensor_unref(seed);
     return mt_api_exit_status(rc);
