@@ -7,7 +7,7 @@
 
 /* ------------------------------------------------------------------ expected rules */
 
-typedef enum { R_NONE, R_LOWER, R_FP32, R_PROMOTE, R_MIXED, R_INTERNAL } rule;
+typedef enum { R_NONE, R_LOWER, R_FP32, R_PROMOTE, R_MIXED, R_FIXED, R_INTERNAL } rule;
 
 typedef struct {
     const char *name;
@@ -78,19 +78,19 @@ static const op_rule expected[] = {
     {"cross_entropy", R_FP32},
     {"cat", R_PROMOTE},
     {"stack", R_PROMOTE},
-    {"cast", R_NONE},
-    {"to", R_NONE},
-    {"clone", R_NONE},
-    {"contiguous", R_NONE},
-    {"to_channels_last", R_NONE},
-    {"reshape", R_NONE},
-    {"view", R_NONE},
-    {"transpose", R_NONE},
-    {"permute", R_NONE},
-    {"slice", R_NONE},
-    {"expand", R_NONE},
-    {"squeeze", R_NONE},
-    {"unsqueeze", R_NONE},
+    {"cast", R_FIXED},
+    {"to", R_FIXED},
+    {"clone", R_FIXED},
+    {"contiguous", R_FIXED},
+    {"to_channels_last", R_FIXED},
+    {"reshape", R_FIXED},
+    {"view", R_FIXED},
+    {"transpose", R_FIXED},
+    {"permute", R_FIXED},
+    {"slice", R_FIXED},
+    {"expand", R_FIXED},
+    {"squeeze", R_FIXED},
+    {"unsqueeze", R_FIXED},
 };
 #define N_EXPECTED ((int)(sizeof expected / sizeof expected[0]))
 
@@ -127,6 +127,7 @@ static void check_op_rule(const char *name, const char *r, void *ctx) {
                 : strcmp(r, "FP32") == 0    ? R_FP32
                 : strcmp(r, "PROMOTE") == 0 ? R_PROMOTE
                 : strcmp(r, "MIXED") == 0   ? R_MIXED
+                : strcmp(r, "FIXED") == 0   ? R_FIXED
                                             : R_NONE;
     if (e->r != R_INTERNAL && e->r != want)
         fail_msg("op \"%s\": ops.def says %s, the design says otherwise", name, r);
@@ -342,6 +343,58 @@ static void test_custom_lists(void **state) {
     expect_dt(mt_matmul(x, w), MT_F32, "black matmul O2");
     assert_int_equal(mt_autocast_compute_dtype("add", MT_F32), MT_BF16);
     mt_autocast_end();
+
+    /* ops that run in their input's dtype follow the lists too: the indexing ops and
+       dropout, forward and backward (the gradient reaches the FP32 table in FP32) */
+    assert_int_equal(mt_autocast_set_lists((const char *[]){"embedding", "index_select", "gather",
+                                                            "dropout", "argmax", NULL},
+                                           NULL),
+                     0);
+    mt_tensor *table = randn(MT_F32, MT_SHAPE(5, 4));
+    mt_set_requires_grad(table, true);
+    mt_tensor *idx = mt_from_data((const int64_t[]){4, 0, 4}, MT_I64, MT_SHAPE(3), MT_CPU);
+    mt_tensor *index = mt_to(idx, mt_test_device());
+    mt_tensor *gidx = mt_zeros(MT_SHAPE(5, 1), MT_I64, mt_test_device());
+    mt_tensor *near =
+        mt_to(mt_from_data((const float[]){1.0001f, 1.0002f}, MT_F32, MT_SHAPE(2), MT_CPU),
+              mt_test_device());
+    assert_true(mt_item(mt_argmax(near, 0, false)) == 1); /* outside a region */
+    for (int level = MT_AMP_O1; level <= MT_AMP_O2; level++) {
+        mt_autocast_begin(MT_F16, (mt_amp_level)level);
+        mt_tensor *rows[] = {mt_embedding(table, index), mt_index_select(table, 0, index),
+                             mt_gather(table, 1, gidx), mt_dropout(table, 0.5, true)};
+        const char *names[] = {"white embedding", "white index_select", "white gather",
+                               "white dropout"};
+        mt_tensor *loss = NULL;
+        for (int i = 0; i < 4; i++) {
+            expect_dt(rows[i], MT_F16, names[i]);
+            mt_tensor *part = mt_sum_all(rows[i]);
+            loss = loss ? mt_add(loss, part) : part;
+        }
+        /* 1.0001 and 1.0002 are one value in F16: argmax then picks the first */
+        mt_tensor *am = mt_argmax(near, 0, false);
+        assert_true(mt_item(am) == 0);
+        mt_autocast_end();
+        assert_int_equal(mt_backward(loss, NULL), 0);
+        expect_dt(mt_grad(table), MT_F32, "grad of the table");
+        mt_zero_grad(table);
+    }
+    mt_autocast_begin(MT_F16, MT_AMP_O1);
+    assert_int_equal(mt_autocast_compute_dtype("embedding", MT_F32), MT_F16);
+    mt_autocast_end();
+
+    /* a cast, copy or view has its own dtype: the lists refuse one, naming it */
+    assert_true(mt_autocast_set_lists((const char *[]){"exp", "clone", NULL}, NULL) < 0);
+    assert_error(MT_ERR_INVALID, "arg 1: \"clone\" is a cast, copy or view");
+    assert_true(mt_autocast_set_lists(NULL, (const char *[]){"reshape", NULL}) < 0);
+    assert_error(MT_ERR_INVALID, "arg 2: \"reshape\" is a cast, copy or view");
+    mt_autocast_begin(MT_F16, MT_AMP_O1); /* the lists above are still in place */
+    assert_int_equal(mt_autocast_compute_dtype("embedding", MT_F32), MT_F16);
+    assert_int_equal(mt_autocast_compute_dtype("exp", MT_F32), MT_F32);
+    mt_autocast_end();
+    assert_int_equal(mt_autocast_set_lists((const char *[]){"exp", "sum", NULL},
+                                           (const char *[]){"matmul", NULL}),
+                     0);
 
     /* errors leave the previous lists in place */
     assert_true(
@@ -588,6 +641,46 @@ static void test_grad_dtype_bf16(void **state) {
     check_grad_dtype(MT_BF16);
 }
 
+/* A hook that sees autocast off during backward, opens a region of its own and leaves it
+   open (dropped with the backward's suspension). */
+static int hook_sees_autocast_off(mt_tensor *leaf, void *user) {
+    (void)leaf;
+    *(bool *)user = mt_autocast_enabled();
+    mt_autocast_begin(MT_BF16, MT_AMP_O2);
+    return 0;
+}
+
+/* Backward called inside a region runs each formula in the dtypes its forward chose (torch
+   does not autocast the backward): max_all's gradient, made of div and mul, stays FP32 under
+   O2 and with both in the white list, the accumulation of two paths too; the region is
+   there again afterwards. */
+static void test_backward_inside_region(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
+    mt_set_requires_grad(x, true);
+    bool seen = true;
+    assert_true(mt_tensor_register_grad_ready_hook(x, hook_sees_autocast_off, &seen) > 0);
+    assert_int_equal(mt_autocast_set_lists((const char *[]){"div", "mul", "add", NULL}, NULL), 0);
+    for (int level = MT_AMP_O1; level <= MT_AMP_O2; level++) {
+        mt_tensor *loss = mt_add(mt_max_all(x), mt_mul_scalar(mt_sum_all(x), 1.0 / 3));
+        mt_autocast_begin(MT_F16, (mt_amp_level)level);
+        assert_int_equal(mt_backward(loss, NULL), 0);
+        assert_true(mt_autocast_enabled() && mt_autocast_dtype() == MT_F16);
+        mt_autocast_end();
+        assert_false(seen);
+        expect_dt(mt_grad(x), MT_F32, "grad x");
+        /* 1/3 + 1/3 in FP32; through FP16 it would be 0.66650390625 */
+        float want = 1.0f / 3 + 1.0f / 3;
+        assert_tensor_close(mt_grad(x), ((const double[]){want, want, want}), 3, 0, 0);
+        mt_zero_grad(x);
+    }
+    assert_int_equal(mt_autocast_set_lists(NULL, NULL), 0);
+    assert_false(mt_autocast_enabled());
+    assert_no_error();
+    mt_scope_end();
+}
+
 /* ------------------------------------------------------------------ statistics */
 
 static void test_stats(void **state) {
@@ -809,6 +902,7 @@ int main(void) {
         MT_TEST(test_cast_cache),
         MT_TEST(test_grad_dtype_f16),
         MT_TEST(test_grad_dtype_bf16),
+        MT_TEST(test_backward_inside_region),
         MT_TEST(test_stats),
         MT_TEST(test_stats_threads),
         MT_TEST(test_numerics_checker),

@@ -86,3 +86,11 @@ mt_tensor *mt_dispatch_dense(mt_tensor *t, mt_dtype dt) {
     mt_tensor_unref(c);
     return d;
 }
+
+mt_tensor *mt_dispatch_dense_input(mt_op_id op, mt_tensor *t) {
+    mt_tensor *cast;
+    if (mt_dispatch_inputs(op, &t, 1, &cast) < 0) return NULL;
+    mt_tensor *d = mt_dispatch_dense(cast, cast->dtype);
+    mt_tensor_unref(cast);
+    return d;
+}

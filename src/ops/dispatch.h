@@ -31,6 +31,10 @@ int mt_dispatch_mixed(mt_op_id op, mt_tensor *const *in, int n, uint32_t act_mas
    itself, retained, when it is one already); NULL passes through. New reference, or NULL
    with the error set. */
 mt_tensor *mt_dispatch_dense(mt_tensor *t, mt_dtype dt);
+/* mt_dispatch_inputs for an op with one data input that its kernel reads dense (indexing,
+   dropout): t in op's compute dtype, contiguous. A new reference, or NULL with the error
+   set. */
+mt_tensor *mt_dispatch_dense_input(mt_op_id op, mt_tensor *t);
 /* The accumulation dtype of a normalisation over activations of dtype dt. */
 static inline mt_dtype mt_norm_acc_dtype(mt_dtype dt) {
     return dt == MT_F64 ? MT_F64 : MT_F32;

@@ -2,7 +2,8 @@
    zeroed with probability p and the rest scaled by 1 / (1 - p); the mask comes from the
    global Philox generator (a counter range reserved per call), and the tape node keeps only
    the seed and offset: the backward regenerates the same mask. Runs in the input's dtype
-   (F16/BF16 included, no up-cast). Not training, or p == 0: the input itself. */
+   (F16/BF16 included, no up-cast), or the one a custom autocast list gives it. Not training, or p
+   == 0: the input itself. */
 #include "dispatch.h"
 
 static const char *const NAME = "mt_dropout";
@@ -31,9 +32,9 @@ static mt_tensor *dropout(mt_tensor *x, double p, bool training) {
         return NULL;
     }
     if (!training || p == 0) return mt_tensor_ref(x);
-    mt_tensor *xc = mt_dispatch_dense(x, x->dtype);
+    mt_tensor *xc = mt_dispatch_dense_input(MT_OP_DROPOUT, x);
     if (!xc) return NULL;
-    mt_tensor *out = mt_tensor_new(NAME, x->ndim, x->shape, x->dtype, x->device);
+    mt_tensor *out = mt_tensor_new(NAME, x->ndim, x->shape, xc->dtype, x->device);
     /* the tape node too is made before the draw: a failed call leaves the generator alone */
     mt_node *node = NULL;
     int rc = out ? 0 : MT_ERR_OOM;
@@ -59,7 +60,7 @@ static mt_tensor *dropout(mt_tensor *x, double p, bool training) {
         mt_tensor_unref(out);
         out = NULL;
     }
-    mt_dispatch_done(MT_OP_DROPOUT, x->dtype, out, &x, 1);
+    mt_dispatch_done(MT_OP_DROPOUT, xc->dtype, out, &x, 1);
     mt_tensor_unref(xc);
     return out;
 }

@@ -92,11 +92,12 @@ static int index_select_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
 static mt_tensor *select_rows(mt_op_id op, mt_tensor *x, int dim, mt_tensor *index, int out_ndim,
                               const int64_t *out_shape) {
     const char *name = mt_op_fullname(op);
-    mt_tensor *xc = mt_dispatch_dense(x, x->dtype);
+    mt_tensor *xc = mt_dispatch_dense_input(op, x);
+    mt_dtype dt = xc ? xc->dtype : x->dtype;
     mt_tensor *ic = xc ? mt_dispatch_dense(index, MT_I64) : NULL;
     int64_t k = index->numel;
     mt_tensor *flat = ic ? mt_tensor_view_of(ic, 1, &k, NULL, ic->offset) : NULL;
-    mt_tensor *out = flat ? mt_tensor_new(name, out_ndim, out_shape, x->dtype, x->device) : NULL;
+    mt_tensor *out = flat ? mt_tensor_new(name, out_ndim, out_shape, dt, x->device) : NULL;
     int rc = out ? 0 : MT_ERR_OOM;
     if (!xc || !ic) rc = mt_backward_failed();
     if (rc == 0) rc = mt_backend_get(x->device)->index_select(out, xc, dim, flat, op);
@@ -115,7 +116,7 @@ static mt_tensor *select_rows(mt_op_id op, mt_tensor *x, int dim, mt_tensor *ind
         mt_tensor_unref(out);
         out = NULL;
     }
-    mt_dispatch_done(op, x->dtype, out, &x, 1);
+    mt_dispatch_done(op, dt, out, &x, 1);
     return out;
 }
 
@@ -208,10 +209,10 @@ static mt_tensor *gather(mt_tensor *x, int dim, mt_tensor *index) {
     char what[64];
     snprintf(what, sizeof what, "dim %d has size %lld", d, (long long)size);
     if (check_indices(name, 3, index, size, what) < 0) return NULL;
-    mt_tensor *xc = mt_dispatch_dense(x, x->dtype);
+    mt_tensor *xc = mt_dispatch_dense_input(MT_OP_GATHER, x);
+    mt_dtype dt = xc ? xc->dtype : x->dtype;
     mt_tensor *ic = xc ? mt_dispatch_dense(index, MT_I64) : NULL;
-    mt_tensor *out =
-        ic ? mt_tensor_new(name, index->ndim, index->shape, x->dtype, x->device) : NULL;
+    mt_tensor *out = ic ? mt_tensor_new(name, index->ndim, index->shape, dt, x->device) : NULL;
     int rc = out ? 0 : MT_ERR_OOM;
     if (!xc || !ic) rc = mt_backward_failed();
     if (rc == 0) rc = mt_backend_get(x->device)->gather(out, xc, d, ic);
@@ -229,7 +230,7 @@ static mt_tensor *gather(mt_tensor *x, int dim, mt_tensor *index) {
         mt_tensor_unref(out);
         out = NULL;
     }
-    mt_dispatch_done(MT_OP_GATHER, x->dtype, out, &x, 1);
+    mt_dispatch_done(MT_OP_GATHER, dt, out, &x, 1);
     return out;
 }
 
@@ -253,7 +254,8 @@ static mt_tensor *argmax(mt_tensor *x, int dim, bool keepdim) {
         mt_error_set(MT_ERR_SHAPE, "%s: arg 2: dim %d has size 0: no maximum", name, d);
         return NULL;
     }
-    mt_tensor *xc = mt_dispatch_dense(x, x->dtype);
+    mt_tensor *xc = mt_dispatch_dense_input(MT_OP_ARGMAX, x);
+    mt_dtype dt = xc ? xc->dtype : x->dtype;
     int64_t kept[MT_MAX_DIMS], squeezed[MT_MAX_DIMS];
     int nk = 0;
     for (int i = 0; i < x->ndim; i++) {
@@ -269,7 +271,7 @@ static mt_tensor *argmax(mt_tensor *x, int dim, bool keepdim) {
         res =
             keepdim ? mt_tensor_ref(out) : mt_tensor_view_of(out, nk, squeezed, NULL, out->offset);
     mt_tensor_unref(out);
-    mt_dispatch_done(MT_OP_ARGMAX, x->dtype, res, &x, 1);
+    mt_dispatch_done(MT_OP_ARGMAX, dt, res, &x, 1);
     return res;
 }
 

@@ -18,7 +18,8 @@ typedef enum {
     MT_RULE_LOWER,
     MT_RULE_FP32,
     MT_RULE_PROMOTE,
-    MT_RULE_MIXED
+    MT_RULE_MIXED,
+    MT_RULE_FIXED
 } mt_amp_rule;
 
 /* What an elementwise op's tape node keeps for its backward (ops.def's saves column). */
