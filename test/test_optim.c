@@ -228,6 +228,50 @@ static void test_master_keeps_small_updates(void **state) {
     assert_no_error();
 }
 
+/* A parameter written after the optimizer was made (weights loaded into it, a broadcast,
+   mt_copy) has its master remade from it before the next step, so the step carries on from
+   the new values rather than from the master's old ones; a master the step keeps is kept
+   (the small updates above). */
+static void test_master_follows_written_parameter(void **state) {
+    (void)state;
+    mt_tensor *w = mt_test_param((double[]){0.0, 0.0}, MT_F16, MT_SHAPE(2));
+    mt_optimizer *o =
+        mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(0.125), .multi_precision = true});
+    mt_state *ck = mt_state_new();
+    mt_tensor *pre = mt_full(MT_SHAPE(2), MT_F16, mt_test_device(), 5.0);
+    assert_int_equal(mt_state_put(ck, "w", pre), 0);
+    assert_int_equal(mt_state_load_into(ck, NULL, &w, (const char *[]){"w"}, 1, true), 0);
+    mt_tensor *m = mt_optimizer_master(o, 0); /* read after the write: the new values */
+    assert_tensor_close(m, ((double[]){5.0, 5.0}), 2, 0, 0);
+    mt_release(m);
+    mt_test_set_grad(w, (double[]){1.0, 2.0});
+    assert_int_equal(mt_optimizer_step(o), 0);
+    assert_tensor_close(w, ((double[]){4.875, 4.75}), 2, 0, 0);
+    /* written again, through a view, between two steps */
+    bool prev = mt_set_grad_enabled(false);
+    mt_tensor *first = mt_narrow(w, 0, 0, 1);
+    assert_int_equal(mt_fill(first, -1.0), 0);
+    mt_set_grad_enabled(prev);
+    assert_int_equal(mt_optimizer_step(o), 0);
+    assert_tensor_close(w, ((double[]){-1.125, 4.5}), 2, 0, 0);
+    /* the state saved holds the master of the parameter as it is */
+    prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_fill(first, 5.0), 0);
+    mt_set_grad_enabled(prev);
+    mt_state *saved = mt_state_new();
+    assert_int_equal(mt_optimizer_state_save(o, saved, "opt."), 0);
+    mt_tensor *sm = mt_state_get(saved, "opt.state.0.master");
+    assert_tensor_close(sm, ((double[]){5.0, 4.5}), 2, 0, 0);
+    mt_release(sm);
+    mt_state_free(saved);
+    mt_release(first);
+    mt_release(pre);
+    mt_state_free(ck);
+    mt_optimizer_free(o);
+    mt_release(w);
+    assert_no_error();
+}
+
 /* ---------------------------------------------------------------- step_ex: found_inf, inv_scale */
 
 static void snapshot(mt_optimizer *o, double *out) {
@@ -784,6 +828,7 @@ int main(void) {
         MT_TEST(test_adamw),
         MT_TEST(test_low_precision),
         MT_TEST(test_master_keeps_small_updates),
+        MT_TEST(test_master_follows_written_parameter),
         MT_TEST(test_found_inf_skips),
         MT_TEST(test_inv_scale_folding),
         MT_TEST(test_zero_grad_and_skip),

@@ -165,6 +165,7 @@ static void optimizer_free_state(mt_optimizer *o) {
     mt_tensor_unref(o->step_count);
     free(o->params);
     free(o->masters);
+    free(o->master_versions);
     free(o->moment1);
     free(o->moment2);
     free(o->grad_buf);
@@ -182,6 +183,23 @@ static mt_tensor *state_zeros(const char *op, const mt_tensor *like, int64_t n, 
         return NULL;
     }
     return t;
+}
+
+void mt_optim_masters_synced(mt_optimizer *o) {
+    for (int i = 0; o->masters && i < o->n; i++)
+        if (o->masters[i]) o->master_versions[i] = mt_tensor_version(o->params[i]);
+}
+
+int mt_optim_masters_follow(mt_optimizer *o) {
+    const mt_backend *be = mt_backend_get(o->device);
+    for (int i = 0; o->masters && i < o->n; i++) {
+        if (!o->masters[i] || mt_tensor_version(o->params[i]) == o->master_versions[i]) continue;
+        int rc = be->copy(o->masters[i], o->params[i]);
+        if (rc < 0) return rc;
+        mt_tensor_bump_version(o->masters[i]);
+        o->master_versions[i] = mt_tensor_version(o->params[i]);
+    }
+    return 0;
 }
 
 static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int n,
@@ -210,10 +228,11 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
     o->params = mt_heap_calloc((size_t)n, sizeof *o->params);
     o->grad_buf = mt_heap_calloc((size_t)n, sizeof *o->grad_buf);
     if (need_masters) o->masters = mt_heap_calloc((size_t)n, sizeof *o->masters);
+    if (need_masters) o->master_versions = mt_heap_calloc((size_t)n, sizeof *o->master_versions);
     if (m1) o->moment1 = mt_heap_calloc((size_t)n, sizeof *o->moment1);
     if (m2) o->moment2 = mt_heap_calloc((size_t)n, sizeof *o->moment2);
-    if (!o->params || !o->grad_buf || (need_masters && !o->masters) || (m1 && !o->moment1) ||
-        (m2 && !o->moment2))
+    if (!o->params || !o->grad_buf || (need_masters && (!o->masters || !o->master_versions)) ||
+        (m1 && !o->moment1) || (m2 && !o->moment2))
         goto oom;
     for (int i = 0; i < n; i++) o->params[i] = mt_tensor_ref(params[i]);
     if (need_masters) {
@@ -224,6 +243,7 @@ static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int
             o->masters[i] = mt_tensor_new_layout_of(op, p, MT_F32, dev);
             if (!o->masters[i] || be->copy(o->masters[i], p) < 0) goto fail;
         }
+        mt_optim_masters_synced(o);
     }
     if (m2) {
         o->step_count = state_zeros(op, NULL, n, MT_F32, dev); /* one per parameter */
@@ -412,6 +432,7 @@ static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_
         with_grad += o->grad_buf[i] != NULL;
     }
     if (!with_grad) return 0; /* nothing to update; Adam's step counts stay */
+    if ((rc = mt_optim_masters_follow(o)) < 0) return rc;
     new_moments nm = {0};
     if ((rc = moments_make(op, o, &nm)) < 0) return rc;
     mt_optim_step_args a = {
@@ -446,6 +467,7 @@ static int optimizer_step(mt_optimizer *o, const mt_tensor *found_inf, const mt_
         }
         o->grad_buf[i] = NULL;
     }
+    if (rc >= 0) mt_optim_masters_synced(o);
     return rc < 0 ? rc : 0;
 }
 
@@ -497,6 +519,7 @@ mt_tensor *mt_optimizer_master(mt_optimizer *o, int i) {
                      o->n);
         return mt_api_exit(NULL);
     }
+    if (mt_optim_masters_follow(o) < 0) return mt_api_exit(NULL);
     return mt_api_exit(o->masters && o->masters[i] ? mt_tensor_ref(o->masters[i]) : NULL);
 }
 

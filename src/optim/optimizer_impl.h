@@ -8,7 +8,9 @@ struct mt_optimizer {
     int n;
     mt_tensor **params;  /* strong references, in the order given */
     mt_tensor **masters; /* FP32 masters for F16/BF16 params with multi_precision, else NULL */
-    mt_tensor **moment1; /* lazily allocated state (FP32, or F64 for F64 params) */
+    uint64_t *master_versions; /* with masters: each parameter's version when its master was
+                                  last made equal to it (mt_optim_masters_synced) */
+    mt_tensor **moment1;       /* lazily allocated state (FP32, or F64 for F64 params) */
     mt_tensor **moment2;
     mt_tensor *step_count; /* F32 [n] on the params' device: Adam's step per parameter, the
                               steps that updated it (bias correction, as torch counts) */
@@ -22,6 +24,16 @@ struct mt_optimizer {
    nothing when it is non-zero, with no host read. inv_scale (F32 0-d, may be NULL): the
    gradients are multiplied by it inside the pass (unscale folded into the step). */
 int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale);
+/* Records that every master now matches its parameter (after a step, a load of the
+   masters): a parameter whose version moves on otherwise (a checkpoint loaded into it, a
+   broadcast from rank 0, any in-place write) gets its master remade from it before the
+   next step, as the master would otherwise carry the step on from the old values. */
+void mt_optim_masters_synced(mt_optimizer *o);
+/* Remakes the master of every parameter written since (a copy between tensors of one
+   layout: allocates nothing), before a step, a save of the state or a read of a master.
+   Two optimizers over views of one storage would see each other's steps as such writes:
+   give each its own parameters' storage. 0 or the backend's error. */
+int mt_optim_masters_follow(mt_optimizer *o);
 /* The current gradients (borrowed; NULL entries for params without a gradient). Fills
    grads[0..n) and returns n. */
 int mt_optimizer_grads(mt_optimizer *o, mt_tensor **grads);

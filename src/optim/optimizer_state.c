@@ -113,7 +113,7 @@ int mt_optimizer_state_save(mt_optimizer *o, mt_state *s, const char *prefix) {
     mt_api_enter();
     bool prev = mt_set_grad_enabled(false);
     /* into a fresh state first, merged at the end: a failed save leaves s as it was */
-    mt_state *fresh = mt_state_new();
+    mt_state *fresh = mt_optim_masters_follow(o) < 0 ? NULL : mt_state_new();
     int rc = fresh ? save_body(fn, o, fresh, prefix ? prefix : "") : (int)mt_last_status();
     if (rc == 0) rc = mt_state_merge(s, fresh, fn);
     mt_state_free(fresh);
@@ -320,8 +320,10 @@ int mt_optimizer_state_load(mt_optimizer *o, mt_state *s, const char *prefix) {
             sl[k].arr[i] = pd.fresh[k][i];
             pd.fresh[k][i] = NULL;
         }
-    if (!rc)
+    if (!rc) {
         for (int k = 0; k < nh; k++) *h[k].value = pd.h[k];
+        mt_optim_masters_synced(o); /* the masters loaded are those of the parameters now */
+    }
     mt_tensor_unref(pd.step);
     for (int k = 0; k < ns; k++) {
         for (int i = 0; pd.fresh[k] && i < o->n; i++) mt_tensor_unref(pd.fresh[k][i]);
