@@ -48,6 +48,12 @@ static void test_bad_options(void **state) {
     assert_error(MT_ERR_INVALID, "growth_interval -3");
     assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.backoff_after = -1}));
     assert_error(MT_ERR_INVALID, "backoff_after -1");
+    /* the F32 growth tracker stops at 2^24: a longer interval would never grow the scale */
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.growth_interval = 16777218}));
+    assert_error(MT_ERR_INVALID,
+                 "growth_interval 16777218 and backoff_after 1 must be in [1, 2^24]");
+    assert_null(mt_grad_scaler_new(&(mt_grad_scaler_opts){.min_scale = 1e-50, .init_scale = 1}));
+    assert_error(MT_ERR_INVALID, "min_scale 1e-50 is 0 in F32");
 }
 
 static void test_null_arguments(void **state) {
@@ -231,6 +237,25 @@ static void test_bounds(void **state) {
     assert_int_equal(mt_grad_scaler_minimize(r.s, r.o), 0);
     assert_true(mt_grad_scaler_get_scale(r.s) == 1e38f);
     rig_free(&r);
+    /* bounds F32 cannot hold exactly: the scale clamped to one (as F32 holds it) is inside
+       them, so the state reads back, sets again, saves and loads */
+    for (int top = 0; top < 2; top++) {
+        r = rig_new(top ? &(mt_grad_scaler_opts){.init_scale = 25000.1,
+                                                 .max_scale = 100000.1,
+                                                 .growth_interval = 1}
+                        : &(mt_grad_scaler_opts){.init_scale = 4e-4, .min_scale = 1e-4});
+        for (int k = 0; k < 3; k++) rig_step(&r, !top);
+        mt_grad_scaler_state st;
+        assert_int_equal(mt_grad_scaler_state_get(r.s, &st), 0);
+        assert_true(st.scale == (top ? 100000.1f : 1e-4f));
+        assert_int_equal(mt_grad_scaler_state_set(r.s, &st), 0);
+        mt_state *saved = mt_state_new();
+        assert_int_equal(mt_grad_scaler_state_save(r.s, saved, "sc."), 0);
+        assert_int_equal(mt_grad_scaler_state_load(r.s, saved, "sc."), 0);
+        assert_true(mt_grad_scaler_get_scale(r.s) == (top ? 100000.1f : 1e-4f));
+        mt_state_free(saved);
+        rig_free(&r);
+    }
     assert_no_error();
 }
 
@@ -310,6 +335,16 @@ static void test_state_errors(void **state) {
     assert_error(MT_ERR_STATE, "no mt_grad_scaler_step since the last update");
     assert_int_equal(mt_grad_scaler_state_get(r.s, &after), 0);
     assert_memory_equal(&before, &after, sizeof before);
+    assert_tensor_close(r.p, p_before, 2, 0, 0);
+    /* so is an unscale with no gradient: it would let the next step apply a later
+       backward's gradients unchecked and still scaled */
+    assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE,
+                 "mt_grad_scaler_unscale: none of the optimizer's 1 parameters has a gradient");
+    set_grad(r.p, (const double[]){0.5, 0.25}, 65536, INFINITY);
+    assert_int_equal(mt_grad_scaler_step(r.s, r.o), 0); /* checks: skipped */
+    assert_int_equal(mt_grad_scaler_update(r.s), 0);
+    assert_true(mt_grad_scaler_last_step_skipped(r.s));
     assert_tensor_close(r.p, p_before, 2, 0, 0);
     free(p_before);
     rig_step(&r, false); /* and the next step with gradients runs */

@@ -128,6 +128,14 @@ mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) {
                      fn, lo, hi);
         return NULL;
     }
+    /* the F32 scale is clamped to the bounds as F32 holds them: kept so, the clamped scale
+       is inside them when it is read back, set again or loaded */
+    lo = (float)lo;
+    hi = (float)hi;
+    if (lo == 0) {
+        mt_error_set(MT_ERR_INVALID, "%s: min_scale %g is 0 in F32", fn, o.min_scale);
+        return NULL;
+    }
     if (!(init >= lo && init <= hi)) {
         mt_error_set(MT_ERR_INVALID, "%s: init_scale %g is outside [min_scale %g, max_scale %g]",
                      fn, init, lo, hi);
@@ -141,8 +149,10 @@ mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) {
         mt_error_set(MT_ERR_INVALID, "%s: backoff_factor %g must be in (0, 1]", fn, backoff);
         return NULL;
     }
-    if (interval < 1 || after < 1) {
-        mt_error_set(MT_ERR_INVALID, "%s: growth_interval %d and backoff_after %d must be >= 1", fn,
+    /* the step counters are F32 tensors, exact up to 2^24 */
+    if (interval < 1 || after < 1 || interval > 16777216 || after > 16777216) {
+        mt_error_set(MT_ERR_INVALID,
+                     "%s: growth_interval %d and backoff_after %d must be in [1, 2^24]", fn,
                      interval, after);
         return NULL;
     }
@@ -375,6 +385,12 @@ static bool pending_error(const char *fn) {
     return true;
 }
 
+static bool any_grad(const mt_optimizer *o) {
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad) return true;
+    return false;
+}
+
 int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
     const char *fn = "mt_grad_scaler_unscale";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
@@ -396,6 +412,13 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
                           "%s: already called for this optimizer since the last update; call it "
                           "once per step, before step and update",
                           fn);
+    /* an unscale that saw no gradient would let the step apply, unchecked and still scaled,
+       the gradients a later backward makes (torch's step then refuses: "No inf checks") */
+    else if (!any_grad(o))
+        rc = mt_error_set(MT_ERR_STATE,
+                          "%s: none of the optimizer's %d parameters has a gradient (nothing to "
+                          "unscale or check); run backward first",
+                          fn, o->n);
     if (rc < 0) return mt_api_exit_status(decline(s, rc));
     unscale_plan p;
     bool check = exchanges(s);
@@ -409,12 +432,6 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
     }
     if (rc == 0) st->unscaled = true;
     return mt_api_exit_status(undo_if_failed(s, undo, rc));
-}
-
-static bool any_grad(const mt_optimizer *o) {
-    for (int i = 0; i < o->n; i++)
-        if (o->params[i]->grad) return true;
-    return false;
 }
 
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
