@@ -527,6 +527,8 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o);
 /* MT_ERR_STATE, changing nothing, when none of o's parameters has a gradient (torch's "No
    inf checks were recorded"): such a step would count as clean toward the scale's growth. */
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o);
+/* After step, or after an unscale whose step the loop skipped itself (it saw
+   mt_grad_scaler_last_step_skipped): any inf check counts, as in torch. */
 int mt_grad_scaler_update(mt_grad_scaler *s);
 int mt_grad_scaler_minimize(mt_grad_scaler *s, mt_optimizer *o); /* step + update */
 float mt_grad_scaler_get_scale(mt_grad_scaler *s);               /* may sync */

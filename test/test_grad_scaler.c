@@ -300,7 +300,7 @@ static void test_state_errors(void **state) {
     /* update before any step */
     assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
     assert_error(MT_ERR_STATE,
-                 "mt_grad_scaler_update: no mt_grad_scaler_step since the last update");
+                 "mt_grad_scaler_update: no mt_grad_scaler_step or unscale since the last update");
 
     set_grad(r.p, (const double[]){0.5, 0.25}, 65536, 0);
     assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), 0);
@@ -317,7 +317,7 @@ static void test_state_errors(void **state) {
     assert_error(MT_ERR_STATE, "mt_grad_scaler_unscale: called after mt_grad_scaler_step");
     assert_int_equal(mt_grad_scaler_update(r.s), 0);
     assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
-    assert_error(MT_ERR_STATE, "no mt_grad_scaler_step since the last update");
+    assert_error(MT_ERR_STATE, "no mt_grad_scaler_step or unscale since the last update");
     /* the parameter moved once, by the unscaled gradient */
     assert_tensor_close(r.p, ((const double[]){1 - 0.01 * 0.5, 2 - 0.01 * 0.25}), 2, 1e-7, 0);
     /* after update a new step starts cleanly */
@@ -332,7 +332,7 @@ static void test_state_errors(void **state) {
     assert_error(MT_ERR_STATE,
                  "mt_grad_scaler_step: none of the optimizer's 1 parameters has a gradient");
     assert_int_equal(mt_grad_scaler_update(r.s), MT_ERR_STATE);
-    assert_error(MT_ERR_STATE, "no mt_grad_scaler_step since the last update");
+    assert_error(MT_ERR_STATE, "no mt_grad_scaler_step or unscale since the last update");
     assert_int_equal(mt_grad_scaler_state_get(r.s, &after), 0);
     assert_memory_equal(&before, &after, sizeof before);
     assert_tensor_close(r.p, p_before, 2, 0, 0);
@@ -347,6 +347,21 @@ static void test_state_errors(void **state) {
     assert_true(mt_grad_scaler_last_step_skipped(r.s));
     assert_tensor_close(r.p, p_before, 2, 0, 0);
     free(p_before);
+    /* an unscale that saw an inf, its step skipped by the loop: update backs off (torch) */
+    assert_int_equal(mt_grad_scaler_state_get(r.s, &before), 0);
+    set_grad(r.p, (const double[]){0.5, 0.25}, before.scale, INFINITY);
+    assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), 0);
+    assert_true(mt_grad_scaler_last_step_skipped(r.s));
+    assert_int_equal(mt_grad_scaler_update(r.s), 0);
+    assert_int_equal(mt_grad_scaler_state_get(r.s, &after), 0);
+    assert_true(after.scale == before.scale / 2 && after.skipped_steps == before.skipped_steps + 1);
+    /* and a clean one counts toward growth */
+    set_grad(r.p, (const double[]){0.5, 0.25}, after.scale, 0);
+    assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), 0);
+    assert_false(mt_grad_scaler_last_step_skipped(r.s));
+    assert_int_equal(mt_grad_scaler_update(r.s), 0);
+    assert_int_equal(mt_grad_scaler_state_get(r.s, &before), 0);
+    assert_true(before.scale == after.scale && before.good_steps == after.good_steps + 1);
     rig_step(&r, false); /* and the next step with gradients runs */
     rig_free(&r);
     assert_no_error();

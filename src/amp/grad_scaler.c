@@ -498,11 +498,15 @@ int mt_grad_scaler_update(mt_grad_scaler *s) {
         clear_step(s);
         return MT_ERR_STATE;
     }
+    /* an unscale is an inf check too: a loop that unscaled, saw an inf and skipped the step
+       itself still updates (torch: any recorded inf check) */
     bool any = false;
-    for (int i = 0; i < s->n_opts; i++) any |= s->opts[i].stepped;
+    for (int i = 0; i < s->n_opts; i++) any |= s->opts[i].stepped || s->opts[i].unscaled;
     if (!any)
-        return mt_error_set(
-            MT_ERR_STATE, "%s: no mt_grad_scaler_step since the last update; call step first", fn);
+        return mt_error_set(MT_ERR_STATE,
+                            "%s: no mt_grad_scaler_step or unscale since the last update; call "
+                            "step first",
+                            fn);
     mt_api_enter();
     const mt_backend *be = mt_backend_for(fn, s->device);
     if (!be) return mt_api_exit_status(mt_last_status());
@@ -565,10 +569,11 @@ float mt_grad_scaler_get_scale(mt_grad_scaler *s) {
 bool mt_grad_scaler_last_step_skipped(mt_grad_scaler *s) {
     if (check_scaler(s, "mt_grad_scaler_last_step_skipped") < 0 || s->disabled || !s->t[SCALE])
         return false;
-    /* between step and update: this step's optimizers; afterwards: the step update saw */
+    /* between unscale or step and update: this step's optimizers; afterwards: the step
+       update saw */
     bool stepped = false, found = false;
     for (int i = 0; i < s->n_opts; i++)
-        if (s->opts[i].stepped) {
+        if (s->opts[i].stepped || s->opts[i].unscaled) {
             stepped = true;
             found |= read_state(s->opts[i].found) != 0.0;
         }
