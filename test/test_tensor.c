@@ -433,6 +433,26 @@ static void test_inplace_values(void **state) {
     assert_int_equal(mt_copy(iv, src), 0);
     double e7[2] = {7, 7};
     assert_tensor_close(iv, e7, 2, 0, 0);
+    /* a wider source is added in the wider dtype and rounded once (torch's add_): through
+       a strided F16 view, the source rounded first would give inf and 1024 */
+    mt_tensor *h2 = mt_zeros(MT_SHAPE(2, 2), MT_F16, mt_test_device());
+    mt_tensor *h2t = mt_transpose(h2, 0, 1);
+    const double before[4] = {-60000, 1024, 0, 0}, add[4] = {70000, 0.5 + 1.0 / 8192, 0, 0};
+    mt_tensor *hb = from_doubles(before, MT_F16, MT_SHAPE(2, 2));
+    assert_int_equal(mt_copy(h2t, hb), 0);
+    mt_tensor *wide = from_doubles(add, MT_F32, MT_SHAPE(2, 2));
+    assert_int_equal(mt_add_inplace(h2t, wide), 0);
+    assert_tensor_close(h2t, ((const double[]){10000, 1025, 0, 0}), 4, 0, 0);
+    mt_tensor *b16 = mt_full(MT_SHAPE(1), MT_BF16, mt_test_device(), 256);
+    mt_tensor *f64 = mt_full(MT_SHAPE(1), MT_F64, mt_test_device(), 1 + 1.0 / 512);
+    assert_int_equal(mt_add_inplace(b16, f64), 0);
+    assert_tensor_close(b16, ((const double[]){258}), 1, 0, 0);
+    mt_release(f64);
+    mt_release(b16);
+    mt_release(wide);
+    mt_release(hb);
+    mt_release(h2t);
+    mt_release(h2);
     assert_no_error();
     mt_release(a);
     mt_release(row);

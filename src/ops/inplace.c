@@ -112,8 +112,19 @@ int mt_add_inplace(mt_tensor *a, mt_tensor *b) {
     if (rc == 0) rc = mt_check_no_self_overlap(op, 1, a);
     if (rc) return rc;
     mt_api_enter();
-    mt_tensor *s = prepare_source(op, a, b, a->dtype);
-    rc = s ? mt_backend_get(a->device)->binary(MT_OP_ADD, a, a, s) : mt_backward_failed();
+    /* a wider source: the sum in the wider dtype, rounded once into a (torch's add_), not
+       the source rounded to a's dtype first (two roundings; F16 -60000 + 70000 was inf) */
+    mt_dtype wide = mt_promote_floating(a->dtype, b->dtype);
+    const mt_backend *be = mt_backend_get(a->device);
+    mt_tensor *s = prepare_source(op, a, b, wide);
+    mt_tensor *sum = !s                 ? NULL
+                     : wide != a->dtype ? mt_tensor_new(op, a->ndim, a->shape, wide, a->device)
+                                        : mt_tensor_ref(a);
+    rc = sum ? 0 : mt_backward_failed();
+    if (rc == 0 && sum != a) rc = be->copy(sum, a);
+    if (rc == 0) rc = be->binary(MT_OP_ADD, sum, sum, s);
+    if (rc == 0 && sum != a) rc = be->copy(a, sum);
+    mt_tensor_unref(sum);
     mt_tensor_unref(s);
     if (rc == 0) mt_tensor_bump_version(a);
     return mt_api_exit_status(rc);
