@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../amp/autocast.h"
 #include "../autograd/node.h"
 #include "optimizer_impl.h"
 
@@ -190,16 +191,38 @@ void mt_optim_masters_synced(mt_optimizer *o) {
         if (o->masters[i]) o->master_versions[i] = mt_tensor_version(o->params[i]);
 }
 
+/* master := where(master rounds to p, master, p): the elements written since keep their
+   new value, the others their master's precision (a rewrite of the same values, such as
+   mt_params_to_channels_last, changes no master). */
+static int master_follow(mt_tensor *master, mt_tensor *p) {
+    mt_tensor *low = mt_cast(master, p->dtype);
+    mt_tensor *same = low ? mt_eq(low, p) : NULL;
+    mt_tensor *wide = same ? mt_cast(p, MT_F32) : NULL;
+    mt_tensor *next = wide ? mt_where(same, master, wide) : NULL;
+    int rc = next ? mt_backend_get(master->device)->copy(master, next)
+                  : (mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM);
+    mt_tensor_unref(next);
+    mt_tensor_unref(wide);
+    mt_tensor_unref(same);
+    mt_tensor_unref(low);
+    return rc;
+}
+
 int mt_optim_masters_follow(mt_optimizer *o) {
-    const mt_backend *be = mt_backend_get(o->device);
-    for (int i = 0; o->masters && i < o->n; i++) {
+    int rc = 0;
+    bool prev = mt_set_grad_enabled(false);
+    mt_autocast_token autocast = mt_autocast_suspend();
+    for (int i = 0; o->masters && i < o->n && rc == 0; i++) {
         if (!o->masters[i] || mt_tensor_version(o->params[i]) == o->master_versions[i]) continue;
-        int rc = be->copy(o->masters[i], o->params[i]);
-        if (rc < 0) return rc;
-        mt_tensor_bump_version(o->masters[i]);
-        o->master_versions[i] = mt_tensor_version(o->params[i]);
+        rc = master_follow(o->masters[i], o->params[i]);
+        if (rc == 0) {
+            mt_tensor_bump_version(o->masters[i]);
+            o->master_versions[i] = mt_tensor_version(o->params[i]);
+        }
     }
-    return 0;
+    mt_autocast_resume(autocast);
+    mt_set_grad_enabled(prev);
+    return rc;
 }
 
 static mt_optimizer *optimizer_new(const char *op, mt_tensor *const *params, int n,

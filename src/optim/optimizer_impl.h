@@ -29,10 +29,10 @@ int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_t
    broadcast from rank 0, any in-place write) gets its master remade from it before the
    next step, as the master would otherwise carry the step on from the old values. */
 void mt_optim_masters_synced(mt_optimizer *o);
-/* Remakes the master of every parameter written since (a copy between tensors of one
-   layout: allocates nothing), before a step, a save of the state or a read of a master.
-   Two optimizers over views of one storage would see each other's steps as such writes:
-   give each its own parameters' storage. 0 or the backend's error. */
+/* Remakes the master of every parameter written since, before a step, a save of the state
+   or a read of a master: the elements whose value changed take the parameter's (the others
+   keep the master's precision). Allocates temporaries: on failure nothing has changed but
+   masters remade to the parameters' values. 0 or an error. */
 int mt_optim_masters_follow(mt_optimizer *o);
 /* The current gradients (borrowed; NULL entries for params without a gradient). Fills
    grads[0..n) and returns n. */
