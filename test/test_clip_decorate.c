@@ -247,6 +247,17 @@ static void test_decorate_after_optimizer(void **state) {
     assert_error(MT_ERR_STATE, "params[0] is now f16");
     mt_optimizer_free(o);
     mt_release(w);
+    /* a multi_precision SGD (no moments) made before decorate has no master for the F16
+       parameter: its steps would round away every small update, so they are refused */
+    w = mt_test_param((double[]){1, 2}, MT_F32, MT_SHAPE(2));
+    o = mt_sgd_new(&w, 1, &(mt_sgd_opts){.lr = MT_SET(1e-4), .multi_precision = true});
+    assert_int_equal(mt_amp_decorate(&w, 1, MT_F16, NULL), 0);
+    mt_test_set_grad(w, (double[]){1, 1});
+    assert_int_equal(mt_optimizer_step(o), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "call mt_amp_decorate before creating the optimizer");
+    assert_tensor_close(w, ((double[]){1, 2}), 2, 0, 0);
+    mt_optimizer_free(o);
+    mt_release(w);
 }
 
 static void test_decorate_errors(void **state) {

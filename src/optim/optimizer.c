@@ -365,7 +365,9 @@ static int step_check(const char *op, mt_optimizer *o, int i) {
     }
     /* state made for another dtype (the parameter was cast in place afterwards) */
     mt_dtype md = p->dtype == MT_F64 ? MT_F64 : MT_F32;
-    bool bad = (o->masters && o->masters[i] && !is_low(p->dtype)) ||
+    bool has_master = o->masters && o->masters[i];
+    bool bad = (has_master && !is_low(p->dtype)) ||
+               (o->multi_precision && is_low(p->dtype) && !has_master) || /* small steps lost */
                (o->moment1 && o->moment1[i] && o->moment1[i]->dtype != md);
     if (bad)
         return mt_error_set(MT_ERR_STATE,
