@@ -111,6 +111,8 @@ static inline void check_save_path(const char *opt, const char *path) {
     } else if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode))
             why = "is a directory";
+        else if (!S_ISREG(st.st_mode)) /* the library refuses it too, after the training */
+            why = "is not a regular file (a device, FIFO or socket)";
         else if (access(path, W_OK) != 0)
             why = strerror(errno);
     }
@@ -144,6 +146,8 @@ static inline void check_load_path(const char *opt, const char *path) {
         why = strerror(errno);
     else if (S_ISDIR(st.st_mode))
         why = "is a directory";
+    else if (!S_ISREG(st.st_mode))
+        why = "is not a regular file (a device, FIFO or socket)";
     if (why) {
         fprintf(stderr, "%s: %s \"%s\": %s\n", MT_SAMPLE_NAME, opt, path, why);
         exit(2);

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #define MT_SAMPLE_NAME "train_mlp"
-#include "sample_util.h" /* read_long, parse_long, check_save_path */
+#include "sample_util.h" /* read_long, parse_long, check_save_path, check_load_path */
 
 /* --steps and a checkpoint's step at most: their sum stays an int. */
 enum { MAX_STEPS = INT_MAX / 2 };
@@ -99,6 +99,7 @@ int main(int argc, char **argv) {
     }
     /* Fail now, not after the whole run, when the checkpoint could not be written. */
     if (save_path) check_save_path("--save", save_path);
+    if (resume_path) check_load_path("--resume", resume_path);
     mt_manual_seed(0);
 
     /* The data set. Intermediate results die with the scope; mt_retain keeps y past it. */

@@ -26,7 +26,8 @@ static int tmp_count(const tmpdir *t) {
     DIR *d = opendir(t->dir);
     assert_non_null(d);
     int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    for (struct dirent *e; (e = readdir(d));) /* temporaries start with a dot: counted */
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
     closedir(d);
     return n;
 }
@@ -35,7 +36,7 @@ static void tmp_close(tmpdir *t) {
     DIR *d = opendir(t->dir);
     assert_non_null(d);
     for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.') continue;
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         char p[400];
         snprintf(p, sizeof p, "%s/%s", t->dir, e->d_name);
         unlink(p);
@@ -276,7 +277,8 @@ static void test_save_atomic(void **state) {
     snprintf(bad, sizeof bad, "%s/missing/ckpt.safetensors", td.dir);
     assert_int_equal(mt_state_save(s, bad), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "cannot create a temporary file");
-    /* the target is a directory: rename fails, the temporary is removed */
+    /* the target is a directory, or a FIFO: refused, nothing replaced, no temporary left;
+       loading a FIFO is refused at once rather than waiting for a writer */
     char sub[200];
     snprintf(sub, sizeof sub, "%s/sub", td.dir);
     assert_int_equal(mkdir(sub, 0700), 0);
@@ -284,10 +286,47 @@ static void test_save_atomic(void **state) {
     snprintf(inner, sizeof inner, "%s/f", sub);
     write_bytes(inner, "x", 1);
     assert_int_equal(mt_state_save(s, sub), MT_ERR_INVALID);
-    assert_error(MT_ERR_INVALID, "rename");
+    assert_error(MT_ERR_INVALID, "exists and is not a regular file");
     assert_int_equal(tmp_count(&td), 2); /* the checkpoint and sub/, no temporary */
     unlink(inner);
     rmdir(sub);
+    char fifo[200];
+    snprintf(fifo, sizeof fifo, "%s/fifo", td.dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(mt_state_save(s, fifo), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "exists and is not a regular file");
+    struct stat st;
+    assert_true(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+    assert_null(mt_state_load(fifo, dev));
+    assert_error(MT_ERR_INVALID, "not a regular file");
+    unlink(fifo);
+    /* a file replaced keeps its permissions */
+    assert_int_equal(chmod(td.path, 0600), 0);
+    assert_int_equal(mt_state_save(s, td.path), 0);
+    assert_true(stat(td.path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    /* through a symbolic link: the file it points to is written, the link stays */
+    char link[200];
+    snprintf(link, sizeof link, "%s/link", td.dir);
+    assert_int_equal(symlink(td.path, link), 0);
+    mt_tensor *three = mt_full(MT_SHAPE(4), MT_F32, dev, 3.0);
+    mt_state_put(s, "a", three);
+    assert_int_equal(mt_state_save(s, link), 0);
+    assert_true(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+    r = mt_state_load(td.path, dev);
+    mt_tensor *got = mt_state_get(r, "a");
+    assert_tensor_close(got, ((const double[]){3, 3, 3, 3}), 4, 0, 0);
+    mt_release(got);
+    mt_state_free(r);
+    unlink(link);
+    mt_release(three);
+    /* a file name as long as a directory allows (255 bytes): the temporary fits too */
+    char longname[400];
+    int at = snprintf(longname, sizeof longname, "%s/", td.dir);
+    memset(longname + at, 'n', 255);
+    longname[at + 255] = 0;
+    assert_int_equal(mt_state_save(s, longname), 0);
+    assert_int_equal(tmp_count(&td), 2);
+    unlink(longname);
     /* refused while an error is pending: the tensors may be half made */
     mt_error_set(MT_ERR_SHAPE, "earlier failure");
     assert_int_equal(mt_state_save(s, td.path), MT_ERR_STATE);

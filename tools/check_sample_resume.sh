@@ -71,6 +71,10 @@ grep -q 'did not fall' "$dir/err" || { echo "FAIL: train_mlp --steps 1: no reaso
 echo "train_mlp --steps 1 -> 1: $(cat "$dir/err")"
 expect 2 'cannot write in directory' "$mlp" --save "$dir/missing/x"
 expect 2 'is a directory' "$mlp" --save "$dir"
+mkfifo "$dir/fifo" # refused up front: neither replaced by the save nor waited on by the load
+expect 2 'not a regular file' "$mlp" --save "$dir/fifo"
+expect 2 'not a regular file' "$mlp" --resume "$dir/fifo"
+[[ -p $dir/fifo ]] || { echo "FAIL: --save replaced a FIFO"; exit 1; }
 "$mlp" --steps 2 --save "$dir/mlp" >/dev/null
 for bad in -100 abc 2147483647 99999999999999999999999; do
     with_meta "$dir/mlp" step "$bad" "$dir/bad"

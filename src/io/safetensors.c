@@ -107,10 +107,14 @@ static int write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
-/* Opens a new temporary file next to path: "<path>.tmp.<pid>.<k>". */
+/* Opens a new temporary file in the directory of path: "<dir>/.mt_state.<pid>.<k>.tmp", a
+   name short enough for any directory whatever the length of path's own name. */
 static int open_temp(const char *path, char *tmp, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path) + 1 : 0; /* with the slash */
     for (unsigned k = 0; k < 1000; k++) {
-        if ((size_t)snprintf(tmp, cap, "%s.tmp.%ld.%u", path, (long)getpid(), k) >= cap) {
+        if ((size_t)snprintf(tmp, cap, "%.*s.mt_state.%ld.%u.tmp", dir_len, path, (long)getpid(),
+                             k) >= cap) {
             errno = ENAMETOOLONG;
             return -1;
         }
@@ -118,6 +122,33 @@ static int open_temp(const char *path, char *tmp, size_t cap) {
         if (fd >= 0 || errno != EEXIST) return fd;
     }
     return -1;
+}
+
+/* Where a save to path writes: path itself, or the file a symbolic link there points to (a
+   save writes through the link, as torch.save does, and the link stays). What is there must
+   be a regular file or nothing: a rename over a device, FIFO or socket would replace it.
+   *mode: the permissions the file has now (kept), or -1 when there is none yet. */
+static int save_target(const char *fn, const char *path, char *target, size_t cap, int *mode) {
+    struct stat st;
+    *mode = -1;
+    if ((size_t)snprintf(target, cap, "%s", path) >= cap)
+        return mt_error_set(MT_ERR_INVALID, "%s: %s: the path is too long", fn, path);
+    if (lstat(path, &st) < 0) return 0; /* nothing there yet (or the open will say why) */
+    if (S_ISLNK(st.st_mode)) {
+        char resolved[PATH_MAX];
+        if (!realpath(path, resolved) || stat(resolved, &st) < 0)
+            return mt_error_set(MT_ERR_INVALID, "%s: %s: a symbolic link to nothing: %s", fn, path,
+                                strerror(errno));
+        if ((size_t)snprintf(target, cap, "%s", resolved) >= cap)
+            return mt_error_set(MT_ERR_INVALID, "%s: %s: the path is too long", fn, path);
+    }
+    if (!S_ISREG(st.st_mode))
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: %s: exists and is not a regular file (a directory, device, FIFO "
+                            "or socket); refused",
+                            fn, path);
+    *mode = (int)(st.st_mode & 07777);
+    return 0;
 }
 
 /* fsync of the directory that holds path, so that the rename itself is durable. */
@@ -174,8 +205,13 @@ int mt_state_save(const mt_state *s, const char *path) {
     size_t hlen = 0, max_bytes = 0;
     char *header = build_header(s, fn, path, &hlen, &max_bytes);
     if (!header) return mt_last_status();
-    char tmp[PATH_MAX];
-    int fd = open_temp(path, tmp, sizeof tmp);
+    char target[PATH_MAX], tmp[PATH_MAX];
+    int mode;
+    if (save_target(fn, path, target, sizeof target, &mode) < 0) {
+        free(header);
+        return mt_last_status();
+    }
+    int fd = open_temp(target, tmp, sizeof tmp);
     if (fd < 0) {
         free(header);
         return mt_error_set(MT_ERR_INVALID, "%s: %s: cannot create a temporary file: %s", fn, path,
@@ -183,18 +219,22 @@ int mt_state_save(const mt_state *s, const char *path) {
     }
     int rc = write_body(s, fn, path, fd, header, hlen, max_bytes);
     free(header);
+    /* a file replaced keeps its permissions (a private checkpoint stays private) */
+    if (!rc && mode >= 0 && fchmod(fd, (mode_t)mode) < 0)
+        rc = mt_error_set(MT_ERR_INVALID, "%s: %s: cannot keep the file's permissions: %s", fn,
+                          path, strerror(errno));
     if (!rc && fsync(fd) < 0)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: fsync failed: %s", fn, path, strerror(errno));
     if (close(fd) < 0 && !rc)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: close failed: %s", fn, path, strerror(errno));
-    if (!rc && rename(tmp, path) < 0)
+    if (!rc && rename(tmp, target) < 0)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: rename from %s failed: %s", fn, path, tmp,
                           strerror(errno));
     if (rc) {
         unlink(tmp);
         return rc;
     }
-    if (sync_dir(path) < 0)
+    if (sync_dir(target) < 0)
         return mt_error_set(MT_ERR_INVALID, "%s: %s: fsync of the directory failed: %s", fn, path,
                             strerror(errno));
     return 0;
@@ -489,7 +529,9 @@ mt_state *mt_state_load(const char *path, mt_device dev) {
         return NULL;
     }
     if (!mt_backend_for(L.fn, dev)) return NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO would otherwise wait for a writer before fstat refuses it
+       (reads of a regular file ignore the flag) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         LOAD_ERR(&L, MT_ERR_INVALID, "cannot open: %s", strerror(errno));
         return NULL;
