@@ -456,6 +456,11 @@ static void test_conv2d_layer(void **state) {
     assert_error(MT_ERR_DTYPE, "parameters must be floating");
     assert_int_equal(mt_conv2d_layer_init(NULL, 4, 6, 1, 1, NULL, false, MT_F32, d), MT_ERR_NULL);
     assert_error(MT_ERR_NULL, "layer is NULL");
+    /* a fan-in past int64 (4 * 2^32 * 2^32): too large to allocate, with no overflow on the
+       way (the UBSan build checks) */
+    assert_int_equal(mt_conv2d_layer_init(&l, 4, 4, 1LL << 32, 1LL << 32, NULL, true, MT_F32, d),
+                     MT_ERR_OOM);
+    assert_error(MT_ERR_OOM, "too large to allocate");
     assert_int_equal(mt_conv2d_layer_init(&l, 4, 6, 1, 1, NULL, false, MT_F32, d), 0);
     assert_null(l.bias);
     mt_conv2d_layer_free(&l);

@@ -400,6 +400,16 @@ static void test_pool_errors(void **state) {
                                            .ceil_mode = true});
     assert_no_error();
     assert_shape(y, 1, 2, 1, 1); /* ceil(4 / stride) + 1 = 2 windows, the second past */
+    /* a kernel near 2^63 with padding half of it: 5 windows, each over all 5 rows of ones,
+       divided by the whole kernel (the oneDNN path's padding arithmetic must not overflow) */
+    y = mt_avg_pool2d(mt_ones(MT_SHAPE(1, 1, 5, 1), MT_F32, d),
+                      &(mt_pool2d_opts){.kernel = {INT64_MAX, 1},
+                                        .stride = {1, 1},
+                                        .padding = {INT64_MAX / 2, 0}});
+    assert_no_error();
+    assert_shape(y, 1, 1, 5, 1);
+    const double fifth = 5.0 / (double)INT64_MAX;
+    assert_tensor_close(y, ((const double[]){fifth, fifth, fifth, fifth, fifth}), 5, 0, 1e-6);
     /* ceil_mode keeps a window that overhangs the input by less than a stride (torch: a 2x2
        input, kernel 3, stride 2 gives 1x1); without ceil_mode the output is empty */
     mt_tensor *x2 = mt_test_tensor((const double[]){1, 5, -2, 3}, MT_F32, MT_SHAPE(1, 1, 2, 2));

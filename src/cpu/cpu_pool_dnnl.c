@@ -35,7 +35,11 @@ static bool pool_case(pool_key *k, const mt_tensor *x, const mt_tensor *y,
         k->stride[i] = p->stride[i];
         k->pad_l[i] = p->padding[i];
         /* the right padding that makes oneDNN's size formula give torch's output size */
-        k->pad_r[i] = (out - 1) * p->stride[i] + p->kernel[i] - in - p->padding[i];
+        int64_t reach; /* kernels and strides near 2^63 overflow here: the plain loops */
+        if (__builtin_mul_overflow(out - 1, p->stride[i], &reach) ||
+            __builtin_add_overflow(reach, p->kernel[i], &reach))
+            return false;
+        k->pad_r[i] = reach - in - p->padding[i];
         if (k->pad_r[i] < 0) return false;
         /* oneDNN divides by the whole kernel; torch by the window clipped to the padded
            input: the same only while no window reaches past the right padding */

@@ -26,7 +26,7 @@ int mt_conv2d_layer_init(mt_conv2d_layer *l, int64_t in, int64_t out, int64_t kh
     bool prev = mt_set_grad_enabled(false);
     /* torch.nn.Conv2d: kaiming_uniform(a = sqrt(5)) of W and the bias init both reduce to
        U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * kH * kW */
-    double bound = 1.0 / sqrt((double)(in / g * kh * kw));
+    double bound = 1.0 / sqrt((double)(in / g) * (double)kh * (double)kw); /* no int64 overflow */
     l->weight = mt_nn_uniform_param(4, (const int64_t[]){out, in / g, kh, kw}, bound, dt, dev);
     if (l->weight && bias) l->bias = mt_nn_uniform_param(1, &out, bound, dt, dev);
     mt_set_grad_enabled(prev);
