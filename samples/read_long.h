@@ -7,10 +7,12 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-/* Reads s into *v when it is a whole decimal integer in [lo, hi] (no trailing junk, no
-   overflow); otherwise false, and *v as it was. For values from files too (a checkpoint's
-   metadata), where exiting with a command-line message would be wrong. */
+/* Reads s into *v when it is a whole decimal integer in [lo, hi] (an optional '-' and
+   digits: no leading blanks or '+', no trailing junk, no overflow); otherwise false, and *v
+   as it was. For values from files too (a checkpoint's metadata), where exiting with a
+   command-line message would be wrong. */
 static inline bool read_long(const char *s, long lo, long hi, long *v) {
+    if (!(*s == '-' || (*s >= '0' && *s <= '9'))) return false; /* strtol skips " \n+" */
     char *end;
     errno = 0;
     long r = strtol(s, &end, 10);

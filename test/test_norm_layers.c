@@ -99,6 +99,13 @@ static void test_layer_norm_layer(void **state) {
         mt_layer_norm_layer_init(&l, 1, (const int64_t[]){0}, true, MT_F32, mt_test_device()),
         MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "size 0 of dim 0 is not positive");
+    assert_int_equal(mt_layer_norm_layer_init(&l, 1, NULL, true, MT_F32, mt_test_device()),
+                     MT_ERR_NULL);
+    assert_error(MT_ERR_NULL, "arg 3: normalized shape is NULL");
+    assert_int_equal(
+        mt_layer_norm_layer_init(&l, 0, (const int64_t[]){5}, true, MT_F32, mt_test_device()),
+        MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "normalized shape needs 1 to 8 dims, got 0");
     mt_scope_end();
 }
 
@@ -182,15 +189,11 @@ static void test_decorate_keeps_norms(void **state) {
     mt_scope_end();
 }
 
-
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_batch_norm2d_layer_init),
-        MT_TEST(test_batch_norm2d_layer_forward),
-        MT_TEST(test_layer_norm_layer),
-        MT_TEST(test_embedding_layer),
-        MT_TEST(test_dropout_layer),
-        MT_TEST(test_decorate_keeps_norms),
+        MT_TEST(test_batch_norm2d_layer_init), MT_TEST(test_batch_norm2d_layer_forward),
+        MT_TEST(test_layer_norm_layer),        MT_TEST(test_embedding_layer),
+        MT_TEST(test_dropout_layer),           MT_TEST(test_decorate_keeps_norms),
     };
     return MT_RUN_TESTS(tests);
 }

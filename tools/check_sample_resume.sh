@@ -63,6 +63,8 @@ echo "--help prints the usage on stdout and exits 0"
 
 # train_mlp: strict numbers; a run whose loss did not fall says so
 expect 2 'expected an integer' "$mlp" --steps 5abc
+expect 2 'expected an integer' "$mlp" --steps ' 5'
+expect 2 'expected an integer' "$mlp" --steps +5
 expect 2 'expected an integer' "$mlp" --steps 99999999999
 expect 2 'expected an integer' "$mlp" --steps 0
 expect 2 'unknown' "$mlp" --stpes 5

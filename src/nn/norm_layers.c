@@ -89,10 +89,11 @@ int mt_layer_norm_layer_init(mt_layer_norm_layer *l, int ndim, const int64_t *sh
     static const char op[] = "mt_layer_norm_layer_init";
     if (!l) return mt_error_set(MT_ERR_NULL, "%s: arg 1: layer is NULL", op);
     memset(l, 0, sizeof *l);
-    if (ndim < 1 || ndim > MT_MAX_DIMS || !shape)
+    if (ndim < 1 || ndim > MT_MAX_DIMS)
         return mt_error_set(MT_ERR_INVALID,
                             "%s: arg 2: normalized shape needs 1 to %d dims, got %d", op,
-                            MT_MAX_DIMS, shape ? ndim : 0);
+                            MT_MAX_DIMS, ndim);
+    if (!shape) return mt_error_set(MT_ERR_NULL, "%s: arg 3: normalized shape is NULL", op);
     for (int i = 0; i < ndim; i++)
         if (shape[i] <= 0)
             return mt_error_set(MT_ERR_INVALID, "%s: arg 3: size %lld of dim %d is not positive",
