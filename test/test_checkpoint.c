@@ -353,6 +353,21 @@ static void test_resume_adamw(void **state) {
 
 /* ---------------------------------------------------------------- state errors */
 
+/* A copy of s (entries and metadata) without the entry named drop. */
+static mt_state *state_without(mt_state *s, const char *drop) {
+    mt_state *out = mt_state_new();
+    for (int i = 0; i < mt_state_count(s); i++)
+        if (strcmp(mt_state_name(s, i), drop) != 0) {
+            mt_tensor *t = mt_state_get(s, mt_state_name(s, i));
+            mt_state_put(out, mt_state_name(s, i), t);
+            mt_release(t);
+        }
+    for (int i = 0; i < mt_state_meta_count(s); i++)
+        mt_state_set_meta(out, mt_state_meta_key(s, i),
+                          mt_state_get_meta(s, mt_state_meta_key(s, i)));
+    return out;
+}
+
 static void test_optimizer_state_errors(void **state) {
     (void)state;
     const amp_cfg o2 = {MT_F16, MT_AMP_O2, true};
@@ -393,21 +408,16 @@ static void test_optimizer_state_errors(void **state) {
     assert_int_equal(mt_optimizer_state_load(b.opt, s, "opt."), MT_ERR_SHAPE);
     assert_error(MT_ERR_SHAPE, "entry 'opt.state.3.exp_avg_sq' is f32 [2], expected f32 [3]");
     assert_true(mt_optimizer_get_lr(b.opt) == 0.5);
-    /* a missing master weight */
+    /* a missing master weight; a moment without its partner */
     mt_state *s2 = mt_state_new();
     assert_int_equal(mt_optimizer_state_save(a.opt, s2, ""), 0);
-    mt_state *s3 = mt_state_new();
-    for (int i = 0; i < mt_state_count(s2); i++)
-        if (!strstr(mt_state_name(s2, i), "state.1.master")) {
-            mt_tensor *t = mt_state_get(s2, mt_state_name(s2, i));
-            mt_state_put(s3, mt_state_name(s2, i), t);
-            mt_release(t);
-        }
-    for (int i = 0; i < mt_state_meta_count(s2); i++)
-        mt_state_set_meta(s3, mt_state_meta_key(s2, i),
-                          mt_state_get_meta(s2, mt_state_meta_key(s2, i)));
+    mt_state *s3 = state_without(s2, "state.1.master");
     assert_int_equal(mt_optimizer_state_load(b.opt, s3, ""), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "no entry 'state.1.master'");
+    mt_state *s4 = state_without(s2, "state.1.exp_avg_sq");
+    assert_int_equal(mt_optimizer_state_load(b.opt, s4, ""), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "the state has 'state.1.exp_avg' but not 'state.1.exp_avg_sq'");
+    mt_state_free(s4);
     assert_int_equal(mt_optimizer_state_load(b.opt, s2, ""), 0);
     assert_true(mt_optimizer_get_lr(b.opt) == 0.01);
     assert_int_equal(mt_optimizer_state_save(NULL, s, ""), MT_ERR_NULL);

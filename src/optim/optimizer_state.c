@@ -262,6 +262,27 @@ static int load_steps(const char *fn, mt_optimizer *o, mt_state *s, const char *
     return 0;
 }
 
+/* A parameter's moments are made together, at its first step: a state with one and not the
+   other (Adam's exp_avg without exp_avg_sq) is damaged, and would step from a zero moment. */
+static int check_moments_together(const char *fn, const mt_optimizer *o, const char *prefix,
+                                  const pending *pd, const slot *sl, int ns) {
+    for (int i = 0; i < o->n; i++) {
+        int first = -1;
+        for (int k = 0; k < ns; k++) {
+            if (strcmp(sl[k].name, "master") == 0) continue;
+            if (first < 0) {
+                first = k;
+            } else if (!pd->fresh[k][i] != !pd->fresh[first][i]) {
+                int has = pd->fresh[k][i] ? k : first, lacks = pd->fresh[k][i] ? first : k;
+                return mt_error_set(MT_ERR_INVALID,
+                                    "%s: the state has '%sstate.%d.%s' but not '%sstate.%d.%s'", fn,
+                                    prefix, i, sl[has].name, prefix, i, sl[lacks].name);
+            }
+        }
+    }
+    return 0;
+}
+
 static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char *prefix,
                         pending *pd, const hparam *h, int nh, const slot *sl, int ns) {
     int rc = check_meta(fn, s, prefix, "kind", kind_names[o->kind]);
@@ -289,6 +310,7 @@ static int load_prepare(const char *fn, mt_optimizer *o, mt_state *s, const char
         for (int i = 0; i < o->n && !rc; i++)
             rc = load_slot(fn, o, s, prefix, i, &sl[k], &pd->fresh[k][i]);
     }
+    if (!rc) rc = check_moments_together(fn, o, prefix, pd, sl, ns);
     /* step counts exist for Adam and AdamW, whose slot 0 is exp_avg */
     if (!rc && o->step_count) rc = load_steps(fn, o, s, prefix, pd->fresh[0], &pd->step);
     return rc;
