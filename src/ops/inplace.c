@@ -65,6 +65,7 @@ static mt_tensor *prepare_source(const char *op, mt_tensor *dst, mt_tensor *src,
 static int fill(mt_tensor *t, double value) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_fill: arg 1: tensor is NULL");
     int rc = check_writable("mt_fill", 1, t);
+    if (rc == 0) rc = mt_check_fill_value("mt_fill", 2, t->dtype, value);
     if (rc == 0) rc = mt_backend_get(t->device)->fill(t, value);
     if (rc == 0) mt_tensor_bump_version(t);
     return rc;

@@ -1,4 +1,5 @@
 /* Argument checks shared by op entry points; each names the op and the argument. */
+#include <math.h>
 #include "tensor_impl.h"
 
 int mt_check_floating(const char *op, int arg, const mt_tensor *t) {
@@ -34,4 +35,13 @@ mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b) {
     if (!mt_dtype_is_floating(a)) return b;
     if (!mt_dtype_is_floating(b)) return a;
     return MT_F32; /* f32 with anything lower, or f16 with bf16 */
+}
+
+int mt_check_fill_value(const char *op, int arg, mt_dtype dt, double v) {
+    double lo = dt == MT_I32 ? -2147483648.0 : -9223372036854775808.0;
+    double hi = dt == MT_I32 ? 2147483648.0 : 9223372036854775808.0; /* exclusive */
+    if ((dt != MT_I32 && dt != MT_I64) || (isfinite(v) && trunc(v) >= lo && trunc(v) < hi))
+        return 0;
+    return mt_error_set(MT_ERR_INVALID, "%s: arg %d: value %g does not fit in %s", op, arg, v,
+                        mt_dtype_name(dt));
 }

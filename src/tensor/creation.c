@@ -4,12 +4,15 @@
 #include "backend.h"
 #include "tensor_impl.h"
 
+/* value_arg: the position of value in op's arguments (for messages) */
 static mt_tensor *filled(const char *op, int ndim, const int64_t *shape, mt_dtype dt, mt_device dev,
-                         double value) {
+                         double value, int value_arg) {
     if (ndim > 0 && !shape) {
         mt_error_set(MT_ERR_NULL, "%s: arg 2: shape is NULL", op);
         return NULL;
     }
+    if ((unsigned)dt < MT_DTYPE_COUNT && mt_check_fill_value(op, value_arg, dt, value) < 0)
+        return NULL;
     mt_tensor *t = mt_tensor_new(op, ndim, shape, dt, dev);
     if (!t) return NULL;
     if (mt_backend_get(dev)->fill(t, value) < 0) {
@@ -30,34 +33,34 @@ mt_tensor *mt_empty(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev) 
 
 mt_tensor *mt_zeros(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev) {
     mt_api_enter();
-    return mt_api_exit(filled("mt_zeros", ndim, shape, dt, dev, 0.0));
+    return mt_api_exit(filled("mt_zeros", ndim, shape, dt, dev, 0.0, 0));
 }
 
 mt_tensor *mt_ones(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev) {
     mt_api_enter();
-    return mt_api_exit(filled("mt_ones", ndim, shape, dt, dev, 1.0));
+    return mt_api_exit(filled("mt_ones", ndim, shape, dt, dev, 1.0, 0));
 }
 
 mt_tensor *mt_full(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev, double value) {
     mt_api_enter();
-    return mt_api_exit(filled("mt_full", ndim, shape, dt, dev, value));
+    return mt_api_exit(filled("mt_full", ndim, shape, dt, dev, value, 5));
 }
 
 mt_tensor *mt_scalar(double value, mt_dtype dt, mt_device dev) {
     mt_api_enter();
-    return mt_api_exit(filled("mt_scalar", 0, NULL, dt, dev, value));
+    return mt_api_exit(filled("mt_scalar", 0, NULL, dt, dev, value, 1));
 }
 
 mt_tensor *mt_zeros_like(const mt_tensor *t) {
     if (!t) return NULL;
     mt_api_enter();
-    return mt_api_exit(filled("mt_zeros_like", t->ndim, t->shape, t->dtype, t->device, 0.0));
+    return mt_api_exit(filled("mt_zeros_like", t->ndim, t->shape, t->dtype, t->device, 0.0, 0));
 }
 
 mt_tensor *mt_ones_like(const mt_tensor *t) {
     if (!t) return NULL;
     mt_api_enter();
-    return mt_api_exit(filled("mt_ones_like", t->ndim, t->shape, t->dtype, t->device, 1.0));
+    return mt_api_exit(filled("mt_ones_like", t->ndim, t->shape, t->dtype, t->device, 1.0, 0));
 }
 
 mt_tensor *mt_empty_like(const mt_tensor *t) {
