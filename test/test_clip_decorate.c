@@ -65,6 +65,13 @@ static void test_clip_grad_norm(void **state) {
         ga = mt_grad(a);
         assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
         mt_release(ga);
+        /* an inf norm under an inf max_norm: inf / inf, every gradient nan (torch) */
+        mt_test_set_grad(a, (double[]){3, 4});
+        mt_test_set_grad(b, (double[]){INFINITY});
+        assert_true(isinf(mt_clip_grad_norm(o, INFINITY)));
+        ga = mt_grad(a);
+        assert_tensor_close(ga, ((double[]){NAN, NAN}), 2, 0, 0);
+        mt_release(ga);
         mt_optimizer_free(o);
         mt_release(a);
         mt_release(b);
@@ -73,12 +80,42 @@ static void test_clip_grad_norm(void **state) {
     assert_no_error();
 }
 
-/* The norm of mt_clip_grad_norm_async, read back (a 0-d F32 tensor on the device). */
-static double async_norm(mt_optimizer *o, double max_norm) {
+/* F64 gradients get an F64 norm and factor, from both forms: an F32 one overflowed for a
+   norm of 1.4e30 (every gradient zeroed), underflowed for a max_norm of 1e-50, and rounded
+   the norm of 3.0000000001 (torch computes in the gradients' dtype). */
+static void test_clip_f64(void **state) {
+    (void)state;
+    mt_tensor *a = mt_test_param((double[]){0, 0}, MT_F64, MT_SHAPE(2));
+    mt_optimizer *o = mt_sgd_new(&a, 1, NULL);
+    for (int async = 0; async < 2; async++) {
+        mt_scope_begin(); /* the async norms */
+        mt_test_set_grad(a, (double[]){1e30, 1e30});
+        double norm = async ? mt_item(mt_clip_grad_norm_async(o, 1.0)) : mt_clip_grad_norm(o, 1.0);
+        assert_float_equal(norm, sqrt(2.0) * 1e30, 1e16);
+        mt_tensor *g = mt_grad(a);
+        assert_tensor_close(g, ((double[]){sqrt(0.5), sqrt(0.5)}), 2, 0, 1e-12);
+        mt_release(g);
+        mt_test_set_grad(a, (double[]){3.0000000001, 0});
+        norm = async ? mt_item(mt_clip_grad_norm_async(o, 1e-50)) : mt_clip_grad_norm(o, 1e-50);
+        assert_true(norm == 3.0000000001);
+        g = mt_grad(a);
+        double want = 3.0000000001 * (1e-50 / (3.0000000001 + 1e-6));
+        assert_tensor_close(g, ((double[]){want, 0}), 2, 0, 1e-12);
+        mt_release(g);
+        mt_scope_end();
+    }
+    mt_optimizer_free(o);
+    mt_release(a);
+    assert_no_error();
+}
+
+/* The norm of mt_clip_grad_norm_async, read back (a 0-d tensor on the device: F64 for F64
+   gradients, else F32). */
+static double async_norm(mt_optimizer *o, double max_norm, mt_dtype want) {
     mt_tensor *n = mt_clip_grad_norm_async(o, max_norm);
     assert_non_null(n);
     assert_int_equal(mt_ndim(n), 0);
-    assert_int_equal(mt_dtype_of(n), MT_F32);
+    assert_int_equal(mt_dtype_of(n), want);
     assert_on_test_device(n);
     double v = mt_item(n);
     mt_release(n);
@@ -95,12 +132,13 @@ static void test_clip_grad_norm_async(void **state) {
         mt_tensor *b = mt_test_param((double[]){0}, dts[d], MT_SHAPE(1));
         mt_tensor *ps[2] = {a, b};
         mt_optimizer *o = mt_sgd_new(ps, 2, NULL);
-        assert_float_equal(async_norm(o, 1.0), 0.0, 0); /* no gradients */
+        mt_dtype ndt = dts[d] == MT_F64 ? MT_F64 : MT_F32;
+        assert_float_equal(async_norm(o, 1.0, MT_F32), 0.0, 0); /* no gradients */
         mt_test_set_grad(a, (double[]){3, 4});
         mt_test_set_grad(b, (double[]){12});
         double tol = dts[d] == MT_F16 ? 2e-3 : 1e-6;
         /* below the bound: unchanged (a coefficient of exactly 1) */
-        assert_float_equal(async_norm(o, 20.0), 13.0, 1e-5);
+        assert_float_equal(async_norm(o, 20.0, ndt), 13.0, 1e-5);
         mt_tensor *ga = mt_grad(a);
         assert_tensor_close(ga, ((double[]){3, 4}), 2, 0, 0);
         mt_release(ga);
@@ -118,14 +156,14 @@ static void test_clip_grad_norm_async(void **state) {
         /* inf: coefficient 0 (inf elements become nan); nan: everything nan; no error */
         mt_test_set_grad(a, (double[]){3, 4});
         mt_test_set_grad(b, (double[]){INFINITY});
-        assert_true(isinf(async_norm(o, 1.0)));
+        assert_true(isinf(async_norm(o, 1.0, ndt)));
         assert_no_error();
         ga = mt_grad(a);
         assert_tensor_close(ga, ((double[]){0, 0}), 2, 0, 0);
         mt_release(ga);
         mt_test_set_grad(a, (double[]){3, 4});
         mt_test_set_grad(b, (double[]){NAN});
-        assert_true(isnan(async_norm(o, 1.0)));
+        assert_true(isnan(async_norm(o, 1.0, ndt)));
         assert_no_error();
         ga = mt_grad(a);
         assert_tensor_close(ga, ((double[]){NAN, NAN}), 2, 0, 0);
@@ -134,7 +172,7 @@ static void test_clip_grad_norm_async(void **state) {
         mt_test_set_grad(a, (double[]){3, 4});
         mt_test_set_grad(b, (double[]){12});
         mt_autocast_begin(MT_F16, MT_AMP_O2);
-        assert_float_equal(async_norm(o, 1e30), 13.0, 1e-5);
+        assert_float_equal(async_norm(o, 1e30, ndt), 13.0, 1e-5);
         mt_autocast_end();
         /* errors: nothing changes */
         assert_null(mt_clip_grad_norm_async(NULL, 1));
@@ -289,9 +327,10 @@ static void test_decorate_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        MT_TEST(test_clip_grad_norm),           MT_TEST(test_clip_grad_norm_async),
-        MT_TEST(test_clip_expanded_grad),       MT_TEST(test_decorate),
-        MT_TEST(test_decorate_after_optimizer), MT_TEST(test_decorate_errors),
+        MT_TEST(test_clip_grad_norm),  MT_TEST(test_clip_grad_norm_async),
+        MT_TEST(test_clip_f64),        MT_TEST(test_clip_expanded_grad),
+        MT_TEST(test_decorate),        MT_TEST(test_decorate_after_optimizer),
+        MT_TEST(test_decorate_errors),
     };
     return MT_RUN_TESTS(tests);
 }

@@ -28,28 +28,57 @@ static int own_grad(const char *op, mt_tensor *p) {
     return 0;
 }
 
-/* g *= coef[0] for every gradient, in place, in one fused pass; coef 0-d F32 on the device. */
-static int scale_grads_by(const char *op, mt_optimizer *o, const mt_tensor *coef) {
+/* g *= coef[0] for every gradient, in place; coef 0-d (F32, or F64 for F64 gradients) on the
+   device. One fused pass over the F32/F16/BF16 gradients (whose kernel takes an F32 factor),
+   and a multiply per F64 gradient, by the factor in F64: an F32 one would round it, and
+   underflow (a max_norm of 1e-50) or overflow (a norm of 1e30). */
+static int scale_grads_by(const char *op, mt_optimizer *o, mt_tensor *coef) {
     const mt_backend *be = mt_backend_get(o->device);
     int rc = 0, k = 0;
+    bool any_f64 = false;
     for (int i = 0; i < o->n && rc == 0; i++) {
         mt_tensor *p = o->params[i];
         if (!p->grad) continue;
         rc = own_grad(op, p);
-        o->grad_buf[k++] = p->grad;
+        if (p->grad->dtype == MT_F64)
+            any_f64 = true;
+        else
+            o->grad_buf[k++] = p->grad;
     }
     if (rc < 0) return rc;
+    mt_tensor *c32 = coef->dtype == MT_F32 ? mt_tensor_ref(coef) : mt_cast(coef, MT_F32);
+    mt_tensor *c64 = !any_f64                ? NULL
+                     : coef->dtype == MT_F64 ? mt_tensor_ref(coef)
+                                             : mt_cast(coef, MT_F64);
     mt_tensor *flag = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
-    if (!flag) rc = mt_last_status();
+    if (!c32 || (any_f64 && !c64) || !flag)
+        rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
     if (rc == 0) rc = be->fill(flag, 0.0);
-    if (rc == 0) rc = be->unscale(o->grad_buf, k, (mt_tensor *)coef, flag);
-    mt_tensor_unref(flag);
+    if (rc == 0 && k) rc = be->unscale(o->grad_buf, k, c32, flag);
     for (int i = 0; rc == 0 && i < k; i++) mt_tensor_bump_version(o->grad_buf[i]);
+    for (int i = 0; rc == 0 && any_f64 && i < o->n; i++) {
+        mt_tensor *g = o->params[i]->grad;
+        if (!g || g->dtype != MT_F64) continue;
+        mt_tensor *c = mt_tensor_expand_to(c64, g->ndim, g->shape);
+        rc = c ? be->binary(MT_OP_MUL, g, g, c) : (int)mt_last_status();
+        mt_tensor_unref(c);
+        if (rc == 0) mt_tensor_bump_version(g);
+    }
+    mt_tensor_unref(flag);
+    mt_tensor_unref(c64);
+    mt_tensor_unref(c32);
     return rc;
 }
 
+/* The dtype of the norm and the factor: F64 when a gradient is F64, else F32. */
+static mt_dtype norm_dtype(const mt_optimizer *o) {
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad && o->params[i]->grad->dtype == MT_F64) return MT_F64;
+    return MT_F32;
+}
+
 static int scale_grads(const char *op, mt_optimizer *o, double coef) {
-    mt_tensor *s = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
+    mt_tensor *s = mt_tensor_new(op, 0, NULL, norm_dtype(o), o->device);
     int rc = s ? mt_backend_get(o->device)->fill(s, coef) : mt_last_status();
     if (rc == 0) rc = scale_grads_by(op, o, s);
     mt_tensor_unref(s);
@@ -73,9 +102,10 @@ static int collect_grads(mt_optimizer *o) {
     return k;
 }
 
-/* sum(g^2) over every collected gradient as a 0-d F32 tensor on the device; NULL on error. */
+/* sum(g^2) over every collected gradient as a 0-d tensor on the device (F64 when a gradient
+   is F64, else F32; the kernels add up in double); NULL on error. */
 static mt_tensor *grads_sq_norm(const char *op, mt_optimizer *o, int k) {
-    mt_tensor *sq = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
+    mt_tensor *sq = mt_tensor_new(op, 0, NULL, norm_dtype(o), o->device);
     if (sq && mt_backend_get(o->device)->sq_norm(o->grad_buf, k, sq) < 0) {
         mt_tensor_unref(sq);
         sq = NULL;
@@ -104,26 +134,32 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
 
     double norm = NAN;
     mt_tensor *sq = grads_sq_norm(op, o, k);
-    float sq_host = NAN;
+    union {
+        float f;
+        double d;
+    } sq_host;
     int rc = sq ? mt_backend_get(o->device)->download(sq, &sq_host) : mt_last_status();
+    bool wide = sq && sq->dtype == MT_F64;
     mt_tensor_unref(sq);
     if (rc == 0) {
-        norm = sqrt((double)sq_host);
+        norm = sqrt(wide ? sq_host.d : (double)sq_host.f);
         if (!isfinite(norm) && error_if_nonfinite)
             rc = mt_error_set(MT_ERR_INVALID,
                               "%s: the total norm of the gradients is %g (error_if_nonfinite); "
                               "the gradients were left as they are",
                               op, norm);
         /* as torch, a non-finite norm scales too: by 0 for inf (inf elements become nan), by
-           nan for nan; a GradScaler that saw the inf/nan skips the step anyway */
-        else if (!(norm <= max_norm))
+           nan for nan, and by nan for an inf norm under an inf max_norm (inf / inf); a
+           GradScaler that saw the inf/nan skips the step anyway */
+        else if (!(norm <= max_norm) || isinf(norm))
             rc = scale_grads(op, o, max_norm / (norm + CLIP_EPS));
     }
     rc = mt_api_exit_status(clip_finish(op, o, rc));
     return rc < 0 ? NAN : norm;
 }
 
-/* The norm on the device: sqrt of the fused sum of squares (0-d F32); NULL on error. */
+/* The norm on the device: sqrt of the fused sum of squares (0-d, in norm_dtype); NULL on
+   error. */
 static mt_tensor *device_norm(const char *op, mt_optimizer *o, int k) {
     mt_tensor *sq = grads_sq_norm(op, o, k);
     mt_tensor *norm = sq ? mt_sqrt(sq) : NULL;
@@ -135,7 +171,7 @@ static mt_tensor *device_norm(const char *op, mt_optimizer *o, int k) {
    a NaN norm, 0 for an inf one. */
 static mt_tensor *clip_coef(mt_tensor *norm, double max_norm) {
     mt_tensor *denom = mt_add_scalar(norm, CLIP_EPS);
-    mt_tensor *top = denom ? mt_scalar(max_norm, MT_F32, norm->device) : NULL;
+    mt_tensor *top = denom ? mt_scalar(max_norm, norm->dtype, norm->device) : NULL;
     mt_tensor *ratio = top ? mt_div(top, denom) : NULL;
     mt_tensor *one = ratio ? mt_scalar(1.0, MT_F32, norm->device) : NULL;
     mt_tensor *coef = one ? mt_minimum(ratio, one) : NULL;
