@@ -2,8 +2,8 @@
    zeroed with probability p and the rest scaled by 1 / (1 - p); the mask comes from the
    global Philox generator (a counter range reserved per call), and the tape node keeps only
    the seed and offset: the backward regenerates the same mask. Runs in the input's dtype
-   (F16/BF16 included, no up-cast), or the one a custom autocast list gives it. Not training, or p
-   == 0: the input itself. */
+   (F16/BF16 included, no up-cast), or in the one a custom autocast list gives it. Not
+   training, or p == 0: the input itself. */
 #include "dispatch.h"
 
 static const char *const NAME = "mt_dropout";

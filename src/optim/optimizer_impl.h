@@ -26,8 +26,9 @@ struct mt_optimizer {
 int mt_optimizer_step_ex(mt_optimizer *o, const mt_tensor *found_inf, const mt_tensor *inv_scale);
 /* Records that every master now matches its parameter (after a step, a load of the
    masters): a parameter whose version moves on otherwise (a checkpoint loaded into it, a
-   broadcast from rank 0, any in-place write) gets its master remade from it before the
-   next step, as the master would otherwise carry the step on from the old values. */
+   broadcast from rank 0, any in-place write) gets its master brought up to it
+   (mt_optim_masters_follow), as the master would otherwise carry the step on from the old
+   values. */
 void mt_optim_masters_synced(mt_optimizer *o);
 /* Remakes the master of every parameter written since, before a step, a save of the state
    or a read of a master: the elements whose value changed take the parameter's (the others
