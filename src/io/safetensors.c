@@ -108,8 +108,10 @@ static int write_all(int fd, const void *buf, size_t n) {
 }
 
 /* Opens a new temporary file in the directory of path: "<dir>/.mt_state.<pid>.<k>.tmp", a
-   name short enough for any directory whatever the length of path's own name. */
-static int open_temp(const char *path, char *tmp, size_t cap) {
+   name short enough for any directory whatever the length of path's own name. private: made
+   0600 (the caller then gives it the permissions of the file it replaces), so that nobody
+   can open it while a private checkpoint is being written; else 0666 less the umask. */
+static int open_temp(const char *path, char *tmp, size_t cap, bool private) {
     const char *slash = strrchr(path, '/');
     int dir_len = slash ? (int)(slash - path) + 1 : 0; /* with the slash */
     for (unsigned k = 0; k < 1000; k++) {
@@ -118,30 +120,21 @@ static int open_temp(const char *path, char *tmp, size_t cap) {
             errno = ENAMETOOLONG;
             return -1;
         }
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, private ? 0600 : 0666);
         if (fd >= 0 || errno != EEXIST) return fd;
     }
     return -1;
 }
 
-/* Where a save to path writes: path itself, or the file a symbolic link there points to (a
-   save writes through the link, as torch.save does, and the link stays). What is there must
-   be a regular file or nothing: a rename over a device, FIFO or socket would replace it.
-   *mode: the permissions the file has now (kept), or -1 when there is none yet. */
-static int save_target(const char *fn, const char *path, char *target, size_t cap, int *mode) {
+/* What a save to path replaces: nothing, a regular file (whose permissions *mode receives,
+   to keep), or a symbolic link, which is replaced by the file like any name and never
+   followed: following it would let whoever made the link choose what gets overwritten (a
+   link in /tmp to someone's ~/.bashrc). A directory, device, FIFO or socket is refused: a
+   rename would replace it. *mode is -1 when there are no permissions to keep. */
+static int save_target(const char *fn, const char *path, int *mode) {
     struct stat st;
     *mode = -1;
-    if ((size_t)snprintf(target, cap, "%s", path) >= cap)
-        return mt_error_set(MT_ERR_INVALID, "%s: %s: the path is too long", fn, path);
-    if (lstat(path, &st) < 0) return 0; /* nothing there yet (or the open will say why) */
-    if (S_ISLNK(st.st_mode)) {
-        char resolved[PATH_MAX];
-        if (!realpath(path, resolved) || stat(resolved, &st) < 0)
-            return mt_error_set(MT_ERR_INVALID, "%s: %s: a symbolic link to nothing: %s", fn, path,
-                                strerror(errno));
-        if ((size_t)snprintf(target, cap, "%s", resolved) >= cap)
-            return mt_error_set(MT_ERR_INVALID, "%s: %s: the path is too long", fn, path);
-    }
+    if (lstat(path, &st) < 0 || S_ISLNK(st.st_mode)) return 0; /* the open says why, if any */
     if (!S_ISREG(st.st_mode))
         return mt_error_set(MT_ERR_INVALID,
                             "%s: %s: exists and is not a regular file (a directory, device, FIFO "
@@ -205,36 +198,38 @@ int mt_state_save(const mt_state *s, const char *path) {
     size_t hlen = 0, max_bytes = 0;
     char *header = build_header(s, fn, path, &hlen, &max_bytes);
     if (!header) return mt_last_status();
-    char target[PATH_MAX], tmp[PATH_MAX];
+    char tmp[PATH_MAX];
     int mode;
-    if (save_target(fn, path, target, sizeof target, &mode) < 0) {
+    if (save_target(fn, path, &mode) < 0) {
         free(header);
         return mt_last_status();
     }
-    int fd = open_temp(target, tmp, sizeof tmp);
+    int fd = open_temp(path, tmp, sizeof tmp, mode >= 0);
     if (fd < 0) {
         free(header);
         return mt_error_set(MT_ERR_INVALID, "%s: %s: cannot create a temporary file: %s", fn, path,
                             strerror(errno));
     }
-    int rc = write_body(s, fn, path, fd, header, hlen, max_bytes);
-    free(header);
-    /* a file replaced keeps its permissions (a private checkpoint stays private) */
-    if (!rc && mode >= 0 && fchmod(fd, (mode_t)mode) < 0)
+    /* a file replaced keeps its permissions (a private checkpoint stays private), given
+       before any byte is written */
+    int rc = 0;
+    if (mode >= 0 && fchmod(fd, (mode_t)mode) < 0)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: cannot keep the file's permissions: %s", fn,
                           path, strerror(errno));
+    if (!rc) rc = write_body(s, fn, path, fd, header, hlen, max_bytes);
+    free(header);
     if (!rc && fsync(fd) < 0)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: fsync failed: %s", fn, path, strerror(errno));
     if (close(fd) < 0 && !rc)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: close failed: %s", fn, path, strerror(errno));
-    if (!rc && rename(tmp, target) < 0)
+    if (!rc && rename(tmp, path) < 0)
         rc = mt_error_set(MT_ERR_INVALID, "%s: %s: rename from %s failed: %s", fn, path, tmp,
                           strerror(errno));
     if (rc) {
         unlink(tmp);
         return rc;
     }
-    if (sync_dir(target) < 0)
+    if (sync_dir(path) < 0)
         return mt_error_set(MT_ERR_INVALID, "%s: %s: fsync of the directory failed: %s", fn, path,
                             strerror(errno));
     return 0;
