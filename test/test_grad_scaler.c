@@ -253,9 +253,20 @@ static void test_bounds(void **state) {
         assert_int_equal(mt_grad_scaler_state_save(r.s, saved, "sc."), 0);
         assert_int_equal(mt_grad_scaler_state_load(r.s, saved, "sc."), 0);
         assert_true(mt_grad_scaler_get_scale(r.s) == (top ? 100000.1f : 1e-4f));
+        /* a file whose bound is the value as given (saved before bounds were rounded) */
+        mt_tensor *given = mt_scalar(top ? 100000.1 : 1e-4, MT_F64, MT_CPU);
+        assert_int_equal(mt_state_put(saved, top ? "sc.max_scale" : "sc.min_scale", given), 0);
+        mt_release(given);
+        assert_int_equal(mt_grad_scaler_state_load(r.s, saved, "sc."), 0);
         mt_state_free(saved);
         rig_free(&r);
     }
+    /* a scale equal to a bound F32 cannot hold exactly is inside it (both round alike) */
+    mt_grad_scaler *edge = mt_grad_scaler_new(
+        &(mt_grad_scaler_opts){.init_scale = 0.7, .min_scale = 0.5, .max_scale = 0.7});
+    assert_non_null(edge);
+    assert_int_equal(mt_grad_scaler_state_set(edge, &(mt_grad_scaler_state){.scale = 0.7}), 0);
+    mt_grad_scaler_free(edge);
     assert_no_error();
 }
 
@@ -341,6 +352,9 @@ static void test_state_errors(void **state) {
     assert_int_equal(mt_grad_scaler_unscale(r.s, r.o), MT_ERR_STATE);
     assert_error(MT_ERR_STATE,
                  "mt_grad_scaler_unscale: none of the optimizer's 1 parameters has a gradient");
+    mt_state *saved = mt_state_new(); /* no step left open: the state saves */
+    assert_int_equal(mt_grad_scaler_state_save(r.s, saved, "sc."), 0);
+    mt_state_free(saved);
     set_grad(r.p, (const double[]){0.5, 0.25}, 65536, INFINITY);
     assert_int_equal(mt_grad_scaler_step(r.s, r.o), 0); /* checks: skipped */
     assert_int_equal(mt_grad_scaler_update(r.s), 0);

@@ -136,7 +136,7 @@ mt_grad_scaler *mt_grad_scaler_new(const mt_grad_scaler_opts *opts) {
         mt_error_set(MT_ERR_INVALID, "%s: min_scale %g is 0 in F32", fn, o.min_scale);
         return NULL;
     }
-    if (!(init >= lo && init <= hi)) {
+    if (!((float)init >= lo && (float)init <= hi)) { /* as the F32 scale will hold it */
         mt_error_set(MT_ERR_INVALID, "%s: init_scale %g is outside [min_scale %g, max_scale %g]",
                      fn, init, lo, hi);
         return NULL;
@@ -419,7 +419,7 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
                           "%s: none of the optimizer's %d parameters has a gradient (nothing to "
                           "unscale or check); run backward first",
                           fn, o->n);
-    if (rc < 0) return mt_api_exit_status(decline(s, rc));
+    if (rc < 0) return mt_api_exit_status(undo_if_failed(s, undo, decline(s, rc)));
     unscale_plan p;
     bool check = exchanges(s);
     rc = decline(s, plan_make(&p, s, st, fn, check));
@@ -437,7 +437,8 @@ int mt_grad_scaler_unscale(mt_grad_scaler *s, mt_optimizer *o) {
 int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
     const char *fn = "mt_grad_scaler_step";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
-    if (!o) return decline(s, mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn));
+    /* no decline: whether the peers' step makes an exchange depends on their optimizer */
+    if (!o) return mt_error_set(MT_ERR_NULL, "%s: arg 2: optimizer is NULL", fn);
     if (s->disabled) return mt_optimizer_step(o);
     /* a failure before the found-inf exchange declines it (decline), when this step makes one */
     bool exchange = step_exchanges(s, o);
@@ -460,6 +461,9 @@ int mt_grad_scaler_step(mt_grad_scaler *s, mt_optimizer *o) {
                           "%s: none of the optimizer's %d parameters has a gradient (no inf/nan "
                           "check to base the step on); run backward first",
                           fn, o->n);
+    /* masters brought up to parameters written since (optimizer.c) before the exchange: an
+       allocation failing there after the ranks agreed to step would step the others only */
+    if (rc == 0) rc = mt_optim_masters_follow(o);
     if (rc < 0) {
         if (exchange) decline(s, rc);
         return mt_api_exit_status(undo_if_failed(s, undo, rc));
@@ -605,7 +609,7 @@ static int scaler_state_set(mt_grad_scaler *s, const mt_grad_scaler_state *in) {
     const char *fn = "mt_grad_scaler_state_set";
     if (check_scaler(s, fn) < 0) return MT_ERR_NULL;
     if (!in) return mt_error_set(MT_ERR_NULL, "%s: arg 2: state is NULL", fn);
-    if (!(in->scale >= s->min_scale && in->scale <= s->max_scale))
+    if (!((float)in->scale >= s->min_scale && (float)in->scale <= s->max_scale))
         return mt_error_set(MT_ERR_INVALID, "%s: scale %g is outside [min_scale %g, max_scale %g]",
                             fn, in->scale, s->min_scale, s->max_scale);
     if (in->good_steps < 0 || in->bad_steps < 0 || in->skipped_steps < 0)
@@ -726,11 +730,11 @@ static mt_tensor *scaler_get(const char *fn, mt_state *st, const char *prefix, c
 
 /* The saved options, checked as mt_grad_scaler_new checks them. */
 static int check_loaded_options(const char *fn, const double *h) {
-    bool ok = h[H_MIN] > 0 && h[H_MAX] >= h[H_MIN] && h[H_MAX] <= FLT_MAX &&
+    bool ok = (float)h[H_MIN] > 0 && h[H_MAX] >= h[H_MIN] && h[H_MAX] <= FLT_MAX &&
               isfinite(h[H_GROWTH]) && h[H_GROWTH] >= 1.0 && h[H_BACKOFF] > 0.0 &&
               h[H_BACKOFF] <= 1.0;
     for (int i = H_INTERVAL; i <= H_AFTER; i++)
-        ok = ok && h[i] >= 1 && h[i] <= INT32_MAX && h[i] == floor(h[i]);
+        ok = ok && h[i] >= 1 && h[i] <= 16777216.0 && h[i] == floor(h[i]); /* as _new */
     if (!ok)
         return mt_error_set(MT_ERR_INVALID,
                             "%s: saved options are invalid (growth %g, backoff %g, scale range "
@@ -741,7 +745,9 @@ static int check_loaded_options(const char *fn, const double *h) {
 }
 
 static int check_loaded_values(const char *fn, const double *h, const double *v) {
-    if (!(v[SCALE] >= h[H_MIN] && v[SCALE] <= h[H_MAX]))
+    /* the bounds as F32 holds them, as mt_grad_scaler_new keeps them (a file saved before
+       that has them as given, a scale clamped to one just outside) */
+    if (!(v[SCALE] >= (float)h[H_MIN] && v[SCALE] <= (float)h[H_MAX]))
         return mt_error_set(MT_ERR_INVALID, "%s: saved scale %g is outside [%g, %g]", fn, v[SCALE],
                             h[H_MIN], h[H_MAX]);
     /* the F32 counters stop at 2^24 (x + 1 == x there), and mt_grad_scaler_state_set refuses
@@ -796,8 +802,8 @@ int mt_grad_scaler_state_load(mt_grad_scaler *s, mt_state *st, const char *prefi
                                          (int64_t)v[SKIPPED]};
         s->growth_factor = h[H_GROWTH];
         s->backoff_factor = h[H_BACKOFF];
-        s->min_scale = h[H_MIN];
-        s->max_scale = h[H_MAX];
+        s->min_scale = (float)h[H_MIN];
+        s->max_scale = (float)h[H_MAX];
         s->growth_interval = (int)h[H_INTERVAL];
         s->backoff_after = (int)h[H_AFTER];
         s->disabled = disabled != 0;
