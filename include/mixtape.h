@@ -603,8 +603,9 @@ double mt_clip_grad_norm_ex(mt_optimizer *o, double max_norm, bool error_if_nonf
 /* The same clipping without a host wait, as torch's: the coefficient
    min(max_norm / (norm + 1e-6), 1) is computed and applied on the device (so a norm within
    1e-6 of max_norm scales by just under 1 here, and not in mt_clip_grad_norm), and the norm
-   is returned as a 0-d F32 tensor on the optimizer's device (read it with mt_item only when
-   needed: that waits). NULL with an error when the call failed. */
+   is returned as a 0-d tensor on the optimizer's device, F32 (F64 when a gradient is F64;
+   read it with mt_item only when needed: that waits). NULL with an error when the call
+   failed. */
 mt_tensor *mt_clip_grad_norm_async(mt_optimizer *o, double max_norm);
 /* O2 (Paddle's decorate): casts the parameters to `low` in place, except those marked as
    norm parameters (keep_fp32[i] true, or marked by mt_set_amp_keep_fp32); an optimizer made

@@ -51,10 +51,12 @@ static void test_filled_creation(void **state) {
     mt_tensor *b = mt_full(MT_SHAPE(1), MT_BF16, mt_test_device(), 1.0 + 1.0 / 512);
     assert_true(mt_item(b) == 1.0);
     mt_release(b);
-    /* an integer tensor takes a value truncated toward zero when it fits, else an error
-       (torch: "value cannot be converted ... without overflow"), and changes nothing */
-    mt_tensor *i32 = mt_full(MT_SHAPE(2), MT_I32, mt_test_device(), -2147483648.9);
-    assert_tensor_close(i32, ((const double[]){-2147483648.0, -2147483648.0}), 2, 0, 0);
+    /* an integer tensor takes a value within its range, truncated toward zero, else an
+       error (torch: "value cannot be converted ... without overflow"), and changes nothing */
+    mt_tensor *i32 = mt_full(MT_SHAPE(2), MT_I32, mt_test_device(), -2147483647.9);
+    assert_tensor_close(i32, ((const double[]){-2147483647.0, -2147483647.0}), 2, 0, 0);
+    assert_null(mt_full(MT_SHAPE(2), MT_I32, mt_test_device(), 2147483647.5));
+    assert_error(MT_ERR_INVALID, "does not fit in i32");
     assert_int_equal(mt_fill(i32, 2.5), 0);
     assert_tensor_close(i32, ((const double[]){2, 2}), 2, 0, 0);
     assert_int_equal(mt_fill(i32, 3e9), MT_ERR_INVALID);

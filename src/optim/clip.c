@@ -51,19 +51,27 @@ static int scale_grads_by(const char *op, mt_optimizer *o, mt_tensor *coef) {
                      : coef->dtype == MT_F64 ? mt_tensor_ref(coef)
                                              : mt_cast(coef, MT_F64);
     mt_tensor *flag = mt_tensor_new(op, 0, NULL, MT_F32, o->device);
-    if (!c32 || (any_f64 && !c64) || !flag)
+    /* the factor seen in each F64 gradient's shape, all made before the first gradient
+       changes: a failure then leaves them all as they were */
+    mt_tensor **wide = any_f64 ? mt_heap_calloc((size_t)o->n, sizeof *wide) : NULL;
+    if (!c32 || (any_f64 && (!c64 || !wide)) || !flag)
         rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    for (int i = 0; rc == 0 && any_f64 && i < o->n; i++) {
+        mt_tensor *g = o->params[i]->grad;
+        if (g && g->dtype == MT_F64 && !(wide[i] = mt_tensor_expand_to(c64, g->ndim, g->shape)))
+            rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;
+    }
     if (rc == 0) rc = be->fill(flag, 0.0);
     if (rc == 0 && k) rc = be->unscale(o->grad_buf, k, c32, flag);
     for (int i = 0; rc == 0 && i < k; i++) mt_tensor_bump_version(o->grad_buf[i]);
     for (int i = 0; rc == 0 && any_f64 && i < o->n; i++) {
         mt_tensor *g = o->params[i]->grad;
-        if (!g || g->dtype != MT_F64) continue;
-        mt_tensor *c = mt_tensor_expand_to(c64, g->ndim, g->shape);
-        rc = c ? be->binary(MT_OP_MUL, g, g, c) : (int)mt_last_status();
-        mt_tensor_unref(c);
+        if (!wide[i]) continue;
+        rc = be->binary(MT_OP_MUL, g, g, wide[i]);
         if (rc == 0) mt_tensor_bump_version(g);
     }
+    for (int i = 0; wide && i < o->n; i++) mt_tensor_unref(wide[i]);
+    free(wide);
     mt_tensor_unref(flag);
     mt_tensor_unref(c64);
     mt_tensor_unref(c32);

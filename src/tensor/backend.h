@@ -203,7 +203,7 @@ typedef struct mt_backend {
        moments it made for this step); only a failed launch, on a broken device, can stop
        it half way. */
     int (*optim_step)(const mt_optim_step_args *a);
-    /* out (F32 0-d) = sum over tensors of sum(x^2), FP32 accumulation */
+    /* out (0-d, F32 or F64) = sum over tensors of sum(x^2), accumulated in double */
     int (*sq_norm)(mt_tensor *const *ts, int n, mt_tensor *out);
     /* --- normalisation, dropout and indexing (issue 9); every tensor contiguous */
     /* Layer norm of each row of the last D = weight's numel elements of x: y = xhat * weight +

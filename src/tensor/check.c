@@ -38,10 +38,11 @@ mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b) {
 }
 
 int mt_check_fill_value(const char *op, int arg, mt_dtype dt, double v) {
-    double lo = dt == MT_I32 ? -2147483648.0 : -9223372036854775808.0;
-    double hi = dt == MT_I32 ? 2147483648.0 : 9223372036854775808.0; /* exclusive */
-    if ((dt != MT_I32 && dt != MT_I64) || (isfinite(v) && trunc(v) >= lo && trunc(v) < hi))
-        return 0;
+    /* as torch's c10::overflows: the value itself, before truncation, within the range */
+    bool fits = dt == MT_I32   ? v >= -2147483648.0 && v <= 2147483647.0
+                : dt == MT_I64 ? v >= -9223372036854775808.0 && v < 9223372036854775808.0
+                               : true;
+    if (fits) return 0;
     return mt_error_set(MT_ERR_INVALID, "%s: arg %d: value %g does not fit in %s", op, arg, v,
                         mt_dtype_name(dt));
 }

@@ -179,8 +179,9 @@ mt_tensor *mt_tensor_new_like(const char *op, int ndim, const int64_t *shape, mt
 /* ---- checks used by op entry points (src/tensor/check.c); each sets a message and returns
    a negative status, or 0 */
 int mt_check_floating(const char *op, int arg, const mt_tensor *t);
-/* A value to fill a tensor of dtype dt with: for i32 and i64, finite and in range once
-   truncated (torch: "value cannot be converted to type int32_t without overflow"). */
+/* A value to fill a tensor of dtype dt with: for i32 and i64, within the dtype's range
+   (NaN is not; torch: "value cannot be converted to type int32_t without overflow"); it is
+   then truncated toward zero. */
 int mt_check_fill_value(const char *op, int arg, mt_dtype dt, double v);
 int mt_check_same_device(const char *op, const mt_tensor *a, const mt_tensor *b);
 /* A written-to tensor whose elements alias each other (an expanded view) would be updated
