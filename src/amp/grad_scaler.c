@@ -210,9 +210,16 @@ mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
 
 /* ------------------------------------------------------------------ unscale, step, update */
 
-static opt_state *find_opt(mt_grad_scaler *s, mt_optimizer *o, const char *fn) {
+/* o's entry since the last update, or NULL. */
+static opt_state *opt_entry(const mt_grad_scaler *s, const mt_optimizer *o) {
     for (int i = 0; i < s->n_opts; i++)
-        if (s->opts[i].o == o) return &s->opts[i];
+        if (s->opts[i].o == o) return (opt_state *)&s->opts[i];
+    return NULL;
+}
+
+static opt_state *find_opt(mt_grad_scaler *s, mt_optimizer *o, const char *fn) {
+    opt_state *st = opt_entry(s, o);
+    if (st) return st;
     if (s->n_opts == MAX_OPTIMIZERS) {
         mt_error_set(MT_ERR_STATE, "%s: one scaler serves at most %d optimizers per step", fn,
                      MAX_OPTIMIZERS);
@@ -336,9 +343,8 @@ static int decline(const mt_grad_scaler *s, int rc) {
 
 /* Whether a step of o makes the exchange: o was not unscaled since the last update. */
 static bool step_exchanges(const mt_grad_scaler *s, const mt_optimizer *o) {
-    for (int i = 0; i < s->n_opts; i++)
-        if (s->opts[i].o == o) return exchanges(s) && !s->opts[i].unscaled;
-    return exchanges(s);
+    const opt_state *st = opt_entry(s, o);
+    return exchanges(s) && !(st && st->unscaled);
 }
 
 /* One fused pass: found |= any inf/nan, and g *= 1/scale when `apply`. Without `apply` the

@@ -28,6 +28,13 @@ static int own_grad(const char *op, mt_tensor *p) {
     return 0;
 }
 
+/* The dtype of the norm and the factor: F64 when a gradient is F64, else F32. */
+static mt_dtype norm_dtype(const mt_optimizer *o) {
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad && o->params[i]->grad->dtype == MT_F64) return MT_F64;
+    return MT_F32;
+}
+
 /* g *= coef[0] for every gradient, in place; coef 0-d (F32, or F64 for F64 gradients) on the
    device. One fused pass over the F32/F16/BF16 gradients (whose kernel takes an F32 factor),
    and a multiply per F64 gradient, by the factor in F64: an F32 one would round it, and
@@ -35,15 +42,12 @@ static int own_grad(const char *op, mt_tensor *p) {
 static int scale_grads_by(const char *op, mt_optimizer *o, mt_tensor *coef) {
     const mt_backend *be = mt_backend_get(o->device);
     int rc = 0, k = 0;
-    bool any_f64 = false;
+    bool any_f64 = norm_dtype(o) == MT_F64;
     for (int i = 0; i < o->n && rc == 0; i++) {
         mt_tensor *p = o->params[i];
         if (!p->grad) continue;
         rc = own_grad(op, p);
-        if (p->grad->dtype == MT_F64)
-            any_f64 = true;
-        else
-            o->grad_buf[k++] = p->grad;
+        if (p->grad->dtype != MT_F64) o->grad_buf[k++] = p->grad;
     }
     if (rc < 0) return rc;
     mt_tensor *c32 = coef->dtype == MT_F32 ? mt_tensor_ref(coef) : mt_cast(coef, MT_F32);
@@ -76,13 +80,6 @@ static int scale_grads_by(const char *op, mt_optimizer *o, mt_tensor *coef) {
     mt_tensor_unref(c64);
     mt_tensor_unref(c32);
     return rc;
-}
-
-/* The dtype of the norm and the factor: F64 when a gradient is F64, else F32. */
-static mt_dtype norm_dtype(const mt_optimizer *o) {
-    for (int i = 0; i < o->n; i++)
-        if (o->params[i]->grad && o->params[i]->grad->dtype == MT_F64) return MT_F64;
-    return MT_F32;
 }
 
 static int scale_grads(const char *op, mt_optimizer *o, double coef) {

@@ -1,5 +1,4 @@
 /* Argument checks shared by op entry points; each names the op and the argument. */
-#include <math.h>
 #include "tensor_impl.h"
 
 int mt_check_floating(const char *op, int arg, const mt_tensor *t) {
