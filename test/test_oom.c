@@ -376,6 +376,20 @@ static void setup_graph(oom_ctx *c) {
     assert_non_null(c->loss);
 }
 
+/* the graph, with gradients the user set to expanded tensors (one value seen through
+   stride 0): the backward makes each a new .grad, which must happen before any is applied */
+static void setup_graph_expanded_grads(oom_ctx *c) {
+    setup_graph(c);
+    for (int i = 0; i < c->n_watch; i++) {
+        mt_tensor *w = c->watch[i];
+        mt_tensor *one = mt_scalar(0.25 * (i + 1), MT_F32, mt_test_device());
+        mt_tensor *g = mt_expand(one, mt_ndim(w), mt_shape(w));
+        assert_int_equal(mt_set_grad(w, g), 0);
+        mt_release(g);
+        mt_release(one);
+    }
+}
+
 /* optimizers over an F16 and an F32 parameter with their gradients; kind: 0-3 SGD,
    momentum (Nesterov), Adam, AdamW, all with FP32 masters; +4: the call is a later step */
 static mt_optimizer *make_optimizer(mt_tensor **p, int kind) {
@@ -757,6 +771,8 @@ static const scenario scenarios[] = {
     {"layer norm, dropout, embedding, joins", setup_misc, call_misc, NULL, 0, false},
     {"backward of a recorded graph", setup_graph, call_backward, NULL, 0, true},
     {"backward keeping the graph", setup_graph, call_backward, call_backward, 1, false},
+    {"backward onto expanded gradients", setup_graph_expanded_grads, call_backward, call_backward,
+     1, false},
     {"SGD first step", setup_optimizer, call_step, call_step, 0, false},
     {"momentum first step", setup_optimizer, call_step, call_step, 1, false},
     {"Adam first step", setup_optimizer, call_step, call_step, 2, false},

@@ -637,6 +637,39 @@ static void test_zero_errors(void **state) {
     mt_release(w);
 }
 
+/* A view taken before its base required grad: writing it in place with grad mode on would
+   change a leaf that requires grad behind autograd's back (torch refuses it, through the
+   view's base); a view of a detached alias stays writable. */
+static void test_inplace_view_before_requires_grad(void **state) {
+    (void)state;
+    mt_tensor *x = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
+    mt_tensor *v = mt_narrow(x, 0, 0, 2);
+    mt_tensor *u = mt_unsqueeze(v, 0), *vv = mt_transpose(u, 0, 1);
+    mt_set_requires_grad(x, true);
+    assert_int_equal(mt_fill(v, 5), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_fill: arg 1: a view of a leaf tensor that requires grad");
+    assert_int_equal(mt_zero(vv), MT_ERR_STATE);
+    assert_error(MT_ERR_STATE, "mt_zero: arg 1: a view of a leaf tensor that requires grad");
+    double ones[3] = {1, 1, 1};
+    assert_tensor_close(x, ones, 3, 0, 0);
+    bool prev = mt_set_grad_enabled(false);
+    assert_int_equal(mt_fill(v, 5), 0);
+    mt_set_grad_enabled(prev);
+    double fives[3] = {5, 5, 1};
+    assert_tensor_close(x, fives, 3, 0, 0);
+    mt_tensor *d = mt_detach(x);
+    mt_tensor *dv = mt_narrow(d, 0, 1, 2);
+    assert_int_equal(mt_fill(dv, 2), 0);
+    double twos[3] = {5, 2, 2};
+    assert_tensor_close(x, twos, 3, 0, 0);
+    mt_release(dv);
+    mt_release(d);
+    mt_release(vv);
+    mt_release(u);
+    mt_release(v);
+    mt_release(x);
+}
+
 static void test_inplace_autograd_refusal(void **state) {
     (void)state;
     mt_tensor *w = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
@@ -888,6 +921,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         MT_TEST(test_filled_creation),
         MT_TEST(test_arange),
+        MT_TEST(test_inplace_view_before_requires_grad),
         MT_TEST(test_integer_casts),
         MT_TEST(test_random_statistics),
         MT_TEST(test_random_determinism),

@@ -127,6 +127,9 @@ static int accumulate_leaf(mt_tensor *leaf, mt_tensor *g) {
 typedef struct {
     mt_tensor *leaf; /* borrowed: the tape's edges hold it for the whole backward */
     mt_tensor *grad; /* owned: this backward's sum for the leaf, in the leaf's dtype */
+    /* a leaf whose .grad is a user-set expanded tensor gets a new one, .grad + grad, made
+       before anything is applied: `replaces` is that .grad (owned), `sum` the new one */
+    mt_tensor *replaces, *sum;
 } pending_grad;
 
 typedef struct {
@@ -156,19 +159,26 @@ static int pending_add(pending_table *t, mt_tensor *leaf, mt_tensor *g) {
     return accumulate(&p->grad, g);
 }
 
-/* Adds every pending sum to its leaf's .grad. What can fail (copies, casts) happens first: a
-   sum that a gradless leaf would adopt but that aliases other memory is copied; then the
-   adds are in place or adoptions (only a user-set expanded .grad still needs an allocation,
-   and another thread's backward into the same leaf can race the copy decision). */
-/* Copies a sum that a gradless leaf would adopt but that aliases other memory (the part of
-   committing that can fail); 0, or the status of the failed copy. */
+/* Makes what committing p could fail on, before anything is applied: a copy of a sum that a
+   gradless leaf would adopt but that aliases other memory, or the new .grad of a leaf whose
+   .grad is expanded (adding in place would add once per alias). 0, or the failed status. */
 static int pending_prepare(pending_grad *p) {
-    if (!p->grad || exclusively_owned(p->grad)) return 0;
+    if (!p->grad) return 0;
     mtx_t *lock = leaf_lock(p->leaf);
     mtx_lock(lock);
-    bool adopts = p->leaf->grad == NULL; /* else the sum is added in place: no copy */
+    mt_tensor *cur = p->leaf->grad ? mt_tensor_ref(p->leaf->grad) : NULL;
     mtx_unlock(lock);
-    if (!adopts) return 0;
+    if (cur && has_overlap(cur)) {
+        p->sum = mt_add(cur, p->grad);
+        if (!p->sum) {
+            mt_tensor_unref(cur);
+            return mt_backward_status();
+        }
+        p->replaces = cur;
+        return 0;
+    }
+    mt_tensor_unref(cur);
+    if (cur || exclusively_owned(p->grad)) return 0; /* added in place, or adopted as is */
     mt_tensor *c = mt_clone(p->grad);
     if (!c) return mt_backward_status();
     mt_tensor_unref(p->grad);
@@ -176,12 +186,22 @@ static int pending_prepare(pending_grad *p) {
     return 0;
 }
 
-/* Adds one prepared sum to its leaf's .grad (in place, or adopted). */
+/* Adds one prepared sum to its leaf's .grad (in place, adopted, or the prepared new .grad).
+   Only another thread's backward into the same leaf between prepare and apply can make it
+   allocate (and so fail). */
 static int pending_apply(pending_grad *p) {
     if (!p->grad) return 0;
     mtx_t *lock = leaf_lock(p->leaf);
     mtx_lock(lock);
-    int rc = accumulate_leaf_locked(p->leaf, p->grad);
+    int rc = 0;
+    if (p->sum && p->leaf->grad == p->replaces) {
+        mt_tensor_unref(p->leaf->grad);
+        p->leaf->grad = p->sum;
+        p->sum = NULL;
+        mt_tensor_unref(p->grad);
+    } else {
+        rc = accumulate_leaf_locked(p->leaf, p->grad);
+    }
     mtx_unlock(lock);
     p->grad = NULL;
     return rc;
@@ -192,10 +212,9 @@ static int pending_commit_one(pending_grad *p) {
     return rc ? rc : pending_apply(p);
 }
 
-/* Adds every pending sum to its leaf's .grad. What can fail (copies) happens for all leaves
-   first; then the adds are in place or adoptions (only a user-set expanded .grad still needs
-   an allocation, and another thread's backward into the same leaf can race the copy
-   decision). */
+/* Adds every pending sum to its leaf's .grad. What can fail happens for all leaves first
+   (pending_prepare); then the adds are in place, adoptions or swaps, which cannot fail
+   unless another thread's backward into the same leaf races this one. */
 static int pending_commit(pending_table *t) {
     for (size_t i = 0; i < t->cap; i++) {
         int rc = pending_prepare(&t->slots[i]);
@@ -210,7 +229,11 @@ static int pending_commit(pending_table *t) {
 }
 
 static void pending_free(pending_table *t) {
-    for (size_t i = 0; i < t->cap; i++) mt_tensor_unref(t->slots[i].grad);
+    for (size_t i = 0; i < t->cap; i++) {
+        mt_tensor_unref(t->slots[i].grad);
+        mt_tensor_unref(t->slots[i].sum);
+        mt_tensor_unref(t->slots[i].replaces);
+    }
     free(t->slots);
 }
 
@@ -439,7 +462,10 @@ int mt_backward_ex(mt_tensor *root, mt_tensor *grad, bool retain_graph) {
     if (!seed) return mt_api_exit_status(mt_last_status());
     bool prev = mt_set_grad_enabled(false);
     mt_autocast_token autocast = mt_autocast_suspend(); /* the forward chose the dtypes */
+    /* a hook may release the root (and with it the tape) while the backward runs */
+    mt_tensor_ref(root);
     int rc = run_backward(root, seed, retain_graph);
+    mt_tensor_unref(root);
     mt_autocast_resume(autocast);
     mt_set_grad_enabled(prev);
     mt_tensor_unref(seed);

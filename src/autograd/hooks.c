@@ -53,7 +53,9 @@ int mt_tensor_remove_grad_ready_hook(mt_tensor *leaf, int handle) {
 int mt_grad_hooks_fire(mt_tensor *leaf) {
     struct mt_grad_hooks *h = leaf->hooks;
     for (int i = 0; h && i < h->n; i++) {
+        mt_api_outer outer = mt_api_callback_begin();
         int rc = h->items[i].fn(leaf, h->items[i].user);
+        mt_api_callback_end(outer);
         if (rc < 0) {
             if (mt_last_status() == MT_OK)
                 mt_error_set(rc, "mt_backward: grad-ready hook %d failed with status %d",

@@ -97,9 +97,16 @@ static int slot_write(const ddp_param *p, const ddp_bucket *b, const mt_tensor *
     return g ? be->copy(&slot, g) : be->fill(&slot, 0.0);
 }
 
+static int grad_ready(ddp_param *p);
+
+/* A grad-ready hook runs as user code (outermost): library code again from here on. */
 static int on_grad_ready(mt_tensor *leaf, void *user) {
     (void)leaf;
-    ddp_param *p = user;
+    mt_api_enter_at("mt_ddp");
+    return mt_api_exit_status(grad_ready(user));
+}
+
+static int grad_ready(ddp_param *p) {
     mt_ddp *d = p->ddp;
     if (d->no_sync) return 0;
     if (p->ready)

@@ -14,6 +14,12 @@ static int check_writable(const char *op, int arg, const mt_tensor *t) {
                             "grad cannot be modified in place while grad mode is on (make the "
                             "view with grad mode on, or write with it off)",
                             op, arg);
+    if (!t->requires_grad && t->view_base && t->view_base->requires_grad)
+        return mt_error_set(MT_ERR_STATE,
+                            "%s: arg %d: a view of a leaf tensor that requires grad (made before "
+                            "it required grad) cannot be modified in place while grad mode is on "
+                            "(use mt_set_grad_enabled(false) around the update)",
+                            op, arg);
     if (!t->requires_grad) return 0;
     if (t->grad_fn)
         return mt_error_set(MT_ERR_STATE,

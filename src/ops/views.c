@@ -68,8 +68,10 @@ static mt_tensor *finish(mt_op_id op, mt_backward_fn bw, mt_tensor *t, mt_tensor
         for (int i = 0; i < n_ints; i++) node->ints[i] = ints[i];
         node->n_ints = n_ints;
     }
-    if (!out->grad_fn && out->storage == t->storage && (t->requires_grad || t->nograd_view_of_grad))
-        out->nograd_view_of_grad = true;
+    if (!out->grad_fn && out->storage == t->storage) {
+        out->nograd_view_of_grad = t->requires_grad || t->nograd_view_of_grad;
+        out->view_base = mt_tensor_ref(t->view_base ? t->view_base : t);
+    }
     mt_dispatch_done(op, t->dtype, out, &t, 1);
     return out;
 }

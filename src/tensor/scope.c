@@ -49,6 +49,19 @@ void mt_api_set_backward_op(const char *op_name) {
     api_backward_op = op_name;
 }
 
+mt_api_outer mt_api_callback_begin(void) {
+    mt_api_outer outer = {api_depth, api_entry, api_backward_op};
+    api_depth = 0;
+    api_entry = api_backward_op = NULL;
+    return outer;
+}
+
+void mt_api_callback_end(mt_api_outer outer) {
+    api_depth = outer.depth;
+    api_entry = outer.entry;
+    api_backward_op = outer.backward_op;
+}
+
 /* Room for one more result in the innermost frame; false (with the OOM error) when it
    cannot grow. */
 static bool frame_room(void) {

@@ -307,6 +307,7 @@ void mt_tensor_unref(mt_tensor *t) {
     if (t->grad_fn) mt_node_release(t->grad_fn);
     if (t->grad) mt_tensor_unref(t->grad);
     if (t->hooks) mt_grad_hooks_free(t->hooks);
+    mt_tensor_unref(t->view_base);
     storage_release(t->storage);
     mt_tensor_count(-1);
     if (mt_ownership_checked()) {

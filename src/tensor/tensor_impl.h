@@ -39,6 +39,10 @@ struct mt_tensor {
        shares that tensor's memory without its history, so in place writes to it are refused
        while grad mode is on, as torch refuses them */
     bool nograd_view_of_grad;
+    /* the tensor a view without history aliases (strong; the start of a chain of such views),
+       as torch's view base: once it requires grad, whenever it started to, writes to the view
+       are refused while grad mode is on */
+    mt_tensor *view_base;
     /* ownership */
     atomic_int scope_refs;       /* how many of the references are held by open scopes */
     atomic_int user_refs;        /* mt_retain calls by the user not yet released (checked mode) */
@@ -74,6 +78,16 @@ const char *mt_api_backward_op(void);
 /* Set by the autograd engine around each node's backward (NULL to clear). */
 void mt_api_set_backward_op(const char *op_name);
 mt_tensor *mt_api_exit(mt_tensor *result);
+/* User code called back from inside the library (a grad-ready hook) is a caller again: its
+   calls are outermost, so their results go to its scopes (or the scope around the backward)
+   and their errors name its calls. mt_api_callback_end brings the library's depth and names
+   back. */
+typedef struct {
+    int depth;
+    const char *entry, *backward_op;
+} mt_api_outer;
+mt_api_outer mt_api_callback_begin(void);
+void mt_api_callback_end(mt_api_outer outer);
 /* Leaves the API without a tensor result (int-returning functions). */
 int mt_api_exit_status(int status);
 /* Makes room in the open scope for the result of the outermost call now running, so that
