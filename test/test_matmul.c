@@ -302,6 +302,43 @@ static void test_long_dot_f16(void **state) {
     free(bv);
 }
 
+/* Weight gradients summed over many batch entries, in F16/BF16, where the operand layout
+   keeps the batch from merging into one contraction (a transposed sequence-first input) or
+   only part of the batch is summed (a broadcast operand): the sum is accumulated in F32 and
+   rounded once. Rounded after each entry it stops growing at 2048 (F16) or 256 (BF16). */
+static void test_low_precision_batch_reduced_grads(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    const mt_dtype dts[2] = {MT_F16, MT_BF16};
+    for (int d = 0; d < 2; d++) {
+        mt_dtype dt = dts[d];
+        mt_scope_begin();
+        /* the whole batch summed: x [2, 4096, 3] seen as [4096, 2, 3] */
+        mt_tensor *x = mt_transpose(mt_ones(MT_SHAPE(2, 4096, 3), dt, dev), 0, 1);
+        mt_tensor *w = mt_ones(MT_SHAPE(5, 3), dt, dev);
+        mt_set_requires_grad(w, true);
+        mt_tensor *y = mt_linear(x, w, NULL);
+        assert_int_equal(mt_backward(y, mt_ones_like(y)), 0);
+        double full[15];
+        for (int i = 0; i < 15; i++) full[i] = 8192;
+        assert_tensor_close(mt_grad(w), full, 15, 0, 0);
+        mt_tensor *m = mt_ones(MT_SHAPE(3, 2), dt, dev);
+        mt_set_requires_grad(m, true);
+        y = mt_matmul(x, m);
+        assert_int_equal(mt_backward(y, mt_ones_like(y)), 0);
+        assert_tensor_close(mt_grad(m), full, 6, 0, 0);
+        /* part of the batch summed: b [2, 1, 1] broadcast over a [4096, 2, 1, 1] */
+        mt_tensor *a = mt_ones(MT_SHAPE(4096, 2, 1, 1), dt, dev);
+        mt_tensor *b = mt_ones(MT_SHAPE(2, 1, 1), dt, dev);
+        mt_set_requires_grad(b, true);
+        y = mt_matmul(a, b);
+        assert_int_equal(mt_backward(y, mt_ones_like(y)), 0);
+        double part[2] = {4096, 4096};
+        assert_tensor_close(mt_grad(b), part, 2, 0, 0);
+        mt_scope_end();
+    }
+}
+
 /* ---- linear against loops */
 static void check_linear(mt_dtype dt, int nx, const int64_t *xs, int64_t out, bool bias,
                          bool transposed_w) {
@@ -654,6 +691,7 @@ int main(void) {
         MT_TEST(test_low_precision_panels),
         MT_TEST(test_low_precision_linear),
         MT_TEST(test_long_dot_f16),
+        MT_TEST(test_low_precision_batch_reduced_grads),
         MT_TEST(test_linear_reference),
         MT_TEST(test_matmul_gradcheck),
         MT_TEST(test_linear_gradcheck),

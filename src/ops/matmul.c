@@ -61,40 +61,50 @@ static void aligned_batch_strides(const mt_tensor *t, int nb, const int64_t *bat
         str[i] = i < off || (t->shape[i - off] == 1 && batch[i] != 1) ? 0 : t->strides[i - off];
 }
 
-/* out = l @ r, summed over the batch dims in which out has size 1 but the batch does not
-   (the gradient of an operand that was broadcast). out [batch.., P, Q] is contiguous with 1
-   in the summed dims; l [.., P, R] and r [.., R, Q] broadcast to the batch (nb dims). When
-   every batch dim is summed and the contraction dim R merges with them in both operands,
-   this is one GEMM with a contraction of batch * R; otherwise one GEMM per batch entry, the
-   first into each output entry with beta = 0 and the rest accumulating with beta = 1. */
-static int gemm_reduce(const mt_backend *be, mt_tensor *out, const mt_tensor *l, const mt_tensor *r,
-                       int nb, const int64_t *batch) {
-    bool reduced[MT_MAX_DIMS] = {0}, any = false, all = true;
-    int64_t count = 1;
-    for (int i = 0; i < nb; i++) {
-        reduced[i] = out->shape[i] == 1 && batch[i] != 1;
-        any |= reduced[i];
-        all &= reduced[i] || batch[i] == 1;
-        count *= batch[i];
+/* An operand [batch.., rows, R] (strides: tstr in the batch, row_stride, r_stride) copied
+   to a new contiguous [rows, count * R] matrix whose columns run over (batch.., R): the
+   layout in which the batch dims and R merge into one contraction. NULL with the error set. */
+static mt_tensor *contraction_copy(const char *op, const mt_backend *be, const mt_tensor *t,
+                                   const int64_t *tstr, int nb, const int64_t *batch, int64_t count,
+                                   int64_t rows, int64_t R, int64_t row_stride, int64_t r_stride) {
+    mt_tensor *c = mt_tensor_new(op, 2, (int64_t[]){rows, count * R}, t->dtype, t->device);
+    if (!c) return NULL;
+    int64_t shape[MT_MAX_DIMS], sstr[MT_MAX_DIMS], dstr[MT_MAX_DIMS], inner = R;
+    shape[0] = rows;
+    sstr[0] = row_stride;
+    dstr[0] = count * R;
+    for (int i = nb - 1; i >= 0; i--) {
+        shape[1 + i] = batch[i];
+        sstr[1 + i] = tstr[i];
+        dstr[1 + i] = inner;
+        inner *= batch[i];
     }
-    if (!any) return be->gemm(out, l, r, 1.0, 0.0);
-    int64_t lstr[MT_MAX_DIMS], rstr[MT_MAX_DIMS];
+    shape[nb + 1] = R;
+    sstr[nb + 1] = r_stride;
+    dstr[nb + 1] = 1;
+    mt_tensor src, dst;
+    mt_tensor_header_init(&src, t->storage, t->dtype, nb + 2, shape, sstr, t->offset);
+    mt_tensor_header_init(&dst, c->storage, c->dtype, nb + 2, shape, dstr, c->offset);
+    if (be->copy(&dst, &src) < 0) {
+        mt_tensor_unref(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* out = l @ r with the reduced batch dims summed, one GEMM per batch entry: the first into
+   each output entry with beta = 0, the rest accumulating with beta = 1. */
+static int gemm_reduce_entries(const mt_backend *be, mt_tensor *out, const mt_tensor *l,
+                               const mt_tensor *r, int nb, const int64_t *batch,
+                               const bool *reduced) {
+    int64_t lstr[MT_MAX_DIMS], rstr[MT_MAX_DIMS], count = 1;
+    for (int i = 0; i < nb; i++) count *= batch[i];
     aligned_batch_strides(l, nb, batch, lstr);
     aligned_batch_strides(r, nb, batch, rstr);
     int64_t P = out->shape[nb], Q = out->shape[nb + 1], R = l->shape[l->ndim - 1];
     int64_t ls_p = l->strides[l->ndim - 2], ls_r = l->strides[l->ndim - 1];
     int64_t rs_r = r->strides[r->ndim - 2], rs_q = r->strides[r->ndim - 1];
     mt_tensor lh, rh, oh;
-    int64_t lr, rr;
-    if (all && merges(nb, batch, lstr, R, ls_r, &lr) && merges(nb, batch, rstr, R, rs_r, &rr)) {
-        mt_tensor_header_init(&lh, l->storage, l->dtype, 2, (int64_t[]){P, count * R},
-                              (int64_t[]){ls_p, lr}, l->offset);
-        mt_tensor_header_init(&rh, r->storage, r->dtype, 2, (int64_t[]){count * R, Q},
-                              (int64_t[]){rr, rs_q}, r->offset);
-        mt_tensor_header_init(&oh, out->storage, out->dtype, 2, (int64_t[]){P, Q}, NULL,
-                              out->offset);
-        return be->gemm(&oh, &lh, &rh, 1.0, 0.0);
-    }
     for (int64_t bi = 0; bi < count; bi++) {
         int64_t rem = bi, lo = l->offset, ro = r->offset, oo = out->offset;
         bool first = true;
@@ -118,6 +128,89 @@ static int gemm_reduce(const mt_backend *be, mt_tensor *out, const mt_tensor *l,
         if (rc) return rc;
     }
     return 0;
+}
+
+/* t as a new contiguous F32 tensor, or NULL with the error set. */
+static mt_tensor *f32_copy(const char *op, const mt_backend *be, const mt_tensor *t) {
+    mt_tensor *c = mt_tensor_new(op, t->ndim, t->shape, MT_F32, t->device);
+    if (c && be->copy(c, t) < 0) {
+        mt_tensor_unref(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* The entries' sums of an F16/BF16 out accumulated in F32 and rounded once, as a GEMM
+   accumulates its own contraction (beta = 1 into a low-precision out would round the
+   partial sum after every entry, and a long batch would stop growing). */
+static int gemm_reduce_entries_f32(const char *op, const mt_backend *be, mt_tensor *out,
+                                   const mt_tensor *l, const mt_tensor *r, int nb,
+                                   const int64_t *batch, const bool *reduced) {
+    mt_tensor *lf = f32_copy(op, be, l), *rf = lf ? f32_copy(op, be, r) : NULL;
+    mt_tensor *acc = rf ? mt_tensor_new(op, out->ndim, out->shape, MT_F32, out->device) : NULL;
+    int rc = acc ? gemm_reduce_entries(be, acc, lf, rf, nb, batch, reduced) : mt_last_status();
+    if (rc == 0) rc = be->copy(out, acc);
+    mt_tensor_unref(acc);
+    mt_tensor_unref(rf);
+    mt_tensor_unref(lf);
+    return rc;
+}
+
+/* out = l @ r, summed over the batch dims in which out has size 1 but the batch does not
+   (the gradient of an operand that was broadcast). out [batch.., P, Q] is contiguous with 1
+   in the summed dims; l [.., P, R] and r [.., R, Q] broadcast to the batch (nb dims). When
+   every batch dim is summed, this is one GEMM with a contraction of batch * R, over a copy of
+   an operand in which the batch dims and R do not merge (as torch's reshape copies). A
+   partial sum is one GEMM per batch entry, accumulated in F32 for an F16/BF16 out. */
+static int gemm_reduce(const char *op, const mt_backend *be, mt_tensor *out, const mt_tensor *l,
+                       const mt_tensor *r, int nb, const int64_t *batch) {
+    bool reduced[MT_MAX_DIMS] = {0}, any = false, all = true;
+    int64_t count = 1;
+    for (int i = 0; i < nb; i++) {
+        reduced[i] = out->shape[i] == 1 && batch[i] != 1;
+        any |= reduced[i];
+        all &= reduced[i] || batch[i] == 1;
+        count *= batch[i];
+    }
+    if (!any) return be->gemm(out, l, r, 1.0, 0.0);
+    if (!all) {
+        bool low = out->dtype == MT_F16 || out->dtype == MT_BF16;
+        return low ? gemm_reduce_entries_f32(op, be, out, l, r, nb, batch, reduced)
+                   : gemm_reduce_entries(be, out, l, r, nb, batch, reduced);
+    }
+    int64_t lstr[MT_MAX_DIMS], rstr[MT_MAX_DIMS];
+    aligned_batch_strides(l, nb, batch, lstr);
+    aligned_batch_strides(r, nb, batch, rstr);
+    int64_t P = out->shape[nb], Q = out->shape[nb + 1], R = l->shape[l->ndim - 1];
+    int64_t ls_p = l->strides[l->ndim - 2], ls_r = l->strides[l->ndim - 1];
+    int64_t rs_r = r->strides[r->ndim - 2], rs_q = r->strides[r->ndim - 1];
+    mt_tensor lh, rh, oh, *lc = NULL, *rc_t = NULL;
+    int64_t lr, rr;
+    if (merges(nb, batch, lstr, R, ls_r, &lr)) {
+        mt_tensor_header_init(&lh, l->storage, l->dtype, 2, (int64_t[]){P, count * R},
+                              (int64_t[]){ls_p, lr}, l->offset);
+    } else {
+        lc = contraction_copy(op, be, l, lstr, nb, batch, count, P, R, ls_p, ls_r);
+        if (!lc) return mt_last_status();
+        mt_tensor_header_init(&lh, lc->storage, lc->dtype, 2, lc->shape, NULL, lc->offset);
+    }
+    if (merges(nb, batch, rstr, R, rs_r, &rr)) {
+        mt_tensor_header_init(&rh, r->storage, r->dtype, 2, (int64_t[]){count * R, Q},
+                              (int64_t[]){rr, rs_q}, r->offset);
+    } else {
+        rc_t = contraction_copy(op, be, r, rstr, nb, batch, count, Q, R, rs_q, rs_r);
+        if (!rc_t) {
+            mt_tensor_unref(lc);
+            return mt_last_status();
+        }
+        mt_tensor_header_init(&rh, rc_t->storage, rc_t->dtype, 2, (int64_t[]){count * R, Q},
+                              (int64_t[]){1, count * R}, rc_t->offset);
+    }
+    mt_tensor_header_init(&oh, out->storage, out->dtype, 2, (int64_t[]){P, Q}, NULL, out->offset);
+    int rc = be->gemm(&oh, &lh, &rh, 1.0, 0.0);
+    mt_tensor_unref(rc_t);
+    mt_tensor_unref(lc);
+    return rc;
 }
 
 /* A header over the fresh contiguous gradient t (shape of an operand with `ond` dims) seen as
@@ -181,7 +274,7 @@ static int matmul_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             right_matrix(&xh, n->saved[1]);
             transpose_last(&xh);
             grad_target(&oh, ga, nb, ma->ndim, ma->shape, M, K);
-            rc = gemm_reduce(be, &oh, &gh, &xh, nb, batch);
+            rc = gemm_reduce(name, be, &oh, &gh, &xh, nb, batch);
             if (rc)
                 mt_tensor_unref(ga);
             else
@@ -196,7 +289,7 @@ static int matmul_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
             left_matrix(&xh, n->saved[0]);
             transpose_last(&xh);
             grad_target(&oh, gb, nb, mb->ndim, mb->shape, K, N);
-            rc = gemm_reduce(be, &oh, &xh, &gh, nb, batch);
+            rc = gemm_reduce(name, be, &oh, &xh, &gh, nb, batch);
             if (rc)
                 mt_tensor_unref(gb);
             else
@@ -356,7 +449,7 @@ static int linear_grads(mt_node *n, const char *name, mt_tensor *gc, mt_tensor *
             rows_matrix(&xh, n->saved[0]);
             int nb = gt.ndim - 2;
             grad_target(&oh, gw, nb, 2, mw->shape, out_f, in_f);
-            rc = gemm_reduce(be, &oh, &gt, &xh, nb, gt.shape);
+            rc = gemm_reduce(name, be, &oh, &gt, &xh, nb, gt.shape);
             if (rc)
                 mt_tensor_unref(gw);
             else
