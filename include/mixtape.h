@@ -210,7 +210,7 @@ int64_t mt_host_sync_count(void);
 void mt_cuda_set_allow_tf32(bool on);
 
 /* Threads used by our kernels and by BLAS. Default: OMP_NUM_THREADS where it is set, else
-   all cores; n <= 0: all cores. */
+   all cores; n <= 0: all cores; n above 1024 (or OpenMP's thread limit) is capped there. */
 void mt_set_num_threads(int n);
 int mt_get_num_threads(void);
 
@@ -793,7 +793,8 @@ bool mt_dist_is_initialized(void);
 int mt_dist_rank(void);       /* 0 before init */
 int mt_dist_world_size(void); /* 1 before init */
 int mt_dist_barrier(void);
-/* seconds > 0; applies to every later wait of this process */
+/* 0 < seconds <= 1e9 (about 31 years: a wait always has a deadline); applies to every later
+   wait of this process */
 int mt_dist_set_timeout(double seconds);
 double mt_dist_timeout(void);
 

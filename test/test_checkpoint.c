@@ -148,6 +148,8 @@ static void test_linear_layer_names(void **state) {
     assert_same_bits(a.bias, b.bias, "bias");
     /* a layer without bias, strict: fc1.bias is unexpected */
     assert_int_equal(mt_linear_layer_state_load(&nb, s, "fc1.", true), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "mt_linear_layer_state_load: mt_state_load_into: strict load");
+    assert_int_equal(mt_linear_layer_state_load(&nb, s, "fc1.", true), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "unexpected entry: fc1.bias");
     assert_int_equal(mt_linear_layer_state_load(&nb, s, "fc1.", false), 0);
     assert_same_bits(a.weight, nb.weight, "weight without bias");

@@ -305,7 +305,13 @@ static void test_timeout_is_bounded(void **state) {
     }
     assert_int_equal(mt_dist_set_timeout(saved), 0);
     assert_int_equal(mt_dist_set_timeout(0), MT_ERR_INVALID);
-    assert_error(MT_ERR_INVALID, "not a positive number");
+    assert_error(MT_ERR_INVALID, "not a number of seconds in (0, 1e+09]");
+    /* an endless wait is not a timeout (it made the progress thread's deadline invalid) */
+    assert_int_equal(mt_dist_set_timeout(INFINITY), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "arg 1: inf is not a number of seconds");
+    assert_int_equal(mt_dist_set_timeout(1e19), MT_ERR_INVALID);
+    mt_clear_error();
+    assert_true(mt_dist_timeout() == saved);
 }
 
 /* What main saw before joining the job: a collective before mt_dist_init, and (without a

@@ -106,6 +106,15 @@ static void test_layer_norm_layer(void **state) {
         mt_layer_norm_layer_init(&l, 0, (const int64_t[]){5}, true, MT_F32, mt_test_device()),
         MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "normalized shape needs 1 to 8 dims, got 0");
+    /* a public field set out of range reads as an uninitialised layer (the shape message
+       read past the shape) */
+    assert_int_equal(
+        mt_layer_norm_layer_init(&l, 1, (const int64_t[]){3}, true, MT_F32, mt_test_device()), 0);
+    l.ndim = 12;
+    assert_null(mt_layer_norm_layer_forward(&l, mt_ones(MT_SHAPE(2, 3), MT_F32, mt_test_device())));
+    assert_error(MT_ERR_STATE, "not initialised");
+    l.ndim = 1;
+    mt_layer_norm_layer_free(&l);
     mt_scope_end();
 }
 

@@ -390,6 +390,14 @@ static void test_pool_errors(void **state) {
     assert_error(MT_ERR_SHAPE, "the output would be empty");
     assert_null(mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {2, INT64_MAX}, .stride = {1, 1}}));
     assert_error(MT_ERR_SHAPE, "the output would be empty");
+    /* a window whose area (the average's divisor with the padding) passes int64: a kernel
+       near 2^63 by 2, over 5 rows and 2 columns of ones */
+    mt_tensor *huge =
+        mt_avg_pool2d(mt_ones(MT_SHAPE(1, 1, 5, 5), MT_F32, d),
+                      &(mt_pool2d_opts){.kernel = {INT64_MAX, 2}, .padding = {INT64_MAX / 2, 0}});
+    assert_shape(huge, 1, 1, 1, 2);
+    const double tenth = 10.0 / (2.0 * (double)INT64_MAX);
+    assert_tensor_close(huge, ((const double[]){tenth, tenth}), 2, 0, 1e-6);
     mt_tensor *y = mt_max_pool2d(
         x, &(mt_pool2d_opts){.kernel = {2, 2}, .stride = {INT64_MAX, 1}, .ceil_mode = true});
     assert_no_error();

@@ -275,6 +275,12 @@ static void test_slice_python_rules(void **state) {
     }
     mt_tensor *rows = mt_slice(a, -2, 1, 3, 1);
     assert_ptr_equal(mt_test_data_addr(rows), elem_ptr(a, 7));
+    /* a step larger than the dim: one element, whose stride is never stepped */
+    mt_tensor *one = mt_slice(a, 1, 2, 7, INT64_MAX);
+    assert_shape(one, 3, 1);
+    double col2[3] = {2, 9, 16};
+    assert_tensor_close(one, col2, 3, 0, 0);
+    mt_release(one);
     assert_null(mt_slice(a, 0, 0, 3, 0));
     assert_error(MT_ERR_INVALID, "mt_slice: arg 5: step must be positive, got 0");
     assert_null(mt_slice(a, 0, 0, 3, -1));

@@ -32,8 +32,15 @@ int mt_cpu_num_threads(void) {
     return n;
 }
 
+/* The most threads a team gets: libgomp ends the process when it cannot allocate a team's
+   bookkeeping (2^30 threads asked for 240 GB). */
+#define MAX_THREADS 1024
+
 void mt_set_num_threads(int n) {
     if (n <= 0) n = omp_get_num_procs();
+    int limit = omp_get_thread_limit();
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    if (limit > 0 && n > limit) n = limit;
     atomic_store_explicit(&num_threads, n, memory_order_relaxed);
     omp_set_num_threads(n);
     openblas_set_num_threads(n);

@@ -157,8 +157,12 @@ int mt_ddp_comm_wait(mt_ddp *d, int n) {
         return mt_error_set(MT_ERR_STATE, "mt_ddp_wait: an earlier step of this mt_ddp failed "
                                           "with all-reduces in flight");
     }
-    while (c->completed < n && c->mpi_error == MPI_SUCCESS && !late)
-        late = pthread_cond_timedwait(&c->done, &c->mu, &dl) == ETIMEDOUT && c->completed < n;
+    int wait_rc = 0;
+    while (c->completed < n && c->mpi_error == MPI_SUCCESS && !late && wait_rc != EINVAL) {
+        wait_rc = pthread_cond_timedwait(&c->done, &c->mu, &dl);
+        late = wait_rc == ETIMEDOUT && c->completed < n;
+    }
+    if (wait_rc == EINVAL && c->completed < n) late = true; /* no deadline: give up */
     int err = c->mpi_error;
     if (late) c->abandoned = true; /* the requests stay in flight; the world is broken */
     pthread_mutex_unlock(&c->mu);

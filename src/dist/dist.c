@@ -11,7 +11,10 @@
 #include "dist_impl.h"
 
 #define DEFAULT_TIMEOUT 300.0
-#define MAX_ORPHANS     64
+/* the longest timeout: a deadline this far off still fits a timespec and a double's
+   microseconds (an infinite one made the progress thread's timed wait fail at once) */
+#define MAX_TIMEOUT 1e9
+#define MAX_ORPHANS 64
 
 static mt_dist_state process_state = {.rank = 0, .world = 1, .timeout = DEFAULT_TIMEOUT};
 /* a thread that joined a world of threads (mt_dist_init_thread) has its own */
@@ -144,10 +147,11 @@ static int read_timeout_env(void) {
     if (!env || !*env) return 0;
     char *end = NULL;
     double v = strtod(env, &end);
-    if (!end || *end || !(v > 0))
+    if (!end || *end || !(v > 0 && v <= MAX_TIMEOUT))
         return mt_error_set(MT_ERR_INVALID,
-                            "mt_dist_init: MT_DIST_TIMEOUT=%s is not a positive number of seconds",
-                            env);
+                            "mt_dist_init: MT_DIST_TIMEOUT=%s is not a number of seconds in "
+                            "(0, %g]",
+                            env, MAX_TIMEOUT);
     st->timeout = v;
     return 0;
 }
@@ -264,10 +268,10 @@ int mt_dist_world_size(void) {
 
 int mt_dist_set_timeout(double seconds) {
     mt_dist_state *st = mt_dist_state_get();
-    if (!(seconds > 0))
+    if (!(seconds > 0 && seconds <= MAX_TIMEOUT))
         return mt_error_set(MT_ERR_INVALID,
-                            "mt_dist_set_timeout: arg 1: %g is not a positive number of seconds",
-                            seconds);
+                            "mt_dist_set_timeout: arg 1: %g is not a number of seconds in (0, %g]",
+                            seconds, MAX_TIMEOUT);
     st->timeout = seconds;
     return 0;
 }

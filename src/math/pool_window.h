@@ -34,11 +34,11 @@ MT_HD void mt_pool_window_of(bool adaptive, const int64_t *kernel, const int64_t
     /* torch's divisor with padding counts the window clipped to the padded input */
     int64_t hp = he < H + padding[0] ? he : H + padding[0];
     int64_t wp = we < W + padding[1] ? we : W + padding[1];
-    int64_t padded = (hp - hs) * (wp - ws);
+    double padded = (double)(hp - hs) * (double)(wp - ws); /* a window can exceed int64 */
     w->h0 = hs > 0 ? hs : 0;
     w->w0 = ws > 0 ? ws : 0;
     w->h1 = he < H ? he : H;
     w->w1 = we < W ? we : W;
-    w->divisor = (double)(count_include_pad ? padded : (w->h1 - w->h0) * (w->w1 - w->w0));
+    w->divisor = count_include_pad ? padded : (double)((w->h1 - w->h0) * (w->w1 - w->w0));
 }
 #endif

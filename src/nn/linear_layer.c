@@ -83,5 +83,7 @@ int mt_linear_layer_state_load(mt_linear_layer *l, mt_state *s, const char *pref
     if (!l->weight) return mt_error_set(MT_ERR_STATE, "%s: arg 1: layer is not initialised", fn);
     mt_tensor *params[2] = {l->weight, l->bias};
     const char *names[2] = {"weight", "bias"};
-    return mt_state_load_into(s, prefix, params, names, l->bias ? 2 : 1, strict);
+    mt_api_enter_at(fn); /* errors inside read "mt_linear_layer_state_load: ..." */
+    return mt_api_exit_status(
+        mt_state_load_into(s, prefix, params, names, l->bias ? 2 : 1, strict));
 }

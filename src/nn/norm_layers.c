@@ -122,7 +122,7 @@ mt_tensor *mt_layer_norm_layer_forward(mt_layer_norm_layer *l, mt_tensor *x) {
         return NULL;
     }
     if (!x) return NULL;
-    if (l->ndim < 1) {
+    if (l->ndim < 1 || l->ndim > MT_MAX_DIMS) {
         mt_error_set(MT_ERR_STATE, "%s: arg 1: layer is not initialised (or was freed)", op);
         return NULL;
     }

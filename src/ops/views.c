@@ -266,7 +266,7 @@ static mt_tensor *slice_view(mt_tensor *t, int dim, int64_t start, int64_t len, 
     memcpy(shape, t->shape, sizeof shape);
     memcpy(strides, t->strides, sizeof strides);
     shape[dim] = len;
-    strides[dim] = t->strides[dim] * step;
+    strides[dim] = len > 1 ? t->strides[dim] * step : t->strides[dim]; /* never stepped */
     /* an empty slice keeps the base offset so it never points past the storage */
     int64_t offset = t->offset + (len > 0 ? start * t->strides[dim] : 0);
     mt_tensor *out = mt_tensor_view_of(t, t->ndim, shape, strides, offset);
