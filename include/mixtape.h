@@ -342,7 +342,8 @@ typedef enum { MT_ACT_NONE, MT_ACT_RELU, MT_ACT_GELU, MT_ACT_GELU_TANH } mt_acti
    saved by the same pass (GELU). LOWER under autocast, as mt_linear. */
 mt_tensor *mt_linear_act(mt_tensor *x, mt_tensor *w, mt_tensor *b, mt_activation act);
 /* act(batch_norm(x) + residual) in one pass forward and one backward (the residual, NULL or
-   a tensor of x's shape, gets its gradient too): the fused BN+add+ReLU of ResNet blocks. The
+   a tensor of x's shape and dtype, gets its gradient too): the fused BN+add+ReLU of ResNet
+   blocks. The
    same values as the unfused ops, NaN included: an inf in a channel makes it NaN, and the
    ReLU's backward zeroes only where the output is <= 0 (a NaN passes), as mt_relu's. */
 mt_tensor *mt_batch_norm_act(mt_tensor *x, mt_tensor *running_mean, mt_tensor *running_var,

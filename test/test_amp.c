@@ -460,6 +460,27 @@ static void test_region_errors(void **state) {
     assert_false(mt_autocast_enabled());
     mt_autocast_end();
     assert_no_error();
+    /* 64 regions deep: one more cannot open, and is a disabled region like any failed
+       begin; the GradScaler and clipping still work there (they take no nesting slot) */
+    for (int i = 0; i < 64; i++) mt_autocast_begin(MT_F16, MT_AMP_O2);
+    assert_no_error();
+    mt_autocast_begin(MT_F32, MT_AMP_O1);
+    assert_error(MT_ERR_STATE, "regions nest at most 64 deep");
+    assert_false(mt_autocast_enabled());
+    mt_autocast_end();
+    assert_true(mt_autocast_enabled());
+    mt_grad_scaler *s = mt_grad_scaler_new(NULL);
+    mt_tensor *loss = mt_full(MT_SHAPE(1), MT_F32, mt_test_device(), 2.0);
+    mt_tensor *scaled = mt_grad_scaler_scale(s, loss);
+    assert_no_error();
+    assert_int_equal(mt_dtype_of(scaled), MT_F32);
+    assert_true(mt_item(scaled) == 131072.0);
+    mt_release(scaled);
+    mt_release(loss);
+    mt_grad_scaler_free(s);
+    for (int i = 0; i < 64; i++) mt_autocast_end();
+    assert_no_error();
+    assert_false(mt_autocast_enabled());
 }
 
 /* ------------------------------------------------------------------ threads */

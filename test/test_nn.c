@@ -74,6 +74,20 @@ static void test_init_seeded(void **state) {
     double *a = values(l1.weight), *b = values(l2.weight), *c = values(l3.weight);
     assert_memory_equal(a, b, 32 * sizeof(double));
     assert_memory_not_equal(a, c, 32 * sizeof(double));
+    /* the caller's autocast region and lists do not reach the init (they rounded the draw
+       to f16 when mul_scalar was white-listed) */
+    mt_linear_layer l4;
+    assert_int_equal(
+        mt_autocast_set_lists((const char *[]){"mul_scalar", "add_scalar", NULL}, NULL), 0);
+    mt_autocast_begin(MT_F16, MT_AMP_O1);
+    mt_manual_seed(42);
+    assert_int_equal(mt_linear_layer_init(&l4, 8, 4, true, MT_F32, mt_test_device()), 0);
+    mt_autocast_end();
+    assert_int_equal(mt_autocast_set_lists(NULL, NULL), 0);
+    double *d = values(l4.weight);
+    assert_memory_equal(a, d, 32 * sizeof(double));
+    free(d);
+    mt_linear_layer_free(&l4);
     free(a);
     free(b);
     free(c);

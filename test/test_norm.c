@@ -545,6 +545,11 @@ static void test_norm_errors(void **state) {
     assert_error(MT_ERR_SHAPE, "more than 1 value per channel");
     assert_null(mt_batch_norm_act(x, NULL, NULL, NULL, NULL, w3, true, 0.1, 1e-5, MT_ACT_RELU));
     assert_error(MT_ERR_SHAPE, "residual shape [3] differs");
+    /* the fused add runs in x's dtype, where the unfused add would promote */
+    mt_tensor *res16 = mt_cast(x, MT_F16);
+    assert_null(mt_batch_norm_act(x, NULL, NULL, NULL, NULL, res16, true, 0.1, 1e-5, MT_ACT_RELU));
+    assert_error(MT_ERR_DTYPE, "arg 6: residual is f16, the input f32");
+    mt_release(res16);
     assert_null(mt_batch_norm_act(x, NULL, NULL, NULL, NULL, NULL, true, 0.1, 1e-5, 7));
     assert_error(MT_ERR_INVALID, "activation 7");
     mt_tensor *rg = mt_zeros(MT_SHAPE(3), MT_F32, dev);

@@ -64,8 +64,10 @@ void mt_autocast_resume(mt_autocast_token token) {
     overflow = token.overflow;
 }
 
+/* A region past MAX_NESTING could not open: like any region whose begin failed, it is a
+   disabled one until its end. */
 bool mt_autocast_active(void) {
-    return depth > base && regions[depth - 1].enabled;
+    return overflow == 0 && depth > base && regions[depth - 1].enabled;
 }
 bool mt_autocast_enabled(void) {
     return mt_autocast_active();

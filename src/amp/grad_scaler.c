@@ -200,9 +200,9 @@ mt_tensor *mt_grad_scaler_scale(mt_grad_scaler *s, mt_tensor *loss) {
                                                          : mt_to(s->t[SCALE], loss->device);
     mt_tensor *sd = sc ? mt_cast(sc, loss->dtype) : NULL;
     mt_tensor_unref(sc);
-    mt_autocast_begin(MT_F32, MT_AMP_O1);
+    mt_autocast_token autocast = mt_autocast_suspend(); /* takes none of the user's nesting */
     mt_tensor *out = sd ? mt_mul(loss, sd) : NULL;
-    mt_autocast_end();
+    mt_autocast_resume(autocast);
     mt_tensor_unref(sd);
     if (!out && !had_state) release_tensors(s); /* a failed call leaves the scaler as it was */
     return mt_api_exit(out);
@@ -314,11 +314,11 @@ static int plan_make(unscale_plan *p, mt_grad_scaler *s, opt_state *st, const ch
     int rc = plan_grads(p, s, st->o, fn);
     if (rc == 0) {
         /* 1/scale on the device, in FP32 whatever the autocast state and lists say */
-        mt_autocast_begin(MT_F32, MT_AMP_O1);
+        mt_autocast_token autocast = mt_autocast_suspend();
         bool prev = mt_set_grad_enabled(false);
         p->inv = mt_rdiv_scalar(s->t[SCALE], 1.0);
         mt_set_grad_enabled(prev);
-        mt_autocast_end();
+        mt_autocast_resume(autocast);
         if (p->inv && check) p->one = mt_scalar(1.0, MT_F32, s->device);
         if (!p->inv || (check && !p->one))
             rc = mt_last_status() ? (int)mt_last_status() : MT_ERR_OOM;

@@ -133,6 +133,13 @@ static int validate(const bn_call *k) {
     if (k->res) {
         if (mt_check_floating(name, 6, k->res) < 0 || mt_check_same_device(name, x, k->res) < 0)
             return -1;
+        /* the add is fused in x's dtype; an unfused add would promote (f16 + f32 is f32) */
+        if (k->res->dtype != x->dtype)
+            return mt_error_set(MT_ERR_DTYPE,
+                                "%s: arg 6: residual is %s, the input %s: the fused add runs in "
+                                "the input's dtype (cast the residual, or use mt_batch_norm and "
+                                "mt_add)",
+                                name, mt_dtype_name(k->res->dtype), mt_dtype_name(x->dtype));
         if (!mt_same_shape(k->res, x)) {
             char r[MT_SHAPE_BUF];
             return mt_error_set(MT_ERR_SHAPE, "%s: arg 6: residual shape %s differs from input %s",

@@ -6,6 +6,7 @@
    torch does, and never waits. */
 #include <math.h>
 #include <stdlib.h>
+#include "../amp/autocast.h"
 #include "../autograd/node.h"
 #include "optimizer_impl.h"
 
@@ -194,10 +195,10 @@ mt_tensor *mt_clip_grad_norm_async(mt_optimizer *o, double max_norm) {
     int k = collect_grads(o);
     if (k == 0) return mt_api_exit(mt_scalar(0.0, MT_F32, o->device));
     /* F32 throughout, whatever autocast region the caller is in (as the GradScaler does) */
-    mt_autocast_begin(MT_F32, MT_AMP_O1);
+    mt_autocast_token autocast = mt_autocast_suspend();
     mt_tensor *norm = device_norm(op, o, k);
     mt_tensor *coef = norm ? clip_coef(norm, max_norm) : NULL;
-    mt_autocast_end();
+    mt_autocast_resume(autocast);
     int rc = coef ? scale_grads_by(op, o, coef) : mt_last_status();
     mt_tensor_unref(coef);
     if (clip_finish(op, o, rc) < 0) {
