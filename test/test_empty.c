@@ -380,7 +380,7 @@ static const row rows[] = {
     ROW("unsqueeze", r_unsqueeze, EMPTY, S(3, 0, 1), 3, true),
     ROW("layer_norm", r_layer_norm, EMPTY, S(0, 5), 2, true),
     ROW("batch_norm", r_batch_norm_eval, EMPTY, S(0, 5), 2, true),
-    ROW("batch_norm", r_batch_norm_train, REFUSED, S(0), 0, false),
+    ROW("batch_norm", r_batch_norm_train, EMPTY, S(0, 5), 2, true),
     ROW("batch_norm_act", r_batch_norm_act_eval, EMPTY, S(0, 5), 2, true),
     ROW("dropout", r_dropout, EMPTY, S(3, 0), 2, true),
     ROW("embedding", r_embedding, EMPTY, S(0, 0), 2, true),

@@ -371,6 +371,40 @@ static void test_batch_norm_act_residual_grad(void **state) {
    NaN, and every output of that channel must be NaN, not a clamped 0 that would hide the
    overflow from the GradScaler. NCHW and channels-last, F32 and F16 (the CUDA backend's
    cuDNN Ex path and its own kernels). */
+/* Edges where torch defines the result: eps 0 on a constant channel normalises by 0 (its
+   InvStd), not by inf, so output and gradient are 0, not NaN; an empty batch trains to an
+   empty result, leaves the running buffers alone, and gives weight and bias zero gradients
+   (the CUDA kernel returned before writing them). */
+static void test_batch_norm_torch_edges(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_scope_begin();
+    mt_tensor *x = mt_ones(MT_SHAPE(2, 2, 2, 2), MT_F32, dev);
+    mt_set_requires_grad(x, true);
+    mt_tensor *y = mt_batch_norm(x, NULL, NULL, NULL, NULL, true, 0.1, 0.0);
+    assert_int_equal(mt_backward(mt_sum_all(mt_mul(y, y)), NULL), 0);
+    double zeros[16] = {0};
+    assert_tensor_close(y, zeros, 16, 0, 0);
+    assert_tensor_close(mt_grad(x), zeros, 16, 0, 0);
+    for (int training = 0; training < 2; training++) {
+        mt_tensor *e = mt_zeros(MT_SHAPE(0, 3, 4, 4), MT_F32, dev);
+        mt_tensor *rm = mt_zeros(MT_SHAPE(3), MT_F32, dev), *rv = mt_ones(MT_SHAPE(3), MT_F32, dev);
+        mt_tensor *w = mt_full(MT_SHAPE(3), MT_F32, dev, 2.0),
+                  *b = mt_ones(MT_SHAPE(3), MT_F32, dev);
+        mt_set_requires_grad(w, true);
+        mt_set_requires_grad(b, true);
+        y = mt_batch_norm_act(e, rm, rv, w, b, NULL, training, 0.1, 1e-5, MT_ACT_RELU);
+        assert_non_null(y);
+        assert_shape(y, 0, 3, 4, 4);
+        assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+        assert_tensor_close(mt_grad(w), zeros, 3, 0, 0);
+        assert_tensor_close(mt_grad(b), zeros, 3, 0, 0);
+        assert_tensor_close(rm, zeros, 3, 0, 0);
+        assert_tensor_close(rv, ((const double[]){1, 1, 1}), 3, 0, 0);
+    }
+    mt_scope_end();
+}
+
 static void test_batch_norm_act_nan(void **state) {
     (void)state;
     const mt_dtype dts[2] = {MT_F32, MT_F16};
@@ -825,6 +859,7 @@ int main(void) {
         MT_TEST(test_batch_norm_large_batch),
         MT_TEST(test_batch_norm_gradcheck),
         MT_TEST(test_batch_norm_act_residual_grad),
+        MT_TEST(test_batch_norm_torch_edges),
         MT_TEST(test_batch_norm_act_nan),
         MT_TEST(test_norm_inf_makes_nan),
         MT_TEST(test_norm_autocast),

@@ -57,7 +57,8 @@ static bool fits_training(const mt_tensor *x) {
 
 bool mt_cudnn_bn_applies(const mt_bn_args *a) {
     return a->training && !a->relu && !a->residual && !a->running_mean == !a->running_var &&
-           fits_training(a->x) && mt_cudnn_available();
+           a->eps >= CUDNN_BN_MIN_EPSILON && a->eps > 0 && fits_training(a->x) &&
+           mt_cudnn_available();
 }
 
 /* cuDNN reads x and dy and writes dx in one data type and layout */

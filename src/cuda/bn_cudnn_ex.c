@@ -43,8 +43,10 @@ static cudnnBatchNormOps_t forward_ops(const mt_bn_args *a) {
 /* A residual only with the ReLU: cuDNN has no add without an activation. */
 bool mt_cudnn_bn_ex_applies(const mt_bn_args *a) {
     const mt_tensor *x = a->x, *r = a->residual;
-    return a->training && a->state && x->dtype == MT_F16 && mt_cuda_bn_nhwc(x) &&
-           x->shape[1] % 4 == 0 && mt_cudnn_bn_fits(x, true) && a->save_mean->dtype == MT_F32 &&
+    /* eps 0 (a constant channel's rstd 0, as torch) is the own kernels' */
+    return a->training && a->state && a->eps >= CUDNN_BN_MIN_EPSILON && a->eps > 0 &&
+           x->dtype == MT_F16 && mt_cuda_bn_nhwc(x) && x->shape[1] % 4 == 0 &&
+           mt_cudnn_bn_fits(x, true) && a->save_mean->dtype == MT_F32 &&
            !a->running_mean == !a->running_var &&
            (!r || (a->relu && r->dtype == x->dtype && mt_cuda_bn_nhwc(r))) && mt_cudnn_available();
 }

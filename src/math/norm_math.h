@@ -5,6 +5,7 @@
    mean and var to their accumulation type before the running update, as torch does. */
 #ifndef MT_MATH_NORM_MATH_H
 #define MT_MATH_NORM_MATH_H
+#include <math.h>
 #include <stdint.h>
 #include "hd.h"
 
@@ -27,6 +28,12 @@ MT_HD mt_bn_moments mt_bn_moments_from_sums(double s1, double s2, double k, int6
 
 MT_HD double mt_bn_running_mean(double running, double mean, double momentum) {
     return (1 - momentum) * running + momentum * mean;
+}
+
+/* Training normalises by 1/sqrt(var + eps); a constant channel with eps 0 gets 0 there, as
+   torch's InvStd (not inf, which would make the output and the gradient NaN). */
+MT_HD double mt_bn_train_rstd(double var, double eps) {
+    return var == 0 && eps == 0 ? 0.0 : 1.0 / sqrt(var + eps);
 }
 
 /* The running variance takes the unbiased estimate: var * M / (M - 1). */

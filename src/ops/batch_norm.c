@@ -57,7 +57,11 @@ static int bn_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
                              .save_mean = n->saved[2],
                              .save_rstd = n->saved[3],
                              .training = n->ints[0] != 0};
-    if (rc == 0) rc = mt_backend_get(x->device)->batch_norm_backward(&a);
+    const mt_backend *be = mt_backend_get(x->device);
+    if (rc == 0 && x->numel == 0) /* no element: weight and bias get zeros, as torch */
+        for (int i = 0; i < 4 && rc == 0; i++) rc = grads[i] ? be->fill(grads[i], 0.0) : 0;
+    else if (rc == 0)
+        rc = be->batch_norm_backward(&a);
     mt_tensor_unref(gy);
     for (int i = 0; i < 4; i++) {
         if (rc == 0)
@@ -148,7 +152,7 @@ static int validate(const bn_call *k) {
         }
     }
     int64_t per_channel = x->shape[1] ? x->numel / x->shape[1] : 0;
-    if (k->training && per_channel <= 1)
+    if (k->training && per_channel == 1) /* none is an empty batch: an empty result */
         return mt_error_set(MT_ERR_SHAPE,
                             "%s: arg 1: training needs more than 1 value per channel, input %s",
                             name, mt_shape_str(x, s, sizeof s));
@@ -253,10 +257,15 @@ static mt_tensor *batch_norm(const bn_call *k) {
     mt_node *node = NULL;
     if (rc == 0) node = prepare_node(op, d, &a, &rc);
     if (rc == 0) rc = mt_scope_reserve(); /* the running statistics change next */
-    if (rc == 0) rc = be->batch_norm(&a);
-    if (rc == 0 && k->training && k->rm) {
-        mt_tensor_bump_version(k->rm);
-        mt_tensor_bump_version(k->rv);
+    if (rc == 0 && x->numel == 0) {       /* no statistics: the running buffers stay (torch) */
+        rc = be->fill(a.save_mean, 0.0);
+        if (rc == 0) rc = be->fill(a.save_rstd, 0.0);
+    } else if (rc == 0) {
+        rc = be->batch_norm(&a);
+        if (rc == 0 && k->training && k->rm) {
+            mt_tensor_bump_version(k->rm);
+            mt_tensor_bump_version(k->rv);
+        }
     }
     finish_node(node, &a, rc);
     mt_tensor_unref(a.save_mean);
