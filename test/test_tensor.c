@@ -126,6 +126,20 @@ static void test_integer_casts(void **state) {
     assert_int_equal(mt_copy_to_host(mt_cast(i32, MT_I64), got64, sizeof got64), 0);
     const int64_t want_back[] = {1, -1, INT32_MIN, -1294967296, 1, -7};
     assert_memory_equal(got64, want_back, sizeof want_back);
+    /* I64 to F32 rounds once (through a double, 2^60 + 2^36 + 1 fell on a tie and went to
+       2^60), and to BF16 through that float; bits from torch 1.13 */
+    const int64_t wide[] = {(1LL << 60) + (1LL << 36) + 1,
+                            (1LL << 60) + (1LL << 52) + (1LL << 36) + 1,
+                            -((1LL << 60) + (1LL << 36) + 1), 2147483647, 16777217};
+    mt_tensor *w64 = mt_from_data(wide, MT_I64, MT_SHAPE(5), dev);
+    uint32_t f32_bits[5];
+    assert_int_equal(mt_copy_to_host(mt_cast(w64, MT_F32), f32_bits, sizeof f32_bits), 0);
+    const uint32_t want_f32[] = {0x5d800001u, 0x5d808001u, 0xdd800001u, 0x4f000000u, 0x4b800000u};
+    assert_memory_equal(f32_bits, want_f32, sizeof want_f32);
+    uint16_t bf16_bits[5];
+    assert_int_equal(mt_copy_to_host(mt_cast(w64, MT_BF16), bf16_bits, sizeof bf16_bits), 0);
+    const uint16_t want_bf16[] = {0x5d80, 0x5d81, 0xdd80, 0x4f00, 0x4b80};
+    assert_memory_equal(bf16_bits, want_bf16, sizeof want_bf16);
     /* a strided I64 view ([2, 3] every other element of [2, 6]) to I32, and through BOOL */
     mt_tensor *every_other =
         mt_slice(mt_reshape(mt_cat((mt_tensor *[]){i64, i64}, 2, 0), MT_SHAPE(2, 6)), 1, 0, 6, 2);

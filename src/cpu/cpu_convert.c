@@ -373,8 +373,10 @@ static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx) {
         int_copy_row(p, s, n, c);
         return;
     }
-    /* wide path when either side needs more than FP32 holds */
-    bool wide = c->dst == MT_F64 || c->src == MT_F64 || c->src == MT_I64 || c->src == MT_I32;
+    /* the wide path when either side is F64; an integer goes to F32 in one rounding (as C's
+       and torch's (float)v: through a double, a large I64 was rounded twice), and on to
+       F16/BF16 through that float, as torch's c10::Half(v) */
+    bool wide = c->dst == MT_F64 || c->src == MT_F64;
     for (int64_t i = 0; i < n; i += BLOCK) {
         int64_t m = n - i < BLOCK ? n - i : BLOCK;
         if (wide) {

@@ -252,8 +252,9 @@ extern "C" int mt_cuda_copy(const mt_cuda_ctx *c, const mt_cuda_iter *it) {
         });
     // between integer dtypes in integers (a double loses I64 values above 2^53)
     if (!ew_floating(dd) && !ew_floating(sd)) return ew_launch_gen<ew_int_convert_body>(c, it);
-    // through double when either side needs more than FP32 holds (the CPU's wide path)
-    if (dd == MT_F64 || sd == MT_F64 || sd == MT_I64 || sd == MT_I32)
+    // through double when either side is F64 (the CPU's wide path); an integer to F32 in
+    // one rounding, and on to F16/BF16 from that float, as torch
+    if (dd == MT_F64 || sd == MT_F64)
         return ew_launch_gen<ew_convert_body<double>>(c, it);
     return ew_launch_gen<ew_convert_body<float>>(c, it);
 }
