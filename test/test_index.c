@@ -235,6 +235,12 @@ static void test_index_errors(void **state) {
                           "arg 3: index 3 at position 1 is out of range [0, 3) (dim 1 has size 3");
     assert_deferred_error(mt_index_select(w, -2, i64_tensor((int64_t[]){5}, MT_SHAPE(1))),
                           MT_ERR_INVALID, "mt_index_select", "(dim 0 has size 5");
+    /* an empty result still has its indices checked (the CUDA kernel had nothing to do) */
+    mt_tensor *none = mt_zeros(MT_SHAPE(2, 0), MT_F32, mt_test_device());
+    assert_deferred_error(mt_index_select(none, 0, i64_tensor((int64_t[]){1, 5}, MT_SHAPE(2))),
+                          MT_ERR_INVALID, "mt_index_select", "index 5 at position 1");
+    assert_deferred_error(mt_embedding(none, i64_tensor((int64_t[]){1, 5}, MT_SHAPE(2))),
+                          MT_ERR_INVALID, "mt_embedding", "index 5 at position 1");
     assert_null(mt_index_select(w, 2, i64_tensor((int64_t[]){0}, MT_SHAPE(1))));
     assert_error(MT_ERR_INVALID, "mt_index_select");
     assert_deferred_error(mt_gather(w, 0, i64_tensor((int64_t[]){0, 9}, MT_SHAPE(1, 2))),

@@ -346,6 +346,27 @@ static void test_layer_act(void **state) {
     mt_linear_layer_free(&l);
 }
 
+/* Leading dims with a 0 that do not merge (x [3, 0, 1]): an empty result, as mt_linear
+   gives, and zero gradients (the fused path read an unset header: UBSan, a garbage GEMM). */
+static void test_empty_rows(void **state) {
+    (void)state;
+    for (int act = MT_ACT_NONE; act <= MT_ACT_GELU_TANH; act++) {
+        mt_scope_begin();
+        mt_tensor *x = mt_zeros(MT_SHAPE(3, 0, 1), MT_F32, mt_test_device());
+        mt_tensor *w = mt_ones(MT_SHAPE(3, 1), MT_F32, mt_test_device());
+        mt_tensor *b = mt_ones(MT_SHAPE(3), MT_F32, mt_test_device());
+        mt_set_requires_grad(w, true);
+        mt_set_requires_grad(b, true);
+        mt_tensor *y = mt_linear_act(x, w, b, (mt_activation)act);
+        assert_no_error();
+        assert_shape(y, 3, 0, 3);
+        assert_int_equal(mt_backward(mt_sum_all(y), NULL), 0);
+        assert_tensor_close(mt_grad(w), ((const double[]){0, 0, 0}), 3, 0, 0);
+        assert_tensor_close(mt_grad(b), ((const double[]){0, 0, 0}), 3, 0, 0);
+        mt_scope_end();
+    }
+}
+
 static void test_errors(void **state) {
     (void)state;
     mt_tensor *x = make(MT_F32, MT_SHAPE(3, 4)), *w = make(MT_F32, MT_SHAPE(5, 4));
@@ -388,6 +409,7 @@ int main(void) {
         MT_TEST(test_autocast),
         MT_TEST(test_saved_output_version),
         MT_TEST(test_layer_act),
+        MT_TEST(test_empty_rows),
         MT_TEST(test_errors),
     };
     MT_RUN_TESTS(tests);

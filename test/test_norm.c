@@ -116,6 +116,16 @@ static void test_layer_norm_empty(void **state) {
     mt_scope_end();
 }
 
+/* A row whose mean square passes F32's range has an infinite variance: the output is 0 (as
+   torch and the two-pass CUDA kernel), not inf - inf. */
+static void test_layer_norm_huge_row(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *x = mt_test_tensor((const double[]){3e19, -3e19}, MT_F32, MT_SHAPE(1, 2));
+    assert_tensor_close(mt_layer_norm(x, 1, NULL, NULL, 1e-5), ((const double[]){0, 0}), 2, 0, 0);
+    mt_scope_end();
+}
+
 /* A non-contiguous input is normalised as its logical values. */
 static void test_layer_norm_strided(void **state) {
     (void)state;
@@ -860,6 +870,7 @@ int main(void) {
         MT_TEST(test_batch_norm_gradcheck),
         MT_TEST(test_batch_norm_act_residual_grad),
         MT_TEST(test_batch_norm_torch_edges),
+        MT_TEST(test_layer_norm_huge_row),
         MT_TEST(test_batch_norm_act_nan),
         MT_TEST(test_norm_inf_makes_nan),
         MT_TEST(test_norm_autocast),

@@ -390,6 +390,11 @@ static void test_pool_errors(void **state) {
     assert_error(MT_ERR_SHAPE, "the output would be empty");
     assert_null(mt_avg_pool2d(x, &(mt_pool2d_opts){.kernel = {2, INT64_MAX}, .stride = {1, 1}}));
     assert_error(MT_ERR_SHAPE, "the output would be empty");
+    /* an empty batch seen through stride 0 (oneDNN divided by zero reordering it) */
+    mt_tensor *none = mt_expand(mt_zeros(MT_SHAPE(1, 2, 4, 4), MT_F32, d), MT_SHAPE(0, 2, 4, 4));
+    assert_shape(mt_avg_pool2d(none, &(mt_pool2d_opts){.kernel = {2, 2}}), 0, 2, 2, 2);
+    assert_shape(mt_adaptive_avg_pool2d(none, 2, 2), 0, 2, 2, 2);
+    assert_shape(mt_max_pool2d(none, &(mt_pool2d_opts){.kernel = {2, 2}}), 0, 2, 2, 2);
     /* a window whose area (the average's divisor with the padding) passes int64: a kernel
        near 2^63 by 2, over 5 rows and 2 columns of ones */
     mt_tensor *huge =

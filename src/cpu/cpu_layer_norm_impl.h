@@ -28,7 +28,9 @@ MT_CPU_CLONES static int SFX(ln_rows)(void *vctx, int64_t rb, int64_t re, int pa
            for y, only saved for the backward. */
         T k = x[0], s, s2;
         SFX(sums2)(x, k, x, k, D, &s, &s2);
-        T md = s / (T)D, var = s2 / (T)D - md * md;
+        /* a mean square past the dtype's range is an infinite variance (as the CUDA kernel's
+           two-pass sum finds), not inf - inf */
+        T md = s / (T)D, m2 = s2 / (T)D, var = isinf(m2) ? m2 : m2 - md * md;
         T rs = (T)1 / SQRT((var < 0 ? (T)0 : var) + (T)c->eps); /* NaN stays NaN */
         T *y = c->ydt == NATIVE ? (T *)yr : buf; /* buf's x is read before its y is written */
         for (int64_t j = 0; j < D; j++) {

@@ -179,8 +179,23 @@ __global__ void __launch_bounds__(INDEX_THREADS) scatter_add_kernel(mt_cuda_gath
     }
 }
 
+// The range check alone, for an index that selects into an empty output (another dim 0):
+// its values are still checked, as on the CPU and in torch.
+__global__ void __launch_bounds__(INDEX_THREADS)
+    index_check_kernel(mt_cuda_index_args a, mt_cuda_fault *fault) {
+    GRID_STRIDE(j, a.k) {
+        int64_t r = a.index[j];
+        if (r < 0 || r >= a.n) fault_index(fault, a.op, a.dim, j, r, a.n);
+    }
+}
+
 extern "C" int mt_cuda_index_select(const mt_cuda_ctx *c, const mt_cuda_index_args *a) {
     int64_t n = a->outer * a->k * a->inner;
+    if (n == 0 && a->k > 0) {
+        MT_LAUNCH(index_check_kernel, index_blocks(c, a->k), INDEX_THREADS, 0, c->stream, *a,
+                  c->fault);
+        return (int)cudaGetLastError();
+    }
     if (n == 0) return 0;
     MT_LAUNCH(index_select_kernel, index_blocks(c, n), INDEX_THREADS, 0, c->stream, *a, c->fault);
     return (int)cudaGetLastError();

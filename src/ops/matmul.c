@@ -402,9 +402,14 @@ static bool flat_rows(mt_tensor *h, const mt_tensor *t) {
         return true;
     }
     int64_t rs, rows = 1;
+    for (int i = 0; i < nd - 1; i++) rows *= t->shape[i];
+    if (t->numel == 0) { /* no element to address: any strides do, the contiguous ones */
+        mt_tensor_header_init(h, t->storage, t->dtype, 2, (int64_t[]){rows, t->shape[nd - 1]}, NULL,
+                              t->offset);
+        return true;
+    }
     if (!merges(nd - 2, t->shape, t->strides, t->shape[nd - 2], t->strides[nd - 2], &rs))
         return false;
-    for (int i = 0; i < nd - 1; i++) rows *= t->shape[i];
     mt_tensor_header_init(h, t->storage, t->dtype, 2, (int64_t[]){rows, t->shape[nd - 1]},
                           (int64_t[]){rs, t->strides[nd - 1]}, t->offset);
     return true;
@@ -635,7 +640,8 @@ static mt_tensor *linear_impl(mt_op_id id, mt_tensor *x, mt_tensor *w, mt_tensor
             rc = linear_unfused(be, out, c);
             xs = NULL;
         } else if ((xd = dense_rows(be, name, c[0])) != NULL) {
-            flat_rows(&x2, xd);
+            if (!flat_rows(&x2, xd)) /* a dense copy always flattens */
+                rc = mt_error_set(MT_ERR_INTERNAL, "%s: a dense copy of x does not flatten", name);
             xs = xd;
         } else {
             rc = mt_backward_failed();
