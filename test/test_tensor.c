@@ -66,6 +66,25 @@ static void test_filled_creation(void **state) {
     assert_error(MT_ERR_INVALID, "mt_full: arg 5: value 2.14748e+09 does not fit in i32");
     assert_null(mt_scalar(NAN, MT_I64, mt_test_device()));
     assert_error(MT_ERR_INVALID, "mt_scalar: arg 1: value nan does not fit in i64");
+    /* a finite value past a floating dtype's largest is refused (torch: "cannot be converted
+       to type at::Half without overflow"), even one that would round to it; inf and NaN fill */
+    assert_null(mt_full(MT_SHAPE(2), MT_F16, mt_test_device(), 65505.0));
+    assert_error(MT_ERR_INVALID, "mt_full: arg 5: value 65505 does not fit in f16");
+    assert_null(mt_scalar(-1e39, MT_BF16, mt_test_device()));
+    assert_error(MT_ERR_INVALID, "value -1e+39 does not fit in bf16");
+    assert_null(mt_scalar(1e300, MT_F32, mt_test_device()));
+    assert_error(MT_ERR_INVALID, "does not fit in f32");
+    mt_tensor *edge = mt_full(MT_SHAPE(1), MT_F16, mt_test_device(), -65504.0);
+    mt_tensor *inf16 = mt_scalar(INFINITY, MT_F16, mt_test_device());
+    mt_tensor *big64 = mt_scalar(1e300, MT_F64, mt_test_device());
+    assert_no_error();
+    assert_true(mt_item(edge) == -65504.0 && isinf(mt_item(inf16)) && mt_item(big64) == 1e300);
+    assert_int_equal(mt_fill(edge, 1e6), MT_ERR_INVALID);
+    assert_error(MT_ERR_INVALID, "mt_fill: arg 2: value 1e+06 does not fit in f16");
+    assert_true(mt_item(edge) == -65504.0);
+    mt_release(edge);
+    mt_release(inf16);
+    mt_release(big64);
     assert_null(mt_full(MT_SHAPE(1), MT_I64, mt_test_device(), 9223372036854775808.0));
     assert_error(MT_ERR_INVALID, "does not fit in i64");
     mt_tensor *flag = mt_scalar(NAN, MT_BOOL, mt_test_device()); /* any non-zero: true */

@@ -1,4 +1,5 @@
 /* Argument checks shared by op entry points; each names the op and the argument. */
+#include <math.h>
 #include "tensor_impl.h"
 
 int mt_check_floating(const char *op, int arg, const mt_tensor *t) {
@@ -36,11 +37,21 @@ mt_dtype mt_promote_floating(mt_dtype a, mt_dtype b) {
     return MT_F32; /* f32 with anything lower, or f16 with bf16 */
 }
 
+/* The largest finite value of a floating dtype (F64: any double fits). */
+static double max_finite(mt_dtype dt) {
+    return dt == MT_F16    ? 65504.0
+           : dt == MT_BF16 ? 3.3895313892515355e38
+           : dt == MT_F32  ? 3.4028234663852886e38
+                           : INFINITY;
+}
+
 int mt_check_fill_value(const char *op, int arg, mt_dtype dt, double v) {
-    /* as torch's c10::overflows: the value itself, before truncation, within the range */
+    /* as torch's c10::overflows: the value itself, before rounding or truncation, within the
+       range; a floating dtype takes inf and NaN as they are */
     bool fits = dt == MT_I32   ? v >= -2147483648.0 && v <= 2147483647.0
                 : dt == MT_I64 ? v >= -9223372036854775808.0 && v < 9223372036854775808.0
-                               : true;
+                : mt_dtype_is_floating(dt) ? !isfinite(v) || fabs(v) <= max_finite(dt)
+                                           : true;
     if (fits) return 0;
     return mt_error_set(MT_ERR_INVALID, "%s: arg %d: value %g does not fit in %s", op, arg, v,
                         mt_dtype_name(dt));
