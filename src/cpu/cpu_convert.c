@@ -38,11 +38,16 @@ MT_TARGET_AVX2 static void f16_to_f32_avx2(const uint16_t *src, float *dst, int6
     f16_to_f32_scalar(src + i, dst + i, n - i);
 }
 
+/* F16C keeps a NaN's payload where mt_f32_to_f16 (and torch) give sign | 0x7e00: a block
+   with a NaN is redone by the scalar function, so every path gives the same bits. */
 MT_TARGET_AVX2 static void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(src + i);
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
+            f32_to_f16_scalar(src + i, dst + i, 8);
+    }
     f32_to_f16_scalar(src + i, dst + i, n - i);
 }
 
@@ -90,9 +95,12 @@ MT_TARGET_AVX512 static void f16_to_f32_avx512(const uint16_t *src, float *dst, 
 
 MT_TARGET_AVX512 static void f32_to_f16_avx512(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(dst + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(src + i);
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) /* NaN payloads: as the AVX2 version */
+            f32_to_f16_scalar(src + i, dst + i, 16);
+    }
     f32_to_f16_avx2(src + i, dst + i, n - i);
 }
 

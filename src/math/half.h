@@ -59,7 +59,8 @@ MT_HD float mt_f16_to_f32(uint16_t h) {
     uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1fu;
     uint32_t m = h & 0x3ffu;
-    if (e == 0x1fu) return mt_bits_f32(sign | 0x7f800000u | (m << 13));
+    /* a NaN keeps its payload and is made quiet, as F16C's vcvtph2ps and torch */
+    if (e == 0x1fu) return mt_bits_f32(sign | 0x7f800000u | (m ? 0x400000u : 0u) | (m << 13));
     if (e == 0) {
         if (m == 0) return mt_bits_f32(sign);
         /* subnormal: value m * 2^-24 */
