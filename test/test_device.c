@@ -603,6 +603,12 @@ static void test_cpu_scalar_with_device_tensor(void **state) {
     mt_tensor *v = mt_ones(MT_SHAPE(1), MT_F32, MT_CPU);
     assert_null(mt_mul(x, v));
     assert_error(MT_ERR_DEVICE, "tensors are on different devices (cuda:0 and cpu:0)");
+    /* in place too, as torch's add_ (the destination must still be the device tensor) */
+    mt_tensor *d = mt_test_tensor((const double[]){1, 2, 3}, MT_F32, MT_SHAPE(3));
+    assert_int_equal(mt_add_inplace(d, mt_scalar(5, MT_F32, MT_CPU)), 0);
+    assert_tensor_close(d, ((const double[]){6, 7, 8}), 3, 0, 0);
+    assert_int_equal(mt_add_inplace(d, v), MT_ERR_DEVICE);
+    assert_error(MT_ERR_DEVICE, "mt_add_inplace");
     mt_scope_end();
 }
 

@@ -114,7 +114,9 @@ int mt_add_inplace(mt_tensor *a, mt_tensor *b) {
     const char *op = "mt_add_inplace";
     int rc = mt_check_floating(op, 1, a);
     if (rc == 0) rc = mt_check_floating(op, 2, b);
-    if (rc == 0) rc = mt_check_same_device(op, a, b);
+    /* a 0-d CPU source meets any destination, as in mt_add (prepare_source uploads it) */
+    if (rc == 0 && !(b->ndim == 0 && b->device.type == MT_DEVICE_CPU))
+        rc = mt_check_same_device(op, a, b);
     if (rc == 0) rc = check_writable(op, 1, a);
     if (rc == 0) rc = mt_check_no_self_overlap(op, 1, a);
     if (rc) return rc;
