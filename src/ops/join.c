@@ -60,7 +60,8 @@ static int join_check(const char *name, bool stack, mt_tensor *const *ts, int n,
         return mt_error_set(MT_ERR_SHAPE,
                             "%s: arg 1: tensors have %d dims; the result would exceed %d", name,
                             t0->ndim, MT_MAX_DIMS);
-    int rc = mt_dim_normalize(name, 3, dim, stack ? t0->ndim + 1 : t0->ndim, d);
+    int rc = stack ? mt_dim_normalize_insert(name, 3, dim, t0->ndim, d)
+                   : mt_dim_normalize(name, 3, dim, t0->ndim, d);
     if (rc < 0) return rc;
     *any_float = false;
     for (int i = 0; i < n; i++) {

@@ -406,7 +406,7 @@ mt_tensor *mt_unsqueeze(mt_tensor *t, int dim) {
                      "mt_unsqueeze: arg 1: tensor already has %d dims (the maximum)", t->ndim);
         return mt_api_exit(NULL);
     }
-    if (mt_dim_normalize("mt_unsqueeze", 2, dim, t->ndim + 1, &d) < 0) return mt_api_exit(NULL);
+    if (mt_dim_normalize_insert("mt_unsqueeze", 2, dim, t->ndim, &d) < 0) return mt_api_exit(NULL);
     int64_t shape[MT_MAX_DIMS], strides[MT_MAX_DIMS];
     for (int i = 0, j = 0; i <= t->ndim; i++) {
         if (i == d) {

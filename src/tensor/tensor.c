@@ -450,6 +450,16 @@ int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out) {
     return 0;
 }
 
+int mt_dim_normalize_insert(const char *op, int arg, int dim, int ndim, int *out) {
+    if (dim < -(ndim + 1) || dim > ndim)
+        return mt_error_set(MT_ERR_INVALID,
+                            "%s: arg %d: dim %d is out of range for a new dim of a %d-d tensor "
+                            "(expected %d..%d)",
+                            op, arg, dim, ndim, -(ndim + 1), ndim);
+    *out = dim < 0 ? dim + ndim + 1 : dim;
+    return 0;
+}
+
 int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
                         int *nout, int64_t *out) {
     if (na == nb) { /* the common case: equal shapes */

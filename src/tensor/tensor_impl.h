@@ -157,6 +157,8 @@ static inline void mt_split_at_dim(const mt_tensor *t, int dim, int64_t *outer, 
 }
 /* Normalises a possibly negative dim; error naming op and arg when out of range. */
 int mt_dim_normalize(const char *op, int arg, int dim, int ndim, int *out);
+/* dim as a position for a new dim (mt_unsqueeze, mt_stack): -(ndim + 1)..ndim. */
+int mt_dim_normalize_insert(const char *op, int arg, int dim, int ndim, int *out);
 /* Broadcast shape of two shapes; error naming op when they do not broadcast. */
 int mt_broadcast_shapes(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
                         int *nout, int64_t *out);
