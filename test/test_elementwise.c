@@ -516,6 +516,23 @@ static void test_promotion(void **state) {
         mt_release(a);
         mt_release(b);
     }
+    /* a 0-d operand counts only when no operand with dims is floating (torch's result_type):
+       f16 [4] with an f64 0-d is f16; two 0-d promote; an I64 [2] with a 0-d f64 is f64 */
+    mt_scope_begin();
+    mt_tensor *h4 = mt_full(MT_SHAPE(4), MT_F16, mt_test_device(), 1.5);
+    mt_tensor *d0 = mt_scalar(2, MT_F64, mt_test_device()), *f0 = mt_scalar(2, MT_F32, MT_CPU);
+    assert_int_equal(mt_dtype_of(mt_mul(h4, d0)), MT_F16);
+    assert_int_equal(mt_dtype_of(mt_add(f0, h4)), MT_F16);
+    assert_int_equal(mt_dtype_of(mt_maximum(h4, d0)), MT_F16);
+    assert_int_equal(mt_dtype_of(mt_where(mt_gt(h4, d0), h4, d0)), MT_F16);
+    assert_tensor_close(mt_mul(h4, d0), ((const double[]){3, 3, 3, 3}), 4, 0, 0);
+    assert_int_equal(mt_dtype_of(mt_add(mt_scalar(1, MT_BF16, mt_test_device()),
+                                        mt_scalar(1, MT_F16, mt_test_device()))),
+                     MT_F32);
+    assert_int_equal(mt_dtype_of(mt_mul(mt_full(MT_SHAPE(1), MT_F16, mt_test_device(), 1), d0)),
+                     MT_F16); /* a [1] tensor has a dim: it decides */
+    assert_no_error();
+    mt_scope_end();
     mt_tensor *h = mt_full(MT_SHAPE(1), MT_F16, mt_test_device(), 0.1),
               *f = mt_full(MT_SHAPE(1), MT_F32, mt_test_device(), 0.1);
     mt_tensor *eq = mt_eq(h, f);

@@ -32,7 +32,8 @@ static SFX(bn_consts) SFX(bn_consts_of)(const bn_ctx *c, int64_t ch, double s1, 
         mean = k = rm[ch];
         var = rv[ch];
     }
-    T rs = a->training ? (T)mt_bn_train_rstd((double)var, a->eps) : (T)1 / SQRT(var + (T)a->eps);
+    T rs =
+        mt_bn_rstd_is_zero(a->training, (double)var, a->eps) ? (T)0 : (T)1 / SQRT(var + (T)a->eps);
     sm[ch] = mean;
     sr[ch] = rs;
     return (SFX(bn_consts)){k, md, w ? w[ch] * rs : rs, b ? b[ch] : (T)0};

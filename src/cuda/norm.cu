@@ -411,7 +411,8 @@ __global__ void __launch_bounds__(NORM_THREADS)
         mean = k = rm[ch];
         var = rv[ch];
     }
-    A rs = a.training ? (A)mt_bn_train_rstd((double)var, a.eps) : (A)1 / norm_sqrt(var + (A)a.eps);
+    A rs = mt_bn_rstd_is_zero(a.training, (double)var, a.eps) ? (A)0
+                                                              : (A)1 / norm_sqrt(var + (A)a.eps);
     ((A *)a.save_mean)[ch] = mean;
     ((A *)a.save_rstd)[ch] = rs;
     cst[ch] = (double)k;

@@ -5,7 +5,7 @@
    mean and var to their accumulation type before the running update, as torch does. */
 #ifndef MT_MATH_NORM_MATH_H
 #define MT_MATH_NORM_MATH_H
-#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include "hd.h"
 
@@ -30,10 +30,11 @@ MT_HD double mt_bn_running_mean(double running, double mean, double momentum) {
     return (1 - momentum) * running + momentum * mean;
 }
 
-/* Training normalises by 1/sqrt(var + eps); a constant channel with eps 0 gets 0 there, as
-   torch's InvStd (not inf, which would make the output and the gradient NaN). */
-MT_HD double mt_bn_train_rstd(double var, double eps) {
-    return var == 0 && eps == 0 ? 0.0 : 1.0 / sqrt(var + eps);
+/* Batch norm normalises by 1/sqrt(var + eps) in the accumulation dtype; in training, a
+   constant channel with eps 0 gets 0 there instead, as torch's InvStd (inf would make the
+   output and the gradient NaN). True when that is the case. */
+MT_HD bool mt_bn_rstd_is_zero(bool training, double var, double eps) {
+    return training && var == 0 && eps == 0;
 }
 
 /* The running variance takes the unbiased estimate: var * M / (M - 1). */

@@ -12,13 +12,21 @@ const char *mt_op_fullname(mt_op_id op) {
     return (unsigned)op < MT_OP_COUNT ? op_fullnames[op] : "mt_?";
 }
 
-int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cast) {
-    mt_dtype widest = MT_DTYPE_COUNT;
+/* The widest floating dtype of the inputs, as torch's result_type: a 0-d tensor takes part
+   only when no input with dims is floating (x_f16 * tensor(0.5) stays f16, as a Python
+   scalar would); MT_DTYPE_COUNT when no input is floating. */
+static mt_dtype widest_floating(mt_tensor *const *in, int n) {
+    mt_dtype widest[2] = {MT_DTYPE_COUNT, MT_DTYPE_COUNT}; /* [0]: 0-d inputs, [1]: the others */
     for (int i = 0; i < n; i++) {
         if (!in[i] || !mt_dtype_is_floating(in[i]->dtype)) continue;
-        widest =
-            widest == MT_DTYPE_COUNT ? in[i]->dtype : mt_promote_floating(widest, in[i]->dtype);
+        mt_dtype *w = &widest[in[i]->ndim > 0];
+        *w = *w == MT_DTYPE_COUNT ? in[i]->dtype : mt_promote_floating(*w, in[i]->dtype);
     }
+    return widest[1] != MT_DTYPE_COUNT ? widest[1] : widest[0];
+}
+
+int mt_dispatch_inputs(mt_op_id op, mt_tensor *const *in, int n, mt_tensor **cast) {
+    mt_dtype widest = widest_floating(in, n);
     if (widest == MT_DTYPE_COUNT) { /* no floating input: nothing to cast */
         for (int i = 0; i < n; i++) cast[i] = mt_tensor_ref(in[i]);
         return n > 0 && in[0] ? (int)in[0]->dtype : (int)MT_F32;
