@@ -707,6 +707,43 @@ static void test_peer_copy(void **state) {
     mt_scope_end();
 }
 
+/* A channels-last tensor moved between devices keeps its values and its layout (torch's
+   preserve_format), both ways and between two devices, and its gradient comes back in
+   order: the host staging copy was channels-last and uploaded as if NCHW. */
+static void test_channels_last_between_devices(void **state) {
+    (void)state;
+    mt_device dev = mt_test_device();
+    mt_scope_begin();
+    double v[16];
+    for (int i = 0; i < 16; i++) v[i] = i;
+    mt_tensor *host = mt_from_data(v, MT_F64, MT_SHAPE(1, 2, 2, 4), MT_CPU);
+    mt_tensor *cl = mt_to_channels_last(mt_cast(host, MT_F32));
+    mt_tensor *up = mt_to(cl, dev);
+    assert_true(mt_is_channels_last(up));
+    assert_tensor_close(up, v, 16, 0, 0);
+    mt_tensor *into = mt_zeros(MT_SHAPE(1, 2, 2, 4), MT_F32, dev);
+    assert_int_equal(mt_copy(into, cl), 0);
+    assert_tensor_close(into, v, 16, 0, 0);
+    mt_tensor *down = mt_to(mt_to_channels_last(mt_to(host, dev)), MT_CPU);
+    assert_true(mt_is_channels_last(down));
+    assert_tensor_close(down, v, 16, 0, 0);
+    if (mt_cuda_device_count() >= 2) {
+        mt_tensor *peer = mt_to(up, MT_CUDA(1));
+        assert_true(mt_is_channels_last(peer));
+        assert_tensor_close(peer, v, 16, 0, 0);
+    }
+    /* the gradient through mt_to of a channels-last host tensor: max pooling routes it to
+       the largest element of each 2x2 window, as torch */
+    mt_tensor *x = mt_to(host, dev);
+    mt_set_requires_grad(x, true);
+    mt_tensor *y = mt_to_channels_last(mt_to(x, MT_CPU));
+    assert_int_equal(
+        mt_backward(mt_sum_all(mt_max_pool2d(y, &(mt_pool2d_opts){.kernel = {2, 2}})), NULL), 0);
+    assert_tensor_close(
+        mt_grad(x), ((const double[]){0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1}), 16, 0, 0);
+    mt_scope_end();
+}
+
 /* ------------------------------------------------------------------ main */
 
 #define CUDA_ONLY(fn, why)                                                                         \
@@ -729,6 +766,8 @@ int main(void) {
         CUDA_ONLY(test_cpu_scalar_with_device_tensor,
                   "a CPU scalar with a CUDA tensor: on the CPU every operand is a CPU tensor"),
         DEVICE_TEST(test_uploads_in_flight),
+        CUDA_ONLY(test_channels_last_between_devices,
+                  "moves between devices: on the CPU there is one device"),
         mt_cuda_device_count() >= 2 && !mt_test_device_is_cpu()
             ? (struct CMUnitTest)DEVICE_TEST(test_peer_copy)
             : MT_TEST_SKIPPED(test_peer_copy,

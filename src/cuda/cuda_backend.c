@@ -107,6 +107,15 @@ static int cuda_download(const mt_tensor *src, void *dst) {
    source's block (or the dense temporary) to later work on that stream. No host wait. */
 static int cuda_copy_peer(mt_tensor *dst, const mt_tensor *src) {
     if (dst->numel == 0) return 0;
+    if (!mt_is_contiguous(dst)) { /* the bytes travel in logical order (as an upload's): into a
+                                     contiguous block on dst's device, then dst's layout */
+        mt_tensor *tmp = dense_like("copy_peer", dst);
+        if (!tmp) return MT_ERR_OOM;
+        int rc = cuda_copy_peer(tmp, src);
+        if (!rc) rc = cuda_copy(dst, tmp);
+        mt_tensor_unref(tmp); /* stream order keeps it alive for the queued copy */
+        return rc;
+    }
     mt_cuda_device_ctx *s = ctx_of("copy_peer", src);
     if (!s) return MT_ERR_DEVICE;
     mt_tensor *tmp = NULL;

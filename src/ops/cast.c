@@ -27,7 +27,7 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
     /* cast, to and clone keep a channels-last layout (torch's preserve_format), so that an
        autocast cast feeds convolutions their NHWC path; contiguous asks for NCHW */
     bool same = dev.type == t->device.type && dev.index == t->device.index;
-    bool cl = same && op != MT_OP_CONTIGUOUS && t->ndim == 4 && mt_prefers_channels_last(t);
+    bool cl = op != MT_OP_CONTIGUOUS && t->ndim == 4 && mt_prefers_channels_last(t);
     mt_tensor *out = cl ? mt_tensor_new_format(name, t->shape, dt, dev, true)
                         : mt_tensor_new(name, t->ndim, t->shape, dt, dev);
     if (!out) return NULL;
@@ -35,8 +35,11 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
     if (same) {
         rc = mt_backend_get(dev)->copy(out, t);
     } else if (t->device.type == MT_DEVICE_CPU) { /* host -> device */
-        mt_tensor *src = mt_is_contiguous(t) && t->dtype == dt ? mt_tensor_ref(t)
-                                                               : copy_as(op, t, dt, MT_CPU, NULL);
+        /* upload takes the elements in logical (contiguous) order, whatever out's layout: a
+           channels-last staging copy was read as NCHW */
+        mt_tensor *src = mt_is_contiguous(t) && t->dtype == dt
+                             ? mt_tensor_ref(t)
+                             : copy_as(MT_OP_CONTIGUOUS, t, dt, MT_CPU, NULL);
         rc = src ? mt_backend_get(dev)->upload(out, mt_tensor_data(src)) : MT_ERR_OOM;
         mt_tensor_unref(src);
     } else if (dev.type == MT_DEVICE_CPU) { /* device -> host */
@@ -45,7 +48,8 @@ static mt_tensor *copy_as(mt_op_id op, mt_tensor *t, mt_dtype dt, mt_device dev,
         if (rc == 0) rc = mt_cpu_backend.copy(out, host);
         mt_tensor_unref(host);
     } else { /* device -> device of one backend: peer to peer, no host round trip */
-        mt_tensor *src = t->dtype == dt ? mt_tensor_ref(t) : copy_as(op, t, dt, t->device, NULL);
+        mt_tensor *src =
+            t->dtype == dt ? mt_tensor_ref(t) : copy_as(MT_OP_CONTIGUOUS, t, dt, t->device, NULL);
         rc = src ? mt_backend_get(dev)->copy_peer(out, src) : MT_ERR_OOM;
         mt_tensor_unref(src);
     }
