@@ -166,6 +166,28 @@ static void test_print_options(void **state) {
     o.sci_mode = 2;
     assert_int_equal(mt_print_options_set(&o), MT_ERR_INVALID);
     assert_error(MT_ERR_INVALID, "sci_mode 2");
+    /* values of any length in full: fixed-point 1e60 (61 digits and 4 decimals) and 30
+       significant decimals (a 64-byte buffer cut them short) */
+    o.sci_mode = 0;
+    o.precision = 4;
+    o.linewidth = 200;
+    assert_int_equal(mt_print_options_set(&o), 0);
+    mt_tensor *huge = mt_full(MT_SHAPE(2), MT_F64, mt_test_device(), 1e60);
+    char big[512];
+    snprintf(big, sizeof big, "tensor([%.4f, %.4f], dtype=f64, shape=[2])", 1e60, 1e60);
+    assert_format(huge, big);
+    o.sci_mode = 1;
+    o.precision = 30;
+    assert_int_equal(mt_print_options_set(&o), 0);
+    mt_tensor *f = mt_scalar(3e38, MT_F32, mt_test_device());
+    snprintf(big, sizeof big, "tensor(%.30e, dtype=f32, shape=[])", (double)3e38f);
+    assert_format(f, big);
+    mt_release(huge);
+    mt_release(f);
+    o.linewidth = 30;
+    o.sci_mode = 1;
+    o.precision = 2;
+    assert_int_equal(mt_print_options_set(&o), 0);
     mt_print_options_get(&o);
     assert_int_equal(o.linewidth, 30); /* the refused calls changed nothing */
     assert_int_equal(mt_print_options_set(NULL), 0);

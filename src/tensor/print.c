@@ -169,8 +169,12 @@ static int value_str(const fmt_ctx *c, int64_t i, char *buf, size_t cap) {
     return snprintf(buf, cap, c->sci ? "%.*e" : "%.*f", c->o.precision, v);
 }
 
+/* One value's text at most: "%.30f" of -DBL_MAX is a sign, 309 digits, a point and 30
+   decimals (64 bytes cut long values short while the width counted all of them). */
+#define VALUE_BUF 352
+
 static void put_value(sbuf *s, const fmt_ctx *c, int64_t i) {
-    char v[64];
+    char v[VALUE_BUF];
     value_str(c, i, v, sizeof v);
     sb_printf(s, "%*s", c->width, v);
 }
@@ -254,7 +258,14 @@ static bool wants_sci(const double *v, int64_t n) {
     return hi > 0 && (hi > 1e8 || lo < 1e-4 || hi / lo > 1000);
 }
 
+static int format(const mt_tensor *t, char *buf, size_t cap);
+
 int mt_format(const mt_tensor *t, char *buf, size_t cap) {
+    mt_api_enter(); /* errors inside read "mt_format: ..." */
+    return mt_api_exit_status(format(t, buf, cap));
+}
+
+static int format(const mt_tensor *t, char *buf, size_t cap) {
     if (buf && cap) buf[0] = '\0';
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_format: arg 1: tensor is NULL");
     if (!buf && cap)
@@ -273,7 +284,7 @@ int mt_format(const mt_tensor *t, char *buf, size_t cap) {
         if (mt_dtype_is_floating(t->dtype))
             c.sci = c.o.sci_mode == 1 || (c.o.sci_mode == -1 && wants_sci(c.vals, h->numel));
         for (int64_t i = 0; i < h->numel; i++) {
-            char v[64];
+            char v[VALUE_BUF];
             int n = value_str(&c, i, v, sizeof v);
             c.width = n > c.width ? n : c.width;
         }
@@ -291,13 +302,19 @@ int mt_format(const mt_tensor *t, char *buf, size_t cap) {
 int mt_print(const mt_tensor *t, FILE *f) {
     if (!t) return mt_error_set(MT_ERR_NULL, "mt_print: arg 1: tensor is NULL");
     if (!f) return mt_error_set(MT_ERR_NULL, "mt_print: arg 2: FILE is NULL");
-    int n = mt_format(t, NULL, 0);
-    if (n < 0) return n;
+    mt_api_enter(); /* errors inside read "mt_print: ..." */
+    int n = format(t, NULL, 0);
+    if (n < 0) return mt_api_exit_status(n);
     char *buf = mt_heap_alloc((size_t)n + 1);
-    if (!buf) return mt_error_set(MT_ERR_OOM, "mt_print: out of memory for %d characters", n);
-    mt_format(t, buf, (size_t)n + 1);
-    int rc = fputs(buf, f) < 0 || fputc('\n', f) == EOF ? MT_ERR_INTERNAL : 0;
+    if (!buf)
+        return mt_api_exit_status(
+            mt_error_set(MT_ERR_OOM, "mt_print: out of memory for %d characters", n));
+    /* the second pass reads the tensor again and can fail too: then nothing is written */
+    int rc = format(t, buf, (size_t)n + 1);
+    if (rc >= 0)
+        rc = fputs(buf, f) < 0 || fputc('\n', f) == EOF
+                 ? mt_error_set(MT_ERR_INTERNAL, "mt_print: writing to the stream failed")
+                 : 0;
     free(buf);
-    if (rc) return mt_error_set(MT_ERR_INTERNAL, "mt_print: writing to the stream failed");
-    return 0;
+    return mt_api_exit_status(rc);
 }
