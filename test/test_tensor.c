@@ -289,6 +289,26 @@ static void test_from_data_round_trip(void **state) {
     assert_int_equal(mt_copy_to_host(tt, tb, sizeof tb), 0);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 2; j++) assert_true(tb[i * 2 + j] == f[j * 3 + i]);
+    /* host buffers at any alignment, both ways (the strided kernels moved typed elements
+       through them: UBSan) */
+    unsigned char raw[6 * sizeof(float) + 1];
+    assert_int_equal(mt_copy_to_host(tt, raw + 1, sizeof tb), 0);
+    assert_memory_equal(raw + 1, tb, sizeof tb);
+    mt_tensor *odd = mt_from_data(raw + 1, MT_F32, MT_SHAPE(3, 2), mt_test_device());
+    assert_int_equal(mt_copy_to_host(odd, back, sizeof back), 0);
+    assert_memory_equal(back, tb, sizeof tb);
+    mt_release(odd);
+    /* a CPU tensor copied into its own storage (a transposed view of it): read first, then
+       written, as torch's copy_ of overlapping memory */
+    if (mt_test_device_is_cpu()) {
+        const float v8[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        mt_tensor *m = mt_from_data(v8, MT_F32, MT_SHAPE(4, 2), MT_CPU),
+                  *mtr = mt_transpose(m, 0, 1);
+        assert_int_equal(mt_copy_to_host(mtr, mt_data_ptr(m), 8 * sizeof(float)), 0);
+        assert_tensor_close(m, ((const double[]){0, 2, 4, 6, 1, 3, 5, 7}), 8, 0, 0);
+        mt_release(mtr);
+        mt_release(m);
+    }
     const int64_t big[3] = {INT64_MAX, -7, (int64_t)1 << 60};
     mt_tensor *ti = mt_from_data(big, MT_I64, MT_SHAPE(3), mt_test_device());
     int64_t bi[3];

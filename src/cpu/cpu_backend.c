@@ -3,6 +3,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include "../math/half.h"
 #include "../math/int_convert.h"
@@ -77,22 +78,50 @@ static int cpu_empty_cache(int index) {
     return 0;
 }
 
-/* Transfers: the host buffer seen as a contiguous tensor, for the copy kernel. */
+/* Transfers: the host buffer seen as a contiguous tensor, for the copy kernel. The buffer
+   is used as it is when it is aligned to the element size (the strided kernels move typed
+   elements) and apart from t's storage (a copy between overlapping memory would read what
+   it already wrote); otherwise the bytes go through an aligned block of our own. */
+static bool host_buffer_direct(const void *p, size_t n, const mt_tensor *t) {
+    const char *b = p, *s = t->storage ? t->storage->data : NULL;
+    if ((uintptr_t)p % mt_dtype_size(t->dtype)) return false;
+    return !s || b + n <= s || b >= s + t->storage->nbytes;
+}
+
+static void host_view(mt_tensor *h, mt_storage *st, const mt_tensor *like, void *data) {
+    *st = (mt_storage){
+        .data = data, .device = MT_CPU, .nbytes = (size_t)like->numel * mt_dtype_size(like->dtype)};
+    mt_tensor_header_init(h, st, like->dtype, like->ndim, like->shape, NULL, 0);
+}
+
 static int cpu_upload(mt_tensor *dst, const void *src) {
-    mt_storage st = {.data = (void *)src,
-                     .device = MT_CPU,
-                     .nbytes = (size_t)dst->numel * mt_dtype_size(dst->dtype)};
+    size_t n = (size_t)dst->numel * mt_dtype_size(dst->dtype);
+    bool direct = host_buffer_direct(src, n, dst);
+    void *own = direct ? NULL : mt_heap_alloc(n ? n : 1);
+    if (!direct && !own)
+        return mt_error_set(MT_ERR_OOM, "upload: out of memory staging %zu bytes", n);
+    if (own) memcpy(own, src, n);
+    mt_storage st;
     mt_tensor h;
-    mt_tensor_header_init(&h, &st, dst->dtype, dst->ndim, dst->shape, NULL, 0);
-    return mt_cpu_copy(dst, &h);
+    host_view(&h, &st, dst, own ? own : (void *)src);
+    int rc = mt_cpu_copy(dst, &h);
+    free(own);
+    return rc;
 }
 
 static int cpu_download(const mt_tensor *src, void *dst) {
-    mt_storage st = {
-        .data = dst, .device = MT_CPU, .nbytes = (size_t)src->numel * mt_dtype_size(src->dtype)};
+    size_t n = (size_t)src->numel * mt_dtype_size(src->dtype);
+    bool direct = host_buffer_direct(dst, n, src);
+    void *own = direct ? NULL : mt_heap_alloc(n ? n : 1);
+    if (!direct && !own)
+        return mt_error_set(MT_ERR_OOM, "download: out of memory staging %zu bytes", n);
+    mt_storage st;
     mt_tensor h;
-    mt_tensor_header_init(&h, &st, src->dtype, src->ndim, src->shape, NULL, 0);
-    return mt_cpu_copy(&h, src);
+    host_view(&h, &st, src, own ? own : dst);
+    int rc = mt_cpu_copy(&h, src);
+    if (rc == 0 && own) memcpy(dst, own, n);
+    free(own);
+    return rc;
 }
 
 static int cpu_fill(mt_tensor *dst, double value) {
