@@ -868,6 +868,20 @@ static void test_numerics_checker(void **state) {
     assert_string_equal(mt_amp_numerics_report(),
                         "mt_add: output f32 [2, 3] has inf/nan; inputs: f16 [2, 3], f32 [3]");
 
+    /* the check's own allocation failing (the device flag) is not the op's error: an op that
+       returns a tensor leaves no error pending (it was left stuck, and a later GradScaler
+       step refused to run) */
+    for (int64_t n = 1; n < 12; n++) {
+        mt_amp_numerics_reset(); /* a recorded failure stops the checks */
+        mt_debug_fail_nth_alloc(n);
+        mt_tensor *y = mt_exp(x);
+        mt_debug_fail_nth_alloc(0);
+        if (y)
+            assert_no_error();
+        else
+            assert_error(MT_ERR_OOM, "mt_exp");
+    }
+
     /* off: nothing is recorded */
     mt_amp_numerics_reset();
     mt_amp_check_numerics(false);

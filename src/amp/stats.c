@@ -126,8 +126,12 @@ void mt_amp_check_output(mt_op_id op, const mt_tensor *out, mt_tensor *const *in
     const mt_backend *be = mt_backend_get(out->device);
     if (!be || !be->has_nonfinite) return;
     bool bad = false;
-    /* a diagnostic: a kernel failure here is not the caller's error, so it is not reported */
-    if (be->has_nonfinite(out, &bad) != 0 || !bad) return;
+    /* a diagnostic: a kernel failure here (out of memory for its flag) is not the caller's
+       error, so it is not reported, nor left behind as the thread's pending error */
+    bool clean = mt_last_status() == MT_OK;
+    int rc = be->has_nonfinite(out, &bad);
+    if (rc != 0 && clean) mt_clear_error();
+    if (rc != 0 || !bad) return;
     size_t len = 0;
     append_text(&len, "mt_");
     append_text(&len, mt_op_name(op));
