@@ -483,6 +483,42 @@ static void test_region_errors(void **state) {
     assert_false(mt_autocast_enabled());
 }
 
+/* Out of memory inside the cast cache: the call fails and changes nothing, so a retry gives
+   the twin's gradients bit for bit (a cast left out of the cache made W's two uses two cast
+   nodes, whose F16 gradients then summed in F32: other bits than the twin's). */
+static void reuse_w_step(int64_t fail_at, float *gw) {
+    mt_scope_begin();
+    mt_manual_seed(5);
+    mt_tensor *w = mt_randn(MT_SHAPE(6, 6), MT_F32, mt_test_device());
+    mt_set_requires_grad(w, true);
+    mt_tensor *x = mt_randn(MT_SHAPE(4, 6), MT_F32, mt_test_device());
+    mt_autocast_begin(MT_F16, MT_AMP_O1);
+    mt_debug_fail_nth_alloc(fail_at);
+    mt_tensor *y1 = mt_linear(x, w, NULL);
+    mt_debug_fail_nth_alloc(0);
+    if (!y1) {
+        assert_error(MT_ERR_OOM, "mt_linear");
+        y1 = mt_linear(x, w, NULL);
+    }
+    assert_no_error();
+    mt_tensor *y2 = mt_linear(y1, w, NULL);
+    mt_autocast_end();
+    assert_int_equal(mt_backward(mt_sum_all(y2), NULL), 0);
+    assert_int_equal(mt_copy_to_host(mt_grad(w), gw, 36 * sizeof *gw), 0);
+    mt_scope_end();
+}
+
+static void test_cast_cache_out_of_memory(void **state) {
+    (void)state;
+    float twin[36], got[36];
+    reuse_w_step(0, twin);
+    for (int64_t n = 1; n <= 12; n++) {
+        reuse_w_step(n, got);
+        if (memcmp(got, twin, sizeof twin) != 0)
+            fail_msg("allocation %lld failed: W's gradient differs from the twin's", (long long)n);
+    }
+}
+
 /* ------------------------------------------------------------------ threads */
 
 typedef struct {
@@ -933,6 +969,7 @@ int main(void) {
         MT_TEST(test_custom_lists),
         MT_TEST(test_nesting),
         MT_TEST(test_region_errors),
+        MT_TEST(test_cast_cache_out_of_memory),
         MT_TEST(test_thread_isolation),
         MT_TEST(test_cast_cache),
         MT_TEST(test_grad_dtype_f16),

@@ -39,16 +39,22 @@ mt_tensor *mt_autocast_cast(mt_tensor *t, mt_dtype dt) {
             return fresh;
         }
     }
-    mt_tensor *c = mt_cast(t, dt);
-    if (!c) return NULL;
-    misses++;
+    /* room first: a cast left out of the cache would be a second cast node for the same
+       parameter, whose gradients then sum in F32 instead of F16 (other bits than a run
+       that had the room); without room the call fails, having changed nothing */
     if (n_entries == cap_entries) {
         int cap = cap_entries ? cap_entries * 2 : 16;
         cache_entry *ne = mt_heap_realloc(entries, (size_t)cap * sizeof *ne);
-        if (!ne) return c; /* no room to cache: still a correct cast */
+        if (!ne) {
+            mt_error_set(MT_ERR_OOM, "autocast: out of memory for the cast cache");
+            return NULL;
+        }
         entries = ne;
         cap_entries = cap;
     }
+    mt_tensor *c = mt_cast(t, dt);
+    if (!c) return NULL;
+    misses++;
     entries[n_entries++] = (cache_entry){mt_tensor_ref(t), mt_tensor_ref(c), mt_tensor_version(t)};
     return c;
 }
