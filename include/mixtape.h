@@ -92,8 +92,11 @@ mt_tensor *mt_ones(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);
 mt_tensor *mt_full(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev, double value);
 mt_tensor *mt_scalar(double value, mt_dtype dt, mt_device dev); /* 0-d tensor */
 mt_tensor *mt_arange(double start, double end, double step, mt_dtype dt, mt_device dev);
-mt_tensor *mt_rand(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);  /* U[0, 1) */
-mt_tensor *mt_randn(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev); /* N(0, 1) */
+/* Philox draws, the same bits on every device. mt_rand: U[0, 1) with the dtype's digits (F16
+   11, BF16 8: never 1.0) and 24 random bits in F32 and F64 (an F64 draw is an F32 draw,
+   widened; torch's F64 draws have 53). mt_randn: N(0, 1) by Box-Muller in F32. */
+mt_tensor *mt_rand(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);
+mt_tensor *mt_randn(int ndim, const int64_t *shape, mt_dtype dt, mt_device dev);
 void mt_manual_seed(uint64_t seed);
 mt_tensor *mt_from_data(const void *src, mt_dtype dt, int ndim, const int64_t *shape,
                         mt_device dev); /* copies src (contiguous, dtype dt) */

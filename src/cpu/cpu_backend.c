@@ -185,8 +185,8 @@ typedef struct {
    the whole chunk first, then the per-element formulas of src/math/philox.h on their words,
    normal draws a Box-Muller pair (cos, sin) at a time; both loops vectorise in each x86-64
    level's clone. */
-MT_CPU_CLONES static void random_chunk(float *buf, int64_t b, int64_t m, bool normal, uint64_t seed,
-                                       uint64_t offset) {
+MT_CPU_CLONES static void random_chunk(float *buf, int64_t b, int64_t m, bool normal, int digits,
+                                       uint64_t seed, uint64_t offset) {
     uint32_t w[256];
     mt_philox4x32_fill(offset + (uint64_t)b / 4, seed, (m + 3) / 4, w);
     if (normal) {
@@ -196,7 +196,7 @@ MT_CPU_CLONES static void random_chunk(float *buf, int64_t b, int64_t m, bool no
             buf[i + 1] = r * mt_sincos_turns_f(u2, 1);
         }
     } else {
-        for (int64_t i = 0; i < m; i++) buf[i] = mt_uint_to_unit_float(w[i]);
+        for (int64_t i = 0; i < m; i++) buf[i] = mt_uint_to_unit_digits(w[i], digits);
     }
 }
 
@@ -210,7 +210,7 @@ static int cpu_random(mt_tensor *out, bool normal, uint64_t seed, uint64_t offse
     for (int64_t b = 0; b < n; b += 256) {
         float buf[256];
         int64_t m = n - b < 256 ? n - b : 256;
-        random_chunk(buf, b, m, normal, seed, offset);
+        random_chunk(buf, b, m, normal, mt_uniform_digits(dt), seed, offset);
         mt_cpu_store_f32(base + b * (int64_t)es, (int64_t)es, dt, m, buf);
     }
     return 0;

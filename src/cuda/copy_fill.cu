@@ -123,7 +123,7 @@ __global__ void ew_nonfinite_vec(const typename S::raw *t, int64_t n, bool align
 // block, which the compiler then computes once.
 template <class S>
 __global__ void ew_uniform(typename S::bits *out, int64_t n, uint64_t seed, uint64_t offset,
-                           bool aligned) {
+                           int digits, bool aligned) {
     typedef ew_vec<typename S::bits, 4> V;
     int64_t groups = (n + 3) / 4;
     for (int64_t g = ew_first<int64_t>(); g < groups; g += ew_step<int64_t>()) {
@@ -132,7 +132,8 @@ __global__ void ew_uniform(typename S::bits *out, int64_t n, uint64_t seed, uint
         EW_UNROLL
         for (int j = 0; j < 4; j++)
             y.v[j] =
-                S::store((typename S::comp)mt_philox_uniform(seed, offset, base | (uint64_t)j));
+                S::store((typename S::comp)mt_philox_uniform_digits(seed, offset,
+                                                                     base | (uint64_t)j, digits));
         if (aligned && (int64_t)base + 4 <= n) {
             ((V *)out)[g] = y;
         } else {
@@ -296,8 +297,9 @@ extern "C" int mt_cuda_random(const mt_cuda_ctx *c, char *out, mt_dtype dt, int6
                       offset);
         } else {
             bool al = ew_aligned(out, 4 * sizeof(B));
+            int digits = mt_uniform_digits(dt); // as the CPU: never 1.0 once stored
             MT_LAUNCH(ew_uniform<S>, ew_blocks(c, (n + 3) / 4), EW_THREADS, 0, c->stream, (B *)out,
-                      n, seed, offset, al);
+                      n, seed, offset, digits, al);
         }
         return (int)cudaGetLastError();
     });

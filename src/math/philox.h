@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "hd.h"
+#include "mixtape.h"    /* mt_dtype */
 #include "scalar_ops.h" /* mt_logv_f, mt_sincos_turns_f */
 
 typedef struct {
@@ -55,10 +56,28 @@ MT_HD float mt_uint_to_unit_float(uint32_t x) {
     return (float)(x >> 8) * (1.0f / 16777216.0f);
 }
 
+/* Uniform in [0, 1) with `digits` random bits (<= 24): k * 2^-digits, exact in a dtype
+   with that many significant digits (F16 11, BF16 8), so storing it there never rounds up
+   to 1.0 as a 24-bit draw would (torch draws a dtype's own digits the same way). */
+MT_HD float mt_uint_to_unit_digits(uint32_t x, int digits) {
+    return (float)(x >> (32 - digits)) / (float)(1u << digits);
+}
+
 /* Element i of a uniform draw. */
 MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
     mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
     return mt_uint_to_unit_float(b.v[i % 4]);
+}
+
+/* The random digits of a uniform draw stored in dtype dt: as many as it holds below 1.0. */
+MT_HD int mt_uniform_digits(mt_dtype dt) {
+    return dt == MT_F16 ? 11 : dt == MT_BF16 ? 8 : 24;
+}
+
+/* Element i of a uniform draw with `digits` random bits. */
+MT_HD float mt_philox_uniform_digits(uint64_t seed, uint64_t offset, uint64_t i, int digits) {
+    mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
+    return mt_uint_to_unit_digits(b.v[i % 4], digits);
 }
 
 /* Lane `lane` of a normal draw from a block's words w[0..3]: Box-Muller on the lanes (0,1)
