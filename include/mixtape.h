@@ -213,7 +213,7 @@ int64_t mt_host_sync_count(void);
 void mt_cuda_set_allow_tf32(bool on);
 
 /* Threads used by our kernels and by BLAS. Default: OMP_NUM_THREADS where it is set, else
-   all cores; n <= 0: all cores; n above 1024 (or OpenMP's thread limit) is capped there. */
+   all cores; n <= 0: all cores; either way at most 1024 (or OpenMP's thread limit). */
 void mt_set_num_threads(int n);
 int mt_get_num_threads(void);
 

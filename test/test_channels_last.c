@@ -134,6 +134,30 @@ static void test_channels_last_grad_adopted(void **state) {
     assert_no_error();
 }
 
+/* A dense leaf's .grad takes the leaf's layout whatever the last node produced (torch's
+   layout contract): a channels-last parameter under a contiguous cotangent (a sum) gets a
+   channels-last gradient, and a contiguous leaf whose gradient comes back channels-last gets
+   a contiguous one. The optimizers' fast paths count on the parameter's layout. */
+static void test_grad_takes_the_leafs_layout(void **state) {
+    (void)state;
+    mt_scope_begin();
+    mt_tensor *w = mt_to_channels_last(mt_randn(MT_SHAPE(4, 3, 3, 3), MT_F32, mt_test_device()));
+    mt_set_requires_grad(w, true);
+    assert_int_equal(mt_backward(mt_sum_all(mt_mul_scalar(w, 2.0)), NULL), 0);
+    mt_tensor *g = mt_grad(w);
+    assert_true(mt_is_channels_last(g) && !mt_is_contiguous(g));
+    assert_same_values(g, mt_full(MT_SHAPE(4, 3, 3, 3), MT_F32, mt_test_device(), 2.0), 0);
+    mt_tensor *x = mt_randn(MT_SHAPE(2, 3, 4, 5), MT_F32, mt_test_device());
+    mt_set_requires_grad(x, true);
+    mt_tensor *cot = mt_to_channels_last(mt_ones(MT_SHAPE(2, 3, 4, 5), MT_F32, mt_test_device()));
+    assert_int_equal(mt_backward(mt_mul_scalar(x, 3.0), cot), 0);
+    g = mt_grad(x);
+    assert_true(mt_is_contiguous(g));
+    assert_same_values(g, mt_full(MT_SHAPE(2, 3, 4, 5), MT_F32, mt_test_device(), 3.0), 0);
+    mt_scope_end();
+    assert_no_error();
+}
+
 static mt_tensor *fn_cl(mt_tensor *const *in, void *ctx) {
     (void)ctx;
     return mt_mul(mt_to_channels_last(in[0]), in[1]);
@@ -171,6 +195,7 @@ int main(void) {
         MT_TEST(test_channels_last_elementwise_keeps_format),
         MT_TEST(test_channels_last_grad),
         MT_TEST(test_channels_last_grad_adopted),
+        MT_TEST(test_grad_takes_the_leafs_layout),
         MT_TEST(test_channels_last_gradcheck),
         MT_TEST(test_channels_last_errors),
     };

@@ -2,6 +2,7 @@
    expanded gradients) and O2 decorate (mt_amp_decorate before and after the optimizer is
    made, and its errors). Gradients are set with mt_set_grad, so these tests depend on no
    op's backward. */
+#include <float.h>
 #include "test_util.h"
 
 /* ---------------------------------------------------------------- clip_grad_norm */
@@ -107,6 +108,22 @@ static void test_clip_f64(void **state) {
     mt_optimizer_free(o);
     mt_release(a);
     assert_no_error();
+    /* a max_norm past F32 ("no clipping") with F32 gradients: nothing is scaled, by either
+       form (the async one refused to make the bound as an F32 scalar) */
+    mt_tensor *b = mt_test_param((double[]){0, 0}, MT_F32, MT_SHAPE(2));
+    o = mt_sgd_new(&b, 1, NULL);
+    for (int async = 0; async < 2; async++) {
+        mt_scope_begin();
+        mt_test_set_grad(b, (double[]){3, 4});
+        double norm =
+            async ? mt_item(mt_clip_grad_norm_async(o, DBL_MAX)) : mt_clip_grad_norm(o, DBL_MAX);
+        assert_no_error();
+        assert_true(norm == 5.0);
+        assert_tensor_close(mt_grad(b), ((double[]){3, 4}), 2, 0, 0);
+        mt_scope_end();
+    }
+    mt_optimizer_free(o);
+    mt_release(b);
 }
 
 /* The norm of mt_clip_grad_norm_async, read back (a 0-d tensor on the device: F64 for F64

@@ -281,6 +281,18 @@ static void test_slice_python_rules(void **state) {
     double col2[3] = {2, 9, 16};
     assert_tensor_close(one, col2, 3, 0, 0);
     mt_release(one);
+    /* and its backward, which stepped the stride too */
+    mt_tensor *leaf = mt_ones(MT_SHAPE(4, 4), MT_F32, mt_test_device());
+    mt_set_requires_grad(leaf, true);
+    mt_tensor *row = mt_slice(leaf, 0, 1, 4, INT64_MAX), *total = mt_sum_all(row);
+    assert_int_equal(mt_backward(total, NULL), 0);
+    double row1[16] = {0, 0, 0, 0, 1, 1, 1, 1};
+    mt_tensor *gl = mt_grad(leaf);
+    assert_tensor_close(gl, row1, 16, 0, 0);
+    mt_release(gl);
+    mt_release(total);
+    mt_release(row);
+    mt_release(leaf);
     assert_null(mt_slice(a, 0, 0, 3, 0));
     assert_error(MT_ERR_INVALID, "mt_slice: arg 5: step must be positive, got 0");
     assert_null(mt_slice(a, 0, 0, 3, -1));

@@ -178,8 +178,19 @@ static int pending_prepare(pending_grad *p) {
         return 0;
     }
     mt_tensor_unref(cur);
-    if (cur || exclusively_owned(p->grad)) return 0; /* added in place, or adopted as is */
-    mt_tensor *c = mt_clone(p->grad);
+    if (cur) return 0; /* added in place */
+    /* adopted: in the leaf's own layout when the leaf is dense (torch's gradient layout
+       contract: a channels-last parameter gets a channels-last .grad, whatever layout the
+       last node produced), and owning its memory */
+    bool layout = !mt_is_dense(p->leaf) || mt_same_strides(p->grad, p->leaf);
+    if (layout && exclusively_owned(p->grad)) return 0;
+    mt_tensor *c =
+        layout ? mt_clone(p->grad)
+               : mt_tensor_new_layout_of("mt_backward", p->leaf, p->grad->dtype, p->grad->device);
+    if (c && !layout && mt_backend_get(c->device)->copy(c, p->grad) < 0) {
+        mt_tensor_unref(c);
+        c = NULL;
+    }
     if (!c) return mt_backward_status();
     mt_tensor_unref(p->grad);
     p->grad = c;

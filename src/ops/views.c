@@ -35,7 +35,7 @@ static int slice_backward(mt_node *n, mt_tensor *g, mt_tensor **gi) {
     if (!z) return mt_backward_failed();
     int64_t strides[MT_MAX_DIMS];
     memcpy(strides, z->strides, sizeof strides);
-    strides[dim] *= step;
+    if (g->shape[dim] > 1) strides[dim] *= step; /* as the forward: one element is never stepped */
     mt_tensor *v = mt_tensor_view_of(z, g->ndim, g->shape, strides, start * z->strides[dim]);
     int rc = v ? mt_backend_get(g->device)->copy(v, g) : MT_ERR_OOM;
     mt_tensor_unref(v);
@@ -70,7 +70,9 @@ static mt_tensor *finish(mt_op_id op, mt_backward_fn bw, mt_tensor *t, mt_tensor
     }
     if (!out->grad_fn && out->storage == t->storage) {
         out->nograd_view_of_grad = t->requires_grad || t->nograd_view_of_grad;
-        out->view_base = mt_tensor_ref(t->view_base ? t->view_base : t);
+        /* only with grad mode on, where the check reads it: views made by the backward
+           (grad mode off) would keep the gradients they alias from being adopted in place */
+        if (mt_grad_mode()) out->view_base = mt_tensor_ref(t->view_base ? t->view_base : t);
     }
     mt_dispatch_done(op, t->dtype, out, &t, 1);
     return out;

@@ -177,7 +177,14 @@ static mt_tensor *device_norm(const char *op, mt_optimizer *o, int k) {
    a NaN norm, 0 for an inf one. */
 static mt_tensor *clip_coef(mt_tensor *norm, double max_norm) {
     mt_tensor *denom = mt_add_scalar(norm, CLIP_EPS);
-    mt_tensor *top = denom ? mt_scalar(max_norm, norm->dtype, norm->device) : NULL;
+    /* filled, not mt_scalar: a max_norm past F32 (DBL_MAX for "no clipping") is inf there,
+       and the ratio's minimum with 1 is still 1 */
+    mt_tensor *top =
+        denom ? mt_tensor_new("mt_clip_grad_norm", 0, NULL, norm->dtype, norm->device) : NULL;
+    if (top && mt_backend_get(norm->device)->fill(top, max_norm) < 0) {
+        mt_tensor_unref(top);
+        top = NULL;
+    }
     mt_tensor *ratio = top ? mt_div(top, denom) : NULL;
     mt_tensor *one = ratio ? mt_scalar(1.0, MT_F32, norm->device) : NULL;
     mt_tensor *coef = one ? mt_minimum(ratio, one) : NULL;
