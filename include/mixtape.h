@@ -220,7 +220,8 @@ int mt_get_num_threads(void);
 /* ---------------------------------------------------------------- ops */
 /* Floating ops accept F32, F64, F16, BF16; binary ops broadcast like NumPy and promote to
    the wider floating dtype, as torch: a 0-d tensor counts only when no operand with dims is
-   floating (f16 x times an f32 0-d scale is f16). Operands share a device, except that a 0-d
+   floating (f16 x times an f32 0-d scale is f16, the scale rounded to f16 first, where torch
+   reads a CPU scalar at FP32). Operands share a device, except that a 0-d
    CPU tensor may meet a
    CUDA tensor in the binary elementwise ops and comparisons (it is uploaded without a host
    wait, as torch allows). Negative dims count from the end. */
