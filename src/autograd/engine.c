@@ -177,8 +177,9 @@ static int pending_prepare(pending_grad *p) {
         p->replaces = cur;
         return 0;
     }
+    bool has_grad = cur != NULL;
     mt_tensor_unref(cur);
-    if (cur) return 0; /* added in place */
+    if (has_grad) return 0; /* added in place */
     /* adopted: in the leaf's own layout when the leaf is dense (torch's gradient layout
        contract: a channels-last parameter gets a channels-last .grad, whatever layout the
        last node produced), and owning its memory */

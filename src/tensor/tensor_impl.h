@@ -39,9 +39,9 @@ struct mt_tensor {
        shares that tensor's memory without its history, so in place writes to it are refused
        while grad mode is on, as torch refuses them */
     bool nograd_view_of_grad;
-    /* the tensor a view without history aliases (strong; the start of a chain of such views),
-       as torch's view base: once it requires grad, whenever it started to, writes to the view
-       are refused while grad mode is on */
+    /* the tensor a view without history, made with grad mode on, aliases (strong; the start
+       of a chain of such views), as torch's view base: once it requires grad, whenever it
+       started to, writes to the view are refused while grad mode is on */
     mt_tensor *view_base;
     /* ownership */
     atomic_int scope_refs;       /* how many of the references are held by open scopes */
