@@ -8,6 +8,7 @@
 #include "../math/half.h"
 #include "../math/int_convert.h"
 #include "../math/philox.h"
+#include "../math/uniform_digits.h"
 #include "cpu.h"
 
 /* ---- threads: one setting for our OpenMP regions and OpenBLAS (the OpenMP build shares

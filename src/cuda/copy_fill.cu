@@ -8,6 +8,7 @@
 #include "elementwise_gen.cuh"
 #include <type_traits>
 #include "../math/philox.h"
+#include "../math/uniform_digits.h"
 
 namespace { // internal linkage: other .cu files have helpers of similar names
 

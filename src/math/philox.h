@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdint.h>
 #include "hd.h"
-#include "mixtape.h"    /* mt_dtype */
 #include "scalar_ops.h" /* mt_logv_f, mt_sincos_turns_f */
 
 typedef struct {
@@ -67,11 +66,6 @@ MT_HD float mt_uint_to_unit_digits(uint32_t x, int digits) {
 MT_HD float mt_philox_uniform(uint64_t seed, uint64_t offset, uint64_t i) {
     mt_philox_block b = mt_philox4x32(offset + i / 4, seed);
     return mt_uint_to_unit_float(b.v[i % 4]);
-}
-
-/* The random digits of a uniform draw stored in dtype dt: as many as it holds below 1.0. */
-MT_HD int mt_uniform_digits(mt_dtype dt) {
-    return dt == MT_F16 ? 11 : dt == MT_BF16 ? 8 : 24;
 }
 
 /* Element i of a uniform draw with `digits` random bits. */
